@@ -1,0 +1,482 @@
+// Package launch turns a torchrun-style command line into a launch Config.
+//
+// Every torchrun flag is accepted under both spellings (--nproc-per-node and
+// --nproc_per_node), and, as in torchrun, each flag's default may come from a
+// PET_<NAME> environment variable, so a torchrun command line keeps its meaning
+// after the program name is swapped for `ddp-agent run`.
+package launch
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Std selects which of a worker's standard streams a --redirects or --tee
+// setting applies to. The values are torchrun's.
+type Std uint8
+
+const (
+	StdNone Std = 0
+	StdOut  Std = 1
+	StdErr  Std = 2
+	StdAll  Std = 3
+)
+
+// Has reports whether s includes the stream o (StdOut or StdErr).
+func (s Std) Has(o Std) bool { return s&o != 0 }
+
+// StdSpec is a --redirects or --tee value: one Std for every local rank
+// ("3"), or one per local rank ("0:1,1:3"); ranks not named get StdNone.
+type StdSpec struct {
+	All     Std
+	PerRank map[int]Std
+}
+
+// For returns the setting for local rank r.
+func (s StdSpec) For(r int) Std {
+	if s.PerRank != nil {
+		return s.PerRank[r]
+	}
+	return s.All
+}
+
+// Any reports whether the setting applies to any stream of any rank.
+func (s StdSpec) Any() bool {
+	if s.All != StdNone {
+		return true
+	}
+	for _, v := range s.PerRank {
+		if v != StdNone {
+			return true
+		}
+	}
+	return false
+}
+
+func parseStd(v string) (StdSpec, error) {
+	one := func(s string) (Std, error) {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 0 || n > 3 {
+			return 0, fmt.Errorf("%q is not one of 0 (none), 1 (stdout), 2 (stderr), 3 (both)", s)
+		}
+		return Std(n), nil
+	}
+	if !strings.Contains(v, ":") {
+		s, err := one(v)
+		return StdSpec{All: s}, err
+	}
+	spec := StdSpec{PerRank: map[int]Std{}}
+	for _, part := range strings.Split(v, ",") {
+		r, s, ok := strings.Cut(part, ":")
+		rank, err := strconv.Atoi(strings.TrimSpace(r))
+		if !ok || err != nil || rank < 0 {
+			return StdSpec{}, fmt.Errorf("%q is not LOCAL_RANK:VALUE", part)
+		}
+		if spec.PerRank[rank], err = one(s); err != nil {
+			return StdSpec{}, err
+		}
+	}
+	return spec, nil
+}
+
+// Config is a parsed `ddp-agent run` command line.
+type Config struct {
+	NProcPerNode int    // workers on this node
+	NProcSpec    string // as given: a number, auto, cpu or gpu
+	NNodesMin    int
+	NNodesMax    int
+	NodeRank     int
+	Standalone   bool
+
+	RdzvBackend  string
+	RdzvEndpoint string
+	RdzvID       string // also the run id (TORCHELASTIC_RUN_ID)
+	RdzvConf     string
+
+	MasterAddr string
+	MasterPort int // 0: pick a free port for every attempt
+
+	MaxRestarts     int
+	MonitorInterval time.Duration // accepted for torchrun compatibility; exits are noticed without polling
+	StopTimeout     time.Duration // grace between SIGTERM and SIGKILL
+	StartMethod     string
+	Role            string
+	LocalAddr       string
+
+	LogDir    string
+	Redirects StdSpec
+	Tee       StdSpec
+
+	Module   bool
+	NoPython bool
+	Python   string // interpreter for the script, unless NoPython
+
+	LogLevel string // debug, info, warn, error
+
+	Script     string
+	ScriptArgs []string
+}
+
+// Command is the argv of one worker, as torchrun builds it: the interpreter
+// with -u (unbuffered, so output reaches the log at once), then the script or
+// -m module, then the script's arguments.
+func (c *Config) Command() []string {
+	var argv []string
+	switch {
+	case c.NoPython:
+		argv = []string{c.Script}
+	case c.Module:
+		argv = []string{c.Python, "-u", "-m", c.Script}
+	default:
+		argv = []string{c.Python, "-u", c.Script}
+	}
+	return append(argv, c.ScriptArgs...)
+}
+
+// Host is what Parse needs to know about this machine to resolve
+// --nproc-per-node auto|cpu|gpu.
+type Host struct {
+	CPUs int
+	// GPUs counts the GPUs visible to workers; an error means none can be found.
+	GPUs func() (int, error)
+}
+
+// ErrHelp is returned by Parse when the command line asks for help.
+var ErrHelp = errors.New("help requested")
+
+// UsageError is a command line that cannot be run: an unknown flag, a bad
+// value, or flags that contradict each other. The agent exits with code 2.
+type UsageError struct{ Msg string }
+
+func (e *UsageError) Error() string { return e.Msg }
+
+func usagef(format string, a ...any) error { return &UsageError{Msg: fmt.Sprintf(format, a...)} }
+
+// rawFlags holds the flag values as strings before validation, so a value
+// from the command line and one from a PET_ variable go through the same checks.
+type rawFlags map[string]string
+
+// flagSpec describes one flag; name is the canonical dashed spelling.
+type flagSpec struct {
+	name  string
+	short string
+	bool  bool
+	def   string
+	help  string
+}
+
+var flagSpecs = []flagSpec{
+	{name: "nproc-per-node", def: "1", help: "workers per node: a number, auto (one per GPU, else one per CPU), cpu, or gpu"},
+	{name: "nnodes", def: "1", help: "number of nodes, or MIN:MAX (only 1 until multi-node rendezvous lands)"},
+	{name: "node-rank", def: "0", help: "rank of this node (static rendezvous)"},
+	{name: "standalone", bool: true, help: "single-node job with a local rendezvous"},
+	{name: "rdzv-backend", def: "static", help: "rendezvous backend: static, c10d (accepted on one node)"},
+	{name: "rdzv-endpoint", help: "rendezvous endpoint host:port"},
+	{name: "rdzv-id", help: "job id shared by all nodes; also TORCHELASTIC_RUN_ID"},
+	{name: "run-id", help: "same as --rdzv-id"},
+	{name: "rdzv-conf", help: "rendezvous settings key1=value1,key2=value2"},
+	{name: "master-addr", help: "address of the rank 0 node (default 127.0.0.1 on one node)"},
+	{name: "master-port", help: "port for the workers' store (default: a free port for each attempt)"},
+	{name: "max-restarts", def: "0", help: "restarts of the worker group before the job fails"},
+	{name: "monitor-interval", def: "5", help: "accepted for torchrun compatibility; worker exits are noticed at once"},
+	{name: "stop-timeout", def: "10s", help: "grace period between SIGTERM and SIGKILL when stopping workers"},
+	{name: "start-method", def: "spawn", help: "accepted for torchrun compatibility: spawn, fork or forkserver"},
+	{name: "role", def: "default", help: "user-defined role of the workers"},
+	{name: "local-addr", help: "address of this node (default: its hostname)"},
+	{name: "log-dir", help: "directory for per-rank stdout/stderr files, kept per attempt"},
+	{name: "redirects", short: "r", def: "0", help: "streams sent only to log files: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2 per local rank"},
+	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
+	{name: "module", short: "m", bool: true, help: "run the script as a Python module (python -m)"},
+	{name: "no-python", bool: true, help: "run the script directly, not through the Python interpreter"},
+	{name: "python", def: "python3", help: "Python interpreter for the workers (env DDP_AGENT_PYTHON)"},
+	{name: "log-level", def: "info", help: "agent log level: debug, info, warn, error"},
+	{name: "use-env", bool: true, help: "accepted for compatibility with torch.distributed.launch; always on"},
+}
+
+func lookupFlag(arg string) (*flagSpec, bool) {
+	for i := range flagSpecs {
+		f := &flagSpecs[i]
+		if arg == "--"+f.name || arg == "--"+strings.ReplaceAll(f.name, "-", "_") || (f.short != "" && arg == "-"+f.short) {
+			return f, true
+		}
+	}
+	return nil, false
+}
+
+// Parse reads a `ddp-agent run` command line (without the subcommand).
+// getenv supplies PET_* defaults and DDP_AGENT_PYTHON. It returns ErrHelp
+// for -h/--help and a *UsageError for anything that cannot be run.
+func Parse(args []string, getenv func(string) string, host Host) (*Config, error) {
+	raw := rawFlags{}
+	set := map[string]bool{}
+	for _, f := range flagSpecs {
+		raw[f.name] = f.def
+		if v := getenv("PET_" + strings.ToUpper(strings.ReplaceAll(f.name, "-", "_"))); v != "" {
+			raw[f.name] = v
+		}
+	}
+	if v := getenv("DDP_AGENT_PYTHON"); v != "" {
+		raw["python"] = v
+	}
+
+	i := 0
+	for ; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			i++
+			break
+		}
+		if a == "-h" || a == "--help" {
+			return nil, ErrHelp
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			break
+		}
+		name, val, hasVal := strings.Cut(a, "=")
+		f, ok := lookupFlag(name)
+		if !ok {
+			return nil, usagef("unknown flag %s (see ddp-agent help run)", name)
+		}
+		if set[f.name] {
+			return nil, usagef("flag --%s given twice", f.name)
+		}
+		set[f.name] = true
+		switch {
+		case f.bool && hasVal:
+			b, err := strconv.ParseBool(val)
+			if err != nil {
+				return nil, usagef("--%s takes no value, got %q", f.name, val)
+			}
+			raw[f.name] = strconv.FormatBool(b)
+		case f.bool:
+			raw[f.name] = "true"
+		case hasVal:
+			raw[f.name] = val
+		default:
+			if i+1 >= len(args) {
+				return nil, usagef("flag --%s needs a value", f.name)
+			}
+			i++
+			raw[f.name] = args[i]
+		}
+	}
+	if i >= len(args) {
+		return nil, usagef("missing the training script (ddp-agent run [flags] script.py [args...])")
+	}
+	c := &Config{Script: args[i], ScriptArgs: append([]string(nil), args[i+1:]...)}
+	if err := raw.fill(c, set, host); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (r rawFlags) bool(name string) bool {
+	b, _ := strconv.ParseBool(r[name])
+	return b
+}
+
+func (r rawFlags) int(name string, min int) (int, error) {
+	n, err := strconv.Atoi(r[name])
+	if err != nil || n < min {
+		return 0, usagef("--%s must be an integer >= %d, got %q", name, min, r[name])
+	}
+	return n, nil
+}
+
+// seconds parses a duration given as torchrun does (plain seconds) or as a Go
+// duration ("500ms", "1m").
+func (r rawFlags) seconds(name string) (time.Duration, error) {
+	v := r[name]
+	if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 {
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return d, nil
+	}
+	return 0, usagef("--%s must be a duration (seconds, or like 500ms), got %q", name, v)
+}
+
+func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
+	var err error
+	c.Standalone = r.bool("standalone")
+	c.Module = r.bool("module")
+	c.NoPython = r.bool("no-python")
+	if c.Module && c.NoPython {
+		return usagef("--module and --no-python contradict each other: a module needs the Python interpreter")
+	}
+	if c.NNodesMin, c.NNodesMax, err = parseNNodes(r["nnodes"]); err != nil {
+		return err
+	}
+	if c.NNodesMax != 1 {
+		return usagef("--nnodes %s: only single-node jobs (--nnodes 1) are supported so far", r["nnodes"])
+	}
+	if c.NodeRank, err = r.int("node-rank", 0); err != nil {
+		return err
+	}
+	if c.NodeRank >= c.NNodesMax {
+		return usagef("--node-rank %d must be below --nnodes %d", c.NodeRank, c.NNodesMax)
+	}
+	c.NProcSpec = r["nproc-per-node"]
+	if c.NProcPerNode, err = resolveNProc(c.NProcSpec, host); err != nil {
+		return err
+	}
+	if c.MaxRestarts, err = r.int("max-restarts", 0); err != nil {
+		return err
+	}
+	if c.MonitorInterval, err = r.seconds("monitor-interval"); err != nil {
+		return err
+	}
+	if c.StopTimeout, err = r.seconds("stop-timeout"); err != nil {
+		return err
+	}
+	c.RdzvBackend = r["rdzv-backend"]
+	switch c.RdzvBackend {
+	case "static", "c10d", "etcd", "etcd-v2":
+	default:
+		return usagef("--rdzv-backend %q is not one of static, c10d, etcd", c.RdzvBackend)
+	}
+	c.RdzvEndpoint, c.RdzvConf = r["rdzv-endpoint"], r["rdzv-conf"]
+	c.RdzvID = r["rdzv-id"]
+	if runID := r["run-id"]; runID != "" {
+		if c.RdzvID != "" && c.RdzvID != runID {
+			return usagef("--run-id %q and --rdzv-id %q differ; give one of them", runID, c.RdzvID)
+		}
+		c.RdzvID = runID
+	}
+	if c.RdzvID == "none" { // torchrun's default spelling of "not set"
+		c.RdzvID = ""
+	}
+	c.MasterAddr = r["master-addr"]
+	if p := r["master-port"]; p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return usagef("--master-port must be a port number 1..65535, got %q", p)
+		}
+		c.MasterPort = n
+	}
+	if c.Standalone && (set["master-addr"] || set["master-port"]) {
+		// torchrun's --standalone picks its own port; a fixed one would be silently ignored there.
+		return usagef("--standalone picks a free master port itself; drop --master-addr/--master-port, or drop --standalone")
+	}
+	c.StartMethod = r["start-method"]
+	switch c.StartMethod {
+	case "spawn", "fork", "forkserver":
+	default:
+		return usagef("--start-method %q is not one of spawn, fork, forkserver", c.StartMethod)
+	}
+	if c.Role = r["role"]; c.Role == "" {
+		return usagef("--role must not be empty")
+	}
+	c.LocalAddr = r["local-addr"]
+	if c.LogDir = r["log-dir"]; c.LogDir != "" {
+		if c.LogDir, err = filepath.Abs(c.LogDir); err != nil {
+			return usagef("--log-dir %q: %v", r["log-dir"], err)
+		}
+		if fi, err := os.Stat(c.LogDir); err == nil && !fi.IsDir() {
+			return usagef("--log-dir %s exists and is not a directory", c.LogDir)
+		}
+	}
+	if c.Redirects, err = parseStd(r["redirects"]); err != nil {
+		return usagef("--redirects: %v", err)
+	}
+	if c.Tee, err = parseStd(r["tee"]); err != nil {
+		return usagef("--tee: %v", err)
+	}
+	if c.Python = r["python"]; c.Python == "" && !c.NoPython {
+		return usagef("--python must not be empty")
+	}
+	c.LogLevel = r["log-level"]
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return usagef("--log-level %q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return nil
+}
+
+func parseNNodes(v string) (min, max int, err error) {
+	lo, hi, isRange := strings.Cut(v, ":")
+	min, err1 := strconv.Atoi(lo)
+	max, err2 := min, error(nil)
+	if isRange {
+		max, err2 = strconv.Atoi(hi)
+	}
+	if err1 != nil || err2 != nil || min < 1 || max < min {
+		return 0, 0, usagef("--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got %q", v)
+	}
+	return min, max, nil
+}
+
+func resolveNProc(v string, host Host) (int, error) {
+	gpus := func() (int, error) {
+		if host.GPUs == nil {
+			return 0, errors.New("no GPU discovery")
+		}
+		return host.GPUs()
+	}
+	switch v {
+	case "cpu":
+		return max(host.CPUs, 1), nil
+	case "gpu":
+		n, err := gpus()
+		if err != nil || n == 0 {
+			return 0, usagef("--nproc-per-node gpu: no GPU found (%v); use a number or cpu", errOrNone(err))
+		}
+		return n, nil
+	case "auto":
+		if n, err := gpus(); err == nil && n > 0 {
+			return n, nil
+		}
+		return max(host.CPUs, 1), nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, usagef("--nproc-per-node must be a positive integer, auto, cpu or gpu, got %q", v)
+	}
+	return n, nil
+}
+
+func errOrNone(err error) error {
+	if err == nil {
+		return errors.New("0 GPUs visible")
+	}
+	return err
+}
+
+// Usage is the help text of `ddp-agent run`.
+func Usage() string {
+	var b strings.Builder
+	b.WriteString(`Usage: ddp-agent run [flags] [--] script.py [script args...]
+
+Starts --nproc-per-node workers of a PyTorch training script with torchrun's
+environment, supervises them, and restarts the whole group when one fails.
+Every flag also accepts torchrun's underscore spelling (--nproc_per_node), and
+its default may come from PET_<FLAG> as with torchrun (PET_NPROC_PER_NODE=2).
+
+Flags:
+`)
+	for _, f := range flagSpecs {
+		name := "--" + f.name
+		if f.short != "" {
+			name = "-" + f.short + ", " + name
+		}
+		if !f.bool {
+			name += " VALUE"
+		}
+		fmt.Fprintf(&b, "  %-28s %s", name, f.help)
+		if f.def != "" && !f.bool {
+			fmt.Fprintf(&b, " (default %s)", f.def)
+		}
+		b.WriteByte('\n')
+	}
+	b.WriteString(`
+Exit codes: 0 all workers succeeded; 1 the job failed (restarts exhausted);
+2 usage error; 128+N the agent was stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP).
+`)
+	return b.String()
+}

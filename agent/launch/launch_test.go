@@ -1,0 +1,224 @@
+package launch
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func noEnv(string) string { return "" }
+
+var fourCPUs = Host{CPUs: 4, GPUs: func() (int, error) { return 0, errors.New("no driver") }}
+
+// TestParseTorchrunLines checks that command lines from torchrun's
+// documentation mean the same thing to ddp-agent.
+func TestParseTorchrunLines(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    string
+		check   func(*Config) string
+		command []string
+	}{
+		{
+			name:    "docs single node",
+			args:    "--standalone --nnodes=1 --nproc-per-node=2 train.py --arg1 x",
+			command: []string{"python3", "-u", "train.py", "--arg1", "x"},
+			check: func(c *Config) string {
+				if !c.Standalone || c.NProcPerNode != 2 || c.NNodesMin != 1 || c.NNodesMax != 1 {
+					return "standalone 2 procs 1 node"
+				}
+				return ""
+			},
+		},
+		{
+			name:    "underscore spellings",
+			args:    "--nnodes 1 --nproc_per_node 3 --max_restarts 2 --node_rank 0 --master_addr 10.0.0.1 --master_port 29500 train.py",
+			command: []string{"python3", "-u", "train.py"},
+			check: func(c *Config) string {
+				if c.NProcPerNode != 3 || c.MaxRestarts != 2 || c.MasterAddr != "10.0.0.1" || c.MasterPort != 29500 {
+					return "3 procs, 2 restarts, master 10.0.0.1:29500"
+				}
+				return ""
+			},
+		},
+		{
+			name:    "module",
+			args:    "--nproc-per-node=4 -m pkg.train --epochs 3",
+			command: []string{"python3", "-u", "-m", "pkg.train", "--epochs", "3"},
+		},
+		{
+			name:    "no python",
+			args:    "--no-python --nproc-per-node 2 ./run.sh a b",
+			command: []string{"./run.sh", "a", "b"},
+		},
+		{
+			name:    "script flags are the script's",
+			args:    "--nproc-per-node 1 train.py --nproc-per-node 5 --bogus",
+			command: []string{"python3", "-u", "train.py", "--nproc-per-node", "5", "--bogus"},
+		},
+		{
+			name:    "double dash",
+			args:    "--nproc-per-node 1 -- -weird-name.py x",
+			command: []string{"python3", "-u", "-weird-name.py", "x"},
+		},
+		{
+			name: "rendezvous flags",
+			args: "--nnodes=1:1 --rdzv-backend=c10d --rdzv-endpoint=localhost:29400 --rdzv-id=job7 --rdzv-conf=timeout=60 train.py",
+			check: func(c *Config) string {
+				if c.RdzvBackend != "c10d" || c.RdzvEndpoint != "localhost:29400" || c.RdzvID != "job7" || c.RdzvConf != "timeout=60" {
+					return "c10d localhost:29400 job7"
+				}
+				return ""
+			},
+		},
+		{
+			name: "logs",
+			args: "--log-dir /tmp/logs -r 3 -t 0:1,1:2 --role trainer --run-id r1 train.py",
+			check: func(c *Config) string {
+				if c.LogDir != "/tmp/logs" || c.Redirects.For(0) != StdAll || c.Tee.For(0) != StdOut || c.Tee.For(1) != StdErr || c.Tee.For(2) != StdNone || c.Role != "trainer" || c.RdzvID != "r1" {
+					return "log dir, redirects 3, tee per rank, role, run id"
+				}
+				return ""
+			},
+		},
+		{
+			name: "durations",
+			args: "--monitor-interval 0.5 --stop-timeout 3 train.py",
+			check: func(c *Config) string {
+				if c.MonitorInterval != 500*time.Millisecond || c.StopTimeout != 3*time.Second {
+					return "monitor 500ms, stop 3s"
+				}
+				return ""
+			},
+		},
+		{
+			name: "nproc cpu and auto without GPUs",
+			args: "--nproc-per-node auto train.py",
+			check: func(c *Config) string {
+				if c.NProcPerNode != 4 {
+					return "4 workers (one per CPU)"
+				}
+				return ""
+			},
+		},
+		{
+			name: "defaults",
+			args: "train.py",
+			check: func(c *Config) string {
+				want := &Config{NProcPerNode: 1, NProcSpec: "1", NNodesMin: 1, NNodesMax: 1, RdzvBackend: "static",
+					MonitorInterval: 5 * time.Second, StopTimeout: 10 * time.Second, StartMethod: "spawn", Role: "default",
+					Python: "python3", LogLevel: "info", Script: "train.py"}
+				if !reflect.DeepEqual(c, want) {
+					return "the documented defaults"
+				}
+				return ""
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse(strings.Fields(tc.args), noEnv, fourCPUs)
+			if err != nil {
+				t.Fatalf("Parse(%q): %v", tc.args, err)
+			}
+			if tc.command != nil && !reflect.DeepEqual(c.Command(), tc.command) {
+				t.Errorf("command: got %q, want %q", c.Command(), tc.command)
+			}
+			if tc.check != nil {
+				if want := tc.check(c); want != "" {
+					t.Errorf("got %+v, want %s", c, want)
+				}
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name, args, want string
+	}{
+		{"unknown flag", "--nprocs 2 train.py", "unknown flag --nprocs"},
+		{"module and no-python", "-m --no-python pkg", "contradict"},
+		{"zero procs", "--nproc-per-node 0 train.py", "--nproc-per-node must be"},
+		{"bad procs", "--nproc-per-node lots train.py", "--nproc-per-node must be"},
+		{"gpu without GPUs", "--nproc-per-node gpu train.py", "no GPU found"},
+		{"several nodes", "--nnodes 2 train.py", "only single-node"},
+		{"bad range", "--nnodes 3:1 train.py", "MIN:MAX"},
+		{"node rank past nnodes", "--node-rank 1 train.py", "--node-rank 1 must be below"},
+		{"redirects out of range", "--redirects 4 train.py", "--redirects"},
+		{"tee malformed", "--tee 0=1 train.py", "--tee"},
+		{"missing script", "--nproc-per-node 2", "missing the training script"},
+		{"missing value", "--nproc-per-node", "needs a value"},
+		{"twice", "--nproc-per-node 1 --nproc_per_node 2 train.py", "given twice"},
+		{"standalone with port", "--standalone --master-port 29500 train.py", "--standalone picks"},
+		{"run id conflict", "--run-id a --rdzv-id b train.py", "differ"},
+		{"negative restarts", "--max-restarts -1 train.py", "--max-restarts must be"},
+		{"bad port", "--master-port 70000 train.py", "--master-port"},
+		{"bad duration", "--stop-timeout soon train.py", "--stop-timeout"},
+		{"bool with value", "--standalone=maybe train.py", "takes no value"},
+		{"bad backend", "--rdzv-backend zk train.py", "--rdzv-backend"},
+		{"bad log level", "--log-level loud train.py", "--log-level"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(strings.Fields(tc.args), noEnv, fourCPUs)
+			var uerr *UsageError
+			if !errors.As(err, &uerr) {
+				t.Fatalf("Parse(%q): got %v, want a *UsageError", tc.args, err)
+			}
+			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("got %q, want one line containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--nproc-per-node", "2", "--help"}} {
+		if _, err := Parse(args, noEnv, fourCPUs); !errors.Is(err, ErrHelp) {
+			t.Errorf("Parse(%q): got %v, want ErrHelp", args, err)
+		}
+	}
+	u := Usage()
+	for _, f := range flagSpecs {
+		if !strings.Contains(u, "--"+f.name) {
+			t.Errorf("usage does not mention --%s", f.name)
+		}
+	}
+}
+
+func TestParseEnvironment(t *testing.T) {
+	env := map[string]string{"PET_NPROC_PER_NODE": "3", "PET_MAX_RESTARTS": "2", "DDP_AGENT_PYTHON": "/usr/bin/python3"}
+	getenv := func(k string) string { return env[k] }
+	c, err := Parse([]string{"--max-restarts", "5", "train.py"}, getenv, fourCPUs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NProcPerNode != 3 || c.MaxRestarts != 5 || c.Python != "/usr/bin/python3" {
+		t.Errorf("got nproc %d, restarts %d, python %q; want 3 (PET_), 5 (flag beats PET_), /usr/bin/python3", c.NProcPerNode, c.MaxRestarts, c.Python)
+	}
+	if _, err := Parse([]string{"train.py"}, func(k string) string {
+		if k == "PET_NPROC_PER_NODE" {
+			return "zero"
+		}
+		return ""
+	}, fourCPUs); err == nil {
+		t.Error("a bad PET_NPROC_PER_NODE was accepted")
+	}
+}
+
+func TestNProcGPU(t *testing.T) {
+	eight := Host{CPUs: 2, GPUs: func() (int, error) { return 8, nil }}
+	for _, spec := range []string{"gpu", "auto"} {
+		c, err := Parse([]string{"--nproc-per-node", spec, "train.py"}, noEnv, eight)
+		if err != nil || c.NProcPerNode != 8 {
+			t.Errorf("--nproc-per-node %s: got %v, %v; want 8", spec, c, err)
+		}
+	}
+	c, err := Parse([]string{"--nproc-per-node", "cpu", "train.py"}, noEnv, eight)
+	if err != nil || c.NProcPerNode != 2 {
+		t.Errorf("--nproc-per-node cpu: got %v, %v; want 2", c, err)
+	}
+}

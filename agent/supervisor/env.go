@@ -1,0 +1,84 @@
+package supervisor
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Worker identifies one worker process within the job.
+type Worker struct {
+	LocalRank int
+	Rank      int // global rank
+}
+
+// workerEnv is the environment of one worker: base (the agent's own
+// environment) with torchrun's variables and ddp-agent's added on top, so a
+// script written for torchrun runs unchanged.
+func workerEnv(base []string, s *Spec, w Worker, errorFile string) []string {
+	set := map[string]string{
+		"LOCAL_RANK":                 strconv.Itoa(w.LocalRank),
+		"RANK":                       strconv.Itoa(w.Rank),
+		"GROUP_RANK":                 strconv.Itoa(s.NodeRank),
+		"ROLE_RANK":                  strconv.Itoa(w.Rank), // one role per job: the role rank is the rank
+		"ROLE_NAME":                  s.Role,
+		"LOCAL_WORLD_SIZE":           strconv.Itoa(s.NProc),
+		"WORLD_SIZE":                 strconv.Itoa(s.WorldSize),
+		"GROUP_WORLD_SIZE":           strconv.Itoa(s.NNodes),
+		"ROLE_WORLD_SIZE":            strconv.Itoa(s.WorldSize),
+		"MASTER_ADDR":                s.MasterAddr,
+		"MASTER_PORT":                strconv.Itoa(s.MasterPort),
+		"TORCHELASTIC_RESTART_COUNT": strconv.Itoa(s.RestartCount),
+		"TORCHELASTIC_MAX_RESTARTS":  strconv.Itoa(s.MaxRestarts),
+		"TORCHELASTIC_RUN_ID":        s.RunID,
+		// torchrun hosts the workers' TCPStore in the agent and says so with True;
+		// ddp-agent does not, so rank 0's worker hosts it, as with plain env:// init.
+		"TORCHELASTIC_USE_AGENT_STORE": "False",
+		"TORCHELASTIC_ERROR_FILE":      errorFile,
+		"DDP_AGENT_SOCKET":             s.ControlSocket,
+		"DDP_AGENT_GENERATION":         strconv.FormatUint(s.Generation, 10),
+	}
+	have := map[string]bool{}
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		have[k] = true
+	}
+	// Defaults that the user's own environment overrides, as in torchrun.
+	if !have["OMP_NUM_THREADS"] && s.NProc > 1 {
+		set["OMP_NUM_THREADS"] = "1"
+	}
+	if !have["NCCL_ASYNC_ERROR_HANDLING"] { // PyTorch 1.x name
+		set["NCCL_ASYNC_ERROR_HANDLING"] = "1"
+	}
+	if !have["TORCH_NCCL_ASYNC_ERROR_HANDLING"] { // PyTorch 2.x name
+		set["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+	}
+	if s.ControlSocket == "" {
+		delete(set, "DDP_AGENT_SOCKET")
+	}
+
+	env := make([]string, 0, len(base)+len(set))
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ours := set[k]; !ours {
+			env = append(env, kv)
+		}
+	}
+	for _, k := range envOrder {
+		if v, ok := set[k]; ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// envOrder fixes the order of the variables we set, so a worker's
+// environment is the same from run to run.
+var envOrder = []string{
+	"LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
+	"LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+	"MASTER_ADDR", "MASTER_PORT",
+	"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+	"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+	"OMP_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+	"DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION",
+}

@@ -1,0 +1,67 @@
+package supervisor
+
+import (
+	"strings"
+	"testing"
+)
+
+func envMap(env []string) map[string]string {
+	m := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if _, dup := m[k]; dup {
+			m[k] = "DUPLICATE"
+			continue
+		}
+		m[k] = v
+	}
+	return m
+}
+
+func TestWorkerEnv(t *testing.T) {
+	spec := &Spec{NProc: 4, RankOffset: 4, WorldSize: 8, NodeRank: 1, NNodes: 2, MasterAddr: "10.0.0.1", MasterPort: 29500,
+		RunID: "job1", Role: "trainer", RestartCount: 2, MaxRestarts: 3, Generation: 7, ControlSocket: "/run/ddp/control.sock"}
+	tests := []struct {
+		name string
+		base []string
+		want map[string]string
+	}{
+		{
+			name: "torchrun variables",
+			base: []string{"PATH=/bin", "RANK=99"},
+			want: map[string]string{
+				"PATH": "/bin", "LOCAL_RANK": "2", "RANK": "6", "GROUP_RANK": "1", "ROLE_RANK": "6", "ROLE_NAME": "trainer",
+				"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "8",
+				"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "2",
+				"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job1", "TORCHELASTIC_USE_AGENT_STORE": "False",
+				"TORCHELASTIC_ERROR_FILE": "/tmp/e.json", "OMP_NUM_THREADS": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
+				"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "DDP_AGENT_SOCKET": "/run/ddp/control.sock", "DDP_AGENT_GENERATION": "7",
+			},
+		},
+		{
+			name: "user settings win for defaults",
+			base: []string{"OMP_NUM_THREADS=8", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0"},
+			want: map[string]string{"OMP_NUM_THREADS": "8", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "NCCL_ASYNC_ERROR_HANDLING": "1"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := envMap(workerEnv(tc.base, spec, Worker{LocalRank: 2, Rank: 6}, "/tmp/e.json"))
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Errorf("%s: got %q, want %q", k, got[k], v)
+				}
+			}
+		})
+	}
+}
+
+func TestWorkerEnvSingleProcNoOMP(t *testing.T) {
+	got := envMap(workerEnv(nil, &Spec{NProc: 1, WorldSize: 1}, Worker{}, "e"))
+	if _, ok := got["OMP_NUM_THREADS"]; ok {
+		t.Error("OMP_NUM_THREADS set for a single worker; torchrun leaves it alone")
+	}
+	if _, ok := got["DDP_AGENT_SOCKET"]; ok {
+		t.Error("DDP_AGENT_SOCKET set without a control socket")
+	}
+}

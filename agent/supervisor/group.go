@@ -1,0 +1,413 @@
+// Package supervisor runs one node's worker processes: it spawns them with
+// torchrun's environment, streams their output, notices the first exit at
+// once (each worker has a goroutine blocked in wait, no polling), and stops
+// the rest: SIGTERM to each worker's process group, a grace period, then
+// SIGKILL. A worker that survives SIGKILL (stuck in uninterruptible sleep) is
+// reported and abandoned, never waited for.
+//
+// A Group is one attempt; restarting means stopping a Group and starting a
+// new one. The restart policy lives in the agent.
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// State is the state of a worker group, as in torchelastic's WorkerState.
+type State int
+
+const (
+	StateInit      State = iota // not started yet
+	StateHealthy                // all workers running, or some already succeeded
+	StateUnhealthy              // a worker failed; the group is being stopped
+	StateSucceeded              // every worker exited 0
+	StateFailed                 // a worker failed and the group has stopped
+	StateStopped                // stopped from outside (signal or restart)
+)
+
+func (s State) String() string {
+	return [...]string{"init", "healthy", "unhealthy", "succeeded", "failed", "stopped"}[s]
+}
+
+// Streams says where one worker's output goes.
+type Streams struct {
+	ConsoleOut, ConsoleErr bool // show on the agent's stdout/stderr, prefixed "[rankN]:"
+	FileOut, FileErr       bool // write to stdout.log/stderr.log in the worker's log dir
+}
+
+// Spec is everything needed to start one attempt of the local workers.
+type Spec struct {
+	Argv    []string
+	BaseEnv []string // usually os.Environ()
+	Dir     string   // working directory; "" for the agent's
+
+	NProc      int // workers on this node
+	RankOffset int // global rank of local rank 0
+	WorldSize  int
+	NodeRank   int
+	NNodes     int
+
+	MasterAddr    string
+	MasterPort    int
+	RunID         string
+	Role          string
+	RestartCount  int
+	MaxRestarts   int
+	Generation    uint64
+	ControlSocket string
+
+	// AttemptDir holds <local_rank>/error.json (TORCHELASTIC_ERROR_FILE) and,
+	// when Streams asks for it, <local_rank>/stdout.log and stderr.log.
+	AttemptDir string
+	Streams    func(localRank int) Streams
+	Stdout     *Console
+	Stderr     *Console
+}
+
+// WorkerExitError is a worker that exited with a non-zero code or was
+// killed by a signal: the root cause of a failed attempt.
+type WorkerExitError struct {
+	Rank, LocalRank, PID int
+	Code                 int            // exit code, or -1 when killed by a signal
+	Signal               syscall.Signal // 0 unless killed by a signal
+	StderrTail           []string       // last lines of its stderr
+	ErrorFile            *ErrorFile     // what it wrote to TORCHELASTIC_ERROR_FILE, if anything
+}
+
+func (e *WorkerExitError) Error() string {
+	if e.Signal != 0 {
+		return fmt.Sprintf("worker rank %d (local rank %d, pid %d) killed by signal %d (%s)", e.Rank, e.LocalRank, e.PID, int(e.Signal), e.Signal)
+	}
+	return fmt.Sprintf("worker rank %d (local rank %d, pid %d) exited with code %d", e.Rank, e.LocalRank, e.PID, e.Code)
+}
+
+type worker struct {
+	Worker
+	pid         int
+	cmd         *exec.Cmd
+	errorFile   string
+	stdout      *stream
+	stderr      *stream
+	streamsDone sync.WaitGroup
+	readers     []*os.File
+	done        chan struct{} // closed when the process has been reaped
+	state       *os.ProcessState
+	waitErr     error
+}
+
+// exit is sent by a worker's wait goroutine.
+type exit struct{ w *worker }
+
+// Group is one running attempt of the local workers. Wait and Stop must be
+// called from one goroutine; PIDs and RankOf are safe concurrently.
+type Group struct {
+	log     *slog.Logger
+	workers []*worker
+	exits   chan exit
+	started time.Time
+
+	mu    sync.Mutex
+	state State
+
+	// signal is how Stop signals a process group; a field so tests can
+	// simulate a process that ignores even SIGKILL (uninterruptible sleep).
+	signal func(pgid int, sig syscall.Signal) error
+	// reapWait bounds how long Stop waits for a SIGKILLed worker to be reaped.
+	reapWait time.Duration
+}
+
+// Start spawns the workers of spec. Each worker leads its own process group
+// (so a signal reaches its children too) and is SIGKILLed by the kernel if
+// the agent dies (Pdeathsig). If any worker cannot be started, the ones
+// already started are stopped and the error returned.
+func Start(spec *Spec, log *slog.Logger) (*Group, error) {
+	g := &Group{
+		log:      log,
+		exits:    make(chan exit, spec.NProc),
+		started:  time.Now(),
+		state:    StateInit,
+		signal:   func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) },
+		reapWait: 3 * time.Second,
+	}
+	for lr := 0; lr < spec.NProc; lr++ {
+		w, err := g.startWorker(spec, Worker{LocalRank: lr, Rank: spec.RankOffset + lr})
+		if err != nil {
+			g.Stop(time.Second)
+			return nil, fmt.Errorf("start worker local rank %d: %w", lr, err)
+		}
+		g.workers = append(g.workers, w)
+	}
+	g.setState(StateHealthy)
+	return g, nil
+}
+
+func (g *Group) startWorker(spec *Spec, id Worker) (*worker, error) {
+	dir := filepath.Join(spec.AttemptDir, strconv.Itoa(id.LocalRank))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create worker dir: %w", err)
+	}
+	w := &worker{Worker: id, errorFile: filepath.Join(dir, "error.json"), done: make(chan struct{})}
+	var streams Streams
+	if spec.Streams != nil {
+		streams = spec.Streams(id.LocalRank)
+	}
+	prefix := []byte(fmt.Sprintf("[rank%d]:", id.Rank))
+	w.stdout = &stream{prefix: prefix}
+	w.stderr = &stream{prefix: prefix}
+	if streams.ConsoleOut {
+		w.stdout.console = spec.Stdout
+	}
+	if streams.ConsoleErr {
+		w.stderr.console = spec.Stderr
+	}
+	var err error
+	if streams.FileOut {
+		if w.stdout.file, err = os.OpenFile(filepath.Join(dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644); err != nil {
+			return nil, fmt.Errorf("open stdout log: %w", err)
+		}
+	}
+	if streams.FileErr {
+		if w.stderr.file, err = os.OpenFile(filepath.Join(dir, "stderr.log"), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644); err != nil {
+			w.closeFiles()
+			return nil, fmt.Errorf("open stderr log: %w", err)
+		}
+	}
+	// Our own pipes, not exec's: exec would make Wait block until every
+	// holder of the pipe (a worker's own children, too) has exited.
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		w.closeFiles()
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		w.closeFiles()
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("stderr pipe: %w", err)
+	}
+	cmd := exec.Command(spec.Argv[0], spec.Argv[1:]...)
+	cmd.Env = workerEnv(spec.BaseEnv, spec, id, w.errorFile)
+	cmd.Dir = spec.Dir
+	cmd.Stdout, cmd.Stderr = outW, errW
+	// Pdeathsig fires when the thread that forked the child exits; the Go
+	// runtime only ends threads whose goroutine locked them and exited, and
+	// the agent never spawns from such a goroutine.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		w.closeFiles()
+		outR.Close()
+		errR.Close()
+		return nil, err
+	}
+	w.cmd, w.pid = cmd, cmd.Process.Pid
+	w.readers = []*os.File{outR, errR}
+	w.streamsDone.Add(2)
+	go func() { defer w.streamsDone.Done(); w.stdout.copy(outR) }()
+	go func() { defer w.streamsDone.Done(); w.stderr.copy(errR) }()
+	go func() {
+		w.waitErr = cmd.Wait()
+		w.state = cmd.ProcessState
+		close(w.done)
+		g.exits <- exit{w}
+	}()
+	g.log.Debug("worker started", "rank", id.Rank, "local_rank", id.LocalRank, "pid", w.pid)
+	return w, nil
+}
+
+func (w *worker) closeFiles() {
+	for _, f := range []*os.File{w.stdout.file, w.stderr.file} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// PIDs maps each worker's global rank to its pid.
+func (g *Group) PIDs() map[int]int {
+	m := make(map[int]int, len(g.workers))
+	for _, w := range g.workers {
+		m[w.Rank] = w.pid
+	}
+	return m
+}
+
+// State returns the group's current state.
+func (g *Group) State() State {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.state
+}
+
+func (g *Group) setState(s State) {
+	g.mu.Lock()
+	g.state = s
+	g.mu.Unlock()
+}
+
+// Wait blocks until every worker has exited 0 (nil), one worker has failed
+// (a *WorkerExitError, returned at once, with the others still running), or
+// ctx is done (ctx's error). Call Stop after a non-nil result.
+func (g *Group) Wait(ctx context.Context) error {
+	remaining := 0
+	for _, w := range g.workers {
+		select {
+		case <-w.done:
+		default:
+			remaining++
+		}
+	}
+	for remaining > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e := <-g.exits:
+			remaining--
+			if e.w.state != nil && e.w.state.Success() {
+				g.log.Debug("worker succeeded", "rank", e.w.Rank, "pid", e.w.pid)
+				continue
+			}
+			g.setState(StateUnhealthy)
+			return g.exitError(e.w)
+		}
+	}
+	g.setState(StateSucceeded)
+	g.drainStreams(time.Second)
+	return nil
+}
+
+func (g *Group) exitError(w *worker) *WorkerExitError {
+	// Give its stderr a moment to reach EOF, so the tail holds its last words.
+	waitTimeout(&w.streamsDone, time.Second)
+	e := &WorkerExitError{Rank: w.Rank, LocalRank: w.LocalRank, PID: w.pid, Code: -1, StderrTail: w.stderr.lastLines()}
+	if w.state != nil {
+		if ws, ok := w.state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			e.Signal = ws.Signal()
+		} else {
+			e.Code = w.state.ExitCode()
+		}
+	}
+	if ef, err := readErrorFile(w.errorFile); err == nil {
+		e.ErrorFile = ef
+	} else if !errors.Is(err, os.ErrNotExist) {
+		g.log.Warn("unreadable worker error file", "rank", w.Rank, "path", w.errorFile, "err", err)
+	}
+	return e
+}
+
+// Stop stops every worker still running: SIGTERM to its process group,
+// then SIGKILL to the groups still alive after grace. It returns once every
+// worker is reaped, or after a bounded wait past SIGKILL for any that cannot
+// be (uninterruptible sleep); those are logged and abandoned. The pids of
+// abandoned workers are returned.
+func (g *Group) Stop(grace time.Duration) (abandoned []int) {
+	if st := g.State(); st == StateHealthy || st == StateInit {
+		g.setState(StateStopped)
+	} else if st == StateUnhealthy {
+		g.setState(StateFailed)
+	}
+	alive := g.alive()
+	for _, w := range alive {
+		if err := g.signal(w.pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+			g.log.Warn("SIGTERM worker", "rank", w.Rank, "pid", w.pid, "err", err)
+		}
+	}
+	if !g.waitAll(alive, grace) {
+		for _, w := range g.alive() {
+			g.log.Warn("worker did not stop within the grace period; sending SIGKILL", "rank", w.Rank, "pid", w.pid, "grace", grace)
+			if err := g.signal(w.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				g.log.Warn("SIGKILL worker", "rank", w.Rank, "pid", w.pid, "err", err)
+			}
+		}
+		if !g.waitAll(alive, g.reapWait) {
+			for _, w := range g.alive() {
+				g.log.Error("worker survived SIGKILL (uninterruptible sleep?); abandoning it", "rank", w.Rank, "pid", w.pid, "state", procState(w.pid))
+				abandoned = append(abandoned, w.pid)
+			}
+		}
+	}
+	// A worker's own children (DataLoader workers, shells) may outlive it in
+	// its process group; none of them may survive the attempt.
+	for _, w := range g.workers {
+		if !contains(abandoned, w.pid) {
+			_ = g.signal(w.pid, syscall.SIGKILL)
+		}
+	}
+	g.drainStreams(time.Second)
+	return abandoned
+}
+
+func (g *Group) alive() []*worker {
+	var out []*worker
+	for _, w := range g.workers {
+		select {
+		case <-w.done:
+		default:
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+func (g *Group) waitAll(ws []*worker, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for _, w := range ws {
+		select {
+		case <-w.done:
+		case <-t.C:
+			return false
+		}
+	}
+	return true
+}
+
+// drainStreams waits up to d for worker output to reach EOF, then closes the
+// pipes: a grandchild holding a pipe open must not keep a reader forever.
+func (g *Group) drainStreams(d time.Duration) {
+	deadline := time.Now().Add(d)
+	for _, w := range g.workers {
+		waitTimeout(&w.streamsDone, time.Until(deadline))
+		for _, r := range w.readers {
+			r.Close()
+		}
+	}
+	for _, w := range g.workers {
+		waitTimeout(&w.streamsDone, 100*time.Millisecond)
+	}
+}
+
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(max(d, 0))
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+func contains(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

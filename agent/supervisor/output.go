@@ -1,0 +1,133 @@
+package supervisor
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"sync"
+)
+
+// Console is where prefixed worker output goes. Each Write holds whole
+// lines, so lines of different ranks never interleave mid-line.
+type Console struct {
+	mu  sync.Mutex
+	out io.Writer
+}
+
+// NewConsole wraps w (usually os.Stdout or os.Stderr) for concurrent use.
+func NewConsole(w io.Writer) *Console { return &Console{out: w} }
+
+func (c *Console) write(p []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, _ = c.out.Write(p) // a broken console must not stop the worker's output to its log file
+}
+
+const (
+	readChunk  = 64 << 10
+	maxLine    = 64 << 10 // longer lines are split, so a newline-free flood cannot grow memory
+	tailLines  = 20
+	tailMaxLen = 1 << 10
+)
+
+// stream copies one worker pipe to its sinks until EOF or close: the console
+// with a "[rankN]:" prefix per line, a log file verbatim, and a ring of the
+// last lines (for the failure report). It never blocks the agent's own
+// goroutines: only the goroutine running copy waits on a slow console.
+type stream struct {
+	prefix  []byte
+	console *Console // nil: not shown
+	file    *os.File // nil: not logged
+
+	mu   sync.Mutex
+	tail [][]byte
+	next int
+}
+
+func (s *stream) copy(r io.Reader) {
+	buf := make([]byte, readChunk)
+	var partial []byte
+	var out bytes.Buffer
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			chunk := buf[:n]
+			if s.file != nil {
+				_, _ = s.file.Write(chunk) // a full disk costs the log, not the run
+			}
+			out.Reset()
+			for len(chunk) > 0 {
+				i := bytes.IndexByte(chunk, '\n')
+				if i < 0 {
+					partial = append(partial, chunk...)
+					if len(partial) >= maxLine {
+						s.line(&out, partial)
+						partial = partial[:0]
+					}
+					break
+				}
+				line := chunk[:i]
+				if len(partial) > 0 {
+					line = append(partial, line...)
+					partial = partial[:0]
+				}
+				s.line(&out, line)
+				chunk = chunk[i+1:]
+			}
+			if s.console != nil && out.Len() > 0 {
+				s.console.write(out.Bytes())
+			}
+		}
+		if err != nil {
+			if len(partial) > 0 {
+				out.Reset()
+				s.line(&out, partial)
+				if s.console != nil {
+					s.console.write(out.Bytes())
+				}
+			}
+			if s.file != nil {
+				_ = s.file.Close()
+			}
+			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed) {
+				s.remember([]byte("[ddp-agent: reading worker output: " + err.Error() + "]"))
+			}
+			return
+		}
+	}
+}
+
+func (s *stream) line(out *bytes.Buffer, line []byte) {
+	s.remember(line)
+	if s.console != nil {
+		out.Write(s.prefix)
+		out.Write(line)
+		out.WriteByte('\n')
+	}
+}
+
+func (s *stream) remember(line []byte) {
+	if len(line) > tailMaxLen {
+		line = line[:tailMaxLen]
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.tail) < tailLines {
+		s.tail = append(s.tail, bytes.Clone(line))
+		return
+	}
+	s.tail[s.next] = append(s.tail[s.next][:0], line...)
+	s.next = (s.next + 1) % tailLines
+}
+
+// lastLines returns up to tailLines most recent lines, oldest first.
+func (s *stream) lastLines() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.tail))
+	for i := range s.tail {
+		out = append(out, string(s.tail[(s.next+i)%len(s.tail)]))
+	}
+	return out
+}
