@@ -108,16 +108,17 @@ type worker struct {
 // exit is sent by a worker's wait goroutine.
 type exit struct{ w *worker }
 
-// Group is one running attempt of the local workers. Wait and Stop must be
-// called from one goroutine; PIDs and RankOf are safe concurrently.
+// Group is one attempt of the local workers. Start, Wait and Stop must be
+// called from one goroutine; State, PIDs and RankOf are safe concurrently.
 type Group struct {
+	spec    *Spec
 	log     *slog.Logger
-	workers []*worker
 	exits   chan exit
 	started time.Time
 
-	mu    sync.Mutex
-	state State
+	mu      sync.Mutex
+	state   State
+	workers []*worker // appended by Start only
 
 	// signal is how Stop signals a process group; a field so tests can
 	// simulate a process that ignores even SIGKILL (uninterruptible sleep).
@@ -126,28 +127,45 @@ type Group struct {
 	reapWait time.Duration
 }
 
-// Start spawns the workers of spec. Each worker leads its own process group
-// (so a signal reaches its children too) and is SIGKILLed by the kernel if
-// the agent dies (Pdeathsig). If any worker cannot be started, the ones
-// already started are stopped and the error returned.
-func Start(spec *Spec, log *slog.Logger) (*Group, error) {
-	g := &Group{
+// New returns a group for spec without starting it, so its RankOf can be
+// published (to the control socket) before the first worker runs.
+func New(spec *Spec, log *slog.Logger) *Group {
+	return &Group{
+		spec:     spec,
 		log:      log,
 		exits:    make(chan exit, spec.NProc),
-		started:  time.Now(),
 		state:    StateInit,
 		signal:   func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) },
 		reapWait: 3 * time.Second,
 	}
-	for lr := 0; lr < spec.NProc; lr++ {
-		w, err := g.startWorker(spec, Worker{LocalRank: lr, Rank: spec.RankOffset + lr})
+}
+
+// Start spawns the workers. Each worker leads its own process group (so a
+// signal reaches its children too) and is SIGKILLed by the kernel if the
+// agent dies (Pdeathsig). If any worker cannot be started, the ones already
+// started are stopped and the error returned.
+func (g *Group) Start() error {
+	g.started = time.Now()
+	for lr := 0; lr < g.spec.NProc; lr++ {
+		w, err := g.startWorker(g.spec, Worker{LocalRank: lr, Rank: g.spec.RankOffset + lr})
 		if err != nil {
 			g.Stop(time.Second)
-			return nil, fmt.Errorf("start worker local rank %d: %w", lr, err)
+			return fmt.Errorf("start worker local rank %d: %w", lr, err)
 		}
+		g.mu.Lock()
 		g.workers = append(g.workers, w)
+		g.mu.Unlock()
 	}
 	g.setState(StateHealthy)
+	return nil
+}
+
+// Start is New followed by Group.Start.
+func Start(spec *Spec, log *slog.Logger) (*Group, error) {
+	g := New(spec, log)
+	if err := g.Start(); err != nil {
+		return nil, err
+	}
 	return g, nil
 }
 
@@ -238,8 +256,8 @@ func (w *worker) closeFiles() {
 
 // PIDs maps each worker's global rank to its pid.
 func (g *Group) PIDs() map[int]int {
-	m := make(map[int]int, len(g.workers))
-	for _, w := range g.workers {
+	m := map[int]int{}
+	for _, w := range g.list() {
 		m[w.Rank] = w.pid
 	}
 	return m
@@ -263,7 +281,7 @@ func (g *Group) setState(s State) {
 // ctx is done (ctx's error). Call Stop after a non-nil result.
 func (g *Group) Wait(ctx context.Context) error {
 	remaining := 0
-	for _, w := range g.workers {
+	for _, w := range g.list() {
 		select {
 		case <-w.done:
 		default:
@@ -341,7 +359,7 @@ func (g *Group) Stop(grace time.Duration) (abandoned []int) {
 	}
 	// A worker's own children (DataLoader workers, shells) may outlive it in
 	// its process group; none of them may survive the attempt.
-	for _, w := range g.workers {
+	for _, w := range g.list() {
 		if !contains(abandoned, w.pid) {
 			_ = g.signal(w.pid, syscall.SIGKILL)
 		}
@@ -350,9 +368,16 @@ func (g *Group) Stop(grace time.Duration) (abandoned []int) {
 	return abandoned
 }
 
+// list returns the workers started so far.
+func (g *Group) list() []*worker {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.workers[:len(g.workers):len(g.workers)]
+}
+
 func (g *Group) alive() []*worker {
 	var out []*worker
-	for _, w := range g.workers {
+	for _, w := range g.list() {
 		select {
 		case <-w.done:
 		default:
@@ -379,13 +404,14 @@ func (g *Group) waitAll(ws []*worker, d time.Duration) bool {
 // pipes: a grandchild holding a pipe open must not keep a reader forever.
 func (g *Group) drainStreams(d time.Duration) {
 	deadline := time.Now().Add(d)
-	for _, w := range g.workers {
+	workers := g.list()
+	for _, w := range workers {
 		waitTimeout(&w.streamsDone, time.Until(deadline))
 		for _, r := range w.readers {
 			r.Close()
 		}
 	}
-	for _, w := range g.workers {
+	for _, w := range workers {
 		waitTimeout(&w.streamsDone, 100*time.Millisecond)
 	}
 }

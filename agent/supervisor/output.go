@@ -18,10 +18,13 @@ type Console struct {
 // NewConsole wraps w (usually os.Stdout or os.Stderr) for concurrent use.
 func NewConsole(w io.Writer) *Console { return &Console{out: w} }
 
-func (c *Console) write(p []byte) {
+// Write writes p, which should hold whole lines, in one piece. Errors are
+// dropped: a broken console must not stop a worker's output to its log file.
+func (c *Console) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, _ = c.out.Write(p) // a broken console must not stop the worker's output to its log file
+	_, _ = c.out.Write(p)
+	return len(p), nil
 }
 
 const (
@@ -76,7 +79,7 @@ func (s *stream) copy(r io.Reader) {
 				chunk = chunk[i+1:]
 			}
 			if s.console != nil && out.Len() > 0 {
-				s.console.write(out.Bytes())
+				s.console.Write(out.Bytes())
 			}
 		}
 		if err != nil {
@@ -84,7 +87,7 @@ func (s *stream) copy(r io.Reader) {
 				out.Reset()
 				s.line(&out, partial)
 				if s.console != nil {
-					s.console.write(out.Bytes())
+					s.console.Write(out.Bytes())
 				}
 			}
 			if s.file != nil {

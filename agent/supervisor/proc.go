@@ -10,8 +10,8 @@ import (
 // RankOf returns the global rank of the worker that pid is, or descends
 // from. The control socket uses it to admit only this attempt's workers.
 func (g *Group) RankOf(pid int) (int, error) {
-	byPID := make(map[int]int, len(g.workers))
-	for _, w := range g.workers {
+	byPID := map[int]int{}
+	for _, w := range g.list() {
 		byPID[w.pid] = w.Rank
 	}
 	for p, hops := pid, 0; p > 1 && hops < 64; hops++ {

@@ -1,0 +1,153 @@
+// Command ddp-agent is a node agent for PyTorch DDP jobs: a drop-in
+// replacement for torchrun that supervises the workers and explains faults.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"syscall"
+
+	"github.com/ddp-agent/ddp-agent/agent"
+	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `ddp-agent: a node agent for PyTorch DDP training, in place of torchrun.
+
+Usage:
+  ddp-agent run [flags] [--] script.py [args...]   run and supervise this node's workers
+  ddp-agent version                               print the version
+  ddp-agent help [command]                        help for a command
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// signalError is the cause of the agent's context when a signal stopped it.
+type signalError struct{ sig syscall.Signal }
+
+func (e *signalError) Error() string { return "received " + e.sig.String() }
+
+// run executes one command line and returns the process exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "run":
+		return runAgent(args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "ddp-agent %s (%s, %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return 0
+	case "help", "-h", "--help":
+		if len(args) > 1 {
+			switch args[1] {
+			case "run":
+				fmt.Fprint(stdout, launch.Usage())
+				return 0
+			case "version":
+				fmt.Fprintln(stdout, "Usage: ddp-agent version\n\nPrints the version of ddp-agent and of the Go toolchain that built it.")
+				return 0
+			case "help":
+				fmt.Fprint(stdout, usage)
+				return 0
+			}
+			fmt.Fprintf(stderr, "ddp-agent: no help for unknown command %q\n", args[1])
+			return 2
+		}
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, version, help)\n", args[0])
+	return 2
+}
+
+func runAgent(args []string, stdout, stderr io.Writer) int {
+	cfg, err := launch.Parse(args, os.Getenv, launch.Host{CPUs: runtime.NumCPU(), GPUs: visibleGPUs})
+	if errors.Is(err, launch.ErrHelp) {
+		fmt.Fprint(stdout, launch.Usage())
+		return 0
+	}
+	var uerr *launch.UsageError
+	if errors.As(err, &uerr) {
+		fmt.Fprintf(stderr, "ddp-agent run: %v\n", err)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ddp-agent run: %v\n", err)
+		return 1
+	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by Parse
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("component", "ddp-agent")
+
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case s := <-sigs:
+			cancel(&signalError{sig: s.(syscall.Signal)})
+		case <-ctx.Done():
+			return
+		}
+		// A second signal means "now": exit at once; the kernel SIGKILLs the
+		// workers through their parent-death signal.
+		s := <-sigs
+		fmt.Fprintf(stderr, "ddp-agent: second %v, exiting without waiting for workers\n", s)
+		os.Exit(128 + int(s.(syscall.Signal)))
+	}()
+
+	a := agent.New(cfg, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), os.Environ())
+	err = a.Run(ctx)
+	var sigErr *signalError
+	var failed *agent.JobFailedError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &sigErr):
+		log.Info("agent stopped by signal", "signal", sigErr.sig.String())
+		return 128 + int(sigErr.sig)
+	case errors.As(err, &failed):
+		log.Error("job failed", "err", err)
+		return 1
+	default:
+		log.Error("agent error", "err", err)
+		return 1
+	}
+}
+
+// visibleGPUs counts the NVIDIA GPUs the workers can see: the kernel
+// driver's entries, narrowed by CUDA_VISIBLE_DEVICES when it is set. NVML
+// discovery replaces this once the nvml package lands.
+func visibleGPUs() (int, error) {
+	entries, err := os.ReadDir("/proc/driver/nvidia/gpus")
+	if err != nil {
+		return 0, fmt.Errorf("no NVIDIA driver: %w", err)
+	}
+	n := len(entries)
+	if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
+		visible := 0
+		for _, d := range strings.Split(v, ",") {
+			if strings.TrimSpace(d) != "" {
+				visible++
+			}
+		}
+		n = min(n, visible)
+	}
+	return n, nil
+}

@@ -1,0 +1,345 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+// EventsWriteTimeout bounds Client.SendEvents.
+const EventsWriteTimeout = 100 * time.Millisecond
+
+// Errors of the client. A *RemoteError matches ErrTimeout, ErrDenied or
+// ErrStaleGeneration with errors.Is according to its code.
+var (
+	ErrClosed          = errors.New("control: connection closed")
+	ErrTimeout         = errors.New("control: timeout")
+	ErrDenied          = errors.New("control: denied")
+	ErrStaleGeneration = errors.New("control: stale generation")
+)
+
+// RemoteError is an Error reply from the agent.
+type RemoteError struct {
+	Code    ErrorCode
+	Message string
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("control: agent replied %v: %s", e.Code, e.Message)
+}
+
+// Is reports whether the code of e corresponds to the sentinel target.
+func (e *RemoteError) Is(target error) bool {
+	switch target {
+	case ErrTimeout:
+		return e.Code == CodeTimeout
+	case ErrDenied:
+		return e.Code == CodeDenied
+	case ErrStaleGeneration:
+		return e.Code == CodeStaleGeneration
+	}
+	return false
+}
+
+// Client is the worker side of the control socket. A reader goroutine
+// dispatches replies to the waiting calls by request id. All methods are safe
+// for concurrent use.
+type Client struct {
+	nc      *net.UnixConn
+	wsem    chan struct{} // one-slot write lock that can be waited on with a deadline
+	done    chan struct{} // closed when the reader goroutine exits
+	aborted chan struct{}
+
+	mu      sync.Mutex
+	nextID  uint32
+	pending map[uint32]chan reply
+	err     error // set once the connection is unusable; wraps ErrClosed
+	closing bool
+	reason  string
+}
+
+type reply struct {
+	m   Message
+	err error
+}
+
+// Dial connects to the agent's socket at path, sends hello and waits for
+// Welcome. ctx bounds the connect and the handshake only. A rejected Hello
+// returns an error wrapping a *RemoteError.
+func Dial(ctx context.Context, path string, hello Hello) (*Client, Welcome, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, Welcome{}, fmt.Errorf("dial control socket: %w", err)
+	}
+	uc := nc.(*net.UnixConn)
+	w, err := handshake(ctx, uc, hello)
+	if err != nil {
+		uc.Close()
+		return nil, Welcome{}, fmt.Errorf("control handshake: %w", err)
+	}
+	c := &Client{
+		nc:      uc,
+		wsem:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		aborted: make(chan struct{}),
+		nextID:  1, // Hello used 1
+		pending: make(map[uint32]chan reply),
+	}
+	go c.readLoop()
+	return c, w, nil
+}
+
+func handshake(ctx context.Context, nc *net.UnixConn, hello Hello) (Welcome, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		nc.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	// A rejected peer may be answered and closed before Hello is read, so a
+	// write error is only reported if no reply can be read either.
+	werr := WriteFrame(nc, 1, hello)
+	f, err := ReadFrame(nc, MaxPayload)
+	if ctx.Err() != nil {
+		return Welcome{}, ctx.Err()
+	}
+	if err != nil {
+		return Welcome{}, errors.Join(werr, err)
+	}
+	m, err := Decode(f)
+	if err != nil {
+		return Welcome{}, err
+	}
+	switch m := m.(type) {
+	case Welcome:
+		if !stop() {
+			return Welcome{}, ctx.Err()
+		}
+		nc.SetDeadline(time.Time{})
+		return m, nil
+	case Error:
+		return Welcome{}, &RemoteError{Code: m.Code, Message: m.Message}
+	}
+	return Welcome{}, fmt.Errorf("%w: got %v, want Welcome", ErrMalformed, f.Type)
+}
+
+func (c *Client) readLoop() {
+	defer close(c.done)
+	for {
+		f, err := ReadFrame(c.nc, MaxPayload)
+		var m Message
+		if err == nil {
+			m, err = Decode(f)
+		}
+		if err != nil {
+			c.nc.Close()
+			c.fail(err)
+			return
+		}
+		if a, ok := m.(Abort); ok {
+			c.abort(a.Reason)
+			continue
+		}
+		c.mu.Lock()
+		ch := c.pending[f.ID]
+		delete(c.pending, f.ID)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- reply{m: m} // buffered
+		}
+	}
+}
+
+// fail marks the connection unusable and wakes every pending call.
+func (c *Client) fail(cause error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: %w", ErrClosed, cause)
+	}
+	err, pending, closing := c.err, c.pending, c.closing
+	c.pending = nil
+	c.mu.Unlock()
+	for _, ch := range pending {
+		ch <- reply{err: err}
+	}
+	if closing {
+		c.abort("control client closed")
+	} else {
+		c.abort("control connection lost: " + cause.Error())
+	}
+}
+
+func (c *Client) abort(reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.aborted:
+	default:
+		c.reason = reason
+		close(c.aborted)
+	}
+}
+
+// Aborted returns a channel that is closed when the agent sends Abort or the
+// connection is lost or closed.
+func (c *Client) Aborted() <-chan struct{} { return c.aborted }
+
+// AbortReason returns the reason of the Abort, or a description of why the
+// connection ended; it is empty while Aborted is open.
+func (c *Client) AbortReason() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reason
+}
+
+// Close closes the connection, wakes pending calls with ErrClosed and waits
+// for the reader goroutine to exit. It is idempotent.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	first := !c.closing
+	c.closing = true
+	if c.err == nil {
+		c.err = ErrClosed
+	}
+	c.mu.Unlock()
+	var err error
+	if first {
+		if cerr := c.nc.Close(); cerr != nil && !errors.Is(cerr, net.ErrClosed) {
+			err = fmt.Errorf("close control connection: %w", cerr)
+		}
+	}
+	<-c.done
+	return err
+}
+
+// KVSet stores value under key for the current generation. It blocks until
+// the agent replies or ctx is done.
+func (c *Client) KVSet(ctx context.Context, key string, value []byte) error {
+	if _, err := roundTrip[OK](ctx, c, KVSet{Key: key, Value: value}); err != nil {
+		return fmt.Errorf("kv set %q: %w", key, err)
+	}
+	return nil
+}
+
+// KVGet returns the value under key, waiting up to timeout (<= 0 means the
+// agent's default; at most MaxKVGetTimeout) for it to be set. It blocks
+// until the agent replies or ctx is done; a timeout reported by the agent
+// returns an error wrapping ErrTimeout.
+func (c *Client) KVGet(ctx context.Context, key string, timeout time.Duration) ([]byte, error) {
+	var ms uint32
+	if timeout > 0 {
+		ms = uint32(max(1, min(timeout.Milliseconds(), MaxKVGetTimeout.Milliseconds())))
+	}
+	v, err := roundTrip[KVValue](ctx, c, KVGet{Key: key, TimeoutMillis: ms})
+	if err != nil {
+		return nil, fmt.Errorf("kv get %q: %w", key, err)
+	}
+	return v.Value, nil
+}
+
+// SendEvents sends ev without waiting for a reply. It never blocks longer
+// than EventsWriteTimeout and returns an error instead.
+func (c *Client) SendEvents(ev Events) error {
+	ctx, cancel := context.WithTimeout(context.Background(), EventsWriteTimeout)
+	defer cancel()
+	if err := c.write(ctx, 0, ev); err != nil {
+		return fmt.Errorf("send events: %w", err)
+	}
+	return nil
+}
+
+// roundTrip sends the request m and returns its reply, which must be a T.
+func roundTrip[T Message](ctx context.Context, c *Client, m Message) (T, error) {
+	var want T
+	r, err := c.call(ctx, m)
+	if err != nil {
+		return want, err
+	}
+	got, ok := r.(T)
+	if !ok {
+		return want, fmt.Errorf("%w: got %v reply, want %v", ErrMalformed, r.Type(), want.Type())
+	}
+	return got, nil
+}
+
+// call sends the request m and waits for its reply; an Error reply is
+// returned as a *RemoteError.
+func (c *Client) call(ctx context.Context, m Message) (Message, error) {
+	ch := make(chan reply, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.nextID++
+	if c.nextID == 0 {
+		c.nextID++
+	}
+	id := c.nextID
+	c.pending[id] = ch
+	c.mu.Unlock()
+
+	if err := c.write(ctx, id, m); err != nil {
+		c.forget(id)
+		return nil, err
+	}
+	select {
+	case r := <-ch:
+		if e, ok := r.m.(Error); ok {
+			return nil, &RemoteError{Code: e.Code, Message: e.Message}
+		}
+		return r.m, r.err
+	case <-ctx.Done():
+		c.forget(id)
+		return nil, ctx.Err()
+	}
+}
+
+func (c *Client) forget(id uint32) {
+	c.mu.Lock()
+	delete(c.pending, id)
+	c.mu.Unlock()
+}
+
+// write sends one frame, waiting for the write lock and the socket at most
+// until ctx's deadline (DefaultWriteTimeout without one). A frame that was
+// only partly written corrupts the stream, so the connection is closed then.
+func (c *Client) write(ctx context.Context, id uint32, m Message) error {
+	buf, err := appendFrame(nil, id, m)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	err = c.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(DefaultWriteTimeout)
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case c.wsem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return fmt.Errorf("write %v: wait for connection: %w", m.Type(), os.ErrDeadlineExceeded)
+	}
+	defer func() { <-c.wsem }()
+	c.nc.SetWriteDeadline(deadline)
+	if n, err := c.nc.Write(buf); err != nil {
+		if n > 0 {
+			c.nc.Close()
+		}
+		return fmt.Errorf("write %v: %w", m.Type(), err)
+	}
+	return nil
+}

@@ -1,0 +1,317 @@
+// Package control implements the local control channel between ddp-agent and
+// the worker processes it supervises: a small binary frame codec, the agent
+// side Server listening on a unix socket, and the worker side Client used by
+// the shim library.
+//
+// Every frame is a 12-byte little-endian header followed by a payload:
+//
+//	magic uint16 (0xDA7A) | version uint8 (1) | type uint8 | id uint32 | length uint32
+//
+// Requests carry a non-zero id that the reply echoes; unsolicited frames
+// (Events, Abort) use id 0. Payload fields are fixed-size little-endian
+// integers, strings and byte slices are a uint32 length followed by the bytes,
+// lists are a uint32 count followed by the items. A payload must be consumed
+// exactly; anything malformed is rejected with an error, never a panic.
+package control
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+)
+
+// Wire constants.
+const (
+	Magic      uint16 = 0xDA7A
+	Version    uint8  = 1
+	HeaderSize        = 12
+	MaxPayload        = 16 << 20 // default and hard limit for a frame payload
+)
+
+// Sentinel errors of the codec, usable with errors.Is.
+var (
+	ErrBadMagic  = errors.New("control: bad frame magic")
+	ErrVersion   = errors.New("control: unsupported protocol version")
+	ErrTooLarge  = errors.New("control: frame payload too large")
+	ErrMalformed = errors.New("control: malformed frame")
+)
+
+// MsgType is the type byte of a frame header.
+type MsgType uint8
+
+// Message types.
+const (
+	TypeHello MsgType = iota + 1
+	TypeWelcome
+	TypeKVSet
+	TypeKVGet
+	TypeKVValue
+	TypeOK
+	TypeEvents
+	TypeAbort
+	TypeError
+)
+
+func (t MsgType) String() string {
+	names := [...]string{"", "Hello", "Welcome", "KVSet", "KVGet", "KVValue", "OK", "Events", "Abort", "Error"}
+	if t.valid() {
+		return names[t]
+	}
+	return fmt.Sprintf("MsgType(%d)", uint8(t))
+}
+
+func (t MsgType) valid() bool { return t >= TypeHello && t <= TypeError }
+
+// Frame is one undecoded frame as read from the wire.
+type Frame struct {
+	Type    MsgType
+	ID      uint32
+	Payload []byte
+}
+
+// ReadFrame reads one frame from r. It blocks until a whole frame has been
+// read or r fails. maxPayload <= 0 means MaxPayload. The header is validated
+// before anything is allocated, and the payload buffer only grows with the
+// bytes actually received. A clean end of stream before the first header byte
+// returns an error wrapping io.EOF; a truncated frame wraps ErrMalformed.
+func ReadFrame(r io.Reader, maxPayload int) (Frame, error) {
+	if maxPayload <= 0 {
+		maxPayload = MaxPayload
+	}
+	var h [HeaderSize]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return Frame{}, fmt.Errorf("read frame header: %w: %w", ErrMalformed, err)
+		}
+		return Frame{}, fmt.Errorf("read frame header: %w", err)
+	}
+	if m := binary.LittleEndian.Uint16(h[0:]); m != Magic {
+		return Frame{}, fmt.Errorf("read frame header: %w: got %#04x", ErrBadMagic, m)
+	}
+	if h[2] != Version {
+		return Frame{}, fmt.Errorf("read frame header: %w: got %d, want %d", ErrVersion, h[2], Version)
+	}
+	f := Frame{Type: MsgType(h[3]), ID: binary.LittleEndian.Uint32(h[4:])}
+	if !f.Type.valid() {
+		return Frame{}, fmt.Errorf("read frame header: %w: unknown message type %d", ErrMalformed, h[3])
+	}
+	n := binary.LittleEndian.Uint32(h[8:])
+	if uint64(n) > uint64(maxPayload) {
+		return Frame{}, fmt.Errorf("read %v frame: %w: %d bytes, limit %d", f.Type, ErrTooLarge, n, maxPayload)
+	}
+	if n == 0 {
+		return f, nil
+	}
+	var buf bytes.Buffer
+	buf.Grow(int(min(n, 64<<10)))
+	if _, err := io.CopyN(&buf, r, int64(n)); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = fmt.Errorf("%w: %w", ErrMalformed, io.ErrUnexpectedEOF)
+		}
+		return Frame{}, fmt.Errorf("read %v frame payload: %w", f.Type, err)
+	}
+	f.Payload = buf.Bytes()
+	return f, nil
+}
+
+// WriteFrame encodes m as one frame with the given id and writes it to w in a
+// single Write call. It blocks as long as w.Write does; callers sharing w
+// must serialize calls.
+func WriteFrame(w io.Writer, id uint32, m Message) error {
+	b, err := appendFrame(nil, id, m)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(b); err != nil {
+		return fmt.Errorf("write %v frame: %w", m.Type(), err)
+	}
+	return nil
+}
+
+// appendFrame appends the encoded frame for m to dst.
+func appendFrame(dst []byte, id uint32, m Message) ([]byte, error) {
+	start := len(dst)
+	e := encoder{b: append(dst, make([]byte, HeaderSize)...)}
+	m.encode(&e)
+	n := len(e.b) - start - HeaderSize
+	if n > MaxPayload {
+		return dst, fmt.Errorf("encode %v frame: %w: %d bytes, limit %d", m.Type(), ErrTooLarge, n, MaxPayload)
+	}
+	h := e.b[start:]
+	binary.LittleEndian.PutUint16(h[0:], Magic)
+	h[2] = Version
+	h[3] = byte(m.Type())
+	binary.LittleEndian.PutUint32(h[4:], id)
+	binary.LittleEndian.PutUint32(h[8:], uint32(n))
+	return e.b, nil
+}
+
+// Decode decodes the payload of f into the Message for f.Type. It returns an
+// error wrapping ErrMalformed for an unknown type, a payload that ends early
+// or one with trailing bytes. Byte slices in the result alias f.Payload.
+func Decode(f Frame) (Message, error) {
+	d := &decoder{b: f.Payload}
+	var m Message
+	switch f.Type {
+	case TypeHello:
+		m = decodeHello(d)
+	case TypeWelcome:
+		m = decodeWelcome(d)
+	case TypeKVSet:
+		m = KVSet{Key: d.str(), Value: d.bytes()}
+	case TypeKVGet:
+		m = KVGet{Key: d.str(), TimeoutMillis: d.u32()}
+	case TypeKVValue:
+		m = KVValue{Value: d.bytes()}
+	case TypeOK:
+		m = OK{}
+	case TypeEvents:
+		m = decodeEvents(d)
+	case TypeAbort:
+		m = Abort{Reason: d.str()}
+	case TypeError:
+		m = Error{Code: ErrorCode(d.u16()), Message: d.str()}
+	default:
+		return nil, fmt.Errorf("decode frame: %w: unknown message type %d", ErrMalformed, uint8(f.Type))
+	}
+	if d.err == nil && len(d.b) > 0 {
+		d.fail(fmt.Sprintf("%d trailing bytes", len(d.b)))
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("decode %v: %w", f.Type, d.err)
+	}
+	return m, nil
+}
+
+// encoder appends payload primitives to b.
+type encoder struct{ b []byte }
+
+func (e *encoder) u8(v uint8)   { e.b = append(e.b, v) }
+func (e *encoder) u16(v uint16) { e.b = binary.LittleEndian.AppendUint16(e.b, v) }
+func (e *encoder) u32(v uint32) { e.b = binary.LittleEndian.AppendUint32(e.b, v) }
+func (e *encoder) u64(v uint64) { e.b = binary.LittleEndian.AppendUint64(e.b, v) }
+func (e *encoder) i32(v int32)  { e.u32(uint32(v)) }
+func (e *encoder) i64(v int64)  { e.u64(uint64(v)) }
+
+func (e *encoder) bytes(p []byte) {
+	e.u32(uint32(len(p)))
+	e.b = append(e.b, p...)
+}
+
+func (e *encoder) str(s string) {
+	e.u32(uint32(len(s)))
+	e.b = append(e.b, s...)
+}
+
+func (e *encoder) strs(ss []string) {
+	e.u32(uint32(len(ss)))
+	for _, s := range ss {
+		e.str(s)
+	}
+}
+
+// strMap encodes m with sorted keys so that the encoding is deterministic.
+func (e *encoder) strMap(m map[string]string) {
+	e.u32(uint32(len(m)))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		e.str(k)
+		e.str(m[k])
+	}
+}
+
+// decoder consumes payload primitives from b. After the first error every
+// method returns a zero value and err keeps that first error.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: %s", ErrMalformed, what)
+	}
+}
+
+func (d *decoder) take(n uint64, what string) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.fail(fmt.Sprintf("%s of %d bytes past end of payload (%d left)", what, n, len(d.b)))
+		return nil
+	}
+	p := d.b[:n:n]
+	d.b = d.b[n:]
+	return p
+}
+
+// fixed returns the next n <= 8 bytes, or zeros after an error.
+func (d *decoder) fixed(n int, what string) []byte {
+	if p := d.take(uint64(n), what); p != nil {
+		return p
+	}
+	return make([]byte, n)
+}
+
+func (d *decoder) u8() uint8   { return d.fixed(1, "uint8")[0] }
+func (d *decoder) u16() uint16 { return binary.LittleEndian.Uint16(d.fixed(2, "uint16")) }
+func (d *decoder) u32() uint32 { return binary.LittleEndian.Uint32(d.fixed(4, "uint32")) }
+func (d *decoder) u64() uint64 { return binary.LittleEndian.Uint64(d.fixed(8, "uint64")) }
+func (d *decoder) i32() int32  { return int32(d.u32()) }
+func (d *decoder) i64() int64  { return int64(d.u64()) }
+
+// bytes returns a length-prefixed byte slice aliasing the payload; empty is nil.
+func (d *decoder) bytes() []byte {
+	p := d.take(uint64(d.u32()), "bytes")
+	if len(p) == 0 {
+		return nil
+	}
+	return p
+}
+
+func (d *decoder) str() string { return string(d.take(uint64(d.u32()), "string")) }
+
+// count reads a list count and checks that count items of at least minSize
+// bytes each fit in the rest of the payload, so callers can allocate safely.
+func (d *decoder) count(minSize int) int {
+	n := d.u32()
+	if d.err == nil && uint64(n)*uint64(minSize) > uint64(len(d.b)) {
+		d.fail(fmt.Sprintf("list count %d exceeds payload (%d bytes left)", n, len(d.b)))
+	}
+	if d.err != nil {
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) strs() []string {
+	n := d.count(4)
+	if n == 0 {
+		return nil
+	}
+	ss := make([]string, 0, n)
+	for range n {
+		ss = append(ss, d.str())
+	}
+	return ss
+}
+
+func (d *decoder) strMap() map[string]string {
+	n := d.count(8)
+	if n == 0 {
+		return nil
+	}
+	m := make(map[string]string, n)
+	for range n {
+		k, v := d.str(), d.str()
+		if _, dup := m[k]; dup {
+			d.fail(fmt.Sprintf("duplicate map key %q", k))
+		}
+		m[k] = v
+	}
+	return m
+}

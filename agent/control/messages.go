@@ -1,0 +1,184 @@
+package control
+
+import "fmt"
+
+// Message is one of the protocol messages: Hello, Welcome, KVSet, KVGet,
+// KVValue, OK, Events, Abort or Error. The set is closed; values are
+// immutable once sent and safe to share between goroutines.
+type Message interface {
+	Type() MsgType
+	encode(e *encoder)
+}
+
+// Hello is the first frame a worker sends on a new connection.
+type Hello struct {
+	Rank       int32
+	LocalRank  int32
+	PID        int32
+	Generation uint64
+	Transports []string
+}
+
+// Welcome is the agent's reply to an accepted Hello.
+type Welcome struct {
+	JobID      string
+	Generation uint64
+	WorldSize  int32
+	Rank       int32
+	Config     map[string]string
+}
+
+// KVSet stores Value under Key in the job's rendezvous store; the reply is OK
+// or Error.
+type KVSet struct {
+	Key   string
+	Value []byte
+}
+
+// KVGet waits up to TimeoutMillis (0 means the server default) for Key to
+// exist; the reply is KVValue or Error (CodeTimeout when it did not appear).
+type KVGet struct {
+	Key           string
+	TimeoutMillis uint32
+}
+
+// KVValue is the reply to a successful KVGet.
+type KVValue struct{ Value []byte }
+
+// OK is the empty reply to a successful request.
+type OK struct{}
+
+// Events carries collective timing events from a worker; it is sent with id 0
+// and never answered. Dropped counts events the worker discarded.
+type Events struct {
+	Dropped uint64
+	Events  []CollectiveEvent
+}
+
+// CollectiveEvent describes one collective operation; times are unix
+// nanoseconds.
+type CollectiveEvent struct {
+	Step    uint64
+	Bucket  uint32
+	Bytes   uint64
+	DType   uint8
+	Status  uint8
+	TArrive int64
+	TStart  int64
+	TEnd    int64
+}
+
+const collectiveEventSize = 8 + 4 + 8 + 1 + 1 + 3*8
+
+// Abort tells a worker to abort; the agent sends it unsolicited with id 0.
+type Abort struct{ Reason string }
+
+// Error is the reply to a request that failed.
+type Error struct {
+	Code    ErrorCode
+	Message string
+}
+
+// ErrorCode classifies an Error reply.
+type ErrorCode uint16
+
+// Error codes.
+const (
+	CodeBadRequest ErrorCode = iota + 1
+	CodeDenied
+	CodeTimeout
+	CodeStaleGeneration
+	CodeInternal
+)
+
+func (c ErrorCode) String() string {
+	names := [...]string{"", "bad request", "denied", "timeout", "stale generation", "internal"}
+	if c > 0 && int(c) < len(names) {
+		return names[c]
+	}
+	return fmt.Sprintf("code %d", uint16(c))
+}
+
+func (Hello) Type() MsgType   { return TypeHello }
+func (Welcome) Type() MsgType { return TypeWelcome }
+func (KVSet) Type() MsgType   { return TypeKVSet }
+func (KVGet) Type() MsgType   { return TypeKVGet }
+func (KVValue) Type() MsgType { return TypeKVValue }
+func (OK) Type() MsgType      { return TypeOK }
+func (Events) Type() MsgType  { return TypeEvents }
+func (Abort) Type() MsgType   { return TypeAbort }
+func (Error) Type() MsgType   { return TypeError }
+
+func (m Hello) encode(e *encoder) {
+	e.i32(m.Rank)
+	e.i32(m.LocalRank)
+	e.i32(m.PID)
+	e.u64(m.Generation)
+	e.strs(m.Transports)
+}
+
+func decodeHello(d *decoder) Hello {
+	return Hello{Rank: d.i32(), LocalRank: d.i32(), PID: d.i32(), Generation: d.u64(), Transports: d.strs()}
+}
+
+func (m Welcome) encode(e *encoder) {
+	e.str(m.JobID)
+	e.u64(m.Generation)
+	e.i32(m.WorldSize)
+	e.i32(m.Rank)
+	e.strMap(m.Config)
+}
+
+func decodeWelcome(d *decoder) Welcome {
+	return Welcome{JobID: d.str(), Generation: d.u64(), WorldSize: d.i32(), Rank: d.i32(), Config: d.strMap()}
+}
+
+func (m KVSet) encode(e *encoder) {
+	e.str(m.Key)
+	e.bytes(m.Value)
+}
+
+func (m KVGet) encode(e *encoder) {
+	e.str(m.Key)
+	e.u32(m.TimeoutMillis)
+}
+
+func (m KVValue) encode(e *encoder) { e.bytes(m.Value) }
+func (OK) encode(*encoder)          {}
+func (m Abort) encode(e *encoder)   { e.str(m.Reason) }
+
+func (m Error) encode(e *encoder) {
+	e.u16(uint16(m.Code))
+	e.str(m.Message)
+}
+
+func (m Events) encode(e *encoder) {
+	e.u64(m.Dropped)
+	e.u32(uint32(len(m.Events)))
+	for _, ev := range m.Events {
+		e.u64(ev.Step)
+		e.u32(ev.Bucket)
+		e.u64(ev.Bytes)
+		e.u8(ev.DType)
+		e.u8(ev.Status)
+		e.i64(ev.TArrive)
+		e.i64(ev.TStart)
+		e.i64(ev.TEnd)
+	}
+}
+
+func decodeEvents(d *decoder) Events {
+	m := Events{Dropped: d.u64()}
+	n := d.count(collectiveEventSize)
+	if n == 0 {
+		return m
+	}
+	m.Events = make([]CollectiveEvent, n)
+	for i := range m.Events {
+		m.Events[i] = CollectiveEvent{
+			Step: d.u64(), Bucket: d.u32(), Bytes: d.u64(), DType: d.u8(), Status: d.u8(),
+			TArrive: d.i64(), TStart: d.i64(), TEnd: d.i64(),
+		}
+	}
+	return m
+}

@@ -1,0 +1,439 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Server limits and defaults.
+const (
+	SocketName          = "control.sock"
+	DefaultKVGetTimeout = 60 * time.Second // KVGet with TimeoutMillis 0
+	MaxKVGetTimeout     = 10 * time.Minute
+	DefaultWriteTimeout = 5 * time.Second // server writes, client request writes
+	HandshakeTimeout    = 5 * time.Second // time a new connection has to send Hello
+	kvSetTimeout        = 30 * time.Second
+	maxInflight         = 64 // concurrent KV requests per connection
+)
+
+// Config configures a Server.
+type Config struct {
+	// Dir is the directory for the socket. Empty means a fresh
+	// os.MkdirTemp("", "ddp-agent-*"). Listen creates it if missing and sets
+	// its mode to 0700; Run removes it on exit if Listen created it.
+	Dir   string
+	JobID string
+	// KV stores the keys of KVSet and KVGet, scoped as
+	// "<job>/<generation>/<key>". Nil means NewMemKV().
+	KV KV
+	// Authorize maps a peer pid to the worker rank it belongs to (the pid is
+	// a spawned worker or a descendant); an error denies the connection. It
+	// must not be nil and is called from connection goroutines concurrently.
+	Authorize func(pid int) (rank int, err error)
+	// OnEvents, if not nil, receives the Events of a worker (ev may be
+	// retained). It is called from the connection goroutine and must not
+	// block long: the worker's other requests wait meanwhile.
+	OnEvents func(rank int, ev Events)
+	// WriteTimeout bounds every write to a worker; a worker that stops
+	// reading is disconnected after it. Zero means DefaultWriteTimeout.
+	WriteTimeout time.Duration
+	// Logger receives the server's logs. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Server is the agent side of the control socket. Its methods are safe for
+// concurrent use.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	ln     *net.UnixListener
+	dir    string
+	path   string
+	ownDir bool
+	wg     sync.WaitGroup // connection and request goroutines
+
+	mu     sync.Mutex
+	gen    uint64
+	world  int32
+	config map[string]string
+	conns  map[*serverConn]struct{} // connections that completed the handshake
+}
+
+// Listen creates the socket directory and binds the unix socket SocketName in
+// it with mode 0600. The Server accepts connections once Run is called; Run
+// also releases the socket, so it must be called once Listen succeeded.
+func Listen(cfg Config) (*Server, error) {
+	if cfg.Authorize == nil {
+		return nil, errors.New("listen control socket: Config.Authorize is nil")
+	}
+	if cfg.KV == nil {
+		cfg.KV = NewMemKV()
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, conns: make(map[*serverConn]struct{})}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	var err error
+	if cfg.Dir == "" {
+		s.dir, err = os.MkdirTemp("", "ddp-agent-*")
+		s.ownDir = err == nil
+	} else {
+		s.dir = cfg.Dir
+		_, statErr := os.Stat(s.dir)
+		s.ownDir = errors.Is(statErr, fs.ErrNotExist)
+		err = os.MkdirAll(s.dir, 0o700)
+	}
+	if err == nil {
+		err = os.Chmod(s.dir, 0o700)
+	}
+	if err == nil {
+		s.path = filepath.Join(s.dir, SocketName)
+		s.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: s.path, Net: "unix"})
+	}
+	if err == nil {
+		if err = os.Chmod(s.path, 0o600); err != nil {
+			s.ln.Close()
+		}
+	}
+	if err != nil {
+		s.removeDir()
+		return nil, fmt.Errorf("listen control socket: %w", err)
+	}
+	return s, nil
+}
+
+// Path returns the socket path.
+func (s *Server) Path() string { return s.path }
+
+// SetGeneration sets the current generation, world size and config sent in
+// Welcome. Hellos of another generation are rejected from now on, and
+// connections of other generations are closed. It does not block.
+func (s *Server) SetGeneration(gen uint64, worldSize int, config map[string]string) {
+	s.mu.Lock()
+	s.gen, s.world, s.config = gen, int32(worldSize), maps.Clone(config)
+	var stale []*serverConn
+	for c := range s.conns {
+		if c.gen != gen {
+			stale = append(stale, c)
+			delete(s.conns, c)
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range stale {
+		c.log.Info("closing control connection of old generation", "generation", c.gen, "current", gen)
+		c.cancel()
+	}
+}
+
+// Abort sends Abort{reason} to every connected worker in parallel and returns
+// how many received it. It blocks at most about twice Config.WriteTimeout
+// (a wedged connection's pending write, then the Abort write).
+func (s *Server) Abort(reason string) int {
+	s.mu.Lock()
+	conns := slices.Collect(maps.Keys(s.conns))
+	s.mu.Unlock()
+	var sent atomic.Int32
+	var wg sync.WaitGroup
+	wg.Add(len(conns))
+	for _, c := range conns {
+		go func() {
+			defer wg.Done()
+			if c.send(0, Abort{Reason: reason}) == nil {
+				sent.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return int(sent.Load())
+}
+
+// Conns returns the number of workers connected and past the handshake.
+func (s *Server) Conns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// Run accepts and serves connections until ctx is done. Then it closes the
+// listener and every connection, waits for all its goroutines, removes the
+// socket file (and the directory if Listen created it) and returns nil. It
+// must be called exactly once.
+func (s *Server) Run(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
+	defer stop()
+	var err error
+	for {
+		nc, aerr := s.ln.AcceptUnix()
+		if aerr != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if errors.Is(aerr, net.ErrClosed) {
+				err = fmt.Errorf("accept control connection: %w", aerr)
+				break
+			}
+			s.log.Warn("accept control connection", "err", aerr)
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		c := &serverConn{s: s, nc: nc, log: s.log}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			c.serve(ctx)
+		}()
+	}
+	s.ln.Close()
+	s.wg.Wait()
+	if rerr := os.Remove(s.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+		s.log.Warn("remove control socket", "path", s.path, "err", rerr)
+	}
+	s.removeDir()
+	return err
+}
+
+func (s *Server) removeDir() {
+	if s.ownDir {
+		if err := os.Remove(s.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("remove control socket dir", "dir", s.dir, "err", err)
+		}
+	}
+}
+
+// serverConn is one worker connection. rank and gen are set by the handshake
+// before the connection is registered and not changed afterwards.
+type serverConn struct {
+	s      *Server
+	nc     *net.UnixConn
+	log    *slog.Logger
+	cancel context.CancelFunc // closes the connection
+	rank   int
+	gen    uint64
+	wmu    sync.Mutex // serializes writes
+}
+
+func (c *serverConn) serve(ctx context.Context) {
+	ctx, c.cancel = context.WithCancel(ctx)
+	defer c.cancel()
+	c.s.wg.Add(1)
+	go func() {
+		defer c.s.wg.Done()
+		<-ctx.Done()
+		c.nc.Close()
+	}()
+	defer c.s.unregister(c)
+
+	if err := c.handshake(); err != nil {
+		c.log.Warn("control handshake", "err", err)
+		return
+	}
+	c.log.Debug("worker connected")
+	sem := make(chan struct{}, maxInflight)
+	for {
+		f, err := ReadFrame(c.nc, MaxPayload)
+		if err != nil {
+			c.readFailed(ctx, 0, err)
+			return
+		}
+		m, err := Decode(f)
+		if err != nil {
+			c.readFailed(ctx, f.ID, err)
+			return
+		}
+		switch m := m.(type) {
+		case Events:
+			if c.s.cfg.OnEvents != nil {
+				c.s.cfg.OnEvents(c.rank, m)
+			}
+		case KVSet, KVGet:
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			c.s.wg.Add(1)
+			go func() {
+				defer c.s.wg.Done()
+				defer func() { <-sem }()
+				c.request(ctx, f.ID, m)
+			}()
+		default:
+			c.readFailed(ctx, f.ID, fmt.Errorf("%w: unexpected %v message", ErrMalformed, m.Type()))
+			return
+		}
+	}
+}
+
+// readFailed logs a read error and answers protocol errors with BadRequest.
+func (c *serverConn) readFailed(ctx context.Context, id uint32, err error) {
+	switch {
+	case ctx.Err() != nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
+		c.log.Debug("worker disconnected", "err", err)
+	case isProtocolError(err):
+		c.log.Warn("bad frame from worker, closing connection", "err", err)
+		c.send(id, Error{Code: CodeBadRequest, Message: err.Error()})
+	default:
+		c.log.Warn("read from worker", "err", err)
+	}
+}
+
+func isProtocolError(err error) bool {
+	return errors.Is(err, ErrMalformed) || errors.Is(err, ErrBadMagic) ||
+		errors.Is(err, ErrVersion) || errors.Is(err, ErrTooLarge)
+}
+
+// handshake checks the peer credentials and the Hello, registers the
+// connection and replies Welcome. On failure it sends an Error (best effort).
+func (c *serverConn) handshake() error {
+	pid, uid, err := peerCred(c.nc)
+	if err != nil {
+		return fmt.Errorf("read peer credentials: %w", err)
+	}
+	c.log = c.log.With("pid", pid)
+	if uid != os.Getuid() {
+		c.send(0, Error{Code: CodeDenied, Message: "peer uid " + strconv.Itoa(uid) + " is not the agent's"})
+		return fmt.Errorf("peer uid %d: %w", uid, ErrDenied)
+	}
+	rank, err := c.s.cfg.Authorize(pid)
+	if err != nil {
+		c.send(0, Error{Code: CodeDenied, Message: "pid " + strconv.Itoa(pid) + " is not a worker of this agent"})
+		return fmt.Errorf("authorize pid %d: %w", pid, err)
+	}
+	c.log = c.log.With("rank", rank)
+	c.rank = rank
+
+	c.nc.SetReadDeadline(time.Now().Add(HandshakeTimeout))
+	f, err := ReadFrame(c.nc, MaxPayload)
+	if err != nil {
+		if isProtocolError(err) {
+			c.send(0, Error{Code: CodeBadRequest, Message: err.Error()})
+		}
+		return fmt.Errorf("read hello: %w", err)
+	}
+	m, err := Decode(f)
+	hello, ok := m.(Hello)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: first message is %v, want Hello", ErrMalformed, f.Type)
+	}
+	if err != nil {
+		c.send(f.ID, Error{Code: CodeBadRequest, Message: err.Error()})
+		return fmt.Errorf("read hello: %w", err)
+	}
+	if int(hello.PID) != pid || int(hello.Rank) != rank {
+		msg := fmt.Sprintf("hello pid %d rank %d, but peer is pid %d rank %d", hello.PID, hello.Rank, pid, rank)
+		c.send(f.ID, Error{Code: CodeDenied, Message: msg})
+		return fmt.Errorf("check hello: %w: %s", ErrDenied, msg)
+	}
+	c.nc.SetReadDeadline(time.Time{})
+	c.gen = hello.Generation
+
+	// Hold the write lock until Welcome is out so no Abort overtakes it.
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.s.mu.Lock()
+	if hello.Generation != c.s.gen {
+		msg := fmt.Sprintf("hello generation %d, current generation %d", hello.Generation, c.s.gen)
+		c.s.mu.Unlock()
+		c.writeLocked(f.ID, Error{Code: CodeStaleGeneration, Message: msg})
+		return fmt.Errorf("check hello: %w: %s", ErrStaleGeneration, msg)
+	}
+	c.s.conns[c] = struct{}{}
+	w := Welcome{JobID: c.s.cfg.JobID, Generation: c.s.gen, WorldSize: c.s.world, Rank: int32(rank), Config: c.s.config}
+	c.s.mu.Unlock()
+	return c.writeLocked(f.ID, w)
+}
+
+func (s *Server) unregister(c *serverConn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// request serves one KVSet or KVGet and sends the reply.
+func (c *serverConn) request(ctx context.Context, id uint32, m Message) {
+	var (
+		op, key string
+		reply   Message = OK{}
+		err     error
+	)
+	switch m := m.(type) {
+	case KVSet:
+		op, key = "kv set", m.Key
+		if key != "" {
+			sctx, cancel := context.WithTimeout(ctx, kvSetTimeout)
+			err = c.s.cfg.KV.Set(sctx, c.scope(key), m.Value)
+			cancel()
+		}
+	case KVGet:
+		op, key = "kv get", m.Key
+		timeout := min(time.Duration(m.TimeoutMillis)*time.Millisecond, MaxKVGetTimeout)
+		if timeout == 0 {
+			timeout = DefaultKVGetTimeout
+		}
+		if key != "" {
+			gctx, cancel := context.WithTimeout(ctx, timeout)
+			var v []byte
+			v, err = c.s.cfg.KV.Get(gctx, c.scope(key))
+			cancel()
+			reply = KVValue{Value: v}
+		}
+	}
+	switch {
+	case ctx.Err() != nil:
+		return // connection closing; nobody to answer
+	case key == "":
+		reply = Error{Code: CodeBadRequest, Message: op + ": empty key"}
+	case errors.Is(err, context.DeadlineExceeded):
+		reply = Error{Code: CodeTimeout, Message: fmt.Sprintf("%s %q: %v", op, key, err)}
+	case err != nil:
+		c.log.Warn("control request", "op", op, "key", key, "err", err)
+		reply = Error{Code: CodeInternal, Message: fmt.Sprintf("%s %q: %v", op, key, err)}
+	}
+	c.send(id, reply)
+}
+
+func (c *serverConn) scope(key string) string {
+	return c.s.cfg.JobID + "/" + strconv.FormatUint(c.gen, 10) + "/" + key
+}
+
+// send writes one frame under the write lock; on error the connection is
+// closed. It blocks at most Config.WriteTimeout plus the wait for the lock.
+func (c *serverConn) send(id uint32, m Message) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.writeLocked(id, m)
+}
+
+func (c *serverConn) writeLocked(id uint32, m Message) error {
+	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+	if err := WriteFrame(c.nc, id, m); err != nil {
+		lvl := slog.LevelWarn
+		if errors.Is(err, net.ErrClosed) {
+			lvl = slog.LevelDebug // already closing
+		}
+		c.log.Log(context.Background(), lvl, "write to worker, closing connection", "type", m.Type(), "err", err)
+		c.cancel()
+		c.nc.Close() // now, so that queued writers fail fast
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,194 @@
+// Package e2e runs the real ddp-agent binary with real Python workers.
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	agentBin string // built by TestMain
+	python   string // interpreter for workers (DDP_AGENT_PYTHON, default /usr/bin/python3)
+	hasTorch bool
+	repoRoot string
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("E2E_HELPER"); mode != "" {
+		os.Exit(helper(mode))
+	}
+	os.Exit(setup(m))
+}
+
+func setup(m *testing.M) int {
+	wd, _ := os.Getwd()
+	repoRoot = filepath.Join(wd, "..", "..")
+	dir, err := os.MkdirTemp("", "ddp-agent-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	agentBin = filepath.Join(dir, "ddp-agent")
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", agentBin, "./agent/cmd/ddp-agent")
+	build.Dir = repoRoot
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build ddp-agent: %v\n%s", err, out)
+		return 1
+	}
+	python = os.Getenv("DDP_AGENT_PYTHON")
+	if python == "" {
+		python = "/usr/bin/python3"
+	}
+	hasTorch = exec.Command(python, "-c", "import torch").Run() == nil
+	if !hasTorch && os.Getenv("DDP_AGENT_REQUIRE_TORCH") == "1" {
+		fmt.Fprintf(os.Stderr, "DDP_AGENT_REQUIRE_TORCH=1 but %s cannot import torch (apt-get install python3-torch)\n", python)
+		return 1
+	}
+	return m.Run()
+}
+
+func needTorch(t *testing.T) {
+	t.Helper()
+	if !hasTorch {
+		t.Skipf("%s cannot import torch", python)
+	}
+}
+
+// syncBuf is a bytes.Buffer safe for a process's writer and a test's reader.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type agentRun struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	out     string // E2E_OUT: where test scripts write pids and envs
+	stdout  *syncBuf
+	stderr  *syncBuf
+	done    chan struct{}
+	code    int
+	started time.Time
+}
+
+// startAgent runs `ddp-agent run --python <python> args...` with E2E_OUT set
+// to a fresh directory, from the test data directory.
+func startAgent(t *testing.T, extraEnv []string, args ...string) *agentRun {
+	t.Helper()
+	r := &agentRun{t: t, out: t.TempDir(), stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
+	r.cmd = exec.Command(agentBin, append([]string{"run", "--python", python}, args...)...)
+	r.cmd.Dir = filepath.Join(repoRoot, "agent", "e2e", "testdata")
+	r.cmd.Env = append(append(os.Environ(), "E2E_OUT="+r.out), extraEnv...)
+	r.cmd.Stdout, r.cmd.Stderr = r.stdout, r.stderr
+	r.started = time.Now()
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = r.cmd.Wait()
+		r.code = r.cmd.ProcessState.ExitCode()
+		if ws, ok := r.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			r.code = 128 + int(ws.Signal())
+		}
+		close(r.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-r.done:
+		default:
+			r.cmd.Process.Kill()
+			<-r.done
+		}
+	})
+	return r
+}
+
+// wait returns the agent's exit code, failing the test if it runs past d.
+func (r *agentRun) wait(d time.Duration) int {
+	r.t.Helper()
+	select {
+	case <-r.done:
+		return r.code
+	case <-time.After(d):
+		r.cmd.Process.Kill()
+		<-r.done
+		r.t.Fatalf("agent still running after %v\nstdout:\n%s\nstderr:\n%s", d, tail(r.stdout.String()), tail(r.stderr.String()))
+		return -1
+	}
+}
+
+func (r *agentRun) logs() string {
+	return "stdout:\n" + tail(r.stdout.String()) + "\nstderr:\n" + tail(r.stderr.String())
+}
+
+// workerPIDs waits until n workers have written their pid files.
+func (r *agentRun) workerPIDs(n int) []int {
+	r.t.Helper()
+	var pids []int
+	waitFor(r.t, 10*time.Second, func() bool {
+		pids = pids[:0]
+		for rank := 0; rank < n; rank++ {
+			b, err := os.ReadFile(filepath.Join(r.out, "pid_"+strconv.Itoa(rank)))
+			if err != nil {
+				return false
+			}
+			pid, _ := strconv.Atoi(string(b))
+			pids = append(pids, pid)
+		}
+		return true
+	}, r.logs)
+	return pids
+}
+
+func tail(s string) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > 60 {
+		lines = append([]string{"..."}, lines[len(lines)-60:]...)
+	}
+	return strings.Join(lines, "\n")
+}
+
+func waitFor(t *testing.T, d time.Duration, cond func() bool, why func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v\n%s", d, why())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// processAlive reports whether pid exists and is not a zombie.
+func processAlive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}

@@ -1,0 +1,278 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestTrainToCompletion(t *testing.T) {
+	needTorch(t)
+	ckpt := t.TempDir()
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", filepath.Join(repoRoot, "examples", "train.py"),
+		"--steps", "30", "--ckpt-dir", ckpt)
+	if code := r.wait(3 * time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
+	}
+	out := r.stdout.String()
+	for _, want := range []string{"[rank0]:rank 0/2 local_rank 0 restart_count 0", "[rank1]:rank 1/2 local_rank 1 restart_count 0", "[rank0]:done: steps=30"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q\n%s", want, r.logs())
+		}
+	}
+}
+
+// TestEnvMatchesTorchrun runs one script under torchrun and under ddp-agent
+// and compares every variable the launcher adds.
+func TestEnvMatchesTorchrun(t *testing.T) {
+	needTorch(t)
+	compat := os.Getenv("DDP_AGENT_TORCHRUN_COMPAT")
+	if compat == "" {
+		compat = filepath.Join(repoRoot, "..", "shared", "tools", "torchrun_compat.py")
+	}
+	if _, err := os.Stat(compat); err != nil {
+		t.Skipf("torchrun_compat.py not found (%v); set DDP_AGENT_TORCHRUN_COMPAT", err)
+	}
+	script := filepath.Join(repoRoot, "agent", "e2e", "testdata", "dumpenv.py")
+	torchOut := t.TempDir()
+	tr := exec.Command(python, compat, "--standalone", "--nproc_per_node", "2", "--max_restarts", "2", script)
+	tr.Env = append(os.Environ(), "E2E_OUT="+torchOut)
+	if out, err := tr.CombinedOutput(); err != nil {
+		t.Fatalf("torchrun: %v\n%s", err, out)
+	}
+	r := startAgent(t, nil, "--standalone", "--nproc_per_node", "2", "--max_restarts", "2", script)
+	if code := r.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d\n%s", code, r.logs())
+	}
+	base := map[string]bool{}
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		base[k] = true
+	}
+	// Values that differ by design: ports and ids are picked per run; torchrun
+	// names the host where ddp-agent uses loopback on one node; torchrun's
+	// workers use the agent's store, ddp-agent's rank 0 hosts it.
+	differ := map[string]bool{"MASTER_PORT": true, "MASTER_ADDR": true, "TORCHELASTIC_RUN_ID": true,
+		"TORCHELASTIC_ERROR_FILE": true, "TORCHELASTIC_USE_AGENT_STORE": true, "E2E_OUT": true}
+	for rank := 0; rank < 2; rank++ {
+		want, got := readEnv(t, torchOut, rank), readEnv(t, r.out, rank)
+		for k, v := range want {
+			if base[k] || k == "E2E_OUT" {
+				continue
+			}
+			g, ok := got[k]
+			switch {
+			case !ok:
+				t.Errorf("rank %d: ddp-agent does not set %s (torchrun: %q)", rank, k, v)
+			case !differ[k] && g != v:
+				t.Errorf("rank %d: %s: got %q, want torchrun's %q", rank, k, g, v)
+			}
+		}
+		for _, k := range []string{"DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION", "TORCHELASTIC_ERROR_FILE"} {
+			if got[k] == "" {
+				t.Errorf("rank %d: %s not set", rank, k)
+			}
+		}
+	}
+}
+
+func readEnv(t *testing.T, dir string, rank int) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "env_"+string(rune('0'+rank))+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestRestartPolicy(t *testing.T) {
+	tests := []struct {
+		name        string
+		maxRestarts string
+		wantCode    int
+		want        []string
+	}{
+		{"restart then succeed", "1", 0, []string{"[rank1]:rank 1 attempt 1 done", "restarting worker group"}},
+		{"no restarts left", "0", 1, []string{"job failed after 1 attempt(s)"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			logDir := t.TempDir()
+			r := startAgent(t, nil, "--nproc-per-node", "2", "--max-restarts", tc.maxRestarts, "--log-dir", logDir, "--run-id", "flaky", "flaky.py")
+			if code := r.wait(time.Minute); code != tc.wantCode {
+				t.Fatalf("exit code %d, want %d\n%s", code, tc.wantCode, r.logs())
+			}
+			all := r.stdout.String() + r.stderr.String()
+			// The root-cause report names the rank, its exit code, and its last words.
+			for _, want := range append(tc.want, "root cause", "worker rank 1 (local rank 1, pid", "exited with code 7",
+				"flaky: giving up on attempt 0", "workers at failure:", "rank 0 pid", "node: mem") {
+				if !strings.Contains(all, want) {
+					t.Errorf("output lacks %q\n%s", want, r.logs())
+				}
+			}
+			// Logs are kept per attempt; nothing is overwritten.
+			b, err := os.ReadFile(filepath.Join(logDir, "flaky", "attempt_0", "1", "stderr.log"))
+			if err != nil || !strings.Contains(string(b), "giving up") {
+				t.Errorf("attempt 0 rank 1 stderr.log: %q, %v", b, err)
+			}
+			if tc.wantCode == 0 {
+				b, err := os.ReadFile(filepath.Join(logDir, "flaky", "attempt_1", "1", "stdout.log"))
+				if err != nil || !strings.Contains(string(b), "attempt 1 done") {
+					t.Errorf("attempt 1 rank 1 stdout.log: %q, %v", b, err)
+				}
+			}
+		})
+	}
+}
+
+// TestTrainFaultResume: a real DDP job whose rank 1 raises at step 30 is
+// restarted, resumes from the step 20 checkpoint and finishes; the report
+// carries the Python exception from TORCHELASTIC_ERROR_FILE.
+func TestTrainFaultResume(t *testing.T) {
+	needTorch(t)
+	ckpt := t.TempDir()
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "40", "--ckpt-dir", ckpt, "--fail-rank", "1", "--fail-at-step", "30")
+	if code := r.wait(3 * time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
+	}
+	all := r.stdout.String() + r.stderr.String()
+	for _, want := range []string{"error file: RuntimeError", "traceback:", "resumed from step 20", "restart_count 1", "[rank0]:done: steps=40"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("output lacks %q\n%s", want, r.logs())
+		}
+	}
+}
+
+func TestAgentSIGKILLLeavesNoWorkers(t *testing.T) {
+	r := startAgent(t, nil, "--nproc-per-node", "2", "sleeper.py")
+	pids := r.workerPIDs(2)
+	r.cmd.Process.Signal(syscall.SIGKILL)
+	<-r.done
+	killed := time.Now()
+	waitFor(t, time.Second, func() bool { return !processAlive(pids[0]) && !processAlive(pids[1]) }, r.logs)
+	t.Logf("workers gone %v after the agent's SIGKILL", time.Since(killed).Round(time.Millisecond))
+}
+
+func TestAgentSignalsStopWorkers(t *testing.T) {
+	tests := []struct {
+		name     string
+		sig      syscall.Signal
+		script   []string
+		grace    string
+		wantCode int
+		minTime  time.Duration
+		maxTime  time.Duration
+	}{
+		{"SIGTERM", syscall.SIGTERM, []string{"sleeper.py"}, "10s", 143, 0, 2 * time.Second},
+		{"SIGINT", syscall.SIGINT, []string{"sleeper.py"}, "10s", 130, 0, 2 * time.Second},
+		{"SIGHUP", syscall.SIGHUP, []string{"sleeper.py"}, "10s", 129, 0, 2 * time.Second},
+		{"worker ignores SIGTERM", syscall.SIGTERM, []string{"sleeper.py", "--ignore-term"}, "1s", 143, time.Second, 3 * time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startAgent(t, nil, append([]string{"--nproc-per-node", "2", "--stop-timeout", tc.grace}, tc.script...)...)
+			pids := r.workerPIDs(2)
+			waitFor(t, 5*time.Second, func() bool { return strings.Count(r.stdout.String(), "ready") == 2 }, r.logs)
+			sent := time.Now()
+			r.cmd.Process.Signal(tc.sig)
+			code := r.wait(10 * time.Second)
+			took := time.Since(sent)
+			if code != tc.wantCode {
+				t.Errorf("exit code %d, want %d\n%s", code, tc.wantCode, r.logs())
+			}
+			if took < tc.minTime || took > tc.maxTime {
+				t.Errorf("agent took %v to stop, want %v..%v", took, tc.minTime, tc.maxTime)
+			}
+			for _, pid := range pids {
+				if processAlive(pid) {
+					t.Errorf("worker pid %d alive after the agent exited", pid)
+				}
+			}
+		})
+	}
+}
+
+// TestSpammingWorker: workers flooding stdout neither block the agent's
+// reaction to a signal nor garble the console: every line is whole and
+// prefixed.
+func TestSpammingWorker(t *testing.T) {
+	r := startAgent(t, nil, "--nproc-per-node", "2", "sleeper.py", "--spam")
+	r.workerPIDs(2)
+	time.Sleep(time.Second)
+	sent := time.Now()
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	if code := r.wait(5 * time.Second); code != 143 {
+		t.Errorf("exit code %d, want 143", code)
+	}
+	if took := time.Since(sent); took > 2*time.Second {
+		t.Errorf("agent took %v to stop under spam", took)
+	}
+	out := r.stdout.String()
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(out) < 1<<20 {
+		t.Errorf("only %d bytes of spam reached the console in a second", len(out))
+	}
+	good := regexp.MustCompile(`^\[rank[01]\]:(ready|spam z{200})$`)
+	for i, l := range lines {
+		if !good.MatchString(l) {
+			t.Fatalf("line %d of %d garbled: %.80q", i, len(lines), l)
+		}
+	}
+	t.Logf("%d MiB of worker output in %v", len(out)>>20, time.Since(r.started).Round(time.Millisecond))
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		stdout   string
+		stderr   string
+	}{
+		{"version", []string{"version"}, 0, "ddp-agent ", ""},
+		{"help run", []string{"help", "run"}, 0, "--nproc-per-node", ""},
+		{"run --help", []string{"run", "--help"}, 0, "--max-restarts", ""},
+		{"unknown command", []string{"frob"}, 2, "", "unknown command \"frob\""},
+		{"unknown flag", []string{"run", "--nprocs", "2", "x.py"}, 2, "", "unknown flag --nprocs"},
+		{"contradiction", []string{"run", "-m", "--no-python", "x"}, 2, "", "contradict"},
+		{"no script", []string{"run", "--nproc-per-node", "2"}, 2, "", "missing the training script"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(agentBin, tc.args...)
+			var out, errb syncBuf
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			_ = cmd.Run()
+			if code := cmd.ProcessState.ExitCode(); code != tc.wantCode {
+				t.Errorf("exit code %d, want %d", code, tc.wantCode)
+			}
+			if !strings.Contains(out.String(), tc.stdout) || !strings.Contains(errb.String(), tc.stderr) {
+				t.Errorf("got stdout %q stderr %q, want %q and %q", out.String(), errb.String(), tc.stdout, tc.stderr)
+			}
+			if tc.wantCode == 2 && tc.args[0] == "run" && strings.Count(errb.String(), "\n") != 1 {
+				t.Errorf("usage error is not one line: %q", errb.String())
+			}
+		})
+	}
+}
+
+func TestMissingScriptFailsCleanly(t *testing.T) {
+	r := startAgent(t, nil, "--nproc-per-node", "2", "no_such_script.py")
+	if code := r.wait(30 * time.Second); code != 1 {
+		t.Errorf("exit code %d, want 1\n%s", code, r.logs())
+	}
+	if !strings.Contains(r.stderr.String(), "No such file") {
+		t.Errorf("report lacks Python's complaint\n%s", r.logs())
+	}
+}
