@@ -89,6 +89,16 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Error("control socket stopped", "err", err)
 		}
 	}()
+	// abort tells the workers' shims to abort their communicators, so a
+	// collective hung on a dead peer returns; best effort, and never allowed
+	// to delay the stop (a wedged connection can take seconds to time out).
+	abort := func(reason string) {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			srv.Abort(reason)
+		}()
+	}
 	mon := health.NewMonitor(a.log)
 	bg.Add(1)
 	go func() {
@@ -147,12 +157,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		var failed *supervisor.WorkerExitError
 		if !errors.As(err, &failed) { // ctx done: a signal or the caller
 			a.log.Info("stopping workers", "reason", context.Cause(ctx), "grace", cfg.StopTimeout)
-			srv.Abort("agent stopping: " + context.Cause(ctx).Error())
+			abort("agent stopping: " + context.Cause(ctx).Error())
 			g.Stop(cfg.StopTimeout)
 			return context.Cause(ctx)
 		}
 		mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
-		srv.Abort(fmt.Sprintf("worker rank %d failed", failed.Rank))
+		abort(fmt.Sprintf("worker rank %d failed", failed.Rank))
 		g.Stop(cfg.StopTimeout)
 		a.report(failed, attempt, time.Since(started), g.PIDs(), mon)
 		if attempt >= cfg.MaxRestarts {

@@ -16,12 +16,12 @@ func TestTrainToCompletion(t *testing.T) {
 	needTorch(t)
 	ckpt := t.TempDir()
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", filepath.Join(repoRoot, "examples", "train.py"),
-		"--steps", "30", "--ckpt-dir", ckpt)
+		"--steps", "10", "--log-every", "5", "--ckpt-dir", ckpt)
 	if code := r.wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
 	}
 	out := r.stdout.String()
-	for _, want := range []string{"[rank0]:rank 0/2 local_rank 0 restart_count 0", "[rank1]:rank 1/2 local_rank 1 restart_count 0", "[rank0]:done: steps=30"} {
+	for _, want := range []string{"[rank0]:rank 0/2 local_rank 0 restart_count 0", "[rank1]:rank 1/2 local_rank 1 restart_count 0", "[rank0]:done: steps=10"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q\n%s", want, r.logs())
 		}
@@ -135,19 +135,19 @@ func TestRestartPolicy(t *testing.T) {
 	}
 }
 
-// TestTrainFaultResume: a real DDP job whose rank 1 raises at step 30 is
-// restarted, resumes from the step 20 checkpoint and finishes; the report
+// TestTrainFaultResume: a real DDP job whose rank 1 raises at step 12 is
+// restarted, resumes from the step 10 checkpoint and finishes; the report
 // carries the Python exception from TORCHELASTIC_ERROR_FILE.
 func TestTrainFaultResume(t *testing.T) {
 	needTorch(t)
 	ckpt := t.TempDir()
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "40", "--ckpt-dir", ckpt, "--fail-rank", "1", "--fail-at-step", "30")
+		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "16", "--ckpt-every", "5", "--log-every", "4", "--ckpt-dir", ckpt, "--fail-rank", "1", "--fail-at-step", "12")
 	if code := r.wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
 	}
 	all := r.stdout.String() + r.stderr.String()
-	for _, want := range []string{"error file: RuntimeError", "traceback:", "resumed from step 20", "restart_count 1", "[rank0]:done: steps=40"} {
+	for _, want := range []string{"error file: RuntimeError", "traceback:", "resumed from step 10", "restart_count 1", "[rank0]:done: steps=16"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("output lacks %q\n%s", want, r.logs())
 		}

@@ -1,0 +1,351 @@
+// Package health samples the node and the process trees of the workers so
+// that, when a worker dies, the agent can say what it looked like just before:
+// its memory, CPU, state and number of processes, and how much memory the
+// node had left.
+package health
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/shirou/gopsutil/v3/load"
+	"github.com/shirou/gopsutil/v3/mem"
+)
+
+// clockTicks is USER_HZ, the unit of the CPU times in /proc/<pid>/stat; the
+// kernel reports it as 100 to userspace on every Linux architecture in use.
+const clockTicks = 100
+
+// WorkerSample is one reading of a worker process tree: the worker and its
+// descendants, e.g. DataLoader workers.
+type WorkerSample struct {
+	Rank, PID  int
+	RSSBytes   uint64  // resident memory of the whole tree
+	CPUPercent float64 // tree CPU since the previous sample, 100 = one core; 0 on the first sample
+	NumProcs   int     // processes in the tree, the worker included
+	State      string  // of the worker itself: "running", "sleeping", "disk-sleep", ...
+	Threads    int32   // of the worker itself
+	At         time.Time
+}
+
+// NodeSample is one reading of the node's memory and load.
+type NodeSample struct {
+	MemTotal, MemAvailable, SwapUsed uint64
+	MemPressureSome10                float64 // "some avg10" of /proc/pressure/memory, -1 when unavailable
+	Load1                            float64
+	At                               time.Time
+}
+
+// Option configures a Monitor.
+type Option func(*Monitor)
+
+// WithInterval sets how often Run samples (default 2s); d <= 0 keeps the default.
+func WithInterval(d time.Duration) Option {
+	return func(m *Monitor) {
+		if d > 0 {
+			m.interval = d
+		}
+	}
+}
+
+// Monitor samples the watched workers and the node. All its methods are safe
+// for concurrent use.
+type Monitor struct {
+	logger   *slog.Logger
+	interval time.Duration
+	pageSize uint64
+
+	passMu sync.Mutex       // serializes sampling passes
+	cpu    map[int]procStat // tree processes of the previous pass, for CPU deltas; guarded by passMu
+
+	mu      sync.Mutex
+	workers map[int]int          // rank → pid
+	samples map[int]WorkerSample // rank → last sample
+	node    NodeSample
+}
+
+// procStat is the part of /proc/<pid>/stat the monitor uses.
+type procStat struct {
+	pid, ppid    int
+	state        byte
+	ticks, start uint64 // utime+stime, starttime (tells a reused pid apart)
+	threads      int32
+	rssPages     uint64
+}
+
+// NewMonitor returns a Monitor watching no workers yet.
+func NewMonitor(logger *slog.Logger, opts ...Option) *Monitor {
+	m := &Monitor{
+		logger:   logger,
+		interval: 2 * time.Second,
+		pageSize: uint64(os.Getpagesize()),
+		workers:  map[int]int{},
+		samples:  map[int]WorkerSample{},
+		node:     NodeSample{MemPressureSome10: -1},
+	}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
+}
+
+// SetWorkers replaces the watched workers (rank → pid). Samples of ranks that
+// are no longer watched under the same pid are dropped.
+func (m *Monitor) SetWorkers(pids map[int]int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.workers = maps.Clone(pids)
+	for rank, s := range m.samples {
+		if pid, ok := pids[rank]; !ok || pid != s.PID {
+			delete(m.samples, rank)
+		}
+	}
+}
+
+// Worker returns the last sample of rank. It is kept after the worker exits,
+// until SetWorkers stops watching that rank and pid.
+func (m *Monitor) Worker(rank int) (WorkerSample, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.samples[rank]
+	return s, ok
+}
+
+// Node returns the last node sample.
+func (m *Monitor) Node() NodeSample {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.node
+}
+
+// Run samples at once and then every interval until ctx is done, then returns
+// nil. It blocks for that long.
+func (m *Monitor) Run(ctx context.Context) error {
+	t := time.NewTicker(m.interval)
+	defer t.Stop()
+	for {
+		m.Sample()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Sample makes one sampling pass now. It blocks while it reads the stat file
+// of every process on the node (about 10-20 µs each), and waits for a pass
+// already running.
+func (m *Monitor) Sample() {
+	m.passMu.Lock()
+	defer m.passMu.Unlock()
+	now := time.Now()
+	node := m.sampleNode(now)
+
+	m.mu.Lock()
+	m.node = node
+	workers, prev := maps.Clone(m.workers), maps.Clone(m.samples)
+	m.mu.Unlock()
+	if len(workers) == 0 {
+		m.cpu = nil
+		return
+	}
+
+	procs, err := m.readProcs()
+	if err != nil {
+		m.logger.Warn("sample worker processes", "err", err)
+		return
+	}
+	children := map[int][]int{}
+	for _, p := range procs {
+		children[p.ppid] = append(children[p.ppid], p.pid)
+	}
+	cpu := map[int]procStat{}
+	fresh := map[int]WorkerSample{}
+	for rank, pid := range workers {
+		w, ok := procs[pid]
+		if !ok || w.state == 'Z' {
+			m.logger.Debug("worker process gone, keeping its last sample", "rank", rank, "pid", pid)
+			continue
+		}
+		last, seen := prev[rank]
+		seen = seen && last.PID == pid
+		s := WorkerSample{Rank: rank, PID: pid, State: stateName(w.state), Threads: w.threads, At: now}
+		var ticks uint64
+		for stack := []int{pid}; len(stack) > 0; {
+			p, ok := procs[stack[len(stack)-1]]
+			stack = stack[:len(stack)-1]
+			if _, done := cpu[p.pid]; !ok || done {
+				continue
+			}
+			s.NumProcs++
+			s.RSSBytes += p.rssPages * m.pageSize
+			cpu[p.pid] = p
+			if b, ok := m.cpu[p.pid]; ok && b.start == p.start && p.ticks >= b.ticks {
+				ticks += p.ticks - b.ticks
+			} else if seen { // born since the previous pass
+				ticks += p.ticks
+			}
+			stack = append(stack, children[p.pid]...)
+		}
+		if elapsed := now.Sub(last.At).Seconds(); seen && elapsed > 0 {
+			s.CPUPercent = float64(ticks) / clockTicks / elapsed * 100
+		}
+		fresh[rank] = s
+	}
+	m.cpu = cpu
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for rank, s := range fresh {
+		if pid, ok := m.workers[rank]; ok && pid == s.PID {
+			m.samples[rank] = s
+		}
+	}
+}
+
+// sampleNode reads the node's memory, memory pressure and load.
+func (m *Monitor) sampleNode(now time.Time) NodeSample {
+	n := NodeSample{MemPressureSome10: -1, At: now}
+	if vm, err := mem.VirtualMemory(); err != nil {
+		m.logger.Debug("sample node memory", "err", err)
+	} else {
+		n.MemTotal, n.MemAvailable = vm.Total, vm.Available
+		if vm.SwapTotal > vm.SwapFree {
+			n.SwapUsed = vm.SwapTotal - vm.SwapFree
+		}
+	}
+	if avg, err := load.Avg(); err != nil {
+		m.logger.Debug("sample node load", "err", err)
+	} else {
+		n.Load1 = avg.Load1
+	}
+	if b, err := os.ReadFile("/proc/pressure/memory"); err == nil {
+		n.MemPressureSome10 = parsePressure(b)
+	}
+	return n
+}
+
+// readProcs reads /proc/<pid>/stat of every process on the node.
+func (m *Monitor) readProcs() (map[int]procStat, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	procs := make(map[int]procStat, len(entries))
+	buf := make([]byte, 4096) // a stat line is under 1 KiB
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue // not a process
+		}
+		n, err := readFile("/proc/"+e.Name()+"/stat", buf)
+		var p procStat
+		if err == nil {
+			p, err = parseStat(pid, buf[:n])
+		}
+		if err != nil { // most likely exited since the listing
+			m.logger.Debug("read process stat", "pid", pid, "err", err)
+			continue
+		}
+		procs[pid] = p
+	}
+	return procs, nil
+}
+
+// readFile reads a small file into buf with three syscalls, about half the
+// cost of os.ReadFile, as a pass reads one file per process on the node.
+func readFile(path string, buf []byte) (int, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer syscall.Close(fd)
+	return syscall.Read(fd, buf)
+}
+
+// parseStat parses the /proc/<pid>/stat line of pid; see proc(5) for the fields.
+func parseStat(pid int, b []byte) (procStat, error) {
+	end := bytes.LastIndexByte(b, ')')     // the command may hold spaces and parentheses
+	f := strings.Fields(string(b[end+1:])) // f[0] is field 3, state
+	if end < 0 || len(f) < 22 {
+		return procStat{}, fmt.Errorf("parse stat %q: too few fields", b)
+	}
+	var nums [6]uint64
+	for i, k := range [6]int{1, 11, 12, 17, 19, 21} { // ppid utime stime num_threads starttime rss
+		v, err := strconv.ParseInt(f[k], 10, 64)
+		if err != nil {
+			return procStat{}, fmt.Errorf("parse stat field %d: %w", k+3, err)
+		}
+		nums[i] = uint64(max(v, 0))
+	}
+	return procStat{
+		pid: pid, ppid: int(nums[0]), state: f[0][0],
+		ticks: nums[1] + nums[2], threads: int32(nums[3]), start: nums[4], rssPages: nums[5],
+	}, nil
+}
+
+// parsePressure returns "some avg10" of a PSI file, or -1.
+func parsePressure(b []byte) float64 {
+	_, v, ok := strings.Cut(string(b), "some avg10=")
+	v, _, _ = strings.Cut(v, " ")
+	if x, err := strconv.ParseFloat(v, 64); ok && err == nil {
+		return x
+	}
+	return -1
+}
+
+// stateName names a stat state letter the way /proc/<pid>/status does.
+func stateName(c byte) string {
+	for _, s := range [...]string{"Rrunning", "Ssleeping", "Ddisk-sleep", "Zzombie", "Tstopped", "ttracing-stop", "Xdead", "Iidle"} {
+		if s[0] == c {
+			return s[1:]
+		}
+	}
+	return string(c)
+}
+
+// String formats s on one line, e.g. "rank 1 pid 4242: rss 812.3 MiB (3 procs),
+// cpu 97%, state sleeping, 12 threads, sampled 0.8s ago".
+func (s WorkerSample) String() string {
+	procs := "procs"
+	if s.NumProcs == 1 {
+		procs = "proc"
+	}
+	return fmt.Sprintf("rank %d pid %d: rss %s (%d %s), cpu %.0f%%, state %s, %d threads, sampled %.1fs ago",
+		s.Rank, s.PID, formatBytes(s.RSSBytes), s.NumProcs, procs, s.CPUPercent, s.State, s.Threads,
+		time.Since(s.At).Seconds())
+}
+
+// String formats n on one line, e.g. "node: mem 3.1/23.4 GiB available, swap
+// 0 B used, memory pressure some avg10 0.00%, load1 0.52".
+func (n NodeSample) String() string {
+	pressure := "n/a"
+	if n.MemPressureSome10 >= 0 {
+		pressure = fmt.Sprintf("some avg10 %.2f%%", n.MemPressureSome10)
+	}
+	const gib = 1 << 30
+	return fmt.Sprintf("node: mem %.1f/%.1f GiB available, swap %s used, memory pressure %s, load1 %.2f",
+		float64(n.MemAvailable)/gib, float64(n.MemTotal)/gib, formatBytes(n.SwapUsed), pressure, n.Load1)
+}
+
+// formatBytes formats b with a binary unit, e.g. "0 B", "812.3 MiB".
+func formatBytes(b uint64) string {
+	if b < 1024 {
+		return fmt.Sprintf("%d B", b)
+	}
+	v, i := float64(b)/1024, 0
+	for ; v >= 1024 && i < 3; i++ {
+		v /= 1024
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGT"[i])
+}
