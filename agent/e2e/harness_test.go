@@ -40,7 +40,11 @@ func setup(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	agentBin = filepath.Join(dir, "ddp-agent")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", agentBin, "./agent/cmd/ddp-agent")
+	args := []string{"build", "-o", agentBin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), append(args, "./agent/cmd/ddp-agent")...)
 	build.Dir = repoRoot
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build ddp-agent: %v\n%s", err, out)
@@ -121,6 +125,9 @@ func startAgent(t *testing.T, extraEnv []string, args ...string) *agentRun {
 		default:
 			r.cmd.Process.Kill()
 			<-r.done
+		}
+		if strings.Contains(r.stderr.String(), "WARNING: DATA RACE") {
+			t.Errorf("the agent reported a data race\n%s", r.stderr.String())
 		}
 	})
 	return r
