@@ -10,7 +10,7 @@ what=${1:-all}
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-/usr/bin/python3}
-GO_MIN=24                       # minor version of Go 1.x that go.mod needs
+GO_MIN=${GO_MIN:-24}                      # minor version of Go 1.x that go.mod needs
 GO_FETCH=go1.26.8               # fetched from the module proxy when no Go is found
 say() { echo "deps: $*" >&2; }
 
