@@ -113,7 +113,8 @@ type exit struct{ w *worker }
 type Group struct {
 	spec    *Spec
 	log     *slog.Logger
-	exits   chan exit
+	exits   chan exit // one value per worker, sent when it is reaped
+	reaped  int       // values received from exits, by Wait
 	started time.Time
 
 	mu      sync.Mutex
@@ -280,20 +281,13 @@ func (g *Group) setState(s State) {
 // (a *WorkerExitError, returned at once, with the others still running), or
 // ctx is done (ctx's error). Call Stop after a non-nil result.
 func (g *Group) Wait(ctx context.Context) error {
-	remaining := 0
-	for _, w := range g.list() {
-		select {
-		case <-w.done:
-		default:
-			remaining++
-		}
-	}
-	for remaining > 0 {
+	n := len(g.list())
+	for g.reaped < n {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case e := <-g.exits:
-			remaining--
+			g.reaped++
 			if e.w.state != nil && e.w.state.Success() {
 				g.log.Debug("worker succeeded", "rank", e.w.Rank, "pid", e.w.pid)
 				continue

@@ -61,6 +61,10 @@ func helper(mode string) {
 		os.Exit(c)
 	case "sleep":
 		time.Sleep(time.Minute)
+	case "sleepif": // sleepif:RANK: that rank sleeps, the others exit 0 at once
+		if arg == strconv.Itoa(rank) {
+			time.Sleep(time.Minute)
+		}
 	case "ignoreterm":
 		signal.Ignore(syscall.SIGTERM)
 		fmt.Println("ready")
@@ -401,5 +405,25 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 5s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestWaitCountsEarlyExits: workers that exit before Wait is called are
+// neither missed nor counted twice.
+func TestWaitCountsEarlyExits(t *testing.T) {
+	spec, _, _ := testSpec(t, "sleepif:2", 3, consoleOnly)
+	g := start(t, spec)
+	waitFor(t, func() bool { return !alive(g.PIDs()[0]) && !alive(g.PIDs()[1]) })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := g.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait with rank 2 still running: got %v, want the context's deadline", err)
+	}
+	spec2, _, _ := testSpec(t, "exit:5@2", 3, consoleOnly)
+	g2 := start(t, spec2)
+	waitFor(t, func() bool { return g2.PIDs()[2] != 0 && !alive(g2.PIDs()[2]) })
+	var e *WorkerExitError
+	if err := g2.Wait(context.Background()); !errors.As(err, &e) || e.Rank != 2 {
+		t.Fatalf("Wait: got %v, want rank 2's failure", err)
 	}
 }
