@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
@@ -35,6 +36,24 @@ func (e *JobFailedError) Error() string {
 }
 
 func (e *JobFailedError) Unwrap() error { return e.Cause }
+
+// SignalError is the cause of the agent's context when a signal asked it to
+// stop; main exits with 128+Signal.
+type SignalError struct{ Signal syscall.Signal }
+
+func (e *SignalError) Error() string { return "received " + e.Signal.String() }
+
+// stopSignal is what the workers get first when the agent stops: SIGINT
+// when the user pressed Ctrl-C (Python raises KeyboardInterrupt, as under
+// torchrun, where the terminal's SIGINT reaches the workers directly),
+// SIGTERM otherwise.
+func stopSignal(cause error) syscall.Signal {
+	var se *SignalError
+	if errors.As(cause, &se) && se.Signal == syscall.SIGINT {
+		return syscall.SIGINT
+	}
+	return syscall.SIGTERM
+}
 
 // Agent supervises this node's workers for one job.
 type Agent struct {
@@ -82,10 +101,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
+	// The control socket outlives ctx: when a signal stops the job, the
+	// workers must still receive Abort while they are being stopped.
+	srvCtx, stopSrv := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSrv() // runs before bg.Wait
 	bg.Add(1)
 	go func() {
 		defer bg.Done()
-		if err := srv.Run(ctx); err != nil {
+		if err := srv.Run(srvCtx); err != nil {
 			a.log.Error("control socket stopped", "err", err)
 		}
 	}()
@@ -156,14 +179,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		var failed *supervisor.WorkerExitError
 		if !errors.As(err, &failed) { // ctx done: a signal or the caller
-			a.log.Info("stopping workers", "reason", context.Cause(ctx), "grace", cfg.StopTimeout)
-			abort("agent stopping: " + context.Cause(ctx).Error())
-			g.Stop(cfg.StopTimeout)
-			return context.Cause(ctx)
+			cause := context.Cause(ctx)
+			sig := stopSignal(cause)
+			a.log.Info("stopping workers", "reason", cause, "signal", sig, "grace", cfg.StopTimeout)
+			abort("agent stopping: " + cause.Error())
+			g.Stop(sig, cfg.StopTimeout)
+			return cause
 		}
 		mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
 		abort(fmt.Sprintf("worker rank %d failed", failed.Rank))
-		g.Stop(cfg.StopTimeout)
+		g.Stop(syscall.SIGTERM, cfg.StopTimeout)
 		a.report(failed, attempt, time.Since(started), g.PIDs(), mon)
 		if attempt >= cfg.MaxRestarts {
 			return &JobFailedError{Attempts: attempt + 1, Cause: failed}

@@ -14,6 +14,7 @@ Works on PyTorch 1.13 (CPU, gloo) and 2.x (CUDA, nccl).
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -140,7 +141,16 @@ def main():
 
     if rank == 0:
         print(f"done: steps={args.steps} final_loss={loss_value:.4f} world_size={world_size}", flush=True)
+    dist.barrier()
     dist.destroy_process_group()
+    # Leave without tearing down the DDP model. On PyTorch 1.13, freeing it
+    # runs ~Reducer -> ~ProcessGroupGloo, which joins gloo's worker threads
+    # while holding the GIL; a worker thread still freeing a tensor that has
+    # a Python object waits for the GIL, and the rank hangs forever after
+    # training finished (seen under load, stacks taken with gdb).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

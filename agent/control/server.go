@@ -91,7 +91,13 @@ func Listen(cfg Config) (*Server, error) {
 	}
 	var err error
 	if cfg.Dir == "" {
-		s.dir, err = os.MkdirTemp("", "ddp-agent-*")
+		// A socket path must fit sun_path (108 bytes with its NUL); under a
+		// long TMPDIR, bind would fail, so fall back to /tmp.
+		base := os.TempDir()
+		if len(base)+len("/ddp-agent-0123456789/")+len(SocketName) >= 100 {
+			base = "/tmp"
+		}
+		s.dir, err = os.MkdirTemp(base, "ddp-agent-*")
 		s.ownDir = err == nil
 	} else {
 		s.dir = cfg.Dir

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -490,5 +491,20 @@ func TestMemKV(t *testing.T) {
 	got, err := kv.Get(context.Background(), "k")
 	if err != nil || string(got) != "v1" {
 		t.Errorf("Get: got %q %v, want %q", got, err, "v1")
+	}
+}
+
+// TestLongTMPDIR: a TMPDIR too long for a unix socket path must not stop
+// the agent from listening.
+func TestLongTMPDIR(t *testing.T) {
+	leakCheck(t)
+	long := filepath.Join(t.TempDir(), strings.Repeat("d", 120))
+	if err := os.MkdirAll(long, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", long)
+	s := startServer(t, Config{})
+	if len(s.Path()) >= 108 {
+		t.Errorf("socket path of %d bytes: %s", len(s.Path()), s.Path())
 	}
 }

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,8 +77,48 @@ func helper(mode string) int {
 		}
 		return 0
 	}
+	if mode == "abortwait" {
+		// Ignore SIGTERM so only the control socket's Abort ends this worker.
+		signal.Ignore(syscall.SIGTERM)
+		c, _, err := control.Dial(ctx, os.Getenv("DDP_AGENT_SOCKET"), control.Hello{
+			Rank: int32(rank), LocalRank: int32(localRank), PID: int32(os.Getpid()), Generation: gen})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dial:", err)
+			return 1
+		}
+		defer c.Close()
+		fmt.Println("connected")
+		select {
+		case <-c.Aborted():
+			fmt.Println("abort:", c.AbortReason())
+			return 0
+		case <-ctx.Done():
+			return 1
+		}
+	}
 	fmt.Fprintln(os.Stderr, "unknown helper mode", mode)
 	return 2
+}
+
+// TestAbortOnSignal: when a signal stops the agent, connected workers still
+// receive Abort (so a shim can abort a hung collective) while they are
+// being stopped.
+func TestAbortOnSignal(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startAgent(t, []string{"E2E_HELPER=abortwait"}, "--nproc-per-node", "2", "--stop-timeout", "5s", "--no-python", self)
+	waitFor(t, 10*time.Second, func() bool { return strings.Count(r.stdout.String(), "connected") == 2 }, r.logs)
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	if code := r.wait(10 * time.Second); code != 143 {
+		t.Errorf("exit code %d, want 143", code)
+	}
+	for rank := 0; rank < 2; rank++ {
+		if want := fmt.Sprintf("[rank%d]:abort: agent stopping: received terminated", rank); !strings.Contains(r.stdout.String(), want) {
+			t.Errorf("stdout lacks %q\n%s", want, r.logs())
+		}
+	}
 }
 
 // TestControlSocketKV: workers of a real agent say Hello and bootstrap

@@ -177,6 +177,7 @@ func TestAgentSignalsStopWorkers(t *testing.T) {
 		{"SIGTERM", syscall.SIGTERM, []string{"sleeper.py"}, "10s", 143, 0, 2 * time.Second},
 		{"SIGINT", syscall.SIGINT, []string{"sleeper.py"}, "10s", 130, 0, 2 * time.Second},
 		{"SIGHUP", syscall.SIGHUP, []string{"sleeper.py"}, "10s", 129, 0, 2 * time.Second},
+		{"SIGQUIT", syscall.SIGQUIT, []string{"sleeper.py"}, "10s", 131, 0, 2 * time.Second},
 		{"worker ignores SIGTERM", syscall.SIGTERM, []string{"sleeper.py", "--ignore-term"}, "1s", 143, time.Second, 3 * time.Second},
 	}
 	for _, tc := range tests {
@@ -199,7 +200,57 @@ func TestAgentSignalsStopWorkers(t *testing.T) {
 					t.Errorf("worker pid %d alive after the agent exited", pid)
 				}
 			}
+			// Ctrl-C reaches Python as KeyboardInterrupt, as under torchrun.
+			if interrupted := strings.Count(r.stdout.String(), "interrupted"); (tc.sig == syscall.SIGINT) != (interrupted == 2) {
+				t.Errorf("%d workers saw KeyboardInterrupt after %v\n%s", interrupted, tc.sig, r.logs())
+			}
 		})
+	}
+}
+
+// TestFastFailure: a worker that fails at once still fails the job.
+func TestFastFailure(t *testing.T) {
+	r := startAgent(t, nil, "--nproc-per-node", "2", "--no-python", "--", "/bin/sh", "-c", "exit 3")
+	if code := r.wait(10 * time.Second); code != 1 {
+		t.Errorf("exit code %d, want 1\n%s", code, r.logs())
+	}
+	if !strings.Contains(r.stderr.String(), "exited with code 3") {
+		t.Errorf("report lacks the exit code\n%s", r.logs())
+	}
+}
+
+// TestClosedStdout: the agent's stdout going away (`| head`, a log shipper
+// restarting) costs the console, not the job.
+func TestClosedStdout(t *testing.T) {
+	cmd := exec.Command(agentBin, "run", "--nproc-per-node", "1", "--no-python", "--", "/bin/sh", "-c",
+		"i=0; while [ $i -lt 20000 ]; do echo line $i; i=$((i+1)); done; echo finished >&2")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb syncBuf
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 100)
+	if _, err := stdout.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	stdout.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("agent: %v (want exit 0 despite the closed stdout)\n%s", err, errb.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("agent still running 30s after its stdout closed")
+	}
+	if !strings.Contains(errb.String(), "[rank0]:finished") {
+		t.Errorf("stderr lacks the worker's last line\n%s", errb.String())
 	}
 }
 

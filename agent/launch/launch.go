@@ -193,19 +193,37 @@ var flagSpecs = []flagSpec{
 	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
 	{name: "module", short: "m", bool: true, help: "run the script as a Python module (python -m)"},
 	{name: "no-python", bool: true, help: "run the script directly, not through the Python interpreter"},
-	{name: "python", def: "python3", help: "Python interpreter for the workers (env DDP_AGENT_PYTHON)"},
+	{name: "run-path", bool: true, help: "accepted for torchrun compatibility: the script runs as python -u script.py either way"},
+	{name: "python", def: "python3", help: "Python interpreter for the workers (env DDP_AGENT_PYTHON, or PYTHON_EXEC as with torchrun)"},
 	{name: "log-level", def: "info", help: "agent log level: debug, info, warn, error"},
 	{name: "use-env", bool: true, help: "accepted for compatibility with torch.distributed.launch; always on"},
 }
 
-func lookupFlag(arg string) (*flagSpec, bool) {
+// lookupFlag finds the flag an argument names: an exact spelling, or, as
+// argparse allows, an unambiguous prefix of one (--nproc).
+func lookupFlag(arg string) (*flagSpec, error) {
+	var prefixed []*flagSpec
 	for i := range flagSpecs {
 		f := &flagSpecs[i]
-		if arg == "--"+f.name || arg == "--"+strings.ReplaceAll(f.name, "-", "_") || (f.short != "" && arg == "-"+f.short) {
-			return f, true
+		dashed, underscored := "--"+f.name, "--"+strings.ReplaceAll(f.name, "-", "_")
+		if arg == dashed || arg == underscored || (f.short != "" && arg == "-"+f.short) {
+			return f, nil
+		}
+		if strings.HasPrefix(arg, "--") && len(arg) > 2 && (strings.HasPrefix(dashed, arg) || strings.HasPrefix(underscored, arg)) {
+			prefixed = append(prefixed, f)
 		}
 	}
-	return nil, false
+	switch len(prefixed) {
+	case 1:
+		return prefixed[0], nil
+	case 0:
+		return nil, usagef("unknown flag %s (see ddp-agent help run)", arg)
+	}
+	names := make([]string, len(prefixed))
+	for i, f := range prefixed {
+		names[i] = "--" + f.name
+	}
+	return nil, usagef("ambiguous flag %s could be %s", arg, strings.Join(names, ", "))
 }
 
 // Parse reads a `ddp-agent run` command line (without the subcommand).
@@ -213,15 +231,19 @@ func lookupFlag(arg string) (*flagSpec, bool) {
 // for -h/--help and a *UsageError for anything that cannot be run.
 func Parse(args []string, getenv func(string) string, host Host) (*Config, error) {
 	raw := rawFlags{}
-	set := map[string]bool{}
+	set := map[string]bool{} // given on the command line or through PET_*
 	for _, f := range flagSpecs {
 		raw[f.name] = f.def
 		if v := getenv("PET_" + strings.ToUpper(strings.ReplaceAll(f.name, "-", "_"))); v != "" {
 			raw[f.name] = v
+			set[f.name] = true
 		}
 	}
-	if v := getenv("DDP_AGENT_PYTHON"); v != "" {
-		raw["python"] = v
+	// torchrun runs workers under its own interpreter, or PYTHON_EXEC.
+	for _, env := range []string{"PYTHON_EXEC", "DDP_AGENT_PYTHON"} {
+		if v := getenv(env); v != "" {
+			raw["python"] = v
+		}
 	}
 
 	i := 0
@@ -238,21 +260,17 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 			break
 		}
 		name, val, hasVal := strings.Cut(a, "=")
-		f, ok := lookupFlag(name)
-		if !ok {
-			return nil, usagef("unknown flag %s (see ddp-agent help run)", name)
+		if len(a) > 2 && a[1] != '-' && !hasVal { // -r3, -t0:1: a short flag with its value attached
+			name, val, hasVal = a[:2], a[2:], true
 		}
-		if set[f.name] {
-			return nil, usagef("flag --%s given twice", f.name)
+		f, err := lookupFlag(name)
+		if err != nil {
+			return nil, err
 		}
-		set[f.name] = true
+		set[f.name] = true // given twice: the last one wins, as with argparse
 		switch {
 		case f.bool && hasVal:
-			b, err := strconv.ParseBool(val)
-			if err != nil {
-				return nil, usagef("--%s takes no value, got %q", f.name, val)
-			}
-			raw[f.name] = strconv.FormatBool(b)
+			return nil, usagef("--%s takes no value, got %q", f.name, val)
 		case f.bool:
 			raw[f.name] = "true"
 		case hasVal:
@@ -275,9 +293,15 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 	return c, nil
 }
 
-func (r rawFlags) bool(name string) bool {
-	b, _ := strconv.ParseBool(r[name])
-	return b
+func (r rawFlags) bool(name string) (bool, error) {
+	if r[name] == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(r[name])
+	if err != nil {
+		return false, usagef("--%s: %q is not a boolean (PET_%s takes 1 or 0)", name, r[name], strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
+	}
+	return b, nil
 }
 
 func (r rawFlags) int(name string, min int) (int, error) {
@@ -303,9 +327,11 @@ func (r rawFlags) seconds(name string) (time.Duration, error) {
 
 func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	var err error
-	c.Standalone = r.bool("standalone")
-	c.Module = r.bool("module")
-	c.NoPython = r.bool("no-python")
+	for name, dst := range map[string]*bool{"standalone": &c.Standalone, "module": &c.Module, "no-python": &c.NoPython, "run-path": new(bool), "use-env": new(bool)} {
+		if *dst, err = r.bool(name); err != nil {
+			return err
+		}
+	}
 	if c.Module && c.NoPython {
 		return usagef("--module and --no-python contradict each other: a module needs the Python interpreter")
 	}
@@ -359,9 +385,9 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 		}
 		c.MasterPort = n
 	}
-	if c.Standalone && (set["master-addr"] || set["master-port"]) {
+	if c.Standalone && (set["master-addr"] || set["master-port"]) { // on the command line or as PET_*
 		// torchrun's --standalone picks its own port; a fixed one would be silently ignored there.
-		return usagef("--standalone picks a free master port itself; drop --master-addr/--master-port, or drop --standalone")
+		return usagef("--standalone picks a free master port itself; drop --master-addr/--master-port (or PET_MASTER_*), or drop --standalone")
 	}
 	c.StartMethod = r["start-method"]
 	switch c.StartMethod {

@@ -104,6 +104,16 @@ func TestParseTorchrunLines(t *testing.T) {
 			},
 		},
 		{
+			name: "argparse habits: last wins, prefixes, attached short values",
+			args: "--nproc 1 --nproc_per_node=3 -r3 -t0:1 --max_r 2 --run_path train.py",
+			check: func(c *Config) string {
+				if c.NProcPerNode != 3 || c.Redirects.All != StdAll || c.Tee.For(0) != StdOut || c.MaxRestarts != 2 {
+					return "3 procs (last wins), redirects 3, tee 0:1, 2 restarts"
+				}
+				return ""
+			},
+		},
+		{
 			name: "defaults",
 			args: "train.py",
 			check: func(c *Config) string {
@@ -151,19 +161,29 @@ func TestParseErrors(t *testing.T) {
 		{"tee malformed", "--tee 0=1 train.py", "--tee"},
 		{"missing script", "--nproc-per-node 2", "missing the training script"},
 		{"missing value", "--nproc-per-node", "needs a value"},
-		{"twice", "--nproc-per-node 1 --nproc_per_node 2 train.py", "given twice"},
+		{"ambiguous prefix", "--m 1 train.py", "ambiguous flag --m could be"},
+		{"bad PET bool", "train.py", "not a boolean"},
 		{"standalone with port", "--standalone --master-port 29500 train.py", "--standalone picks"},
 		{"run id conflict", "--run-id a --rdzv-id b train.py", "differ"},
 		{"negative restarts", "--max-restarts -1 train.py", "--max-restarts must be"},
 		{"bad port", "--master-port 70000 train.py", "--master-port"},
 		{"bad duration", "--stop-timeout soon train.py", "--stop-timeout"},
-		{"bool with value", "--standalone=maybe train.py", "takes no value"},
+		{"bool with value", "--standalone=true train.py", "takes no value"},
 		{"bad backend", "--rdzv-backend zk train.py", "--rdzv-backend"},
 		{"bad log level", "--log-level loud train.py", "--log-level"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Parse(strings.Fields(tc.args), noEnv, fourCPUs)
+			getenv := noEnv
+			if tc.name == "bad PET bool" {
+				getenv = func(k string) string {
+					if k == "PET_STANDALONE" {
+						return "yes please"
+					}
+					return ""
+				}
+			}
+			_, err := Parse(strings.Fields(tc.args), getenv, fourCPUs)
 			var uerr *UsageError
 			if !errors.As(err, &uerr) {
 				t.Fatalf("Parse(%q): got %v, want a *UsageError", tc.args, err)
@@ -220,5 +240,24 @@ func TestNProcGPU(t *testing.T) {
 	c, err := Parse([]string{"--nproc-per-node", "cpu", "train.py"}, noEnv, eight)
 	if err != nil || c.NProcPerNode != 2 {
 		t.Errorf("--nproc-per-node cpu: got %v, %v; want 2", c, err)
+	}
+}
+
+func TestParseEnvironmentCompat(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	c, err := Parse([]string{"train.py"}, env(map[string]string{"PYTHON_EXEC": "/opt/venv/bin/python"}), fourCPUs)
+	if err != nil || c.Python != "/opt/venv/bin/python" {
+		t.Errorf("PYTHON_EXEC: got %v, %v; want /opt/venv/bin/python", c, err)
+	}
+	c, err = Parse([]string{"train.py"}, env(map[string]string{"PYTHON_EXEC": "/opt/venv/bin/python", "DDP_AGENT_PYTHON": "/usr/bin/python3"}), fourCPUs)
+	if err != nil || c.Python != "/usr/bin/python3" {
+		t.Errorf("DDP_AGENT_PYTHON over PYTHON_EXEC: got %v, %v", c, err)
+	}
+	c, err = Parse([]string{"train.py"}, env(map[string]string{"PET_STANDALONE": "1"}), fourCPUs)
+	if err != nil || !c.Standalone {
+		t.Errorf("PET_STANDALONE=1: got %v, %v; want standalone", c, err)
+	}
+	if _, err := Parse([]string{"--standalone", "train.py"}, env(map[string]string{"PET_MASTER_PORT": "29500"}), fourCPUs); err == nil {
+		t.Error("--standalone with PET_MASTER_PORT was accepted")
 	}
 }

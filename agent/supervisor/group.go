@@ -126,18 +126,22 @@ type Group struct {
 	signal func(pgid int, sig syscall.Signal) error
 	// reapWait bounds how long Stop waits for a SIGKILLed worker to be reaped.
 	reapWait time.Duration
+	// lingerWarn is how long after a worker's success Wait warns about the
+	// ones still running.
+	lingerWarn time.Duration
 }
 
 // New returns a group for spec without starting it, so its RankOf can be
 // published (to the control socket) before the first worker runs.
 func New(spec *Spec, log *slog.Logger) *Group {
 	return &Group{
-		spec:     spec,
-		log:      log,
-		exits:    make(chan exit, spec.NProc),
-		state:    StateInit,
-		signal:   func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) },
-		reapWait: 3 * time.Second,
+		spec:       spec,
+		log:        log,
+		exits:      make(chan exit, spec.NProc),
+		state:      StateInit,
+		signal:     func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) },
+		reapWait:   3 * time.Second,
+		lingerWarn: 30 * time.Second,
 	}
 }
 
@@ -150,7 +154,7 @@ func (g *Group) Start() error {
 	for lr := 0; lr < g.spec.NProc; lr++ {
 		w, err := g.startWorker(g.spec, Worker{LocalRank: lr, Rank: g.spec.RankOffset + lr})
 		if err != nil {
-			g.Stop(time.Second)
+			g.Stop(syscall.SIGTERM, time.Second)
 			return fmt.Errorf("start worker local rank %d: %w", lr, err)
 		}
 		g.mu.Lock()
@@ -240,6 +244,10 @@ func (g *Group) startWorker(spec *Spec, id Worker) (*worker, error) {
 	go func() {
 		w.waitErr = cmd.Wait()
 		w.state = cmd.ProcessState
+		// Its children (DataLoader workers, shells) must not outlive it.
+		// Right after the reap the group id cannot have been reused yet:
+		// the kernel keeps a pid while any process uses it as a group id.
+		_ = syscall.Kill(-w.pid, syscall.SIGKILL)
 		close(w.done)
 		g.exits <- exit{w}
 	}()
@@ -282,14 +290,27 @@ func (g *Group) setState(s State) {
 // ctx is done (ctx's error). Call Stop after a non-nil result.
 func (g *Group) Wait(ctx context.Context) error {
 	n := len(g.list())
+	// Once a worker has succeeded, the others should follow within moments;
+	// one that does not is usually stuck at exit (a destructor, a thread
+	// join), and nobody else will say so.
+	var linger <-chan time.Time
 	for g.reaped < n {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-linger:
+			for _, w := range g.alive() {
+				g.log.Warn("worker still running after others succeeded; stuck at exit? (py-spy dump --pid PID shows where)",
+					"rank", w.Rank, "pid", w.pid, "state", procState(w.pid), "waited", g.lingerWarn)
+			}
+			linger = time.After(2 * g.lingerWarn)
 		case e := <-g.exits:
 			g.reaped++
 			if e.w.state != nil && e.w.state.Success() {
 				g.log.Debug("worker succeeded", "rank", e.w.Rank, "pid", e.w.pid)
+				if linger == nil {
+					linger = time.After(g.lingerWarn)
+				}
 				continue
 			}
 			g.setState(StateUnhealthy)
@@ -320,12 +341,12 @@ func (g *Group) exitError(w *worker) *WorkerExitError {
 	return e
 }
 
-// Stop stops every worker still running: SIGTERM to its process group,
-// then SIGKILL to the groups still alive after grace. It returns once every
-// worker is reaped, or after a bounded wait past SIGKILL for any that cannot
-// be (uninterruptible sleep); those are logged and abandoned. The pids of
-// abandoned workers are returned.
-func (g *Group) Stop(grace time.Duration) (abandoned []int) {
+// Stop stops every worker still running: sig (SIGTERM, or SIGINT to let
+// Python raise KeyboardInterrupt) to its process group, then SIGKILL to the
+// groups still alive after grace. It returns once every worker is reaped,
+// or after a bounded wait past SIGKILL for any that cannot be
+// (uninterruptible sleep); those are logged, abandoned and returned.
+func (g *Group) Stop(sig syscall.Signal, grace time.Duration) (abandoned []int) {
 	if st := g.State(); st == StateHealthy || st == StateInit {
 		g.setState(StateStopped)
 	} else if st == StateUnhealthy {
@@ -333,8 +354,8 @@ func (g *Group) Stop(grace time.Duration) (abandoned []int) {
 	}
 	alive := g.alive()
 	for _, w := range alive {
-		if err := g.signal(w.pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-			g.log.Warn("SIGTERM worker", "rank", w.Rank, "pid", w.pid, "err", err)
+		if err := g.signal(w.pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			g.log.Warn("signal worker", "signal", sig, "rank", w.Rank, "pid", w.pid, "err", err)
 		}
 	}
 	if !g.waitAll(alive, grace) {
@@ -349,13 +370,6 @@ func (g *Group) Stop(grace time.Duration) (abandoned []int) {
 				g.log.Error("worker survived SIGKILL (uninterruptible sleep?); abandoning it", "rank", w.Rank, "pid", w.pid, "state", procState(w.pid))
 				abandoned = append(abandoned, w.pid)
 			}
-		}
-	}
-	// A worker's own children (DataLoader workers, shells) may outlive it in
-	// its process group; none of them may survive the attempt.
-	for _, w := range g.list() {
-		if !contains(abandoned, w.pid) {
-			_ = g.signal(w.pid, syscall.SIGKILL)
 		}
 	}
 	g.drainStreams(time.Second)
@@ -421,13 +435,4 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
-}
-
-func contains(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }

@@ -76,6 +76,13 @@ func helper(mode string) {
 		}
 		fmt.Printf("child %d\n", c.Process.Pid)
 		time.Sleep(time.Minute)
+	case "childexit": // leaves a child behind in its process group and exits 0
+		c := exec.Command("sleep", "60")
+		if err := c.Start(); err != nil {
+			panic(err)
+		}
+		fmt.Printf("child %d\n", c.Process.Pid)
+		os.Exit(0)
 	case "spam":
 		line := bytes.Repeat([]byte("x"), 1000)
 		line = append(line, '\n')
@@ -141,7 +148,7 @@ func start(t *testing.T, spec *Spec) *Group {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { g.Stop(time.Second) })
+	t.Cleanup(func() { g.Stop(syscall.SIGTERM, time.Second) })
 	return g
 }
 
@@ -205,7 +212,7 @@ func TestGroupFailure(t *testing.T) {
 					t.Errorf("got %+v, want %s", e, want)
 				}
 			}
-			if abandoned := g.Stop(2 * time.Second); len(abandoned) != 0 {
+			if abandoned := g.Stop(syscall.SIGTERM, 2*time.Second); len(abandoned) != 0 {
 				t.Errorf("abandoned %v", abandoned)
 			}
 			for _, pid := range g.PIDs() {
@@ -225,7 +232,7 @@ func TestStopEscalatesToSIGKILL(t *testing.T) {
 	g := start(t, spec)
 	waitFor(t, func() bool { return strings.Count(out.String(), "ready") == 2 })
 	t0 := time.Now()
-	g.Stop(300 * time.Millisecond)
+	g.Stop(syscall.SIGTERM, 300*time.Millisecond)
 	if d := time.Since(t0); d < 300*time.Millisecond || d > 2*time.Second {
 		t.Errorf("Stop took %v, want the 300ms grace plus a little", d)
 	}
@@ -240,7 +247,7 @@ func TestStopPromptWhenWorkersObeySIGTERM(t *testing.T) {
 	spec, _, _ := testSpec(t, "sleep", 2, consoleOnly)
 	g := start(t, spec)
 	t0 := time.Now()
-	g.Stop(10 * time.Second)
+	g.Stop(syscall.SIGTERM, 10*time.Second)
 	if d := time.Since(t0); d > 2*time.Second {
 		t.Errorf("Stop took %v, want well under the 10s grace", d)
 	}
@@ -254,9 +261,10 @@ func TestStopAbandonsUnkillable(t *testing.T) {
 	g.signal = func(int, syscall.Signal) error { return nil }
 	g.reapWait = 200 * time.Millisecond
 	t0 := time.Now()
-	abandoned := g.Stop(100 * time.Millisecond)
-	if d := time.Since(t0); d > 2*time.Second {
-		t.Errorf("Stop took %v with an unkillable worker, want about 300ms", d)
+	abandoned := g.Stop(syscall.SIGTERM, 100*time.Millisecond)
+	// grace 100ms + reapWait 200ms + up to 1s for the live worker's pipes.
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Errorf("Stop took %v with an unkillable worker, want about 1.3s", d)
 	}
 	if pid := g.PIDs()[0]; len(abandoned) != 1 || abandoned[0] != pid {
 		t.Errorf("abandoned: got %v, want [%d]", abandoned, pid)
@@ -272,7 +280,7 @@ func TestStopKillsWorkerChildren(t *testing.T) {
 		_, err := fmt.Sscanf(strings.TrimPrefix(out.String(), "[rank0]:"), "child %d", &child)
 		return err == nil
 	})
-	g.Stop(time.Second)
+	g.Stop(syscall.SIGTERM, time.Second)
 	waitFor(t, func() bool { return !alive(child) })
 }
 
@@ -369,7 +377,7 @@ func TestSpamDoesNotBlock(t *testing.T) {
 		t.Fatalf("Wait: got %v, want rank 1 killed", err)
 	}
 	t0 := time.Now()
-	g.Stop(time.Second)
+	g.Stop(syscall.SIGTERM, time.Second)
 	if d := time.Since(t0); d > 2*time.Second {
 		t.Errorf("Stop took %v while a worker spammed", d)
 	}
@@ -383,7 +391,7 @@ func TestWaitCancelled(t *testing.T) {
 	if err := g.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Wait: got %v, want the context's error", err)
 	}
-	g.Stop(time.Second)
+	g.Stop(syscall.SIGTERM, time.Second)
 	if g.State() != StateStopped {
 		t.Errorf("state: got %v, want stopped", g.State())
 	}
@@ -426,4 +434,40 @@ func TestWaitCountsEarlyExits(t *testing.T) {
 	if err := g2.Wait(context.Background()); !errors.As(err, &e) || e.Rank != 2 {
 		t.Fatalf("Wait: got %v, want rank 2's failure", err)
 	}
+}
+
+func TestWaitWarnsAboutLingeringWorker(t *testing.T) {
+	spec, _, _ := testSpec(t, "sleepif:1", 2, consoleOnly)
+	logs := &buffer{}
+	g := New(spec, slog.New(slog.NewTextHandler(logs, nil)))
+	g.lingerWarn = 100 * time.Millisecond
+	if err := g.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Stop(syscall.SIGTERM, time.Second) })
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error)
+	go func() { waited <- g.Wait(ctx) }()
+	waitFor(t, func() bool {
+		return strings.Contains(logs.String(), "worker still running after others succeeded") && strings.Contains(logs.String(), "rank=1")
+	})
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) {
+		t.Errorf("Wait: got %v, want cancelled while rank 1 runs", err)
+	}
+}
+
+// TestReapKillsWorkerChildren: when a worker exits, children it left in its
+// process group go with it, on success too.
+func TestReapKillsWorkerChildren(t *testing.T) {
+	spec, out, _ := testSpec(t, "childexit", 1, consoleOnly)
+	g := start(t, spec)
+	if err := g.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(out.String(), "[rank0]:"), "child %d", &child); err != nil {
+		t.Fatalf("no child pid in %q", out.String())
+	}
+	waitFor(t, func() bool { return !alive(child) })
 }

@@ -34,11 +34,6 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// signalError is the cause of the agent's context when a signal stopped it.
-type signalError struct{ sig syscall.Signal }
-
-func (e *signalError) Error() string { return "received " + e.sig.String() }
-
 // run executes one command line and returns the process exit code.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
@@ -95,13 +90,18 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
+	// Handled, not ignored, so workers still start with SIGPIPE at its
+	// default; the agent's own writes to a closed stdout (`| head`, a log
+	// shipper gone) then fail with EPIPE instead of killing the agent.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	// SIGQUIT stops gracefully too, as in torchrun.
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
 	go func() {
 		select {
 		case s := <-sigs:
-			cancel(&signalError{sig: s.(syscall.Signal)})
+			cancel(&agent.SignalError{Signal: s.(syscall.Signal)})
 		case <-ctx.Done():
 			return
 		}
@@ -114,14 +114,14 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 
 	a := agent.New(cfg, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), os.Environ())
 	err = a.Run(ctx)
-	var sigErr *signalError
+	var sigErr *agent.SignalError
 	var failed *agent.JobFailedError
 	switch {
 	case err == nil:
 		return 0
 	case errors.As(err, &sigErr):
-		log.Info("agent stopped by signal", "signal", sigErr.sig.String())
-		return 128 + int(sigErr.sig)
+		log.Info("agent stopped by signal", "signal", sigErr.Signal.String())
+		return 128 + int(sigErr.Signal)
 	case errors.As(err, &failed):
 		log.Error("job failed", "err", err)
 		return 1
