@@ -189,6 +189,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
 		abort(fmt.Sprintf("worker rank %d failed", failed.Rank))
 		g.Stop(syscall.SIGTERM, cfg.StopTimeout)
+		if err := srv.DropGeneration(srvCtx, gen); err != nil {
+			a.log.Warn("drop control store keys", "generation", gen, "err", err)
+		}
 		a.report(failed, attempt, time.Since(started), g.PIDs(), mon)
 		if attempt >= cfg.MaxRestarts {
 			return &JobFailedError{Attempts: attempt + 1, Cause: failed}

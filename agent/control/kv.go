@@ -3,7 +3,9 @@ package control
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 )
 
@@ -18,11 +20,20 @@ type KV interface {
 	Get(ctx context.Context, key string) ([]byte, error)
 }
 
+// MemKVLimit bounds the bytes (keys and values) a MemKV holds, so workers
+// that misbehave cannot grow the agent without limit.
+const MemKVLimit = 256 << 20
+
+// ErrKVFull is returned by MemKV.Set when the value would exceed MemKVLimit.
+var ErrKVFull = errors.New("kv store full")
+
 // MemKV is an in-memory KV. Get waits on a per-key channel that Set closes,
 // so there is no polling. It is safe for concurrent use.
 type MemKV struct {
 	mu    sync.Mutex
 	vals  map[string][]byte
+	size  int // bytes of keys and values held
+	limit int // MemKVLimit; smaller in tests
 	waits map[string]*kvWaiters
 }
 
@@ -33,7 +44,7 @@ type kvWaiters struct {
 
 // NewMemKV returns an empty MemKV.
 func NewMemKV() *MemKV {
-	return &MemKV{vals: make(map[string][]byte), waits: make(map[string]*kvWaiters)}
+	return &MemKV{vals: make(map[string][]byte), limit: MemKVLimit, waits: make(map[string]*kvWaiters)}
 }
 
 // Set stores a copy of value under key and wakes the Gets waiting for it. It
@@ -44,6 +55,14 @@ func (kv *MemKV) Set(ctx context.Context, key string, value []byte) error {
 	}
 	kv.mu.Lock()
 	defer kv.mu.Unlock()
+	grow := len(key) + len(value)
+	if old, ok := kv.vals[key]; ok {
+		grow -= len(key) + len(old)
+	}
+	if kv.size+grow > kv.limit {
+		return fmt.Errorf("kv set %q (%d bytes): %w (limit %d bytes)", key, len(value), ErrKVFull, kv.limit)
+	}
+	kv.size += grow
 	kv.vals[key] = bytes.Clone(value)
 	if w := kv.waits[key]; w != nil {
 		close(w.ch)
@@ -81,4 +100,21 @@ func (kv *MemKV) Get(ctx context.Context, key string) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("kv get %q: %w", key, ctx.Err())
 	}
+}
+
+// DeletePrefix removes every key that starts with prefix. Gets waiting for
+// such keys keep waiting.
+func (kv *MemKV) DeletePrefix(ctx context.Context, prefix string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("kv delete prefix %q: %w", prefix, err)
+	}
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	for k, v := range kv.vals {
+		if strings.HasPrefix(k, prefix) {
+			kv.size -= len(k) + len(v)
+			delete(kv.vals, k)
+		}
+	}
+	return nil
 }

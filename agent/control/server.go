@@ -147,6 +147,19 @@ func (s *Server) SetGeneration(gen uint64, worldSize int, config map[string]stri
 	}
 }
 
+// DropGeneration deletes the keys of generation gen from the KV, when the
+// KV can delete by prefix (MemKV can): once an attempt is over, its
+// bootstrap data is garbage.
+func (s *Server) DropGeneration(ctx context.Context, gen uint64) error {
+	d, ok := s.cfg.KV.(interface {
+		DeletePrefix(ctx context.Context, prefix string) error
+	})
+	if !ok {
+		return nil
+	}
+	return d.DeletePrefix(ctx, s.cfg.JobID+"/"+strconv.FormatUint(gen, 10)+"/")
+}
+
 // Abort sends Abort{reason} to every connected worker in parallel and returns
 // how many received it. It blocks at most about twice Config.WriteTimeout
 // (a wedged connection's pending write, then the Abort write).

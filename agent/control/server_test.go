@@ -503,8 +503,55 @@ func TestLongTMPDIR(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("TMPDIR", long)
-	s := startServer(t, Config{})
-	if len(s.Path()) >= 108 {
-		t.Errorf("socket path of %d bytes: %s", len(s.Path()), s.Path())
+	s, err := Listen(Config{JobID: "job", Authorize: authorizeSelf})
+	if err != nil {
+		t.Fatalf("Listen under a %d-byte TMPDIR: %v", len(long), err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	if len(s.Path()) >= 108 || strings.HasPrefix(s.Path(), long) {
+		t.Errorf("socket path %q, want one outside the long TMPDIR", s.Path())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Dir(s.Path())); !os.IsNotExist(err) {
+		t.Errorf("socket dir left behind: %v", err)
+	}
+}
+
+func TestMemKVLimitAndDeletePrefix(t *testing.T) {
+	ctx := context.Background()
+	kv := NewMemKV()
+	kv.limit = 1 << 10
+	big := make([]byte, kv.limit/2) // two such entries, with their keys, exceed the limit
+	if err := kv.Set(ctx, "job/0/a", big); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Set(ctx, "job/0/a", big); err != nil { // replacing does not double count
+		t.Fatalf("replace: %v", err)
+	}
+	if err := kv.Set(ctx, "job/0/b", big); !errors.Is(err, ErrKVFull) {
+		t.Fatalf("second half-limit value: got %v, want ErrKVFull", err)
+	}
+	if err := kv.Set(ctx, "job/1/x", []byte("keep")); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, Config{JobID: "job", KV: kv})
+	if err := s.DropGeneration(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Set(ctx, "job/2/b", big); err != nil {
+		t.Errorf("after dropping generation 0: %v, want room again", err)
+	}
+	if v, err := kv.Get(ctx, "job/1/x"); err != nil || string(v) != "keep" {
+		t.Errorf("generation 1's key: got %q, %v; want it kept", v, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, err := kv.Get(short, "job/0/a"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("dropped key: got %v, want it gone", err)
 	}
 }
