@@ -62,7 +62,6 @@ type Agent struct {
 	stdout  *supervisor.Console
 	stderr  *supervisor.Console
 	baseEnv []string
-	workDir string
 
 	mu    sync.Mutex
 	group *supervisor.Group // the current attempt, for the control socket's admission check
@@ -92,7 +91,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer cancel(nil) // runs first: stop the background parts, then wait for them
@@ -143,7 +141,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		spec := &supervisor.Spec{
 			Argv:          cfg.Command(),
 			BaseEnv:       a.baseEnv,
-			Dir:           a.workDir,
 			NProc:         cfg.NProcPerNode,
 			RankOffset:    cfg.NodeRank * cfg.NProcPerNode,
 			WorldSize:     worldSize,

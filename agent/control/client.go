@@ -244,9 +244,7 @@ func (c *Client) KVGet(ctx context.Context, key string, timeout time.Duration) (
 // SendEvents sends ev without waiting for a reply. It never blocks longer
 // than EventsWriteTimeout and returns an error instead.
 func (c *Client) SendEvents(ev Events) error {
-	ctx, cancel := context.WithTimeout(context.Background(), EventsWriteTimeout)
-	defer cancel()
-	if err := c.write(ctx, 0, ev); err != nil {
+	if err := c.write(nil, time.Now().Add(EventsWriteTimeout), 0, ev); err != nil {
 		return fmt.Errorf("send events: %w", err)
 	}
 	return nil
@@ -284,7 +282,14 @@ func (c *Client) call(ctx context.Context, m Message) (Message, error) {
 	c.pending[id] = ch
 	c.mu.Unlock()
 
-	if err := c.write(ctx, id, m); err != nil {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(DefaultWriteTimeout)
+	}
+	if err := c.write(ctx.Done(), deadline, id, m); err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
 		c.forget(id)
 		return nil, err
 	}
@@ -307,9 +312,9 @@ func (c *Client) forget(id uint32) {
 }
 
 // write sends one frame, waiting for the write lock and the socket at most
-// until ctx's deadline (DefaultWriteTimeout without one). A frame that was
+// until deadline, or until done is closed (nil: never). A frame that was
 // only partly written corrupts the stream, so the connection is closed then.
-func (c *Client) write(ctx context.Context, id uint32, m Message) error {
+func (c *Client) write(done <-chan struct{}, deadline time.Time, id uint32, m Message) error {
 	buf, err := appendFrame(nil, id, m)
 	if err != nil {
 		return err
@@ -320,16 +325,12 @@ func (c *Client) write(ctx context.Context, id uint32, m Message) error {
 	if err != nil {
 		return err
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(DefaultWriteTimeout)
-	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
 	case c.wsem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	case <-done:
+		return errors.New("write " + m.Type().String() + ": cancelled")
 	case <-t.C:
 		return fmt.Errorf("write %v: wait for connection: %w", m.Type(), os.ErrDeadlineExceeded)
 	}

@@ -157,7 +157,7 @@ func (s *Server) DropGeneration(ctx context.Context, gen uint64) error {
 	if !ok {
 		return nil
 	}
-	return d.DeletePrefix(ctx, s.cfg.JobID+"/"+strconv.FormatUint(gen, 10)+"/")
+	return d.DeletePrefix(ctx, scope(s.cfg.JobID, gen, ""))
 }
 
 // Abort sends Abort{reason} to every connected worker in parallel and returns
@@ -430,8 +430,12 @@ func (c *serverConn) request(ctx context.Context, id uint32, m Message) {
 	c.send(id, reply)
 }
 
-func (c *serverConn) scope(key string) string {
-	return c.s.cfg.JobID + "/" + strconv.FormatUint(c.gen, 10) + "/" + key
+func (c *serverConn) scope(key string) string { return scope(c.s.cfg.JobID, c.gen, key) }
+
+// scope is where key of a job's generation lives in the KV; with an empty
+// key, the prefix of all of that generation's keys.
+func scope(job string, gen uint64, key string) string {
+	return job + "/" + strconv.FormatUint(gen, 10) + "/" + key
 }
 
 // send writes one frame under the write lock; on error the connection is
@@ -445,11 +449,11 @@ func (c *serverConn) send(id uint32, m Message) error {
 func (c *serverConn) writeLocked(id uint32, m Message) error {
 	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 	if err := WriteFrame(c.nc, id, m); err != nil {
-		lvl := slog.LevelWarn
 		if errors.Is(err, net.ErrClosed) {
-			lvl = slog.LevelDebug // already closing
+			c.log.Debug("write to closing connection", "type", m.Type(), "err", err)
+		} else {
+			c.log.Warn("write to worker, closing connection", "type", m.Type(), "err", err)
 		}
-		c.log.Log(context.Background(), lvl, "write to worker, closing connection", "type", m.Type(), "err", err)
 		c.cancel()
 		c.nc.Close() // now, so that queued writers fail fast
 		return err

@@ -49,7 +49,6 @@ type Streams struct {
 type Spec struct {
 	Argv    []string
 	BaseEnv []string // usually os.Environ()
-	Dir     string   // working directory; "" for the agent's
 
 	NProc      int // workers on this node
 	RankOffset int // global rank of local rank 0
@@ -94,7 +93,6 @@ func (e *WorkerExitError) Error() string {
 type worker struct {
 	Worker
 	pid         int
-	cmd         *exec.Cmd
 	errorFile   string
 	stdout      *stream
 	stderr      *stream
@@ -102,7 +100,6 @@ type worker struct {
 	readers     []*os.File
 	done        chan struct{} // closed when the process has been reaped
 	state       *os.ProcessState
-	waitErr     error
 }
 
 // exit is sent by a worker's wait goroutine.
@@ -111,11 +108,10 @@ type exit struct{ w *worker }
 // Group is one attempt of the local workers. Start, Wait and Stop must be
 // called from one goroutine; State, PIDs and RankOf are safe concurrently.
 type Group struct {
-	spec    *Spec
-	log     *slog.Logger
-	exits   chan exit // one value per worker, sent when it is reaped
-	reaped  int       // values received from exits, by Wait
-	started time.Time
+	spec   *Spec
+	log    *slog.Logger
+	exits  chan exit // one value per worker, sent when it is reaped
+	reaped int       // values received from exits, by Wait
 
 	mu      sync.Mutex
 	state   State
@@ -150,9 +146,8 @@ func New(spec *Spec, log *slog.Logger) *Group {
 // agent dies (Pdeathsig). If any worker cannot be started, the ones already
 // started are stopped and the error returned.
 func (g *Group) Start() error {
-	g.started = time.Now()
 	for lr := 0; lr < g.spec.NProc; lr++ {
-		w, err := g.startWorker(g.spec, Worker{LocalRank: lr, Rank: g.spec.RankOffset + lr})
+		w, err := g.startWorker(Worker{LocalRank: lr, Rank: g.spec.RankOffset + lr})
 		if err != nil {
 			g.Stop(syscall.SIGTERM, time.Second)
 			return fmt.Errorf("start worker local rank %d: %w", lr, err)
@@ -165,16 +160,8 @@ func (g *Group) Start() error {
 	return nil
 }
 
-// Start is New followed by Group.Start.
-func Start(spec *Spec, log *slog.Logger) (*Group, error) {
-	g := New(spec, log)
-	if err := g.Start(); err != nil {
-		return nil, err
-	}
-	return g, nil
-}
-
-func (g *Group) startWorker(spec *Spec, id Worker) (*worker, error) {
+func (g *Group) startWorker(id Worker) (*worker, error) {
+	spec := g.spec
 	dir := filepath.Join(spec.AttemptDir, strconv.Itoa(id.LocalRank))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create worker dir: %w", err)
@@ -186,7 +173,7 @@ func (g *Group) startWorker(spec *Spec, id Worker) (*worker, error) {
 	}
 	prefix := []byte(fmt.Sprintf("[rank%d]:", id.Rank))
 	w.stdout = &stream{prefix: prefix}
-	w.stderr = &stream{prefix: prefix}
+	w.stderr = &stream{prefix: prefix, keepTail: true} // its last lines go into the failure report
 	if streams.ConsoleOut {
 		w.stdout.console = spec.Stdout
 	}
@@ -221,7 +208,6 @@ func (g *Group) startWorker(spec *Spec, id Worker) (*worker, error) {
 	}
 	cmd := exec.Command(spec.Argv[0], spec.Argv[1:]...)
 	cmd.Env = workerEnv(spec.BaseEnv, spec, id, w.errorFile)
-	cmd.Dir = spec.Dir
 	cmd.Stdout, cmd.Stderr = outW, errW
 	// Pdeathsig fires when the thread that forked the child exits; the Go
 	// runtime only ends threads whose goroutine locked them and exited, and
@@ -236,13 +222,13 @@ func (g *Group) startWorker(spec *Spec, id Worker) (*worker, error) {
 		errR.Close()
 		return nil, err
 	}
-	w.cmd, w.pid = cmd, cmd.Process.Pid
+	w.pid = cmd.Process.Pid
 	w.readers = []*os.File{outR, errR}
 	w.streamsDone.Add(2)
 	go func() { defer w.streamsDone.Done(); w.stdout.copy(outR) }()
 	go func() { defer w.streamsDone.Done(); w.stderr.copy(errR) }()
 	go func() {
-		w.waitErr = cmd.Wait()
+		_ = cmd.Wait() // the exit status is in ProcessState
 		w.state = cmd.ProcessState
 		// Its children (DataLoader workers, shells) must not outlive it.
 		// Right after the reap the group id cannot have been reused yet:

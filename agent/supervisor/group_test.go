@@ -144,8 +144,8 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func start(t *testing.T, spec *Spec) *Group {
 	t.Helper()
-	g, err := Start(spec, quiet())
-	if err != nil {
+	g := New(spec, quiet())
+	if err := g.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.Stop(syscall.SIGTERM, time.Second) })
@@ -340,7 +340,7 @@ func TestLogFilesAndRedirects(t *testing.T) {
 		}
 	}
 	// A second attempt in the same directory must not overwrite the first.
-	if _, err := Start(spec, quiet()); err == nil {
+	if err := New(spec, quiet()).Start(); err == nil {
 		t.Error("Start reused an attempt directory that already holds logs")
 	}
 }
@@ -400,7 +400,7 @@ func TestWaitCancelled(t *testing.T) {
 func TestStartFailure(t *testing.T) {
 	spec, _, _ := testSpec(t, "sleep", 2, consoleOnly)
 	spec.Argv = []string{filepath.Join(t.TempDir(), "no-such-program")}
-	if _, err := Start(spec, quiet()); err == nil || !strings.Contains(err.Error(), "local rank 0") {
+	if err := New(spec, quiet()).Start(); err == nil || !strings.Contains(err.Error(), "local rank 0") {
 		t.Errorf("Start: got %v, want an error naming local rank 0", err)
 	}
 }

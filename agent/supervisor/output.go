@@ -39,9 +39,10 @@ const (
 // last lines (for the failure report). It never blocks the agent's own
 // goroutines: only the goroutine running copy waits on a slow console.
 type stream struct {
-	prefix  []byte
-	console *Console // nil: not shown
-	file    *os.File // nil: not logged
+	prefix   []byte
+	console  *Console // nil: not shown
+	file     *os.File // nil: not logged
+	keepTail bool     // remember the last lines (stderr only: nothing reads stdout's)
 
 	mu   sync.Mutex
 	tail [][]byte
@@ -102,7 +103,9 @@ func (s *stream) copy(r io.Reader) {
 }
 
 func (s *stream) line(out *bytes.Buffer, line []byte) {
-	s.remember(line)
+	if s.keepTail {
+		s.remember(line)
+	}
 	if s.console != nil {
 		out.Write(s.prefix)
 		out.Write(line)

@@ -75,14 +75,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, launch.Usage())
 		return 0
 	}
-	var uerr *launch.UsageError
-	if errors.As(err, &uerr) {
+	if err != nil { // a *launch.UsageError: Parse returns nothing else
 		fmt.Fprintf(stderr, "ddp-agent run: %v\n", err)
 		return 2
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "ddp-agent run: %v\n", err)
-		return 1
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by Parse
