@@ -1,0 +1,150 @@
+/*
+ * ddpshim.h: the C ABI of libddpshim.so, the data plane of ddp-agent.
+ *
+ * The library all-reduces DDP gradient buckets. Every function returns
+ * DDPSHIM_OK (0) or one of the DDPSHIM_ERR_* codes; after a failure,
+ * ddpshim_last_error() on the same thread describes it. Handles are
+ * positive integers from a locked table: a stale, closed or made-up handle
+ * gives DDPSHIM_ERR_INVALID or DDPSHIM_ERR_CLOSED, never a crash.
+ *
+ * Threads: every function may be called from any thread. The library
+ * embeds a Go runtime: a process must load no other Go shared library, and
+ * a child forked after loading must not call into it (the Python package
+ * enforces this with os.register_at_fork).
+ *
+ * dtype and op values are those of ncclDataType_t and ncclRedOp_t, so the
+ * NCCL transport passes them through unchanged.
+ */
+#ifndef DDPSHIM_H
+#define DDPSHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDPSHIM_ABI_VERSION 1
+
+/* Status codes. */
+#define DDPSHIM_OK 0
+#define DDPSHIM_ERR_INVALID 1     /* bad argument: null pointer, unknown dtype or op, bad config, unknown handle */
+#define DDPSHIM_ERR_CLOSED 2      /* the handle was closed (or freed) */
+#define DDPSHIM_ERR_ABORTED 3     /* the communicator was aborted (ddpshim_abort, the agent, or an earlier failure) */
+#define DDPSHIM_ERR_TIMEOUT 4     /* a collective or the bootstrap did not finish within timeout_ms */
+#define DDPSHIM_ERR_PEER 5        /* a peer went away or broke the protocol */
+#define DDPSHIM_ERR_MISMATCH 6    /* ranks disagree on count, dtype or op */
+#define DDPSHIM_ERR_UNAVAILABLE 7 /* the transport or the agent cannot be reached here */
+#define DDPSHIM_ERR_INTERNAL 8    /* a bug: the message says where */
+
+/* Data types (ncclDataType_t values). */
+#define DDPSHIM_INT32 2
+#define DDPSHIM_INT64 4
+#define DDPSHIM_FLOAT16 6
+#define DDPSHIM_FLOAT32 7
+#define DDPSHIM_FLOAT64 8
+#define DDPSHIM_BFLOAT16 9
+
+/* Reduction ops (ncclRedOp_t values). AVG divides the sum by the world
+ * size once, on the rank that owns each chunk; integers truncate. */
+#define DDPSHIM_SUM 0
+#define DDPSHIM_AVG 4
+
+/* ddpshim_version returns a static string such as "ddpshim 0.3.0 (abi 1)".
+ * It never fails. */
+const char *ddpshim_version(void);
+
+/* ddpshim_last_error returns the message of the last failed call on the
+ * calling thread, or "" when there was none. The string stays valid until
+ * the next ddpshim call on that thread. */
+const char *ddpshim_last_error(void);
+
+/* ddpshim_open creates a communicator and stores its handle in *comm.
+ * config is a JSON object:
+ *   rank, world_size       (required) this rank and the number of ranks
+ *   transport              "host" (default; CPU memory)
+ *   bootstrap              "agent": exchange addresses through the ddp-agent
+ *                          control socket at "socket" (blocks until every
+ *                          rank has opened, or timeout_ms); "external": the
+ *                          caller exchanges ddpshim_bootstrap_info blobs and
+ *                          calls ddpshim_connect (default: "agent" when
+ *                          "socket" is set, else "external")
+ *   socket, generation, local_rank   the agent's control socket (DDP_AGENT_SOCKET ...)
+ *   timeout_ms             bound on the bootstrap and on each collective (default 600000)
+ *   host                   address peers use to reach this rank (default: the
+ *                          address that routes to "master_addr", else 127.0.0.1)
+ *   master_addr            see host
+ *   shm                    false disables shared memory between ranks on one host
+ *   name                   distinguishes communicators opened in the same job
+ * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null pointer, bad JSON, bad
+ * rank/world_size), DDPSHIM_ERR_UNAVAILABLE (no agent, no port),
+ * DDPSHIM_ERR_TIMEOUT, DDPSHIM_ERR_PEER. */
+int ddpshim_open(const char *config, int64_t *comm);
+
+/* ddpshim_bootstrap_info writes this rank's NUL-terminated bootstrap blob
+ * (one line of printable text) into buf. Only for bootstrap "external".
+ * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf, buf too small: the
+ * message gives the size needed, unknown handle), DDPSHIM_ERR_CLOSED. */
+int ddpshim_bootstrap_info(int64_t comm, char *buf, size_t len);
+
+/* ddpshim_connect finishes an "external" bootstrap: peers holds the blobs of
+ * all ranks, in rank order, separated by '\n'. It blocks until connected to
+ * every peer or timeout_ms. Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null
+ * peers, wrong number of blobs, malformed blob, already connected),
+ * DDPSHIM_ERR_CLOSED, DDPSHIM_ERR_TIMEOUT, DDPSHIM_ERR_PEER. */
+int ddpshim_connect(int64_t comm, const char *peers);
+
+/* ddpshim_allreduce starts an in-place all-reduce of count elements at buf
+ * and stores a work handle in *work; it does not wait for the data. buf
+ * must stay valid and untouched until the work completes. Every rank must
+ * issue the same collectives in the same order with the same count, dtype
+ * and op. stream is the CUDA stream for the nccl transport (NULL for host).
+ * step and bucket label the timing event sent to the agent. count may be 0.
+ * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf with count > 0, null
+ * work, negative count, unknown dtype or op, unknown handle, not
+ * connected), DDPSHIM_ERR_CLOSED, DDPSHIM_ERR_ABORTED. */
+int ddpshim_allreduce(int64_t comm, void *buf, int64_t count, int dtype, int op,
+                      void *stream, uint64_t step, int32_t bucket, int64_t *work);
+
+/* ddpshim_work_wait blocks until the work completes and returns its status:
+ * DDPSHIM_OK, DDPSHIM_ERR_TIMEOUT, DDPSHIM_ERR_PEER, DDPSHIM_ERR_MISMATCH,
+ * DDPSHIM_ERR_ABORTED, or DDPSHIM_ERR_INVALID (unknown handle). It returns
+ * within the communicator's timeout_ms even when a peer dies or hangs. The
+ * handle stays valid until ddpshim_work_free. */
+int ddpshim_work_wait(int64_t work);
+
+/* ddpshim_work_test stores 1 in *done when the work has completed, else 0,
+ * without blocking. Returns DDPSHIM_OK (the work's own status comes from
+ * ddpshim_work_wait) or DDPSHIM_ERR_INVALID (null done, unknown handle). */
+int ddpshim_work_test(int64_t work, int *done);
+
+/* ddpshim_work_free releases a work handle; a work still running keeps
+ * running. Returns DDPSHIM_OK or DDPSHIM_ERR_INVALID (unknown handle). */
+int ddpshim_work_free(int64_t work);
+
+/* ddpshim_abort fails every pending and future collective of comm with
+ * DDPSHIM_ERR_ABORTED and unblocks their waiters; reason (may be NULL) goes
+ * into their messages. Idempotent. Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID
+ * (unknown handle), DDPSHIM_ERR_CLOSED. */
+int ddpshim_abort(int64_t comm, const char *reason);
+
+/* ddpshim_close aborts comm if work is pending, releases its sockets,
+ * shared memory and agent connection, and invalidates the handle. Work
+ * handles of comm stay valid (their waits return DDPSHIM_ERR_CLOSED or their
+ * final status) until freed. Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID
+ * (unknown handle), DDPSHIM_ERR_CLOSED (closed twice). */
+int ddpshim_close(int64_t comm);
+
+/* ddpshim_comm_info writes a NUL-terminated JSON object describing comm
+ * into buf: rank, world_size, transport ("tcp" or "shm"), collectives,
+ * events_sent, events_dropped, agent (whether connected). Returns
+ * DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf, too small, unknown handle),
+ * DDPSHIM_ERR_CLOSED. */
+int ddpshim_comm_info(int64_t comm, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DDPSHIM_H */
