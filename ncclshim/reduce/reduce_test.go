@@ -15,8 +15,8 @@ func TestHalfRoundTrip(t *testing.T) {
 		back := Encode(dt, Decode(dt, buf))
 		for i := 0; i < 65536; i++ {
 			got := binary.LittleEndian.Uint16(back[2*i:])
-			if math.IsNaN(Decode(dt, buf[2*i : 2*i+2])[0]) {
-				if !math.IsNaN(Decode(dt, back[2*i : 2*i+2])[0]) {
+			if math.IsNaN(Decode(dt, buf[2*i:2*i+2])[0]) {
+				if !math.IsNaN(Decode(dt, back[2*i:2*i+2])[0]) {
 					t.Errorf("%v %#04x: NaN became %#04x", dt, i, got)
 				}
 				continue
