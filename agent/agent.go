@@ -95,7 +95,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer bg.Wait()
 	defer cancel(nil) // runs first: stop the background parts, then wait for them
 
-	srv, err := control.Listen(control.Config{JobID: runID, Authorize: a.authorize, Logger: a.log})
+	events := newEventTally()
+	srv, err := control.Listen(control.Config{JobID: runID, Authorize: a.authorize, OnEvents: events.add, Logger: a.log})
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
@@ -171,6 +172,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 		err = g.Wait(ctx)
 		if err == nil {
+			events.report(a.log, gen, srv.Conns)
 			a.log.Info("all workers succeeded", "attempt", attempt, "elapsed", time.Since(started).Round(time.Millisecond))
 			return nil
 		}
@@ -181,11 +183,13 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Info("stopping workers", "reason", cause, "signal", sig, "grace", cfg.StopTimeout)
 			abort("agent stopping: " + cause.Error())
 			g.Stop(sig, cfg.StopTimeout)
+			events.report(a.log, gen, srv.Conns)
 			return cause
 		}
 		mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
 		abort(fmt.Sprintf("worker rank %d failed", failed.Rank))
 		g.Stop(syscall.SIGTERM, cfg.StopTimeout)
+		events.report(a.log, gen, srv.Conns)
 		if err := srv.DropGeneration(srvCtx, gen); err != nil {
 			a.log.Warn("drop control store keys", "generation", gen, "err", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -107,7 +108,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		os.Exit(128 + int(s.(syscall.Signal)))
 	}()
 
-	a := agent.New(cfg, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), os.Environ())
+	a := agent.New(cfg, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError
 	var failed *agent.JobFailedError
@@ -145,4 +146,28 @@ func visibleGPUs() (int, error) {
 		n = min(n, visible)
 	}
 	return n, nil
+}
+
+// workerBaseEnv is the agent's environment plus DDP_AGENT_SHIM, the
+// libddpshim.so next to the ddp-agent executable (as make build lays them
+// out), so the workers' ddp_agent package finds the shim that matches this
+// agent. A DDP_AGENT_SHIM the user set wins.
+func workerBaseEnv(env []string) []string {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "DDP_AGENT_SHIM=") {
+			return env
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return env
+	}
+	if real, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = real
+	}
+	so := filepath.Join(filepath.Dir(exe), "libddpshim.so")
+	if _, err := os.Stat(so); err != nil {
+		return env
+	}
+	return append(env, "DDP_AGENT_SHIM="+so)
 }
