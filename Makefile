@@ -8,24 +8,32 @@ TORCHRUN_COMPAT ?= $(abspath ../shared/tools/torchrun_compat.py)
 
 .PHONY: build test demo demo-fault bench lint fuzz clean
 
+# bin/ddp-agent, and bin/libddpshim.so with its header; the .so is also
+# copied into python/ddp_agent/ so `pip install ./python` ships it.
 build:
-	@go=$$(scripts/deps.sh go) && $$go build -ldflags "$(LDFLAGS)" -o bin/ddp-agent ./agent/cmd/ddp-agent
-	@echo "built bin/ddp-agent"
+	@go=$$(scripts/deps.sh go) && \
+	  $$go build -ldflags "$(LDFLAGS)" -o bin/ddp-agent ./agent/cmd/ddp-agent && \
+	  CGO_ENABLED=1 $$go build -buildmode=c-shared -o bin/libddpshim.so ./ncclshim && \
+	  rm -f bin/libddpshim.h && cp ncclshim/ddpshim.h bin/ && cp bin/libddpshim.so python/ddp_agent/
+	@echo "built bin/ddp-agent bin/libddpshim.so"
 
 # The README's test command: vet, then every Go test (unit and end-to-end,
-# with real Python workers) under the race detector.
-test:
+# with real Python workers) under the race detector, then the Python suite
+# (real DDP with gloo against the shim; under ddp-agent and torchrun).
+test: build
 	@go=$$(scripts/deps.sh) && \
 	  test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; $$(dirname $$go)/gofmt -l $$(git ls-files '*.go'); exit 1; } && \
 	  $$go vet ./... && \
-	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) $$go test -race -count=1 -timeout 30m ./...
+	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) $$go test -race -count=1 -timeout 30m ./... && \
+	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_BIN=$(CURDIR)/bin/ddp-agent \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 # A real 2-worker DDP job (gloo on CPU) under ddp-agent.
 demo: build
 	@scripts/deps.sh >/dev/null
 	@rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
 	bin/ddp-agent run --standalone --nproc-per-node 2 --python $(PYTHON) --log-dir $(DEMO_DIR)/logs \
-	  examples/train.py --steps 60 --ckpt-dir $(DEMO_DIR)/ckpt
+	  examples/train.py --steps 60 --ckpt-dir $(DEMO_DIR)/ckpt --comm-hook ddp-agent
 
 # The same job with rank 1 crashing at step 30 on the first attempt: the
 # root-cause report, the group restart, and the resume from the checkpoint.

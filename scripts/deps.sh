@@ -3,7 +3,7 @@
 # a Go toolchain (>= 1.24), the Go modules, and Debian's PyTorch (python3-torch,
 # CPU, gloo) and pytest for /usr/bin/python3. Prints the Go binary to use.
 # Safe to run again: it installs only what is missing.
-#   scripts/deps.sh go    only the Go toolchain and modules (for make build)
+#   scripts/deps.sh go    only the Go toolchain, modules and gcc (for make build)
 #   scripts/deps.sh       everything (for make test, demo, bench)
 set -euo pipefail
 what=${1:-all}
@@ -59,9 +59,10 @@ if ! GO_BIN=$(find_go); then
 	GO_BIN=$PWD/.cache/go/bin/go
 fi
 "$GO_BIN" mod download >&2
+# cgo: libddpshim.so, its reduction kernels, the race detector.
+command -v gcc >/dev/null || apt_install "a C compiler (cgo: libddpshim.so, race detector)" "gcc libc6-dev"
 if [ "$what" = go ]; then echo "$GO_BIN"; exit 0; fi
 
-command -v gcc >/dev/null || apt_install "a C compiler (cgo, race detector)" "gcc libc6-dev"
 if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
 	apt_install "PyTorch for $PYTHON" "python3-torch python3-pytest"
 fi

@@ -1,0 +1,401 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/host"
+	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+)
+
+// allReducer is a connected transport, as the executor uses it.
+type allReducer interface {
+	AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error
+	Abort(err error)
+	Done() <-chan struct{}
+	Transport() string
+	Close() error
+}
+
+// comm is one communicator: a transport, a FIFO of collectives run by one
+// executor goroutine (every rank runs them in the same order), and, under
+// ddp-agent, the control connection that carries bootstrap, events and
+// Abort.
+type comm struct {
+	cfg  *config
+	rank int
+	size int
+	log  *slog.Logger
+
+	ctx    context.Context // cancelled by abort and close
+	cancel context.CancelCauseFunc
+	bg     sync.WaitGroup
+
+	mu        sync.Mutex
+	ep        *host.Endpoint // until connected
+	tr        allReducer     // nil until connected
+	queue     []*work
+	wake      chan struct{}
+	closed    bool
+	busy      bool   // the executor is running a collective
+	collected uint64 // collectives completed
+
+	agent  *control.Client // nil without ddp-agent
+	events *eventRing      // nil without ddp-agent
+}
+
+// work is one all-reduce in flight.
+type work struct {
+	c      *comm
+	buf    []byte
+	dt     reduce.DType
+	op     reduce.Op
+	step   uint64
+	bucket int32
+	arrive time.Time
+
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// openComm validates cfg, listens, and under bootstrap "agent" also
+// connects to every peer (blocking up to the timeout).
+func openComm(cfg *config) (*comm, error) {
+	lvl, _ := cfg.level()
+	c := &comm{
+		cfg:  cfg,
+		rank: *cfg.Rank,
+		size: *cfg.WorldSize,
+		wake: make(chan struct{}, 1),
+	}
+	c.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With(
+		"component", "ddpshim", "name", cfg.Name)
+	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+
+	ep, err := host.Listen(host.Options{Host: cfg.Host, MasterAddr: cfg.MasterAddr})
+	if err != nil {
+		c.cancel(err)
+		return nil, errorf(rcUnavailable, "listen for peers: %w", err)
+	}
+	c.ep = ep
+	if cfg.Bootstrap == "agent" {
+		if err := c.bootstrapAgent(); err != nil {
+			c.close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// info is this rank's bootstrap blob.
+func (c *comm) info() (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tr != nil || c.ep == nil {
+		return "", errorf(rcInvalid, "communicator is already connected")
+	}
+	pi := c.ep.Info()
+	return blob{V: blobVersion, Rank: c.rank, Addr: pi.Addr, HostID: pi.HostID, Nonce: pi.Nonce}.encode(), nil
+}
+
+// bootstrapAgent exchanges blobs through the agent's store and connects.
+func (c *comm) bootstrapAgent() error {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
+	defer cancel()
+	hello := control.Hello{Rank: int32(c.rank), LocalRank: int32(c.cfg.LocalRank), PID: int32(os.Getpid()),
+		Generation: c.cfg.Generation, Transports: []string{c.cfg.Transport}}
+	cl, w, err := control.Dial(ctx, c.cfg.Socket, hello)
+	if err != nil {
+		return errorf(rcUnavailable, "agent at %s: %w", c.cfg.Socket, err)
+	}
+	c.agent = cl
+	if int(w.WorldSize) != c.size {
+		return errorf(rcInvalid, "agent says world size %d, config says %d", w.WorldSize, c.size)
+	}
+	c.events = newEventRing()
+	c.bg.Add(2)
+	go func() {
+		defer c.bg.Done()
+		c.events.ship(c.ctx, cl)
+	}()
+	go func() {
+		defer c.bg.Done()
+		select {
+		case <-cl.Aborted():
+			c.abort(fmt.Errorf("%w by ddp-agent: %s", errAborted, cl.AbortReason()))
+		case <-c.ctx.Done():
+		}
+	}()
+
+	mine, err := c.info()
+	if err != nil {
+		return err
+	}
+	prefix := "ddpshim/" + c.cfg.Name + "/"
+	if err := cl.KVSet(ctx, prefix+strconv.Itoa(c.rank), []byte(mine)); err != nil {
+		return fmt.Errorf("publish address through the agent: %w", err)
+	}
+	lines := make([]string, c.size)
+	for r := range c.size {
+		v, err := cl.KVGet(ctx, prefix+strconv.Itoa(r), time.Until(deadline(ctx)))
+		if err != nil {
+			if errors.Is(err, control.ErrTimeout) || ctx.Err() != nil {
+				return errorf(rcTimeout, "rank %d did not publish its address within %v: %w", r, c.cfg.timeout(), err)
+			}
+			return fmt.Errorf("address of rank %d from the agent: %w", r, err)
+		}
+		lines[r] = string(v)
+	}
+	return c.connect(lines)
+}
+
+func deadline(ctx context.Context) time.Time {
+	dl, _ := ctx.Deadline()
+	return dl
+}
+
+// connect builds the transport from every rank's blob, in rank order.
+func (c *comm) connect(lines []string) error {
+	if len(lines) != c.size {
+		return errorf(rcInvalid, "got %d bootstrap blobs for world size %d", len(lines), c.size)
+	}
+	peers := make([]host.PeerInfo, c.size)
+	for i, l := range lines {
+		b, err := decodeBlob(l)
+		if err != nil {
+			return errorf(rcInvalid, "rank %d: %w", i, err)
+		}
+		if b.Rank != i {
+			return errorf(rcInvalid, "blob %d is rank %d's: blobs must be in rank order", i, b.Rank)
+		}
+		peers[i] = host.PeerInfo{Addr: b.Addr, HostID: b.HostID, Nonce: b.Nonce}
+	}
+	c.mu.Lock()
+	ep := c.ep
+	switch {
+	case c.closed:
+		c.mu.Unlock()
+		return errClosed
+	case c.tr != nil || ep == nil:
+		c.mu.Unlock()
+		return errorf(rcInvalid, "communicator is already connected")
+	}
+	if peers[c.rank].Nonce != ep.Info().Nonce {
+		c.mu.Unlock()
+		return errorf(rcInvalid, "blob %d is not this communicator's (nonce differs)", c.rank)
+	}
+	c.ep = nil // Connect consumes it
+	c.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
+	defer cancel()
+	tr, err := host.Connect(ctx, ep, c.rank, peers, host.Config{
+		Timeout: c.cfg.timeout(), Logger: c.log, SHM: c.cfg.SHM == nil || *c.cfg.SHM,
+	})
+	if err != nil {
+		if ctx.Err() != nil && c.ctx.Err() == nil {
+			return errorf(rcTimeout, "connect to peers within %v: %w", c.cfg.timeout(), err)
+		}
+		return fmt.Errorf("connect to peers: %w", err)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		tr.Close()
+		return errClosed
+	}
+	c.tr = tr
+	c.mu.Unlock()
+	c.log.Info("connected", "world_size", c.size, "transport", tr.Transport())
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		c.execute(tr)
+	}()
+	return nil
+}
+
+// enqueue starts an all-reduce; it never waits for data.
+func (c *comm) enqueue(w *work) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closed:
+		return errClosed
+	case c.tr == nil:
+		return errorf(rcInvalid, "communicator is not connected (call ddpshim_connect first)")
+	}
+	if err := context.Cause(c.ctx); err != nil {
+		return err
+	}
+	c.queue = append(c.queue, w)
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// execute runs queued collectives one at a time until the comm is closed.
+// After the first failure the transport is desynchronized, so the comm
+// aborts and every later collective fails with that cause.
+func (c *comm) execute(tr allReducer) {
+	for {
+		c.mu.Lock()
+		var w *work
+		if len(c.queue) > 0 {
+			w = c.queue[0]
+			c.queue[0] = nil
+			c.queue = c.queue[1:]
+		}
+		c.busy = w != nil
+		closed := c.closed
+		c.mu.Unlock()
+		if w == nil {
+			if closed {
+				return
+			}
+			select {
+			case <-c.wake:
+			case <-c.ctx.Done():
+			}
+			continue
+		}
+		c.run(tr, w)
+	}
+}
+
+func (c *comm) run(tr allReducer, w *work) {
+	start := time.Now()
+	err := context.Cause(c.ctx)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
+		err = tr.AllReduce(ctx, w.buf, w.dt, w.op)
+		cancel()
+		if err != nil {
+			if cause := context.Cause(c.ctx); cause != nil {
+				err = fmt.Errorf("%w (%v)", cause, err)
+			}
+			c.abort(fmt.Errorf("all-reduce of step %d bucket %d (%d bytes): %w", w.step, w.bucket, len(w.buf), err))
+			err = fmt.Errorf("all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
+		}
+	}
+	end := time.Now()
+	if c.events != nil {
+		c.events.push(control.CollectiveEvent{
+			Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)), DType: uint8(w.dt),
+			Status: uint8(statusOf(err)), TArrive: w.arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
+		})
+	}
+	c.mu.Lock()
+	c.collected++
+	c.busy = false
+	c.mu.Unlock()
+	w.err = err
+	close(w.done)
+}
+
+// abort fails pending and later collectives with cause; the first cause
+// wins. It returns at once.
+func (c *comm) abort(cause error) {
+	if !errors.Is(cause, errAborted) {
+		cause = fmt.Errorf("%w: %w", errAborted, cause)
+	}
+	c.cancel(cause)
+	c.mu.Lock()
+	tr := c.tr
+	c.mu.Unlock()
+	if tr != nil {
+		tr.Abort(cause)
+	}
+}
+
+// close aborts pending work, stops the goroutines and releases the
+// transport and the agent connection. Works still queued fail with
+// errClosed.
+func (c *comm) close() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	// Abort only with work outstanding: the shared-memory transport tells
+	// the peers about an abort, and they may still be finishing the last
+	// collective that this rank has completed.
+	pending := len(c.queue) > 0 || c.busy
+	ep, tr := c.ep, c.tr
+	c.mu.Unlock()
+	if pending {
+		c.abort(errClosed)
+	}
+	c.cancel(errClosed)
+	if ep != nil {
+		ep.Close()
+	}
+	c.bg.Wait() // the executor finishes the collective in flight (aborted) and drains
+	c.mu.Lock()
+	queue := c.queue
+	c.queue = nil
+	c.mu.Unlock()
+	for _, w := range queue {
+		w.err = errClosed
+		close(w.done)
+	}
+	if tr != nil {
+		tr.Close()
+	}
+	if c.agent != nil {
+		c.agent.Close()
+	}
+}
+
+// describe is ddpshim_comm_info's JSON.
+func (c *comm) describe() string {
+	c.mu.Lock()
+	info := map[string]any{
+		"rank": c.rank, "world_size": c.size, "name": c.cfg.Name,
+		"transport": "", "collectives": c.collected, "agent": c.agent != nil,
+		"events_sent": 0, "events_dropped": 0, "connected": c.tr != nil,
+	}
+	if c.tr != nil {
+		info["transport"] = c.tr.Transport()
+	}
+	c.mu.Unlock()
+	if c.events != nil {
+		info["events_sent"], info["events_dropped"] = c.events.stats()
+	}
+	out, _ := json.Marshal(info)
+	return string(out)
+}
+
+// newWork checks the arguments of an all-reduce and wraps the caller's
+// memory without copying it.
+func (c *comm) newWork(ptr unsafe.Pointer, count int64, dt reduce.DType, op reduce.Op, step uint64, bucket int32) (*work, error) {
+	switch {
+	case count < 0:
+		return nil, errorf(rcInvalid, "count %d is negative", count)
+	case !dt.Valid():
+		return nil, errorf(rcInvalid, "unknown dtype %d (want 2 int32, 4 int64, 6 float16, 7 float32, 8 float64, 9 bfloat16)", uint8(dt))
+	case !op.Valid():
+		return nil, errorf(rcInvalid, "unknown op %d (want 0 sum, 4 avg)", uint8(op))
+	case ptr == nil && count > 0:
+		return nil, errorf(rcInvalid, "buf is NULL with count %d", count)
+	case count > (1<<62)/int64(dt.Size()):
+		return nil, errorf(rcInvalid, "count %d is too large", count)
+	}
+	var buf []byte
+	if count > 0 {
+		buf = unsafe.Slice((*byte)(ptr), count*int64(dt.Size()))
+	}
+	return &work{c: c, buf: buf, dt: dt, op: op, step: step, bucket: bucket, arrive: time.Now(), done: make(chan struct{})}, nil
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/control"
+)
+
+// Event shipping: the executor records one event per collective into a
+// bounded ring; a shipper goroutine sends batches to the agent. A full ring
+// or a slow agent drops events (and counts them); it never delays a
+// collective.
+const (
+	eventRingSize  = 4096
+	eventBatchMax  = 1024
+	eventFlushTick = 200 * time.Millisecond
+)
+
+// eventSink is what the shipper sends batches to: the control client.
+type eventSink interface {
+	SendEvents(control.Events) error
+}
+
+type eventRing struct {
+	mu      sync.Mutex
+	buf     []control.CollectiveEvent
+	head    int // index of the oldest event
+	n       int
+	dropped uint64 // since the last batch taken
+	kick    chan struct{}
+
+	// totals, for ddpshim_comm_info
+	sent, droppedTotal uint64
+}
+
+func newEventRing() *eventRing {
+	return &eventRing{buf: make([]control.CollectiveEvent, eventRingSize), kick: make(chan struct{}, 1)}
+}
+
+// push records ev, or counts it as dropped when the ring is full.
+func (r *eventRing) push(ev control.CollectiveEvent) {
+	r.mu.Lock()
+	if r.n == len(r.buf) {
+		r.dropped++
+		r.droppedTotal++
+		r.mu.Unlock()
+		return
+	}
+	r.buf[(r.head+r.n)%len(r.buf)] = ev
+	r.n++
+	full := r.n >= eventBatchMax
+	r.mu.Unlock()
+	if full {
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// take removes up to eventBatchMax events and the dropped count.
+func (r *eventRing) take() control.Events {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := min(r.n, eventBatchMax)
+	ev := control.Events{Dropped: r.dropped, Events: make([]control.CollectiveEvent, k)}
+	for i := range k {
+		ev.Events[i] = r.buf[(r.head+i)%len(r.buf)]
+	}
+	r.head = (r.head + k) % len(r.buf)
+	r.n -= k
+	r.dropped = 0
+	return ev
+}
+
+// settle accounts for a batch: sent, or lost with the connection.
+func (r *eventRing) settle(ev control.Events, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		r.dropped += ev.Dropped + uint64(len(ev.Events)) // report them with the next batch
+		r.droppedTotal += uint64(len(ev.Events))
+		return
+	}
+	r.sent += uint64(len(ev.Events))
+}
+
+func (r *eventRing) stats() (sent, dropped uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sent, r.droppedTotal
+}
+
+// ship sends batches to sink until ctx is done, then flushes what is left.
+func (r *eventRing) ship(ctx context.Context, sink eventSink) {
+	t := time.NewTicker(eventFlushTick)
+	defer t.Stop()
+	flush := func() {
+		for {
+			ev := r.take()
+			if len(ev.Events) == 0 && ev.Dropped == 0 {
+				return
+			}
+			r.settle(ev, sink.SendEvents(ev))
+			if len(ev.Events) < eventBatchMax {
+				return
+			}
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			flush()
+			return
+		case <-t.C:
+		case <-r.kick:
+		}
+		flush()
+	}
+}

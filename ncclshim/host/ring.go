@@ -1,0 +1,523 @@
+package host
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
+	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+)
+
+// Defaults of Config. 256 KiB segments measured best or as good as any
+// for 64 KiB to 64 MiB buffers (BenchmarkAllReduce), and keep the staging
+// buffer in L2.
+const (
+	DefaultTimeout      = 10 * time.Minute
+	DefaultSegmentBytes = 256 << 10
+)
+
+// Config tunes a Comm; the zero value takes the defaults.
+type Config struct {
+	// Timeout bounds Connect and each AllReduce when the context has no
+	// earlier deadline (default DefaultTimeout).
+	Timeout time.Duration
+	// SegmentBytes is the pipelining unit: a rank forwards a segment as soon
+	// as it has received and reduced it (default DefaultSegmentBytes).
+	SegmentBytes int
+	// Logger receives connection and failure events (default: discarded).
+	Logger *slog.Logger
+	// SHM lets ranks that all run on one host (equal HostIDs) all-reduce
+	// through shared memory (package shm) instead of the TCP ring, which
+	// then only watches that the peers are alive.
+	SHM bool
+}
+
+func (c Config) withDefaults() Config {
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.SegmentBytes <= 0 {
+		c.SegmentBytes = DefaultSegmentBytes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Every collective starts with a header from each rank to its successor:
+// magic "DDPC", sequence number u64, count u64, dtype u8, op u8, two zero
+// bytes; little-endian. Ranks whose headers differ disagree.
+const (
+	hdrMagic = "DDPC"
+	hdrLen   = 24
+)
+
+// Comm is one rank's end of a connected ring.
+//
+// AllReduce must not be called concurrently with itself; Abort, Done, Err,
+// Close, Rank, Size and Transport are safe to call at any time from any
+// goroutine.
+type Comm struct {
+	rank, size int
+	timeout    time.Duration
+	segBytes   int
+	log        *slog.Logger
+	send, recv *net.TCPConn // to rank+1 and from rank-1; nil when size is 1
+	local      *shm.Comm    // carries the data instead of the ring when not nil
+
+	busy atomic.Bool // an AllReduce is running
+	seq  uint64      // collectives issued; owned by the running AllReduce
+
+	// The running AllReduce hands its collective to the receiver goroutine
+	// (reqs holds at most one), sends while the receiver receives, then
+	// waits for the receiver's verdict. Each side counts the segments it
+	// has finished, for the other to wait on.
+	reqs     chan *collective
+	results  chan error
+	received progress
+	sent     progress
+
+	mu   sync.Mutex
+	err  error         // the first failure; set once
+	done chan struct{} // closed when err is set
+
+	wg sync.WaitGroup // the receiver and the successor watcher
+}
+
+func newComm(rank, size int, send, recv *net.TCPConn, local *shm.Comm, cfg Config) *Comm {
+	c := &Comm{
+		rank:     rank,
+		size:     size,
+		timeout:  cfg.Timeout,
+		segBytes: cfg.SegmentBytes,
+		log:      cfg.Logger,
+		send:     send,
+		recv:     recv,
+		local:    local,
+		reqs:     make(chan *collective, 1),
+		results:  make(chan error, 1),
+		received: newProgress(),
+		sent:     newProgress(),
+		done:     make(chan struct{}),
+	}
+	if size > 1 {
+		c.wg.Add(2)
+		go c.receive()
+		go c.watchSuccessor()
+	}
+	return c
+}
+
+// Rank returns this rank.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size returns the world size.
+func (c *Comm) Size() int { return c.size }
+
+// Transport returns "shm" when the data goes through shared memory, else
+// "tcp".
+func (c *Comm) Transport() string {
+	if c.local != nil {
+		return "shm"
+	}
+	return "tcp"
+}
+
+// Done returns a channel closed when the Comm has failed, was aborted or
+// was closed, including when a neighbour goes away between collectives.
+func (c *Comm) Done() <-chan struct{} { return c.done }
+
+// Err returns why Done was closed, or nil while it is open.
+func (c *Comm) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Abort fails the running AllReduce, if any, and every later one with an
+// error wrapping ErrAborted and err (which may be nil). It closes the
+// connections, so blocked reads and writes return at once; it does not
+// wait for the running AllReduce to return. Safe to call concurrently and
+// more than once; only the first failure is kept.
+func (c *Comm) Abort(err error) {
+	if err == nil {
+		c.fail(fmt.Errorf("rank %d: %w", c.rank, ErrAborted))
+		return
+	}
+	c.fail(fmt.Errorf("rank %d: %w: %w", c.rank, ErrAborted, err))
+}
+
+// Close aborts the Comm (a running AllReduce fails with ErrAborted and
+// ErrClosed), closes its connections and shared memory, and waits for its
+// goroutines (and, over shared memory, for a running AllReduce to return).
+// Close is idempotent and always returns nil.
+func (c *Comm) Close() error {
+	c.fail(fmt.Errorf("rank %d: %w: %w", c.rank, ErrAborted, ErrClosed))
+	c.wg.Wait()
+	if c.local != nil {
+		c.local.Close() // waits for a running AllReduce to let go of the mapping
+	}
+	return nil
+}
+
+// fail records the first failure, closes done and the connections.
+func (c *Comm) fail(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	close(c.done)
+	c.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrClosed):
+	case c.busy.Load():
+		c.log.Warn("host: comm failed", "rank", c.rank, "size", c.size, "err", err)
+	default: // between collectives: most likely a neighbour that closed first
+		c.log.Info("host: comm failed while idle", "rank", c.rank, "size", c.size, "err", err)
+	}
+	if c.local != nil {
+		c.local.Abort(err) // the peers' shared-memory waits fail at once too
+	}
+	if c.send != nil {
+		c.send.Close()
+		c.recv.Close()
+	}
+}
+
+// AllReduce reduces buf in place across all ranks: every rank ends with the
+// element-wise sum (op Sum) or the sum divided by the world size (op Avg)
+// of all ranks' buffers, bit-identical on every rank. len(buf) must be a
+// multiple of dt.Size() and may be 0; every rank must issue the same
+// collectives in the same order with the same length, dtype and op.
+//
+// AllReduce blocks until the collective is complete on this rank, ctx is
+// done, the deadline passes (ctx's or Config.Timeout from now, whichever
+// is earlier), or the Comm fails. Bad arguments return ErrInvalid, and a
+// ctx already done on entry its own error; both leave the Comm intact
+// (nothing was sent). Any other error aborts the Comm, since the streams are
+// out of step: ErrTimeout, ErrPeer, ErrMismatch, or ErrAborted (Abort,
+// Close, ctx cancelled, or an earlier failure, which it also wraps).
+// AllReduce is not safe for concurrent use; a concurrent call gets
+// ErrInvalid.
+func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
+	if !dt.Valid() || !op.Valid() || len(buf)%dt.Size() != 0 {
+		return fmt.Errorf("all-reduce on rank %d: %w: %d bytes of %v, op %v", c.rank, ErrInvalid, len(buf), dt, op)
+	}
+	if !c.busy.CompareAndSwap(false, true) {
+		return fmt.Errorf("all-reduce on rank %d: %w: another AllReduce is running", c.rank, ErrInvalid)
+	}
+	defer c.busy.Store(false)
+	if err := c.Err(); err != nil {
+		if errors.Is(err, ErrAborted) {
+			return fmt.Errorf("all-reduce on rank %d: %w", c.rank, err)
+		}
+		return fmt.Errorf("all-reduce on rank %d: %w: failed earlier: %w", c.rank, ErrAborted, err)
+	}
+	if ctx.Err() != nil { // nothing sent yet: the Comm stays usable
+		return fmt.Errorf("all-reduce on rank %d: %w", c.rank, ctxError(ctx, nil))
+	}
+	c.seq++
+	if c.size == 1 {
+		return nil
+	}
+	if c.local != nil {
+		if err := c.local.AllReduce(ctx, buf, dt, op); err != nil {
+			c.fail(fromSHM(err))
+			return c.Err()
+		}
+		return nil
+	}
+	col := newCollective(c, buf, dt, op)
+
+	deadline := time.Now().Add(c.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	c.recv.SetReadDeadline(deadline) // the receiver clears it when done
+	c.send.SetWriteDeadline(deadline)
+	if ctx.Done() != nil {
+		defer context.AfterFunc(ctx, func() {
+			c.fail(fmt.Errorf("all-reduce #%d on rank %d: %w", col.seq, c.rank, ctxError(ctx, nil)))
+		})()
+	}
+
+	c.received.reset()
+	c.sent.reset()
+	// The receiver takes col once the predecessor's header is in, which
+	// may be after this rank has sent its whole part.
+	c.reqs <- col
+	serr := c.sendAll(col)
+	if serr != nil {
+		c.fail(serr)
+	}
+	var rerr error
+	select {
+	case rerr = <-c.results:
+	case <-c.done:
+		// Wait for the receiver to let go of buf, unless it never took col.
+		select {
+		case <-c.reqs:
+			rerr = c.Err()
+		case rerr = <-c.results:
+		}
+	}
+	if serr != nil || rerr != nil {
+		return c.Err() // the first cause, whichever side saw it
+	}
+	return nil
+}
+
+// collective describes one AllReduce and how it is cut up: chunk i (of
+// size count/n, plus one for i < count%n) is owned by one rank after the
+// reduce-scatter, and every chunk is cut into nseg segments of segElems
+// elements (the last ones short or empty).
+type collective struct {
+	seq            uint64
+	buf            []byte
+	dt             reduce.DType
+	op             reduce.Op
+	hdr            [hdrLen]byte
+	es, base, rem  int
+	segElems, nseg int
+}
+
+func newCollective(c *Comm, buf []byte, dt reduce.DType, op reduce.Op) *collective {
+	es := dt.Size()
+	count := len(buf) / es
+	col := &collective{
+		seq: c.seq, buf: buf, dt: dt, op: op, es: es,
+		base: count / c.size, rem: count % c.size,
+		segElems: max(1, c.segBytes/es),
+	}
+	if largest := col.base + min(col.rem, 1); largest > 0 {
+		col.nseg = (largest + col.segElems - 1) / col.segElems
+	}
+	copy(col.hdr[:], hdrMagic)
+	binary.LittleEndian.PutUint64(col.hdr[4:], col.seq)
+	binary.LittleEndian.PutUint64(col.hdr[12:], uint64(count))
+	col.hdr[20], col.hdr[21] = byte(dt), byte(op)
+	return col
+}
+
+// segment returns segment k of chunk i, possibly empty.
+func (col *collective) segment(i, k int) []byte {
+	off := i*col.base + min(i, col.rem)
+	n := col.base
+	if i < col.rem {
+		n++
+	}
+	lo := k * col.segElems
+	if lo >= n {
+		return nil
+	}
+	hi := min(lo+col.segElems, n)
+	return col.buf[(off+lo)*col.es : (off+hi)*col.es]
+}
+
+// The ring schedule: in step t of 2(n-1), rank r sends chunk (r-t) mod n
+// and receives chunk (r-t-1) mod n. Steps 0..n-2 are the reduce-scatter
+// (received data is added to the buffer), steps n-1..2n-3 the all-gather
+// (received data lands in the buffer directly). The chunk a rank sends in
+// step t is the one it received in step t-1, so segment k of step t waits
+// only for segment k of step t-1.
+
+// sendAll sends the header and this rank's side of the schedule to the
+// successor. It runs on the caller's goroutine.
+func (c *Comm) sendAll(col *collective) error {
+	n := c.size
+	// The header and segment 0 of step 0 leave in one system call.
+	first := net.Buffers{col.hdr[:], col.segment(c.rank, 0)}
+	if _, err := first.WriteTo(c.send); err != nil {
+		return c.ioError(col, fmt.Sprintf("send header to rank %d", mod(c.rank+1, n)), err)
+	}
+	for t := range 2 * (n - 1) {
+		i := mod(c.rank-t, n)
+		for k := range col.nseg {
+			if t == 0 && k == 0 {
+				c.sent.add()
+				continue
+			}
+			if t > 0 {
+				if err := c.await(&c.received, (t-1)*col.nseg+k+1); err != nil {
+					return err
+				}
+			}
+			if seg := col.segment(i, k); len(seg) > 0 {
+				if _, err := c.send.Write(seg); err != nil {
+					return c.ioError(col, fmt.Sprintf("send step %d/%d (chunk %d segment %d) to rank %d", t+1, 2*(n-1), i, k, mod(c.rank+1, n)), err)
+				}
+			}
+			c.sent.add()
+		}
+	}
+	return nil
+}
+
+// progress counts the segments one side of a collective has finished;
+// wake tells a waiting other side that it moved.
+type progress struct {
+	n    atomic.Int64
+	wake chan struct{}
+}
+
+func newProgress() progress { return progress{wake: make(chan struct{}, 1)} }
+
+func (p *progress) add() {
+	p.n.Add(1)
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *progress) reset() {
+	p.n.Store(0)
+	select {
+	case <-p.wake:
+	default:
+	}
+}
+
+// await blocks until p has counted n segments or the Comm fails.
+func (c *Comm) await(p *progress, n int) error {
+	for p.n.Load() < int64(n) {
+		select {
+		case <-p.wake:
+		case <-c.done:
+			return c.Err()
+		}
+	}
+	return nil
+}
+
+// receive is the receiver goroutine. Between collectives it waits for the
+// next header, so a predecessor that goes away is noticed at once; then it
+// waits for the matching AllReduce and receives its side of the schedule.
+func (c *Comm) receive() {
+	defer c.wg.Done()
+	staging := make([]byte, max(c.segBytes, 8))
+	var hdr [hdrLen]byte
+	for {
+		if _, err := io.ReadFull(c.recv, hdr[:]); err != nil {
+			c.fail(fmt.Errorf("rank %d: read header from rank %d: %w: %w", c.rank, mod(c.rank-1, c.size), classify(err), err))
+			return
+		}
+		var col *collective
+		select {
+		case col = <-c.reqs:
+		case <-c.done:
+			return
+		}
+		err := c.receiveAll(col, &hdr, staging)
+		if err == nil {
+			c.recv.SetReadDeadline(time.Time{}) // idle until the next AllReduce
+		} else {
+			c.fail(err)
+		}
+		c.results <- err
+		if err != nil {
+			return
+		}
+	}
+}
+
+// receiveAll checks the predecessor's header and receives this rank's side
+// of the schedule, reducing through staging in the reduce-scatter.
+func (c *Comm) receiveAll(col *collective, hdr *[hdrLen]byte, staging []byte) error {
+	if err := c.checkHeader(col, hdr); err != nil {
+		return err
+	}
+	n := c.size
+	for t := range 2 * (n - 1) {
+		i := mod(c.rank-t-1, n)
+		for k := range col.nseg {
+			seg := col.segment(i, k)
+			switch {
+			case len(seg) == 0:
+			case t < n-1: // reduce-scatter
+				tmp := staging[:len(seg)]
+				if err := c.read(col, tmp, t, i, k); err != nil {
+					return err
+				}
+				reduce.Add(col.dt, seg, seg, tmp)
+				if t == n-2 && col.op == reduce.Avg {
+					reduce.Div(col.dt, seg, n) // this rank owns chunk i now
+				}
+			default: // all-gather
+				// This rank sent seg in step t-n+1, and the data that
+				// replaces it cannot arrive before that: the wait is short,
+				// and orders the two in Go's memory model too.
+				if err := c.await(&c.sent, (t-n+1)*col.nseg+k+1); err != nil {
+					return err
+				}
+				if err := c.read(col, seg, t, i, k); err != nil {
+					return err
+				}
+			}
+			c.received.add()
+		}
+	}
+	return nil
+}
+
+// read fills dst from the predecessor: segment k of chunk i in step t.
+func (c *Comm) read(col *collective, dst []byte, t, i, k int) error {
+	if _, err := io.ReadFull(c.recv, dst); err != nil {
+		return c.ioError(col, fmt.Sprintf("receive step %d/%d (chunk %d segment %d) from rank %d", t+1, 2*(c.size-1), i, k, mod(c.rank-1, c.size)), err)
+	}
+	return nil
+}
+
+// checkHeader compares the predecessor's header with this rank's.
+func (c *Comm) checkHeader(col *collective, got *[hdrLen]byte) error {
+	if *got == col.hdr {
+		return nil
+	}
+	prev := mod(c.rank-1, c.size)
+	if string(got[:4]) != hdrMagic {
+		return fmt.Errorf("all-reduce #%d on rank %d: %w: rank %d sent %x, not a header", col.seq, c.rank, ErrPeer, prev, got[:])
+	}
+	seq := binary.LittleEndian.Uint64(got[4:])
+	count := binary.LittleEndian.Uint64(got[12:])
+	return fmt.Errorf("all-reduce #%d on rank %d: %w: rank %d is at #%d with %d x %v, %v; this rank has %d x %v, %v",
+		col.seq, c.rank, ErrMismatch, prev, seq, count, reduce.DType(got[20]), reduce.Op(got[21]),
+		len(col.buf)/col.es, col.dt, col.op)
+}
+
+// watchSuccessor reads the connection to the successor, which carries no
+// data this way, so that the Comm fails as soon as the successor goes away.
+func (c *Comm) watchSuccessor() {
+	defer c.wg.Done()
+	var b [1]byte
+	_, err := c.send.Read(b[:])
+	if err == nil {
+		err = errors.New("unexpected data")
+	}
+	c.fail(fmt.Errorf("rank %d: connection to rank %d: %w: %w", c.rank, mod(c.rank+1, c.size), ErrPeer, err))
+}
+
+func (c *Comm) ioError(col *collective, what string, err error) error {
+	return fmt.Errorf("all-reduce #%d on rank %d: %s: %w: %w", col.seq, c.rank, what, classify(err), err)
+}
+
+// classify maps an I/O error to ErrTimeout (a deadline) or ErrPeer.
+func classify(err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return ErrTimeout
+	}
+	return ErrPeer
+}
+
+func mod(a, n int) int { return ((a % n) + n) % n }

@@ -1,0 +1,336 @@
+// Package shm all-reduces buffers between the ranks (processes) of one host
+// through a shared-memory segment: the fast path of the shim's CPU "host"
+// transport when every rank runs on one machine. Linux only (it waits with
+// futex(2) on words in the shared mapping).
+//
+// Rank 0 creates the segment file (Create), the other ranks map it (Open),
+// and rank 0 unlinks the name once every rank has mapped it (Unlink), so a
+// killed job leaves nothing behind. The segment holds a page of control
+// blocks (640 bytes per rank, counters on lines of their own) and a staging
+// slot of Config.SlotBytes per rank: world*SlotBytes plus a page or so of
+// shared memory in all (4 MiB plus 4 KiB for 2 ranks by default), mapped by
+// every rank.
+//
+// An all-reduce splits the buffer into one chunk per rank; rank r owns chunk
+// r and is the only rank that reduces it, so every rank ends with
+// bit-identical results (the owner adds its own data first, then the others
+// in rank order; Avg divides once, on the owner). The chunks are processed
+// in steps of one segment per chunk, pipelined across a ring of slot
+// entries: in step t a rank copies its parts of the other chunks into its
+// slot, reduces its own segment from the peers' slots into its buffer and
+// publishes the result in its slot, and copies the other owners' results
+// back into its buffer. Monotonic per-rank step counters (in, red, done)
+// order the phases and keep a rank from overwriting slot data a peer has not
+// read. A waiting rank spins briefly, then sleeps in FUTEX_WAIT for a few
+// milliseconds at a time so that Abort, ctx, the deadline and the peers'
+// abort flag are re-checked; the writer calls FUTEX_WAKE only when a waiter
+// has said it sleeps.
+//
+// Every wait, and every step of a collective that does not wait, checks
+// Abort, ctx, the deadline and the peers' abort flag. A dead peer is seen
+// only through the timeout: the caller's TCP connections detect it sooner
+// and call Abort.
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+)
+
+// Errors that AllReduce wraps; callers branch on them with errors.Is.
+var (
+	// ErrAborted: Abort was called on this communicator.
+	ErrAborted = errors.New("communicator aborted")
+	// ErrTimeout: the collective did not finish by its deadline.
+	ErrTimeout = errors.New("timed out")
+	// ErrPeer: a peer aborted (or closed) its communicator, or broke the protocol.
+	ErrPeer = errors.New("peer aborted")
+	// ErrMismatch: ranks disagree on count, dtype or op.
+	ErrMismatch = errors.New("ranks disagree")
+	// ErrClosed: Close was called on this communicator.
+	ErrClosed = errors.New("communicator closed")
+)
+
+// Config tunes a communicator. The zero value is usable.
+type Config struct {
+	// Timeout bounds each AllReduce when ctx has no earlier deadline
+	// (default 10m).
+	Timeout time.Duration
+	// SlotBytes is the staging memory of each rank in the segment (default
+	// 2 MiB; rounded down to a multiple of 4*world*64). Create sets it for
+	// the segment; Open takes the segment's, and a non-zero value that
+	// disagrees with it is an error.
+	SlotBytes int
+}
+
+// Defaults.
+const (
+	DefaultTimeout   = 10 * time.Minute
+	DefaultSlotBytes = 2 << 20
+)
+
+// Comm is one rank's handle on a segment. AllReduce calls are issued one at
+// a time, in the same order on every rank; Abort and Close may be called at
+// any time from any goroutine.
+type Comm struct {
+	rank, world int
+	timeout     time.Duration
+	seg         int // segment bytes
+
+	// life guards the mapping: AllReduce and Abort hold it shared while they
+	// touch mem, Close exclusively while it unmaps.
+	life  sync.RWMutex
+	mem   []byte // nil once closed
+	ctl   []rankCtl
+	slots [][]byte
+	abort *uint32 // the segment's abort word
+
+	// stop holds the error that Abort or Close set; in-flight and later
+	// AllReduce calls return it.
+	stop atomic.Pointer[error]
+	busy atomic.Bool // an AllReduce is running
+
+	// Owned by the AllReduce caller.
+	seq    uint32 // collectives issued
+	step   uint32 // ring steps done: the same on every rank
+	broken error  // the failure that broke the communicator
+}
+
+// Create makes and sizes the segment file at path (for example
+// /dev/shm/ddpshim-<nonce>) for world ranks and returns rank 0's Comm. Only
+// rank 0 calls it, before the other ranks Open; the file is created with
+// O_EXCL and mode 0600. Create does not block.
+func Create(path string, world int, cfg Config) (*Comm, error) {
+	if cfg.SlotBytes == 0 {
+		cfg.SlotBytes = DefaultSlotBytes
+	}
+	geo, err := geometryFor(world, cfg.SlotBytes)
+	if err != nil {
+		return nil, fmt.Errorf("shm create %s: %w", path, err)
+	}
+	if err := checkTimeout(cfg); err != nil {
+		return nil, fmt.Errorf("shm create %s: %w", path, err)
+	}
+	mem, err := create(path, geo)
+	if err != nil {
+		return nil, fmt.Errorf("shm create: %w", err)
+	}
+	return newComm(mem, geo, 0, cfg), nil
+}
+
+// Open maps the segment file at path, made by Create for world ranks, and
+// returns rank's Comm. It fails on a missing, foreign, truncated or
+// differently sized file. Open does not block.
+func Open(path string, rank, world int, cfg Config) (*Comm, error) {
+	if rank < 0 || rank >= world {
+		return nil, fmt.Errorf("shm open %s: rank %d out of range for world %d", path, rank, world)
+	}
+	if err := checkTimeout(cfg); err != nil {
+		return nil, fmt.Errorf("shm open %s: %w", path, err)
+	}
+	mem, geo, err := open(path, world)
+	if err != nil {
+		return nil, fmt.Errorf("shm open rank %d: %w", rank, err)
+	}
+	if cfg.SlotBytes != 0 {
+		if want, err := geometryFor(world, cfg.SlotBytes); err != nil || want.slot != geo.slot {
+			syscall.Munmap(mem)
+			return nil, fmt.Errorf("shm open %s: slot is %d bytes, config asks for %d", path, geo.slot, cfg.SlotBytes)
+		}
+	}
+	return newComm(mem, geo, rank, cfg), nil
+}
+
+func checkTimeout(cfg Config) error {
+	if cfg.Timeout < 0 {
+		return fmt.Errorf("negative timeout %v", cfg.Timeout)
+	}
+	return nil
+}
+
+func newComm(mem []byte, geo geometry, rank int, cfg Config) *Comm {
+	c := &Comm{
+		rank:    rank,
+		world:   geo.world,
+		timeout: cfg.Timeout,
+		seg:     geo.segBytes,
+		mem:     mem,
+		ctl:     make([]rankCtl, geo.world),
+		slots:   make([][]byte, geo.world),
+		abort:   u32(mem, offAbort),
+	}
+	if c.timeout == 0 {
+		c.timeout = DefaultTimeout
+	}
+	for r := range c.ctl {
+		b := ctlOff + r*ctlStride
+		c.ctl[r] = rankCtl{
+			seq:     u32(mem, b+offSeq),
+			dtype:   u32(mem, b+offDType),
+			op:      u32(mem, b+offOp),
+			closed:  u32(mem, b+offClosed),
+			count:   u64(mem, b+offCount),
+			in:      u32(mem, b+offIn),
+			red:     u32(mem, b+offRed),
+			done:    u32(mem, b+offDone),
+			waiters: u32(mem, b+offWaiters),
+		}
+		o := geo.dataOff + r*geo.slot
+		c.slots[r] = mem[o : o+geo.slot : o+geo.slot]
+	}
+	return c
+}
+
+// Unlink removes the segment's file name. Rank 0 calls it once every rank
+// has mapped the segment; the mappings stay valid.
+func Unlink(path string) error {
+	if err := syscall.Unlink(path); err != nil {
+		return fmt.Errorf("shm unlink %s: %w", path, err)
+	}
+	return nil
+}
+
+// Abort makes the in-flight AllReduce, if any, and every later one return an
+// error wrapping ErrAborted (and err, when not nil) within milliseconds, and
+// raises the segment's abort flag so the peers' collectives fail promptly
+// with ErrPeer instead of timing out. It is idempotent (the first cause
+// wins), does not wait for the in-flight AllReduce, and is safe to call
+// concurrently with any method.
+func (c *Comm) Abort(err error) {
+	e := fmt.Errorf("rank %d: %w", c.rank, ErrAborted)
+	if err != nil {
+		e = fmt.Errorf("rank %d: %w: %w", c.rank, ErrAborted, err)
+	}
+	c.stop.CompareAndSwap(nil, &e)
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.mem != nil {
+		c.raise(nil)
+		c.wakeAll()
+	}
+}
+
+// Close unmaps the segment. An in-flight AllReduce returns an error wrapping
+// ErrClosed (Close waits for it to return), later ones fail with ErrClosed,
+// and peers waiting on this rank fail with ErrPeer. Close is idempotent and
+// safe to call concurrently with any method.
+func (c *Comm) Close() error {
+	e := fmt.Errorf("rank %d: %w", c.rank, ErrClosed)
+	c.stop.CompareAndSwap(nil, &e)
+	c.life.RLock()
+	if c.mem != nil {
+		atomic.StoreUint32(c.ctl[c.rank].closed, 1)
+		c.wakeAll()
+	}
+	c.life.RUnlock()
+
+	c.life.Lock()
+	defer c.life.Unlock()
+	if c.mem == nil {
+		return nil
+	}
+	err := syscall.Munmap(c.mem)
+	c.mem, c.ctl, c.slots, c.abort = nil, nil, nil, nil
+	if err != nil {
+		return fmt.Errorf("shm close rank %d: munmap: %w", c.rank, err)
+	}
+	return nil
+}
+
+// The abort word holds 1+rank of the first rank that failed or aborted, and
+// abortMismatch when that rank failed because the ranks disagree, so the
+// others report ErrMismatch too, even those that have not seen the odd
+// header themselves.
+const (
+	abortRankMask = 1<<16 - 1
+	abortMismatch = 1 << 16
+)
+
+// raise sets the segment's abort flag for err (nil: an abort), unless a rank
+// already has. The caller holds life and the mapping is live.
+func (c *Comm) raise(err error) {
+	v := uint32(c.rank) + 1
+	if errors.Is(err, ErrMismatch) {
+		v |= abortMismatch
+	}
+	atomic.CompareAndSwapUint32(c.abort, 0, v)
+}
+
+// wakeAll wakes every sleeper on every rank's counters, so that they notice
+// an abort or close at once. The caller holds life and the mapping is live.
+func (c *Comm) wakeAll() {
+	for i := range c.ctl {
+		futexWake(c.ctl[i].in)
+		futexWake(c.ctl[i].red)
+		futexWake(c.ctl[i].done)
+	}
+}
+
+// stopErr returns the error set by Abort or Close, or nil.
+func (c *Comm) stopErr() error {
+	if p := c.stop.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// AllReduce reduces buf in place across all ranks: on return every rank's buf
+// holds the element-wise sum (op Sum) or mean (op Avg) of all ranks' bufs,
+// bit-identical on every rank. len(buf) must be a multiple of dt.Size() (0 is
+// allowed) and equal on every rank, as must dt and op; a disagreement gives
+// ErrMismatch on every rank.
+//
+// AllReduce blocks until the collective completes, ctx is done, the deadline
+// passes (ctx's or Config.Timeout from now, whichever is earlier: ErrTimeout),
+// Abort or Close is called (ErrAborted, ErrClosed), or a peer aborts
+// (ErrPeer). Any error, invalid arguments included, breaks the
+// communicator: it raises the segment's abort flag so the peers fail
+// promptly too, and later calls fail at once. Calls must not overlap; an
+// overlapping call returns an error without touching the collective.
+func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
+	if !c.busy.CompareAndSwap(false, true) {
+		return fmt.Errorf("shm all-reduce on rank %d: another all-reduce is running on this communicator", c.rank)
+	}
+	defer c.busy.Store(false)
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.mem == nil {
+		return fmt.Errorf("shm all-reduce on rank %d: %w", c.rank, ErrClosed)
+	}
+	seq := c.seq + 1
+	if err := c.stopErr(); err != nil {
+		return fmt.Errorf("shm all-reduce %d: %w", seq, err)
+	}
+	if c.broken != nil {
+		return fmt.Errorf("shm all-reduce %d on rank %d: broken by an earlier error: %w", seq, c.rank, c.broken)
+	}
+	c.seq = seq
+	var err error
+	switch {
+	case !dt.Valid():
+		err = fmt.Errorf("invalid dtype %v", dt)
+	case !op.Valid():
+		err = fmt.Errorf("invalid op %v", op)
+	case len(buf)%dt.Size() != 0:
+		err = fmt.Errorf("buffer of %d bytes is not a whole number of %v", len(buf), dt)
+	default:
+		err = c.run(ctx, buf, dt, op, seq)
+	}
+	if err != nil {
+		err = fmt.Errorf("shm all-reduce %d on rank %d of %d: %w", seq, c.rank, c.world, err)
+		c.broken = err
+		c.raise(err)
+		c.wakeAll()
+	}
+	return err
+}
+
+// slotBytes returns the staging bytes of each rank in the segment.
+func (c *Comm) slotBytes() int { return depth * c.world * c.seg }

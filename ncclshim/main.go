@@ -1,0 +1,230 @@
+// Command ncclshim is libddpshim.so, the data plane of ddp-agent: a C ABI
+// (ddpshim.h) that all-reduces DDP gradient buckets, built with
+// go build -buildmode=c-shared. The CPU "host" transport lives in
+// ncclshim/host; this package holds the exported functions, the handle
+// table, the bootstrap (through the agent's control socket or through blobs
+// the caller exchanges) and the shipping of timing events to the agent.
+package main
+
+// #include <stdint.h>
+// #include <stdlib.h>
+// #include "lasterr.h"
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+)
+
+func main() {}
+
+// lib is the process-wide handle table. A C ABI has no constructor to hang
+// it on: every exported function reaches the same table.
+var lib = newTable()
+
+// fail records err as the calling thread's last error and returns its code.
+// Exported functions run on the calling C thread, so the thread-local
+// message is the caller's.
+func fail(err error) C.int {
+	rc := statusOf(err)
+	msg := err.Error()
+	cs := C.CString(msg)
+	C.ddpshim_set_error(cs, C.size_t(len(msg)))
+	C.free(unsafe.Pointer(cs))
+	return C.int(rc)
+}
+
+// guard turns a panic into DDPSHIM_ERR_INTERNAL: a bug must not take the
+// training process down with it.
+func guard(fn string, rc *C.int) {
+	if r := recover(); r != nil {
+		*rc = fail(errorf(rcInternal, "%s: internal error: %v\n%s", fn, r, debug.Stack()))
+	}
+}
+
+func result(err error) C.int {
+	if err != nil {
+		return fail(err)
+	}
+	return rcOK
+}
+
+//export ddpshim_open
+func ddpshim_open(config *C.char, comm *C.int64_t) (rc C.int) {
+	defer guard("ddpshim_open", &rc)
+	if config == nil || comm == nil {
+		return fail(errorf(rcInvalid, "ddpshim_open: config and comm must not be NULL"))
+	}
+	cfg, err := parseConfig(C.GoString(config))
+	if err != nil {
+		return fail(err)
+	}
+	c, err := openComm(cfg)
+	if err != nil {
+		return fail(fmt.Errorf("ddpshim_open (rank %d of %d): %w", *cfg.Rank, *cfg.WorldSize, err))
+	}
+	*comm = C.int64_t(lib.addComm(c))
+	return rcOK
+}
+
+//export ddpshim_bootstrap_info
+func ddpshim_bootstrap_info(comm C.int64_t, buf *C.char, n C.size_t) (rc C.int) {
+	defer guard("ddpshim_bootstrap_info", &rc)
+	c, err := lib.comm(int64(comm))
+	if err != nil {
+		return fail(err)
+	}
+	s, err := c.info()
+	if err != nil {
+		return fail(err)
+	}
+	return result(copyOut(buf, n, s))
+}
+
+//export ddpshim_connect
+func ddpshim_connect(comm C.int64_t, peers *C.char) (rc C.int) {
+	defer guard("ddpshim_connect", &rc)
+	c, err := lib.comm(int64(comm))
+	if err != nil {
+		return fail(err)
+	}
+	if peers == nil {
+		return fail(errorf(rcInvalid, "ddpshim_connect: peers must not be NULL"))
+	}
+	lines := strings.Split(strings.TrimRight(C.GoString(peers), "\n"), "\n")
+	if err := c.connect(lines); err != nil {
+		return fail(fmt.Errorf("ddpshim_connect (rank %d of %d): %w", c.rank, c.size, err))
+	}
+	return rcOK
+}
+
+//export ddpshim_allreduce
+func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtype C.int, op C.int,
+	stream unsafe.Pointer, step C.uint64_t, bucket C.int32_t, work *C.int64_t) (rc C.int) {
+	defer guard("ddpshim_allreduce", &rc)
+	c, err := lib.comm(int64(comm))
+	if err != nil {
+		return fail(err)
+	}
+	if work == nil {
+		return fail(errorf(rcInvalid, "ddpshim_allreduce: work must not be NULL"))
+	}
+	if stream != nil {
+		return fail(errorf(rcInvalid, "ddpshim_allreduce: a CUDA stream was given, but transport %q works on host memory", c.cfg.Transport))
+	}
+	if dtype < 0 || dtype > 255 || op < 0 || op > 255 {
+		return fail(errorf(rcInvalid, "ddpshim_allreduce: unknown dtype %d or op %d", dtype, op))
+	}
+	w, err := c.newWork(buf, int64(count), reduce.DType(dtype), reduce.Op(op), uint64(step), int32(bucket))
+	if err != nil {
+		return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
+	}
+	if err := c.enqueue(w); err != nil {
+		return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
+	}
+	*work = C.int64_t(lib.addWork(w))
+	return rcOK
+}
+
+//export ddpshim_work_wait
+func ddpshim_work_wait(work C.int64_t) (rc C.int) {
+	defer guard("ddpshim_work_wait", &rc)
+	w, err := lib.work(int64(work))
+	if err != nil {
+		return fail(err)
+	}
+	// The transports fail a collective within the timeout; the extra bound
+	// is for a transport bug, so that a wait can never hang a rank.
+	t := time.NewTimer(w.c.cfg.timeout() + 30*time.Second)
+	defer t.Stop()
+	select {
+	case <-w.done:
+		return result(w.err)
+	case <-t.C:
+		err := errorf(rcTimeout, "ddpshim_work_wait: step %d bucket %d still running %v after its timeout; communicator aborted",
+			w.step, w.bucket, 30*time.Second)
+		w.c.abort(err)
+		return fail(err)
+	}
+}
+
+//export ddpshim_work_test
+func ddpshim_work_test(work C.int64_t, done *C.int) (rc C.int) {
+	defer guard("ddpshim_work_test", &rc)
+	w, err := lib.work(int64(work))
+	if err != nil {
+		return fail(err)
+	}
+	if done == nil {
+		return fail(errorf(rcInvalid, "ddpshim_work_test: done must not be NULL"))
+	}
+	*done = 0
+	select {
+	case <-w.done:
+		*done = 1
+	default:
+	}
+	return rcOK
+}
+
+//export ddpshim_work_free
+func ddpshim_work_free(work C.int64_t) (rc C.int) {
+	defer guard("ddpshim_work_free", &rc)
+	return result(lib.freeWork(int64(work)))
+}
+
+//export ddpshim_abort
+func ddpshim_abort(comm C.int64_t, reason *C.char) (rc C.int) {
+	defer guard("ddpshim_abort", &rc)
+	c, err := lib.comm(int64(comm))
+	if err != nil {
+		return fail(err)
+	}
+	why := "ddpshim_abort called"
+	if reason != nil {
+		why = C.GoString(reason)
+	}
+	c.abort(errors.New(why))
+	return rcOK
+}
+
+//export ddpshim_close
+func ddpshim_close(comm C.int64_t) (rc C.int) {
+	defer guard("ddpshim_close", &rc)
+	c, err := lib.takeComm(int64(comm))
+	if err != nil {
+		return fail(err)
+	}
+	c.close()
+	return rcOK
+}
+
+//export ddpshim_comm_info
+func ddpshim_comm_info(comm C.int64_t, buf *C.char, n C.size_t) (rc C.int) {
+	defer guard("ddpshim_comm_info", &rc)
+	c, err := lib.comm(int64(comm))
+	if err != nil {
+		return fail(err)
+	}
+	return result(copyOut(buf, n, c.describe()))
+}
+
+// copyOut writes s and a NUL into the caller's buffer of n bytes.
+func copyOut(buf *C.char, n C.size_t, s string) error {
+	if buf == nil {
+		return errorf(rcInvalid, "buf must not be NULL")
+	}
+	if uint64(n) < uint64(len(s))+1 {
+		return errorf(rcInvalid, "buffer of %d bytes is too small: %d needed", n, len(s)+1)
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(s)+1)
+	copy(dst, s)
+	dst[len(s)] = 0
+	return nil
+}

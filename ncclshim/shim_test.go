@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/control"
+)
+
+func TestParseConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		json    string
+		wantRC  int
+		wantErr string
+		check   func(*config) bool
+	}{
+		{"minimal", `{"rank":0,"world_size":1}`, rcOK, "", func(c *config) bool {
+			return c.Transport == "host" && c.Bootstrap == "external" && c.timeout() == defaultTimeout && c.Name == "default"
+		}},
+		{"socket means agent", `{"rank":1,"world_size":2,"socket":"/s"}`, rcOK, "", func(c *config) bool { return c.Bootstrap == "agent" }},
+		{"timeout", `{"rank":0,"world_size":1,"timeout_ms":1500}`, rcOK, "", func(c *config) bool { return c.timeout() == 1500*time.Millisecond }},
+		{"not json", `rank=0`, rcInvalid, "config", nil},
+		{"trailing", `{"rank":0,"world_size":1} {}`, rcInvalid, "trailing", nil},
+		{"missing world", `{"rank":0}`, rcInvalid, "required", nil},
+		{"rank too big", `{"rank":3,"world_size":3}`, rcInvalid, "outside", nil},
+		{"negative rank", `{"rank":-1,"world_size":3}`, rcInvalid, "outside", nil},
+		{"zero world", `{"rank":0,"world_size":0}`, rcInvalid, "at least 1", nil},
+		{"typo", `{"rank":0,"world_size":1,"timeout":5}`, rcInvalid, "unknown field", nil},
+		{"nccl not yet", `{"rank":0,"world_size":1,"transport":"nccl"}`, rcUnavailable, "nccl", nil},
+		{"bad transport", `{"rank":0,"world_size":1,"transport":"ib"}`, rcInvalid, "transport", nil},
+		{"agent without socket", `{"rank":0,"world_size":1,"bootstrap":"agent"}`, rcInvalid, "socket", nil},
+		{"bad bootstrap", `{"rank":0,"world_size":1,"bootstrap":"mdns"}`, rcInvalid, "bootstrap", nil},
+		{"bad name", `{"rank":0,"world_size":1,"name":"a/b"}`, rcInvalid, "name", nil},
+		{"bad level", `{"rank":0,"world_size":1,"log_level":"loud"}`, rcInvalid, "log_level", nil},
+		{"negative timeout", `{"rank":0,"world_size":1,"timeout_ms":-1}`, rcInvalid, "negative", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseConfig(tc.json)
+			if got := statusOf(err); got != tc.wantRC {
+				t.Fatalf("status %d (%v), want %d", got, err, tc.wantRC)
+			}
+			if err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("error %q does not mention %q", err, tc.wantErr)
+			}
+			if tc.check != nil && !tc.check(c) {
+				t.Errorf("unexpected config %+v", c)
+			}
+		})
+	}
+}
+
+func TestBlob(t *testing.T) {
+	b := blob{V: blobVersion, Rank: 3, Addr: "10.0.0.1:4000", HostID: "h", Nonce: "n"}
+	got, err := decodeBlob(b.encode())
+	if err != nil || got != b {
+		t.Fatalf("round trip: got %+v, %v", got, err)
+	}
+	for _, bad := range []string{"", "{", `{"v":2,"rank":0,"addr":"a","nonce":"n"}`, `{"v":1,"rank":0}`, `{"v":1,"rank":0,"addr":"a","nonce":"n","x":1}`} {
+		if _, err := decodeBlob(bad); err == nil {
+			t.Errorf("decodeBlob(%q) accepted", bad)
+		}
+	}
+	if strings.Contains(b.encode(), "\n") {
+		t.Error("blob spans lines")
+	}
+}
+
+type sinkFunc func(control.Events) error
+
+func (f sinkFunc) SendEvents(ev control.Events) error { return f(ev) }
+
+func TestEventRingDropsInsteadOfBlocking(t *testing.T) {
+	r := newEventRing()
+	for i := range eventRingSize + 10 {
+		r.push(control.CollectiveEvent{Step: uint64(i)})
+	}
+	ev := r.take()
+	if len(ev.Events) != eventBatchMax || ev.Dropped != 10 || ev.Events[0].Step != 0 {
+		t.Fatalf("first batch: %d events, %d dropped, first step %d", len(ev.Events), ev.Dropped, ev.Events[0].Step)
+	}
+	r.settle(ev, errors.New("agent gone"))
+	ev2 := r.take()
+	if ev2.Dropped != 10+eventBatchMax || ev2.Events[0].Step != eventBatchMax {
+		t.Fatalf("after a failed send: dropped %d, first step %d", ev2.Dropped, ev2.Events[0].Step)
+	}
+	r.settle(ev2, nil)
+	if sent, dropped := r.stats(); sent != eventBatchMax || dropped != 10+eventBatchMax {
+		t.Errorf("stats: sent %d dropped %d", sent, dropped)
+	}
+}
+
+func TestEventRingShipsAndFlushes(t *testing.T) {
+	r := newEventRing()
+	var mu sync.Mutex
+	var got []control.CollectiveEvent
+	sink := sinkFunc(func(ev control.Events) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, ev.Events...)
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		r.ship(ctx, sink)
+		close(done)
+	}()
+	for i := range 2500 {
+		r.push(control.CollectiveEvent{Step: uint64(i)})
+	}
+	cancel() // the final flush sends what is left
+	<-done
+	if len(got) != 2500 || got[2499].Step != 2499 {
+		t.Fatalf("shipped %d events", len(got))
+	}
+}
