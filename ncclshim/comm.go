@@ -111,7 +111,7 @@ func (c *comm) info() (string, error) {
 func (c *comm) bootstrapAgent() error {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
 	defer cancel()
-	hello := control.Hello{Rank: int32(c.rank), LocalRank: int32(c.cfg.LocalRank), PID: int32(os.Getpid()),
+	hello := control.Hello{Rank: int32(*c.cfg.GlobalRank), LocalRank: int32(c.cfg.LocalRank), PID: int32(os.Getpid()),
 		Generation: c.cfg.Generation, Transports: []string{c.cfg.Transport}}
 	cl, w, err := control.Dial(ctx, c.cfg.Socket, hello)
 	if err != nil {

@@ -18,6 +18,7 @@ type config struct {
 	Socket     string `json:"socket"`
 	Generation uint64 `json:"generation"`
 	LocalRank  int    `json:"local_rank"`
+	GlobalRank *int   `json:"global_rank"`
 	TimeoutMS  int64  `json:"timeout_ms"`
 	Host       string `json:"host"`
 	MasterAddr string `json:"master_addr"`
@@ -70,6 +71,9 @@ func parseConfig(s string) (*config, error) {
 	case "external":
 	default:
 		return nil, errorf(rcInvalid, "config: unknown bootstrap %q (want \"agent\" or \"external\")", c.Bootstrap)
+	}
+	if c.GlobalRank == nil {
+		c.GlobalRank = c.Rank
 	}
 	if c.Name == "" {
 		c.Name = "default"

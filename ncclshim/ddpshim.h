@@ -70,7 +70,10 @@ const char *ddpshim_last_error(void);
  *                          caller exchanges ddpshim_bootstrap_info blobs and
  *                          calls ddpshim_connect (default: "agent" when
  *                          "socket" is set, else "external")
- *   socket, generation, local_rank   the agent's control socket (DDP_AGENT_SOCKET ...)
+ *   socket, generation, local_rank, global_rank
+ *                          the agent's control socket (DDP_AGENT_SOCKET),
+ *                          DDP_AGENT_GENERATION, LOCAL_RANK and RANK (the
+ *                          agent admits workers by global rank; default: rank)
  *   timeout_ms             bound on the bootstrap and on each collective (default 600000)
  *   host                   address peers use to reach this rank (default: the
  *                          address that routes to "master_addr", else 127.0.0.1)
@@ -85,7 +88,8 @@ int ddpshim_open(const char *config, int64_t *comm);
 /* ddpshim_bootstrap_info writes this rank's NUL-terminated bootstrap blob
  * (one line of printable text) into buf. Only for bootstrap "external".
  * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf, buf too small: the
- * message gives the size needed, unknown handle), DDPSHIM_ERR_CLOSED. */
+ * message gives the size needed, unknown handle, already connected),
+ * DDPSHIM_ERR_CLOSED. */
 int ddpshim_bootstrap_info(int64_t comm, char *buf, size_t len);
 
 /* ddpshim_connect finishes an "external" bootstrap: peers holds the blobs of

@@ -12,7 +12,8 @@ const char *ddpshim_version(void) { return DDPSHIM_VERSION_STRING; }
 
 const char *ddpshim_last_error(void) { return last_error; }
 
-void ddpshim_set_error(const char *msg, size_t n) {
+/* Internal: hidden, so the library exports only the functions of ddpshim.h. */
+__attribute__((visibility("hidden"))) void ddpshim_set_error(const char *msg, size_t n) {
     if (n >= sizeof last_error) n = sizeof last_error - 1;
     memcpy(last_error, msg, n);
     last_error[n] = 0;

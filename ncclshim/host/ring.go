@@ -75,8 +75,10 @@ type Comm struct {
 	send, recv *net.TCPConn // to rank+1 and from rank-1; nil when size is 1
 	local      *shm.Comm    // carries the data instead of the ring when not nil
 
-	busy atomic.Bool // an AllReduce is running
-	seq  uint64      // collectives issued; owned by the running AllReduce
+	busy    atomic.Bool   // an AllReduce is running
+	closing atomic.Bool   // Close is saying goodbye
+	issued  atomic.Uint64 // AllReduce calls past their argument checks
+	seq     uint64        // collectives issued; owned by the running AllReduce
 
 	// The running AllReduce hands its collective to the receiver goroutine
 	// (reqs holds at most one), sends while the receiver receives, then
@@ -89,6 +91,7 @@ type Comm struct {
 
 	mu   sync.Mutex
 	err  error         // the first failure; set once
+	gone error         // a neighbour closed cleanly: the next AllReduce fails
 	done chan struct{} // closed when err is set
 
 	wg sync.WaitGroup // the receiver and the successor watcher
@@ -157,17 +160,87 @@ func (c *Comm) Abort(err error) {
 	c.fail(fmt.Errorf("rank %d: %w: %w", c.rank, ErrAborted, err))
 }
 
-// Close aborts the Comm (a running AllReduce fails with ErrAborted and
-// ErrClosed), closes its connections and shared memory, and waits for its
-// goroutines (and, over shared memory, for a running AllReduce to return).
-// Close is idempotent and always returns nil.
+// Close ends the Comm. When no AllReduce is running it first says goodbye
+// to both neighbours, so that a neighbour still finishing the last
+// collective (it may need nothing more from this rank) is not failed by the
+// closed connections; its next AllReduce fails with ErrPeer instead. With
+// an AllReduce running, Close aborts it (ErrAborted and ErrClosed) and the
+// neighbours fail. Close closes the connections and shared memory, and
+// waits for its goroutines (and, over shared memory, for a running
+// AllReduce to return). Close is idempotent and always returns nil.
 func (c *Comm) Close() error {
+	if c.size > 1 && c.Err() == nil && c.busy.CompareAndSwap(false, true) {
+		c.closing.Store(true) // busy stays set: no AllReduce starts from now on
+		c.goodbye()
+	}
 	c.fail(fmt.Errorf("rank %d: %w: %w", c.rank, ErrAborted, ErrClosed))
 	c.wg.Wait()
 	if c.local != nil {
 		c.local.Close() // waits for a running AllReduce to let go of the mapping
 	}
 	return nil
+}
+
+// Goodbye markers: a header with byeMagic to the successor, byeByte to the
+// predecessor (that direction carries nothing else).
+const (
+	byeMagic = "DDPB"
+	byeByte  = 'B'
+)
+
+// goodbye sends the goodbye markers and half-closes both connections, then
+// waits briefly for the neighbours' own goodbyes: closing a socket with
+// unread bytes resets the connection, and a reset can destroy data the
+// neighbour has not read yet.
+func (c *Comm) goodbye() {
+	dl := time.Now().Add(time.Second)
+	c.send.SetWriteDeadline(dl)
+	c.recv.SetWriteDeadline(dl)
+	var bye [hdrLen]byte
+	copy(bye[:], byeMagic)
+	if _, err := c.send.Write(bye[:]); err == nil {
+		c.send.CloseWrite()
+	}
+	if _, err := c.recv.Write([]byte{byeByte}); err == nil {
+		c.recv.CloseWrite()
+	}
+	done := make(chan struct{})
+	go func() {
+		c.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(200 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// neighbourClosed records that a neighbour closed its Comm cleanly. It
+// fails the Comm only when a collective that needs data from the
+// predecessor has been issued (received counts those the receiver
+// finished; -1 for the successor, which owes nothing); otherwise the next
+// AllReduce fails. gone is set before issued is read, and AllReduce counts
+// itself in issued before it reads gone, so one of the two sees the other.
+func (c *Comm) neighbourClosed(err error, received int64) {
+	c.mu.Lock()
+	if c.gone == nil {
+		c.gone = err
+	}
+	c.mu.Unlock()
+	// Over shared memory the ring carries no data: the collective may still
+	// finish, and shm tells if it needs the closed rank.
+	if received >= 0 && c.local == nil && !c.closing.Load() && c.issued.Load() > uint64(received) {
+		c.fail(err)
+	}
+	c.log.Debug("host: neighbour closed", "rank", c.rank, "err", err)
+}
+
+func (c *Comm) goneErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gone
 }
 
 // fail records the first failure, closes done and the connections.
@@ -187,8 +260,10 @@ func (c *Comm) fail(err error) {
 	default: // between collectives: most likely a neighbour that closed first
 		c.log.Info("host: comm failed while idle", "rank", c.rank, "size", c.size, "err", err)
 	}
-	if c.local != nil {
-		c.local.Abort(err) // the peers' shared-memory waits fail at once too
+	if c.local != nil && !errors.Is(err, ErrClosed) {
+		// The peers' shared-memory waits fail at once too. Not on Close:
+		// shm.Close tells only the peers that still wait for this rank.
+		c.local.Abort(err)
 	}
 	if c.send != nil {
 		c.send.Close()
@@ -227,6 +302,11 @@ func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op re
 	}
 	if ctx.Err() != nil { // nothing sent yet: the Comm stays usable
 		return fmt.Errorf("all-reduce on rank %d: %w", c.rank, ctxError(ctx, nil))
+	}
+	c.issued.Add(1) // before the check: see neighbourClosed
+	if err := c.goneErr(); err != nil {
+		c.fail(err)
+		return fmt.Errorf("all-reduce on rank %d: %w", c.rank, err)
 	}
 	c.seq++
 	if c.size == 1 {
@@ -409,9 +489,14 @@ func (c *Comm) receive() {
 	defer c.wg.Done()
 	staging := make([]byte, max(c.segBytes, 8))
 	var hdr [hdrLen]byte
+	var received int64 // collectives fully received
 	for {
 		if _, err := io.ReadFull(c.recv, hdr[:]); err != nil {
 			c.fail(fmt.Errorf("rank %d: read header from rank %d: %w: %w", c.rank, mod(c.rank-1, c.size), classify(err), err))
+			return
+		}
+		if string(hdr[:4]) == byeMagic {
+			c.neighbourClosed(fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, ErrPeer, mod(c.rank-1, c.size)), received)
 			return
 		}
 		var col *collective
@@ -422,6 +507,7 @@ func (c *Comm) receive() {
 		}
 		err := c.receiveAll(col, &hdr, staging)
 		if err == nil {
+			received++
 			c.recv.SetReadDeadline(time.Time{}) // idle until the next AllReduce
 		} else {
 			c.fail(err)
@@ -502,6 +588,12 @@ func (c *Comm) watchSuccessor() {
 	defer c.wg.Done()
 	var b [1]byte
 	_, err := c.send.Read(b[:])
+	if err == nil && b[0] == byeByte {
+		// It has received everything this rank sent it: nothing in flight
+		// needs it any more.
+		c.neighbourClosed(fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, ErrPeer, mod(c.rank+1, c.size)), -1)
+		return
+	}
 	if err == nil {
 		err = errors.New("unexpected data")
 	}

@@ -1,0 +1,304 @@
+"""One rank of a test world: real DDP on gloo, with DDP's built-in all-reduce and with ddp_agent's hook.
+
+    python _ddp_worker.py SCENARIO --out DIR [options]
+
+Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment (as
+torchrun sets them) and writes DIR/rank<RANK>.pt, which the test compares
+across ranks and against the built-in run. Scenarios:
+
+    parity      every mode of MODES, built-in all-reduce and hook, same seed and data
+    join        uneven inputs under DDP.join(), built-in and hook
+    dataloader  a DataLoader with forked workers feeding the hooked model
+    die         --die-rank kills (or stops) itself mid-training; the others record how the hook failed
+
+The process leaves with os._exit after a barrier: on PyTorch 1.13, tearing
+down gloo at interpreter exit can hang (see examples/train.py).
+"""
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddp_agent
+
+STEPS = 6
+BATCH = 8
+IN = 128
+BUCKET_CAP_MB = 0.5
+# No bfloat16 mode: gloo on PyTorch 1.13 cannot broadcast bfloat16, so DDP
+# cannot even be constructed (test_shim covers the shim's bfloat16).
+MODES = ("default", "bucket_view", "static_graph", "find_unused", "float64", "float16")
+
+
+class MLP(nn.Module):
+    """About 600k parameters (2.4 MB in float32): more than DDP's 1 MiB first bucket, so rebuilt buckets split."""
+
+    def __init__(self, unused: bool = False) -> None:
+        super().__init__()
+        self.a = nn.Linear(IN, 512)
+        self.b = nn.Linear(512, 512)
+        self.c = nn.Linear(512, 512)
+        self.d = nn.Linear(512, 10)
+        self.unused = nn.Linear(100, 100) if unused else None  # never called: its gradient stays unset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.d(torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x)))))))
+
+
+class Elementwise(nn.Module):
+    """Elementwise ops only: PyTorch 1.13 has no float16 matmul on the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.ParameterList([nn.Parameter(torch.randn(IN) * 0.1) for _ in range(4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.w:
+            x = (x * w) ** 2 + x
+        return x
+
+
+def make_model(mode: str) -> nn.Module:
+    torch.manual_seed(0)
+    if mode == "float16":
+        return Elementwise().to(torch.float16)
+    model = MLP(unused=mode == "find_unused")
+    if mode == "float64":
+        model = model.to(torch.float64)
+    return model
+
+
+def make_batch(mode: str, step: int, rank: int):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(BATCH, IN, generator=g)
+    dtype = {"float64": torch.float64, "float16": torch.float16}.get(mode, torch.float32)
+    return x.to(dtype)
+
+
+def ddp_kwargs(mode: str) -> dict:
+    return dict(
+        bucket_cap_mb=BUCKET_CAP_MB,
+        gradient_as_bucket_view=mode == "bucket_view",
+        static_graph=mode == "static_graph",
+        find_unused_parameters=mode == "find_unused",
+    )
+
+
+def params_of(ddp: DDP) -> list:
+    return [p.detach().clone() for p in ddp.module.parameters()]
+
+
+def plain_schedule(hook) -> dict:
+    """hook.schedule with plain tuples, so the test can load it without importing ddp_agent."""
+    return {step: [tuple(b) for b in buckets] for step, buckets in hook.schedule.items()}
+
+
+def train(mode: str, use_hook: bool, keep: list, steps: int = STEPS) -> dict:
+    rank = dist.get_rank()
+    ddp = DDP(make_model(mode), **ddp_kwargs(mode))
+    keep.append(ddp)  # freed at exit only, never mid-run
+    hook = ddp_agent.register(ddp, timeout=60) if use_hook else None
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        ddp(make_batch(mode, step, rank)).float().pow(2).mean().backward()
+        opt.step()
+    out = {"params": params_of(ddp)}
+    if hook is not None:
+        out.update(schedule=plain_schedule(hook), steps=hook.step, info=hook.info(), name=hook.name)
+        hook.close()
+    return out
+
+
+def scenario_parity(args, keep: list) -> dict:
+    result = {}
+    for mode in args.modes.split(","):
+        result[mode] = {"builtin": train(mode, False, keep), "hook": train(mode, True, keep)}
+    result["subgroups"] = subgroups(keep)
+    return result
+
+
+def split(world_size: int) -> list:
+    """The ranks split in two groups: [0] [1]; [0] [1, 2]; [0, 1] [2, 3]."""
+    return [list(range(world_size // 2)), list(range(world_size // 2, world_size))]
+
+
+def subgroups(keep: list) -> dict:
+    """DDP on one of two process groups at once: the hook works in group ranks."""
+    rank = dist.get_rank()
+    members = split(dist.get_world_size())
+    groups = [dist.new_group(m) for m in members]  # every rank creates both, in order
+    group = groups[0 if rank in members[0] else 1]
+    out = {}
+    for use_hook in (False, True):
+        ddp = DDP(make_model("default"), bucket_cap_mb=BUCKET_CAP_MB, process_group=group)
+        keep.append(ddp)
+        hook = ddp_agent.register(ddp, timeout=60) if use_hook else None
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        for step in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            ddp(make_batch("default", step, rank)).pow(2).mean().backward()
+            opt.step()
+        r = {"params": params_of(ddp)}
+        if hook is not None:
+            r.update(name=hook.name, rank=hook.rank, world_size=hook.world_size, info=hook.info())
+            hook.close()
+        out["hook" if use_hook else "builtin"] = r
+    return out
+
+
+def scenario_join(args, keep: list) -> dict:
+    rank = dist.get_rank()
+    batches = 3 + 2 * rank  # uneven: rank 0 joins first
+    result = {"batches": batches}
+    for use_hook in (False, True):
+        ddp = DDP(make_model("default"), bucket_cap_mb=BUCKET_CAP_MB)
+        keep.append(ddp)
+        hook = ddp_agent.register(ddp, timeout=60) if use_hook else None
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        with ddp.join():
+            for step in range(batches):
+                opt.zero_grad(set_to_none=True)
+                ddp(make_batch("default", step, rank)).pow(2).mean().backward()
+                opt.step()
+        r = {"params": params_of(ddp)}
+        if hook is not None:
+            r.update(schedule=plain_schedule(hook), steps=hook.step)
+            hook.close()
+        result["hook" if use_hook else "builtin"] = r
+    return result
+
+
+class ForkCheckingDataset(torch.utils.data.Dataset):
+    """Samples of one rank; each records whether the shim refused to run in the (forked) loader worker."""
+
+    def __init__(self, rank: int, n: int) -> None:
+        g = torch.Generator().manual_seed(rank)
+        self.x = torch.randn(n, IN, generator=g)
+        self.parent = os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        refused = -1  # -1: not in a child; 1: ShimError as expected; 0: the call went through
+        if os.getpid() != self.parent:
+            try:
+                ddp_agent.shim_version()
+                refused = 0
+            except ddp_agent.ShimError as e:
+                refused = 1 if e.code == ddp_agent.Status.UNAVAILABLE and "forked" in e.message else 0
+        return self.x[i], refused
+
+
+def scenario_dataloader(args, keep: list) -> dict:
+    rank = dist.get_rank()
+    ddp = DDP(make_model("default"), bucket_cap_mb=BUCKET_CAP_MB)
+    keep.append(ddp)
+    hook = ddp_agent.register(ddp, timeout=60)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    loader = torch.utils.data.DataLoader(
+        ForkCheckingDataset(rank, 32), batch_size=BATCH, num_workers=2, multiprocessing_context="fork"
+    )
+    refused = []
+    for _epoch in range(2):  # the second epoch forks again, with the communicator open and the waiter running
+        for x, flags in loader:
+            refused.extend(flags.tolist())
+            opt.zero_grad(set_to_none=True)
+            ddp(x).pow(2).mean().backward()
+            opt.step()
+    out = {"params": params_of(ddp), "steps": hook.step, "refused": refused, "info": hook.info()}
+    hook.close()
+    hook.close()  # idempotent
+    try:  # a closed hook refuses buckets instead of queueing them for a waiter that is gone
+        ddp(x).pow(2).mean().backward()
+        out["after_close"] = "no error"
+    except Exception as e:
+        out["after_close"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+class InjectedFailure(Exception):
+    pass
+
+
+def scenario_die(args, keep: list) -> dict:
+    rank = dist.get_rank()
+    ddp = DDP(make_model("default"), bucket_cap_mb=BUCKET_CAP_MB)
+    keep.append(ddp)
+    hook = ddp_agent.register(ddp, timeout=args.timeout)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    out = {"error": None}
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss = ddp(make_batch("default", step, rank)).pow(2).mean()
+        if rank == args.die_rank and step == args.die_step:
+            # Mid-step, after forward: SIGKILL closes its sockets (the others
+            # see the peer go away); SIGSTOP leaves them open (the others see
+            # nothing arrive, and the timeout must end the wait); an exception
+            # ends the interpreter normally, through ddp_agent's exit handler,
+            # which must not wait for the others.
+            if args.die_how == "raise":
+                raise InjectedFailure(f"rank {rank} fails at step {step}")
+            os.kill(os.getpid(), signal.SIGKILL if args.die_how == "kill" else signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            loss.backward()
+        except Exception as e:  # what a training script would see
+            out.update(
+                error=f"{type(e).__name__}: {e}",
+                seconds=time.monotonic() - t0,
+                step=step,
+                hook_error=repr(hook.error),
+                hook_error_code=getattr(hook.error, "code_name", None),
+            )
+            break
+        opt.step()
+    t0 = time.monotonic()
+    hook.close()
+    out["close_seconds"] = time.monotonic() - t0
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario", choices=["parity", "join", "dataloader", "die"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--die-rank", type=int, default=1)
+    p.add_argument("--die-step", type=int, default=3)
+    p.add_argument("--die-how", choices=["kill", "stop", "raise"], default="kill")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    keep: list = []
+    try:
+        result = globals()[f"scenario_{args.scenario}"](args, keep)
+        torch.save(result, os.path.join(args.out, f"rank{rank}.pt"))
+        if args.scenario != "die":
+            dist.barrier()
+    except InjectedFailure:
+        raise  # leave through the interpreter's normal exit, atexit handlers included
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
