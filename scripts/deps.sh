@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what `make demo` and `make test` need on a fresh Debian 12 machine:
-# a Go toolchain (>= 1.24), the Go modules, and Debian's PyTorch (python3-torch,
-# CPU, gloo) and pytest for /usr/bin/python3. Prints the Go binary to use.
+# a Go toolchain (>= 1.24), the Go modules, gcc, and Debian's PyTorch (python3-torch,
+# CPU, gloo), pytest and pip for /usr/bin/python3. Prints the Go binary to use.
 # Safe to run again: it installs only what is missing.
 #   scripts/deps.sh go    only the Go toolchain, modules and gcc (for make build)
 #   scripts/deps.sh       everything (for make test, demo, bench)
@@ -68,5 +68,9 @@ if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
 fi
 if ! "$PYTHON" -c 'import pytest' 2>/dev/null; then
 	apt_install "pytest for $PYTHON" "python3-pytest"
+fi
+# The install test runs `pip install --no-build-isolation ./python` offline.
+if ! "$PYTHON" -m pip --version >/dev/null 2>&1 || ! "$PYTHON" -c 'import setuptools, wheel' 2>/dev/null; then
+	apt_install "pip, setuptools and wheel for $PYTHON" "python3-pip python3-setuptools python3-wheel"
 fi
 echo "$GO_BIN"
