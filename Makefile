@@ -26,6 +26,7 @@ test: build
 	  $$go vet ./... && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) $$go test -race -count=1 -timeout 30m ./... && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_BIN=$(CURDIR)/bin/ddp-agent \
+	  DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 # A real 2-worker DDP job (gloo on CPU) under ddp-agent.
@@ -43,9 +44,13 @@ demo-fault: build
 	bin/ddp-agent run --standalone --nproc-per-node 2 --max-restarts 1 --python $(PYTHON) \
 	  examples/train.py --steps 60 --ckpt-dir $(DEMO_DIR)/ckpt --fail-rank 1 --fail-at-step 30
 
-# ddp-agent against torchrun, side by side in one run (figures in the README).
+# Side by side in one run (figures in the README): ddp-agent against
+# torchrun; the shim's all-reduce against gloo's; a DDP step with the hook
+# against DDP's built-in gloo all-reduce.
 bench: build
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/launch -agent bin/ddp-agent -python $(PYTHON) -torchrun-compat $(TORCHRUN_COMPAT)
+	bin/ddp-agent run --standalone --nproc-per-node 2 --python $(PYTHON) examples/bench/allreduce.py
+	$(PYTHON) examples/bench/ddp_step.py --agent bin/ddp-agent --python $(PYTHON) --reps 3 --steps 30 --warmup-steps 5
 
 lint:
 	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./...

@@ -3,17 +3,27 @@
 It reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, TORCHELASTIC_RESTART_COUNT), trains an MLP of about 5M parameters
 on synthetic data, checkpoints, resumes after a restart, and can inject
-failures for tests and demos.
+failures for tests and demos. Gradients are all-reduced by ddp-agent's comm
+hook (libddpshim.so) unless --comm-hook none picks DDP's built-in all-reduce.
 
-    torchrun --standalone --nproc_per_node 2 examples/train.py --steps 60
+    ddp-agent run --standalone --nproc-per-node 2 examples/train.py --steps 60
+    torchrun --standalone --nproc_per_node 2 examples/train.py --steps 60 --comm-hook none
     torchrun --standalone --nproc_per_node 2 --max_restarts 1 examples/train.py \\
         --fail-rank 1 --fail-at-step 30      # fails once, resumes from step 20
+
+At the end every rank prints a digest of its parameters (the same on every
+rank), and rank 0 prints one line of step timings (forward, backward with the
+gradient all-reduce, optimizer step; after --warmup-steps), for benchmarks:
+
+    step_time comm_hook=ddp-agent steps=50 warmup=10 mean_ms=41.202 median_ms=40.871 ...
 
 Works on PyTorch 1.13 (CPU, gloo) and 2.x (CUDA, nccl).
 """
 
 import argparse
+import hashlib
 import os
+import statistics
 import sys
 import time
 
@@ -26,6 +36,28 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 IN, HIDDEN, OUT = 256, 2048, 10
 
 
+def import_ddp_agent():
+    """Imports ddp_agent, from the repository's python/ directory when it is not installed."""
+    try:
+        import ddp_agent
+        return ddp_agent
+    except ImportError as e:
+        err = e
+    tree = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+    if os.path.isdir(os.path.join(tree, "ddp_agent")):
+        if tree not in sys.path:
+            sys.path.insert(0, tree)
+        try:
+            import ddp_agent
+            return ddp_agent
+        except ImportError as e:
+            err = e
+    raise SystemExit(
+        f"train.py: --comm-hook ddp-agent needs the ddp_agent package ({err}; also looked in {tree}). "
+        f"Install it or set PYTHONPATH to the repository's python/ directory, run `make build` for "
+        f"libddpshim.so, or pass --comm-hook none for DDP's built-in all-reduce.")
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=60, help="last step to train (steps count from 1)")
@@ -36,7 +68,12 @@ def parse_args():
     p.add_argument("--ckpt-every", type=int, default=20, help="steps; 0 disables checkpoints")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--cpu", action="store_true", help="use gloo on CPU even when CUDA is available")
-    p.add_argument("--comm-hook", choices=["none"], default="none", help="DDP gradient communication hook")
+    p.add_argument("--comm-hook", choices=["ddp-agent", "none"], default="ddp-agent",
+                   help="gradient all-reduce: ddp-agent's hook (default) or none (DDP's built-in, on the process group)")
+    p.add_argument("--transport", default="auto", help="ddp_agent.register(transport=...) (default: auto)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25, help="DDP bucket size in MiB (DDP's default: 25)")
+    p.add_argument("--warmup-steps", type=int, default=5,
+                   help="steps of each attempt left out of the step_time line (default: 5)")
     p.add_argument("--fail-rank", type=int, default=-1, help="rank that fails (default: none)")
     p.add_argument("--fail-at-step", type=int, default=-1, help="step at which --fail-rank fails")
     p.add_argument("--fail-attempts", type=int, default=1,
@@ -79,9 +116,28 @@ def save_checkpoint(path, model, optimizer, step, loss):
     os.replace(tmp, path)
 
 
+def params_digest(model):
+    """Returns the first 16 hex digits of a SHA-256 over every parameter's bytes."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def print_step_times(args, step_times):
+    """Prints one parseable line: this attempt's step times after the warm-up, in milliseconds."""
+    t = sorted(x * 1e3 for x in step_times[args.warmup_steps:])
+    line = f"step_time comm_hook={args.comm_hook} steps={len(t)} warmup={args.warmup_steps}"
+    if t:
+        line += (f" mean_ms={statistics.fmean(t):.3f} median_ms={statistics.median(t):.3f}"
+                 f" min_ms={t[0]:.3f} p90_ms={t[min(len(t) - 1, int(0.9 * len(t)))]:.3f} max_ms={t[-1]:.3f}")
+    print(line, flush=True)
+
+
 @record
 def main():
     args = parse_args()
+    ddp_agent = import_ddp_agent() if args.comm_hook == "ddp-agent" else None  # fail before any rendezvous
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ["WORLD_SIZE"])
@@ -111,8 +167,14 @@ def main():
         if rank == 0:
             print(f"resumed from step {state['step']}", flush=True)
 
-    ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb)
+    hook = None
+    if ddp_agent is not None:
+        hook = ddp_agent.register(ddp, transport=args.transport)
+        if rank == 0:
+            print(f"comm hook: ddp-agent, {ddp_agent.shim_version()}, transport {args.transport}", flush=True)
     loss_fn = nn.CrossEntropyLoss()
+    step_times = []  # seconds: forward, backward (with the gradient all-reduce), optimizer step
     for step in range(first, args.steps + 1):
         if rank == args.fail_rank and step == args.fail_at_step and restart_count < args.fail_attempts:
             msg = f"injected failure on rank {rank} at step {step} (restart_count {restart_count})"
@@ -122,10 +184,14 @@ def main():
             raise RuntimeError(msg)
 
         x, y = batch(args, teacher, step, rank, device)
+        t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(ddp(x), y)
         loss.backward()
         optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_times.append(time.perf_counter() - t0)
 
         checkpoint = args.ckpt_every > 0 and step % args.ckpt_every == 0
         if step % args.log_every == 0 or step == args.steps or checkpoint:
@@ -141,7 +207,11 @@ def main():
 
     if rank == 0:
         print(f"done: steps={args.steps} final_loss={loss_value:.4f} world_size={world_size}", flush=True)
-    dist.barrier()
+        print_step_times(args, step_times)
+    print(f"params rank={rank} sha256={params_digest(model)}", flush=True)
+    dist.barrier()  # every rank's collectives are over before the hook's communicator closes
+    if hook is not None:
+        hook.close()  # before destroy_process_group: joins the hook's waiter thread
     dist.destroy_process_group()
     # Leave without tearing down the DDP model. On PyTorch 1.13, freeing it
     # runs ~Reducer -> ~ProcessGroupGloo, which joins gloo's worker threads

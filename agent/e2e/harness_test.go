@@ -50,6 +50,16 @@ func setup(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "build ddp-agent: %v\n%s", err, out)
 		return 1
 	}
+	// examples/train.py uses the comm hook by default: the agent points its
+	// workers at the libddpshim.so next to its executable, as in bin/.
+	shim := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared",
+		"-o", filepath.Join(dir, "libddpshim.so"), "./ncclshim")
+	shim.Dir = repoRoot
+	shim.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := shim.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build libddpshim.so: %v\n%s", err, out)
+		return 1
+	}
 	python = os.Getenv("DDP_AGENT_PYTHON")
 	if python == "" {
 		python = "/usr/bin/python3"

@@ -1,0 +1,91 @@
+"""ddp-agent's comm hook in real DDP jobs, under ddp-agent and under torchrun."""
+
+import json
+import os
+import re
+
+from e2e_helpers import HERE, TRAIN, clean_env, collective_events, param_digests, run
+
+PROBE = os.path.join(HERE, "hook_probe.py")
+
+
+def probes(stdout):
+    """Returns {rank: probe dict} from hook_probe.py's PROBE lines."""
+    out = {}
+    for line in stdout.splitlines():
+        i = line.find("PROBE ")
+        if i >= 0:
+            d = json.loads(line[i + len("PROBE "):])
+            out[d["rank"]] = d
+    return out
+
+
+def agent_cmd(agent_bin, python, *args):
+    return [agent_bin, "run", "--standalone", "--nproc-per-node", "2", "--python", python, "--stop-timeout", "20s",
+            *args]
+
+
+def test_train_under_agent(agent_bin, python, shim_path, tmp_path):
+    """train.py with the hook under ddp-agent: succeeds, ranks agree, the agent receives the events.
+
+    With 2 ranks, averaging is exact in either order ((a+b)/2 == a/2+b/2 in
+    floating point), so the hook must also end bit-identical to DDP's
+    built-in gloo all-reduce.
+    """
+    digests = {}
+    for mode in ("ddp-agent", "none"):
+        r = run(agent_cmd(agent_bin, python, TRAIN, "--steps", "8", "--log-every", "4",
+                          "--ckpt-dir", str(tmp_path / mode), "--comm-hook", mode), timeout=120, env=clean_env())
+        assert r.returncode == 0, r.logs()
+        assert "[rank0]:done: steps=8" in r.stdout, r.logs()
+        assert re.search(r"\[rank0\]:step_time comm_hook=%s steps=3 warmup=5 mean_ms=" % mode, r.stdout), r.logs()
+        d = param_digests(r.stdout)
+        assert set(d) == {0, 1} and d[0] == d[1], "ranks differ\n" + r.logs()
+        digests[mode] = d[0]
+        if mode == "ddp-agent":
+            assert "[rank0]:comm hook: ddp-agent" in r.stdout, r.logs()
+            events = collective_events(r.stderr)
+            assert events, "no `collective events` line\n" + r.logs()
+            gen, received, dropped = events[-1]
+            assert gen == 0 and received > 0, r.logs()
+        else:
+            assert "comm hook: ddp-agent" not in r.stdout, r.logs()
+    assert digests["ddp-agent"] == digests["none"], digests
+
+
+def test_hook_bootstraps_through_agent(agent_bin, python, shim_path, tmp_path):
+    """Under ddp-agent the hook's communicator is connected to the control socket and ships events."""
+    r = run(agent_cmd(agent_bin, python, PROBE, "6"), timeout=90, env=clean_env())
+    assert r.returncode == 0, r.logs()
+    p = probes(r.stdout)
+    assert set(p) == {0, 1}, r.logs()
+    for rank, d in p.items():
+        assert d["socket_env"], d
+        info = d["info"]
+        assert info["agent"] is True, (rank, info)
+        assert info["rank"] == rank and info["world_size"] == 2, info
+        assert info["transport"] in ("shm", "tcp"), info
+        assert info["collectives"] > 0 and info["events_sent"] > 0, info
+    assert p[0]["digest"] == p[1]["digest"], r.logs()
+    events = collective_events(r.stderr)
+    assert events and events[-1][1] > 0, r.logs()
+
+
+def test_train_under_torchrun(torchrun_compat, python, shim_path, tmp_path):
+    """Under torchrun (no agent) the hook bootstraps through torch's store; ranks end bit-identical."""
+    env = clean_env(DDP_AGENT_SHIM=shim_path)
+    r = run([python, torchrun_compat, "--standalone", "--nproc_per_node", "2", TRAIN, "--steps", "8",
+             "--log-every", "4", "--ckpt-dir", str(tmp_path), "--comm-hook", "ddp-agent"], timeout=150, env=env)
+    assert r.returncode == 0, r.logs()
+    assert "comm hook: ddp-agent" in r.stdout and "done: steps=8" in r.stdout, r.logs()
+    digests = param_digests(r.stdout)
+    assert set(digests) == {0, 1} and digests[0] == digests[1], r.logs()
+
+    r = run([python, torchrun_compat, "--standalone", "--nproc_per_node", "2", PROBE, "6"], timeout=120, env=env)
+    assert r.returncode == 0, r.logs()
+    p = probes(r.stdout)
+    assert set(p) == {0, 1}, r.logs()
+    for rank, d in p.items():
+        assert not d["socket_env"] and d["info"]["agent"] is False, d
+        assert d["info"]["collectives"] > 0, d
+    assert p[0]["digest"] == p[1]["digest"], r.logs()
