@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -38,7 +39,12 @@ type comm struct {
 
 	ctx    context.Context // cancelled by abort and close
 	cancel context.CancelCauseFunc
-	bg     sync.WaitGroup
+	exec   sync.WaitGroup // the executor
+	// The event shipper and the agent's abort watcher outlive the executor,
+	// so the last collectives' events are shipped too.
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
+	bg       sync.WaitGroup
 
 	mu        sync.Mutex
 	ep        *host.Endpoint // until connected
@@ -63,8 +69,9 @@ type work struct {
 	bucket int32
 	arrive time.Time
 
-	done chan struct{}
-	err  error // set before done is closed
+	started atomic.Int64 // unix nanoseconds when the executor took it; 0 before
+	done    chan struct{}
+	err     error // set before done is closed
 }
 
 // openComm validates cfg, listens, and under bootstrap "agent" also
@@ -79,7 +86,9 @@ func openComm(cfg *config) (*comm, error) {
 	}
 	c.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With(
 		"component", "ddpshim", "name", cfg.Name)
+	// A C ABI call has no context to inherit: the comm's lifetime is its own.
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 
 	ep, err := host.Listen(host.Options{Host: cfg.Host, MasterAddr: cfg.MasterAddr})
 	if err != nil {
@@ -125,14 +134,14 @@ func (c *comm) bootstrapAgent() error {
 	c.bg.Add(2)
 	go func() {
 		defer c.bg.Done()
-		c.events.ship(c.ctx, cl)
+		c.events.ship(c.bgCtx, cl)
 	}()
 	go func() {
 		defer c.bg.Done()
 		select {
 		case <-cl.Aborted():
-			c.abort(fmt.Errorf("%w by ddp-agent: %s", errAborted, cl.AbortReason()))
-		case <-c.ctx.Done():
+			c.abort(fmt.Errorf("%w: %s", errAborted, cl.AbortReason()))
+		case <-c.bgCtx.Done():
 		}
 	}()
 
@@ -142,16 +151,19 @@ func (c *comm) bootstrapAgent() error {
 	}
 	prefix := "ddpshim/" + c.cfg.Name + "/"
 	if err := cl.KVSet(ctx, prefix+strconv.Itoa(c.rank), []byte(mine)); err != nil {
-		return fmt.Errorf("publish address through the agent: %w", err)
+		return errorf(rcUnavailable, "publish address through the agent: %w", err)
 	}
 	lines := make([]string, c.size)
 	for r := range c.size {
 		v, err := cl.KVGet(ctx, prefix+strconv.Itoa(r), time.Until(deadline(ctx)))
 		if err != nil {
+			if cause := context.Cause(c.ctx); cause != nil {
+				return aborted(fmt.Errorf("waiting for the address of rank %d: %w", r, cause))
+			}
 			if errors.Is(err, control.ErrTimeout) || ctx.Err() != nil {
 				return errorf(rcTimeout, "rank %d did not publish its address within %v: %w", r, c.cfg.timeout(), err)
 			}
-			return fmt.Errorf("address of rank %d from the agent: %w", r, err)
+			return errorf(rcUnavailable, "address of rank %d from the agent: %w", r, err)
 		}
 		lines[r] = string(v)
 	}
@@ -214,11 +226,11 @@ func (c *comm) connect(lines []string) error {
 		return errClosed
 	}
 	c.tr = tr
+	c.exec.Add(1) // under mu: close either sees tr and waits for the executor, or neither
 	c.mu.Unlock()
 	c.log.Info("connected", "world_size", c.size, "transport", tr.Transport())
-	c.bg.Add(1)
 	go func() {
-		defer c.bg.Done()
+		defer c.exec.Done()
 		c.execute(tr)
 	}()
 	return nil
@@ -235,7 +247,7 @@ func (c *comm) enqueue(w *work) error {
 		return errorf(rcInvalid, "communicator is not connected (call ddpshim_connect first)")
 	}
 	if err := context.Cause(c.ctx); err != nil {
-		return err
+		return aborted(err)
 	}
 	c.queue = append(c.queue, w)
 	select {
@@ -264,10 +276,7 @@ func (c *comm) execute(tr allReducer) {
 			if closed {
 				return
 			}
-			select {
-			case <-c.wake:
-			case <-c.ctx.Done():
-			}
+			<-c.wake // enqueue and close send it; an aborted comm waits here too
 			continue
 		}
 		c.run(tr, w)
@@ -276,8 +285,11 @@ func (c *comm) execute(tr allReducer) {
 
 func (c *comm) run(tr allReducer, w *work) {
 	start := time.Now()
+	w.started.Store(start.UnixNano())
 	err := context.Cause(c.ctx)
-	if err == nil {
+	if err != nil {
+		err = aborted(err)
+	} else {
 		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
 		err = tr.AllReduce(ctx, w.buf, w.dt, w.op)
 		cancel()
@@ -302,6 +314,15 @@ func (c *comm) run(tr allReducer, w *work) {
 	c.mu.Unlock()
 	w.err = err
 	close(w.done)
+}
+
+// aborted reports an earlier failure or abort as DDPSHIM_ERR_ABORTED: only
+// the collective that failed first carries the root cause's own code.
+func aborted(cause error) error {
+	if errors.Is(cause, errClosed) {
+		return cause
+	}
+	return &statusError{rc: rcAborted, err: cause}
 }
 
 // abort fails pending and later collectives with cause; the first cause
@@ -329,6 +350,10 @@ func (c *comm) close() {
 		return
 	}
 	c.closed = true
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 	// Abort only with work outstanding: the shared-memory transport tells
 	// the peers about an abort, and they may still be finishing the last
 	// collective that this rank has completed.
@@ -342,7 +367,7 @@ func (c *comm) close() {
 	if ep != nil {
 		ep.Close()
 	}
-	c.bg.Wait() // the executor finishes the collective in flight (aborted) and drains
+	c.exec.Wait() // the executor finishes the collective in flight (aborted) and drains
 	c.mu.Lock()
 	queue := c.queue
 	c.queue = nil
@@ -351,6 +376,8 @@ func (c *comm) close() {
 		w.err = errClosed
 		close(w.done)
 	}
+	c.bgCancel() // the shipper's last flush includes the executor's last events
+	c.bg.Wait()
 	if tr != nil {
 		tr.Close()
 	}

@@ -27,7 +27,10 @@ type config struct {
 	LogLevel   string `json:"log_level"`
 }
 
-const defaultTimeout = 10 * time.Minute
+const (
+	defaultTimeout = 10 * time.Minute
+	maxTimeout     = 30 * 24 * time.Hour // far beyond any sane collective; keeps deadlines from overflowing
+)
 
 // parseConfig validates the JSON config and fills in defaults.
 func parseConfig(s string) (*config, error) {
@@ -49,6 +52,8 @@ func parseConfig(s string) (*config, error) {
 		return nil, errorf(rcInvalid, "config: rank %d outside [0, %d)", *c.Rank, *c.WorldSize)
 	case c.TimeoutMS < 0:
 		return nil, errorf(rcInvalid, "config: timeout_ms %d is negative", c.TimeoutMS)
+	case c.TimeoutMS > maxTimeout.Milliseconds():
+		return nil, errorf(rcInvalid, "config: timeout_ms %d is more than %v", c.TimeoutMS, maxTimeout)
 	}
 	switch c.Transport {
 	case "", "host", "auto":

@@ -63,7 +63,7 @@ const char *ddpshim_last_error(void);
 /* ddpshim_open creates a communicator and stores its handle in *comm.
  * config is a JSON object:
  *   rank, world_size       (required) this rank and the number of ranks
- *   transport              "host" (default; CPU memory)
+ *   transport              "host" (default; CPU memory; "auto" means "host")
  *   bootstrap              "agent": exchange addresses through the ddp-agent
  *                          control socket at "socket" (blocks until every
  *                          rank has opened, or timeout_ms); "external": the
@@ -74,12 +74,14 @@ const char *ddpshim_last_error(void);
  *                          the agent's control socket (DDP_AGENT_SOCKET),
  *                          DDP_AGENT_GENERATION, LOCAL_RANK and RANK (the
  *                          agent admits workers by global rank; default: rank)
- *   timeout_ms             bound on the bootstrap and on each collective (default 600000)
+ *   timeout_ms             bound on the bootstrap and on each collective (default 600000,
+ *                          at most 30 days)
  *   host                   address peers use to reach this rank (default: the
  *                          address that routes to "master_addr", else 127.0.0.1)
  *   master_addr            see host
  *   shm                    false disables shared memory between ranks on one host
  *   name                   distinguishes communicators opened in the same job
+ *   log_level              the shim's own log on stderr: debug, info, warn (default), error
  * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null pointer, bad JSON, bad
  * rank/world_size), DDPSHIM_ERR_UNAVAILABLE (no agent, no port),
  * DDPSHIM_ERR_TIMEOUT, DDPSHIM_ERR_PEER. */
@@ -107,15 +109,19 @@ int ddpshim_connect(int64_t comm, const char *peers);
  * step and bucket label the timing event sent to the agent. count may be 0.
  * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf with count > 0, null
  * work, negative count, unknown dtype or op, unknown handle, not
- * connected), DDPSHIM_ERR_CLOSED, DDPSHIM_ERR_ABORTED. */
+ * connected), DDPSHIM_ERR_CLOSED, DDPSHIM_ERR_ABORTED (aborted, or an
+ * earlier collective failed). */
 int ddpshim_allreduce(int64_t comm, void *buf, int64_t count, int dtype, int op,
                       void *stream, uint64_t step, int32_t bucket, int64_t *work);
 
 /* ddpshim_work_wait blocks until the work completes and returns its status:
- * DDPSHIM_OK, DDPSHIM_ERR_TIMEOUT, DDPSHIM_ERR_PEER, DDPSHIM_ERR_MISMATCH,
- * DDPSHIM_ERR_ABORTED, or DDPSHIM_ERR_INVALID (unknown handle). It returns
- * within the communicator's timeout_ms even when a peer dies or hangs. The
- * handle stays valid until ddpshim_work_free. */
+ * DDPSHIM_OK; DDPSHIM_ERR_TIMEOUT, DDPSHIM_ERR_PEER or DDPSHIM_ERR_MISMATCH
+ * for the collective that failed first; DDPSHIM_ERR_ABORTED for every later
+ * one and after ddpshim_abort; DDPSHIM_ERR_CLOSED when the communicator was
+ * closed before it ran; DDPSHIM_ERR_INVALID (unknown handle). Collectives
+ * run one at a time in issue order, each bounded by timeout_ms from its
+ * start, so a wait returns even when a peer dies or hangs. The handle stays
+ * valid until ddpshim_work_free. */
 int ddpshim_work_wait(int64_t work);
 
 /* ddpshim_work_test stores 1 in *done when the work has completed, else 0,

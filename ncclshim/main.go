@@ -139,18 +139,23 @@ func ddpshim_work_wait(work C.int64_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	// The transports fail a collective within the timeout; the extra bound
-	// is for a transport bug, so that a wait can never hang a rank.
-	t := time.NewTimer(w.c.cfg.timeout() + 30*time.Second)
-	defer t.Stop()
-	select {
-	case <-w.done:
-		return result(w.err)
-	case <-t.C:
-		err := errorf(rcTimeout, "ddpshim_work_wait: step %d bucket %d still running %v after its timeout; communicator aborted",
-			w.step, w.bucket, 30*time.Second)
-		w.c.abort(err)
-		return fail(err)
+	// The transports fail a collective within the timeout of its start; the
+	// extra bound is for a transport bug, so that a wait never hangs a rank.
+	limit := w.c.cfg.timeout() + 30*time.Second
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.done:
+			return result(w.err)
+		case <-tick.C:
+		}
+		if s := w.started.Load(); s != 0 && time.Since(time.Unix(0, s)) > limit {
+			err := errorf(rcTimeout, "ddpshim_work_wait: step %d bucket %d still running %v after it started; communicator aborted",
+				w.step, w.bucket, limit)
+			w.c.abort(err)
+			return fail(err)
+		}
 	}
 }
 

@@ -38,6 +38,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any, Dict, List, NamedTuple, Optional, Set, Union
 
 import torch
@@ -258,15 +259,20 @@ class Hook:
         if os.environ.get("MASTER_ADDR"):
             cfg["master_addr"] = os.environ["MASTER_ADDR"]
         sock = os.environ.get("DDP_AGENT_SOCKET")
+        # The agent admits the job's world; a smaller group bootstraps
+        # through torch's store instead.
+        if sock and self.world_size != int(os.environ.get("WORLD_SIZE") or -1):
+            sock = None
         if sock:
             cfg.update(
                 bootstrap="agent",
                 socket=sock,
                 generation=int(os.environ.get("DDP_AGENT_GENERATION") or 0),
                 local_rank=int(os.environ.get("LOCAL_RANK") or 0),
-                # the agent admits a worker by its global rank; "rank" is the group's
-                global_rank=int(os.environ.get("RANK") or dist.get_rank()),
             )
+            if os.environ.get("RANK"):
+                # the agent admits a worker by its global rank; "rank" is the group's
+                cfg["global_rank"] = int(os.environ["RANK"])
         else:
             cfg["bootstrap"] = "external"
         extra = os.environ.get(ENV_SHIM_CONFIG)
@@ -289,6 +295,18 @@ class Hook:
             store = self._store()
             blob = comm.bootstrap_info()
             store.set(f"rank_{self.rank}", blob)
+            deadline = time.monotonic() + self.timeout_ms / 1000
+            for r in range(self.world_size):  # one at a time, to name a missing rank
+                try:
+                    left = max(deadline - time.monotonic(), 0.001)
+                    store.wait([f"rank_{r}"], datetime.timedelta(seconds=left))
+                except RuntimeError as e:  # the wait's timeout, or the store gone
+                    raise ShimError(
+                        Status.TIMEOUT,
+                        f"bootstrap of {self.name}: rank {r} did not publish its address within "
+                        f"{self.timeout_ms / 1000:g} s ({e})",
+                        "ddp_agent bootstrap",
+                    ) from None
             peers = [
                 blob if r == self.rank else bytes(store.get(f"rank_{r}")).decode("utf-8")
                 for r in range(self.world_size)
@@ -308,27 +326,6 @@ class Hook:
         # attempt's keys from being read by the next.
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return dist.PrefixStore(f"ddp_agent/{self.name}/restart_{restart}/", dist.distributed_c10d._get_default_store())
-
-    def _close_barrier(self) -> None:
-        """Blocks until every rank has drained its collectives, or the timeout.
-
-        A rank whose last all-reduce is complete may still owe data to a
-        peer that is not done with it; closing the communicator then would
-        cut that peer off. Once every rank is here, nobody owes anything.
-        Goes through torch's default store, so it needs the process group
-        (hence: close before destroy_process_group).
-        """
-        try:
-            store = self._store()
-            store.set(f"closed_{self.rank}", "1")
-            store.wait([f"closed_{r}" for r in range(self.world_size)], datetime.timedelta(milliseconds=self.timeout_ms))
-        except Exception as e:  # no process group any more, a peer gone: close anyway
-            log.warning(
-                "ddp_agent: %s: could not wait for the other ranks before closing (%s); peers still in the "
-                "last all-reduce may fail. Call hook.close() on every rank before destroy_process_group().",
-                self.name,
-                e,
-            )
 
     def _start_waiter(self) -> None:
         with self._lock:
@@ -423,8 +420,8 @@ class Hook:
                     log.warning("ddp_agent: abort %s: %s", self.name, e)
                 waiter.join(5)
         if comm is not None:
-            if not at_exit and self.error is None and self.world_size > 1:
-                self._close_barrier()
+            # No barrier needed: the shim says goodbye to its peers, so one
+            # still finishing the last all-reduce is not cut off.
             try:
                 comm.close()
             except ShimError as e:
@@ -518,10 +515,11 @@ def register(
 
     Returns:
         The :class:`Hook`. Call ``hook.close()`` on every rank after training
-        and before ``torch.distributed.destroy_process_group()``: it waits for
-        the other ranks through the process group's store, so that no rank
-        closes while a peer still receives the last bucket. A hook left open
-        is closed at interpreter exit without that wait.
+        and before ``torch.distributed.destroy_process_group()``: it drains
+        the waiter thread and closes the communicator. It does not wait for
+        the other ranks: a peer still finishing the last bucket completes it.
+        A hook left open is closed at interpreter exit (aborting work still
+        in flight).
 
     Every rank must call register() for the same models in the same order:
     the communicator's name comes from a per-process registration counter.

@@ -269,9 +269,29 @@ def scenario_die(args, keep: list) -> dict:
     return out
 
 
+def scenario_absent(args, keep: list) -> dict:
+    """Rank 1 never registers the hook: rank 0's bootstrap must give up within the timeout."""
+    rank = dist.get_rank()
+    ddp = DDP(make_model("default"), bucket_cap_mb=BUCKET_CAP_MB)  # collective: on every rank
+    keep.append(ddp)
+    if rank != 0:
+        time.sleep(args.timeout + 5)
+        return {}
+    hook = ddp_agent.register(ddp, timeout=args.timeout)
+    t0 = time.monotonic()
+    out = {"error": None}
+    try:
+        ddp(make_batch("default", 0, rank)).pow(2).mean().backward()
+    except Exception as e:
+        out.update(error=f"{type(e).__name__}: {e}", hook_error_code=getattr(hook.error, "code_name", None))
+    out["seconds"] = time.monotonic() - t0
+    hook.close()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["parity", "join", "dataloader", "die"])
+    p.add_argument("scenario", choices=["parity", "join", "dataloader", "die", "absent"])
     p.add_argument("--out", required=True)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--timeout", type=float, default=60)
@@ -287,7 +307,7 @@ def main() -> None:
     try:
         result = globals()[f"scenario_{args.scenario}"](args, keep)
         torch.save(result, os.path.join(args.out, f"rank{rank}.pt"))
-        if args.scenario != "die":
+        if args.scenario not in ("die", "absent"):
             dist.barrier()
     except InjectedFailure:
         raise  # leave through the interpreter's normal exit, atexit handlers included

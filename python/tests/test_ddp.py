@@ -227,9 +227,21 @@ def test_lost_rank_fails_the_others_within_the_timeout(tmp_path, how, codes):
         assert results[rank].returncode == 0, _world.describe(results)
         res = torch.load(tmp_path / f"rank{rank}.pt")
         assert res["error"] is not None, f"rank {rank} trained on without its peer: {res}"
-        assert res["step"] == 3
+        assert res["step"] == 3, (res, _world.describe(results))
         assert "ShimError" in res["error"] and "DDPSHIM_ERR_" in res["error"], res["error"]
         assert res["hook_error_code"] in codes, res
         limit = timeout - 1 if how == "raise" else timeout + 5
         assert res["seconds"] < limit, f"rank {rank} took {res['seconds']:.1f}s to fail: {res}"
         assert res["close_seconds"] < 5, res
+
+
+def test_bootstrap_gives_up_within_the_timeout(tmp_path):
+    """Under torchrun the addresses go through torch's store, whose own timeout
+    is 30 minutes: a rank that never opens must fail the others within the
+    hook's timeout instead."""
+    timeout = 3.0
+    results = _world.run_world(tmp_path, 2, ["absent", "--out", str(tmp_path), "--timeout", str(timeout)], timeout=60)
+    assert all(r.returncode == 0 for r in results), _world.describe(results)
+    res = torch.load(tmp_path / "rank0.pt")
+    assert res["error"] is not None and "did not publish" in res["error"], res
+    assert timeout - 0.5 <= res["seconds"] <= timeout + 5, res

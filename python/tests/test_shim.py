@@ -640,5 +640,10 @@ def test_extra_config_from_the_environment(monkeypatch):
     monkeypatch.setenv("DDP_AGENT_SOCKET", "/run/x/control.sock")
     monkeypatch.setenv("DDP_AGENT_GENERATION", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
     cfg = h._config()
-    assert (cfg["bootstrap"], cfg["socket"], cfg["generation"], cfg["local_rank"]) == ("agent", "/run/x/control.sock", 3, 1)
+    assert (cfg["bootstrap"], cfg["socket"], cfg["generation"], cfg["local_rank"], cfg["global_rank"]) == (
+        "agent", "/run/x/control.sock", 3, 1, 1)
+    monkeypatch.setenv("WORLD_SIZE", "4")  # a subgroup of the job: through torch's store
+    assert h._config()["bootstrap"] == "external"
