@@ -211,7 +211,10 @@ def test_dataloader_with_forked_workers(tmp_path):
     ids=["killed", "stopped", "raised"],
 )
 def test_lost_rank_fails_the_others_within_the_timeout(tmp_path, how, codes):
-    world_size, timeout = 3, 5.0
+    # Only a stopped rank needs the timeout; a dead one is noticed at once. A
+    # generous timeout for those keeps a loaded CI machine (a rank descheduled
+    # for seconds) from timing out a healthy step before the injected failure.
+    world_size, timeout = 3, (5.0 if how == "stop" else 30.0)
     results = _world.run_world(
         tmp_path,
         world_size,
@@ -230,7 +233,7 @@ def test_lost_rank_fails_the_others_within_the_timeout(tmp_path, how, codes):
         assert res["step"] == 3, (res, _world.describe(results))
         assert "ShimError" in res["error"] and "DDPSHIM_ERR_" in res["error"], res["error"]
         assert res["hook_error_code"] in codes, res
-        limit = timeout - 1 if how == "raise" else timeout + 5
+        limit = 5 if how != "stop" else timeout + 5
         assert res["seconds"] < limit, f"rank {rank} took {res['seconds']:.1f}s to fail: {res}"
         assert res["close_seconds"] < 5, res
 
