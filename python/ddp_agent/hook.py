@@ -199,10 +199,17 @@ class Hook:
             self._failed(e)
             raise
         fut: torch.futures.Future = torch.futures.Future()
-        self._issued += 1
-        self._queue.put((work, buf, fut))  # buf stays referenced until the work is done
-        if self._waiter is None:
-            self._start_waiter()
+        with self._lock:  # against a concurrent close(): queued before its sentinel, or not at all
+            if self._closed:
+                work.free()
+                raise ShimError(Status.CLOSED, f"ddp_agent hook {self.name} was closed", "ddp_agent hook")
+            if self._waiter is None:
+                self._waiter = threading.Thread(
+                    target=self._wait_loop, name=f"ddp_agent-waiter-{self.name}", daemon=True
+                )
+                self._waiter.start()
+            self._issued += 1
+            self._queue.put((work, buf, fut))  # buf stays referenced until the work is done
         # A Future completed by set_exception holds the exception as its
         # value; DDP's reducer would fail to read it as a tensor, with a
         # message that hides ours. then() turns it into a real error whose
@@ -326,13 +333,6 @@ class Hook:
         # attempt's keys from being read by the next.
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return dist.PrefixStore(f"ddp_agent/{self.name}/restart_{restart}/", dist.distributed_c10d._get_default_store())
-
-    def _start_waiter(self) -> None:
-        with self._lock:
-            if self._waiter is None:
-                t = threading.Thread(target=self._wait_loop, name=f"ddp_agent-waiter-{self.name}", daemon=True)
-                t.start()
-                self._waiter = t
 
     def _wait_loop(self) -> None:
         """Completes the Futures in issue order; runs on the waiter thread until close()."""
