@@ -7,6 +7,15 @@
 
 enum { I32 = 2, I64 = 4, F16 = 6, F32 = 7, F64 = 8, BF16 = 9 };
 
+/* On x86-64 the loops are also compiled for AVX2 and picked at load time
+ * (an ifunc): SSE2 lacks the 16-to-32-bit widening and narrowing that the
+ * half-precision loops need. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define MULTIVERSION
+#endif
+
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
@@ -44,7 +53,7 @@ static inline uint16_t f32_to_f16(float f) {
     return (uint16_t)((sign >> 16) | (shl1_w > 0xff000000u ? 0x7e00u : nonsign));
 }
 
-void ddpr_add(int dtype, void *dst, const void *a, const void *b, size_t n) {
+MULTIVERSION void ddpr_add(int dtype, void *dst, const void *a, const void *b, size_t n) {
     size_t i;
     switch (dtype) {
     case F32: {
@@ -80,7 +89,7 @@ void ddpr_add(int dtype, void *dst, const void *a, const void *b, size_t n) {
     }
 }
 
-void ddpr_div(int dtype, void *buf, size_t n, int64_t div) {
+MULTIVERSION void ddpr_div(int dtype, void *buf, size_t n, int64_t div) {
     size_t i;
     switch (dtype) {
     case F32: {
