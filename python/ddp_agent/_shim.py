@@ -152,12 +152,15 @@ _lib: Optional[ctypes.CDLL] = None
 _lib_path = ""
 _loaded_by_pid = 0
 _forked_child = False
+_loading = False  # a thread is inside dlopen: the Go runtime may be starting
 
 
 def _after_fork_in_child() -> None:
-    global _forked_child
-    if _lib is not None:
+    global _forked_child, _lock
+    if _lib is not None or _loading:
         _forked_child = True
+    # The parent's lock may have been held by a thread that does not exist here.
+    _lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -175,7 +178,7 @@ def library_path() -> str:
 
 def _library() -> ctypes.CDLL:
     """Returns the loaded library, loading it on first use (blocks only for dlopen)."""
-    global _lib, _lib_path, _loaded_by_pid
+    global _lib, _lib_path, _loaded_by_pid, _loading
     if _forked_child:
         raise ShimError(
             Status.UNAVAILABLE,
@@ -200,9 +203,11 @@ def _library() -> ctypes.CDLL:
                 f"Build it with `make build` (it lands in bin/ and in python/ddp_agent/), "
                 f"or point ${ENV_SHIM} at it.",
             )
+        _loading = True
         try:
             lib = ctypes.CDLL(path)
         except OSError as e:
+            _loading = False
             raise ShimError(Status.UNAVAILABLE, f"load {path}: {e}") from e
         for name, (restype, argtypes) in PROTOTYPES.items():
             try:
