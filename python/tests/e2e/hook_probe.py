@@ -47,8 +47,12 @@ def main():
     while info["agent"] and not info["events_sent"] and time.monotonic() < deadline:
         time.sleep(0.05)  # events are shipped to the agent in batches, every ~200 ms
         info = hook.info()
-    print("PROBE " + json.dumps({"rank": rank, "world_size": world, "socket_env": bool(os.environ.get("DDP_AGENT_SOCKET")),
-                                 "info": info, "digest": h.hexdigest()}), flush=True)
+    # One write: torchrun runs python -u, where print() writes the text and
+    # the newline separately, and the two ranks share one pipe.
+    line = "PROBE " + json.dumps({"rank": rank, "world_size": world, "socket_env": bool(os.environ.get("DDP_AGENT_SOCKET")),
+                                  "info": info, "digest": h.hexdigest()})
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
     dist.barrier()
     hook.close()
     hook.close()  # idempotent

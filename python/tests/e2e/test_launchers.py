@@ -10,13 +10,18 @@ PROBE = os.path.join(HERE, "hook_probe.py")
 
 
 def probes(stdout):
-    """Returns {rank: probe dict} from hook_probe.py's PROBE lines."""
+    """Returns {rank: probe dict} from hook_probe.py's PROBE records.
+
+    Scans the whole output, not lines: under torchrun 1.13 the ranks share
+    one pipe, and another rank's output may follow a record on its line.
+    """
     out = {}
-    for line in stdout.splitlines():
-        i = line.find("PROBE ")
-        if i >= 0:
-            d = json.loads(line[i + len("PROBE "):])
-            out[d["rank"]] = d
+    dec = json.JSONDecoder()
+    i = stdout.find("PROBE ")
+    while i >= 0:
+        d, end = dec.raw_decode(stdout, i + len("PROBE "))
+        out[d["rank"]] = d
+        i = stdout.find("PROBE ", end)
     return out
 
 
