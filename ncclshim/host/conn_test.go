@@ -15,7 +15,7 @@ import (
 
 // listen opens n endpoints on loopback; those Connect does not consume are
 // closed when the test ends.
-func listen(t *testing.T, n int) ([]*Endpoint, []PeerInfo) {
+func listen(t testing.TB, n int) ([]*Endpoint, []PeerInfo) {
 	t.Helper()
 	eps := make([]*Endpoint, n)
 	peers := make([]PeerInfo, n)

@@ -12,7 +12,7 @@ import (
 
 // connectWith connects n ranks over loopback with peers edited by edit;
 // the Comms are closed when the test ends.
-func connectWith(t *testing.T, n int, cfg Config, edit func([]PeerInfo)) []*Comm {
+func connectWith(t testing.TB, n int, cfg Config, edit func([]PeerInfo)) []*Comm {
 	t.Helper()
 	eps, peers := listen(t, n)
 	if edit != nil {
