@@ -22,7 +22,6 @@ import (
 type allReducer interface {
 	AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error
 	Abort(err error)
-	Done() <-chan struct{}
 	Transport() string
 	Close() error
 }
@@ -86,16 +85,14 @@ func openComm(cfg *config) (*comm, error) {
 	}
 	c.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With(
 		"component", "ddpshim", "name", cfg.Name)
-	// A C ABI call has no context to inherit: the comm's lifetime is its own.
-	c.ctx, c.cancel = context.WithCancelCause(context.Background())
-	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
-
 	ep, err := host.Listen(host.Options{Host: cfg.Host, MasterAddr: cfg.MasterAddr})
 	if err != nil {
-		c.cancel(err)
 		return nil, errorf(rcUnavailable, "listen for peers: %w", err)
 	}
 	c.ep = ep
+	// A C ABI call has no context to inherit: the comm's lifetime is its own.
+	c.ctx, c.cancel = context.WithCancelCause(context.Background())
+	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	if cfg.Bootstrap == "agent" {
 		if err := c.bootstrapAgent(); err != nil {
 			c.close()
@@ -112,8 +109,7 @@ func (c *comm) info() (string, error) {
 	if c.tr != nil || c.ep == nil {
 		return "", errorf(rcInvalid, "communicator is already connected")
 	}
-	pi := c.ep.Info()
-	return blob{V: blobVersion, Rank: c.rank, Addr: pi.Addr, HostID: pi.HostID, Nonce: pi.Nonce}.encode(), nil
+	return blob{V: blobVersion, Rank: c.rank, PeerInfo: c.ep.Info()}.encode(), nil
 }
 
 // bootstrapAgent exchanges blobs through the agent's store and connects.
@@ -189,7 +185,7 @@ func (c *comm) connect(lines []string) error {
 		if b.Rank != i {
 			return errorf(rcInvalid, "blob %d is rank %d's: blobs must be in rank order", i, b.Rank)
 		}
-		peers[i] = host.PeerInfo{Addr: b.Addr, HostID: b.HostID, Nonce: b.Nonce}
+		peers[i] = b.PeerInfo
 	}
 	c.mu.Lock()
 	ep := c.ep

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/host"
 )
 
 // config is the JSON object ddpshim_open takes; ddpshim.h documents the keys.
@@ -112,11 +114,9 @@ func (c *config) level() (slog.Level, error) {
 
 // blob is one rank's bootstrap record, exchanged as one line of JSON.
 type blob struct {
-	V      int    `json:"v"`
-	Rank   int    `json:"rank"`
-	Addr   string `json:"addr"`
-	HostID string `json:"host_id"`
-	Nonce  string `json:"nonce"`
+	V    int `json:"v"`
+	Rank int `json:"rank"`
+	host.PeerInfo
 }
 
 const blobVersion = 1

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/host"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -56,7 +57,7 @@ func TestParseConfig(t *testing.T) {
 }
 
 func TestBlob(t *testing.T) {
-	b := blob{V: blobVersion, Rank: 3, Addr: "10.0.0.1:4000", HostID: "h", Nonce: "n"}
+	b := blob{V: blobVersion, Rank: 3, PeerInfo: host.PeerInfo{Addr: "10.0.0.1:4000", HostID: "h", Nonce: "n"}}
 	got, err := decodeBlob(b.encode())
 	if err != nil || got != b {
 		t.Fatalf("round trip: got %+v, %v", got, err)

@@ -16,15 +16,15 @@ rank runs the same count). The time of a round is the slowest rank's mean per
 collective; the table shows the median round. As in nccl-tests:
 algbw = bytes / time, busbw = algbw * 2(n-1)/n.
 
-Rank 0 prints a Markdown table. The shim is found through DDP_AGENT_SHIM (which
-ddp-agent sets for its workers), else next to the ddp_agent package
-(python/ddp_agent/libddpshim.so), else bin/libddpshim.so. Under ddp-agent the
+Rank 0 prints a Markdown table. The shim is called through the ddp_agent
+package's binding (python/ on sys.path if it is not installed), which finds it
+through DDP_AGENT_SHIM (ddp-agent sets it for its workers) or next to the
+package. Under ddp-agent the
 shim bootstraps through the agent's control socket (DDP_AGENT_SOCKET); under
 torchrun the ranks exchange the shim's bootstrap blobs through torch's store.
 """
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -35,8 +35,12 @@ import time
 import torch
 import torch.distributed as dist
 
-FLOAT32, SUM = 7, 0  # DDPSHIM_FLOAT32, DDPSHIM_SUM (ncclshim/ddpshim.h)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+try:
+    from ddp_agent import _shim  # the package's ctypes binding of ncclshim/ddpshim.h
+except ImportError:
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    from ddp_agent import _shim
 
 
 def parse_args():
@@ -56,78 +60,16 @@ def parse_args():
     return p.parse_args()
 
 
-def find_shim():
-    candidates = [os.environ.get("DDP_AGENT_SHIM", ""),
-                  os.path.join(REPO, "python", "ddp_agent", "libddpshim.so"),
-                  os.path.join(REPO, "bin", "libddpshim.so")]
-    for c in candidates:
-        if c and os.path.exists(c):
-            return c
-    raise SystemExit("allreduce.py: libddpshim.so not found (looked at DDP_AGENT_SHIM and %s); run `make build`"
-                     % ", ".join(candidates[1:]))
+def allreduce(comm, t, step):
+    """One blocking all-reduce through the shim, as the hook issues it (minus the waiter thread)."""
+    work = comm.allreduce(t.data_ptr(), t.numel(), _shim.DType.FLOAT32, _shim.Op.SUM, step=step)
+    try:
+        work.wait()
+    finally:
+        work.free()
 
 
-class Shim:
-    """The few calls of the C ABI (ncclshim/ddpshim.h) the benchmark needs, over ctypes."""
-
-    def __init__(self, path):
-        lib = ctypes.CDLL(path)  # CDLL releases the GIL during calls
-        i64, i64p = ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)
-        sig = {
-            "ddpshim_version": (ctypes.c_char_p, []),
-            "ddpshim_last_error": (ctypes.c_char_p, []),
-            "ddpshim_open": (ctypes.c_int, [ctypes.c_char_p, i64p]),
-            "ddpshim_bootstrap_info": (ctypes.c_int, [i64, ctypes.c_char_p, ctypes.c_size_t]),
-            "ddpshim_connect": (ctypes.c_int, [i64, ctypes.c_char_p]),
-            "ddpshim_allreduce": (ctypes.c_int, [i64, ctypes.c_void_p, i64, ctypes.c_int, ctypes.c_int,
-                                                 ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32, i64p]),
-            "ddpshim_work_wait": (ctypes.c_int, [i64]),
-            "ddpshim_work_free": (ctypes.c_int, [i64]),
-            "ddpshim_close": (ctypes.c_int, [i64]),
-            "ddpshim_comm_info": (ctypes.c_int, [i64, ctypes.c_char_p, ctypes.c_size_t]),
-        }
-        for name, (res, args) in sig.items():
-            f = getattr(lib, name)
-            f.restype, f.argtypes = res, args
-        self.lib = lib
-        self.version = lib.ddpshim_version().decode()
-
-    def check(self, what, rc):
-        if rc != 0:
-            raise RuntimeError("%s: status %d: %s" % (what, rc, self.lib.ddpshim_last_error().decode(errors="replace")))
-
-    def open(self, config):
-        h = ctypes.c_int64()
-        self.check("ddpshim_open", self.lib.ddpshim_open(json.dumps(config).encode(), ctypes.byref(h)))
-        return h.value
-
-    def bootstrap_info(self, comm):
-        buf = ctypes.create_string_buffer(1 << 16)
-        self.check("ddpshim_bootstrap_info", self.lib.ddpshim_bootstrap_info(comm, buf, len(buf)))
-        return buf.value.decode()
-
-    def connect(self, comm, blobs):
-        self.check("ddpshim_connect", self.lib.ddpshim_connect(comm, "\n".join(blobs).encode()))
-
-    def info(self, comm):
-        buf = ctypes.create_string_buffer(1 << 16)
-        self.check("ddpshim_comm_info", self.lib.ddpshim_comm_info(comm, buf, len(buf)))
-        return json.loads(buf.value.decode())
-
-    def allreduce(self, comm, t, step):
-        work = ctypes.c_int64()
-        self.check("ddpshim_allreduce", self.lib.ddpshim_allreduce(
-            comm, ctypes.c_void_p(t.data_ptr()), t.numel(), FLOAT32, SUM, None, step, 0, ctypes.byref(work)))
-        try:
-            self.check("ddpshim_work_wait", self.lib.ddpshim_work_wait(work.value))
-        finally:
-            self.lib.ddpshim_work_free(work.value)
-
-    def close(self, comm):
-        self.check("ddpshim_close", self.lib.ddpshim_close(comm))
-
-
-def open_comm(shim, rank, world, extra, timeout_ms):
+def open_comm(rank, world, extra, timeout_ms):
     config = {"rank": rank, "world_size": world, "transport": "host", "timeout_ms": timeout_ms,
               "name": "allreduce-bench", "master_addr": os.environ.get("MASTER_ADDR", "127.0.0.1")}
     sock = os.environ.get("DDP_AGENT_SOCKET")
@@ -137,11 +79,11 @@ def open_comm(shim, rank, world, extra, timeout_ms):
     else:  # under torchrun: exchange the blobs through torch's store
         config.update(bootstrap="external")
     config.update(extra)
-    comm = shim.open(config)
+    comm = _shim.Comm.open(config)
     if config["bootstrap"] == "external":
         blobs = [None] * world
-        dist.all_gather_object(blobs, shim.bootstrap_info(comm))
-        shim.connect(comm, blobs)
+        dist.all_gather_object(blobs, comm.bootstrap_info())
+        comm.connect(blobs)
     return comm
 
 
@@ -189,13 +131,13 @@ def main():
     args = parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method="env://")
-    shim = Shim(find_shim())
-    comm = open_comm(shim, rank, world, json.loads(args.shim_config), args.timeout_ms)
-    info = shim.info(comm)
+    version = _shim.version()
+    comm = open_comm(rank, world, json.loads(args.shim_config), args.timeout_ms)
+    info = comm.info()
     launcher = "ddp-agent" if os.environ.get("DDP_AGENT_SOCKET") else "torchrun"
     if rank == 0:
         print("# %s; comm %s; %d ranks under %s; torch %s; %s, %d CPUs; load average %.2f"
-              % (shim.version, json.dumps(info, sort_keys=True), world, launcher, torch.__version__,
+              % (version, json.dumps(info, sort_keys=True), world, launcher, torch.__version__,
                  platform.machine(), os.cpu_count(), os.getloadavg()[0]), flush=True)
 
     sizes = []
@@ -210,7 +152,7 @@ def main():
         t = buf[: size // 4]
         want = expected(t.numel(), world)
         ok = {}
-        for name, run in (("shim", lambda s: shim.allreduce(comm, t, s)), ("gloo", lambda s: dist.all_reduce(t))):
+        for name, run in (("shim", lambda s: allreduce(comm, t, s)), ("gloo", lambda s: dist.all_reduce(t))):
             fill_pattern(t, rank)
             run(step)
             step += 1
@@ -223,7 +165,7 @@ def main():
         times = {"shim": [], "gloo": []}
         iters = {"shim": 0, "gloo": 0}
         for _ in range(args.rounds):
-            for name, run in (("shim", lambda s: shim.allreduce(comm, t, s)), ("gloo", lambda s: dist.all_reduce(t))):
+            for name, run in (("shim", lambda s: allreduce(comm, t, s)), ("gloo", lambda s: dist.all_reduce(t))):
                 sec, it = time_round(run, args, step)
                 step += args.warmup + it
                 times[name].append(sec)
@@ -258,11 +200,11 @@ def main():
                   world, args.rounds, info.get("transport", "?"), os.getloadavg()[0]), flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"shim_version": shim.version, "comm_info": info, "world_size": world,
+                json.dump({"shim_version": version, "comm_info": info, "world_size": world,
                            "launcher": launcher, "torch": torch.__version__, "rows": rows}, f, indent=1)
 
     dist.barrier()
-    shim.close(comm)
+    comm.close()
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
