@@ -21,21 +21,32 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/health"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
-// JobFailedError is returned by Run when a worker failed and no restarts
-// were left. Cause is the root cause of the last attempt.
+// JobFailedError is returned by Run when the job failed and no restarts
+// were left. Cause is the root cause when it was a worker of this node;
+// Reason says what happened otherwise (a fault on another node).
 type JobFailedError struct {
 	Attempts int
 	Cause    *supervisor.WorkerExitError
+	Reason   string
 }
 
 func (e *JobFailedError) Error() string {
-	return fmt.Sprintf("job failed after %d attempt(s): %v", e.Attempts, e.Cause)
+	if e.Cause != nil {
+		return fmt.Sprintf("job failed after %d attempt(s): %v", e.Attempts, e.Cause)
+	}
+	return fmt.Sprintf("job failed after %d attempt(s) on this node: %s", e.Attempts, e.Reason)
 }
 
-func (e *JobFailedError) Unwrap() error { return e.Cause }
+func (e *JobFailedError) Unwrap() error {
+	if e.Cause == nil {
+		return nil
+	}
+	return e.Cause
+}
 
 // SignalError is the cause of the agent's context when a signal asked it to
 // stop; main exits with 128+Signal.
@@ -73,6 +84,12 @@ func New(cfg *launch.Config, log *slog.Logger, stdout, stderr *supervisor.Consol
 	return &Agent{cfg: cfg, log: log, stdout: stdout, stderr: stderr, baseEnv: baseEnv}
 }
 
+// errRoundEnded is the cause of a round's context when the job moved to
+// another generation because of something outside this node.
+type errRoundEnded struct{ reason string }
+
+func (e *errRoundEnded) Error() string { return "generation ended: " + e.reason }
+
 // Run runs the job until every worker has succeeded (nil), the job failed
 // (*JobFailedError), or ctx is done: then the workers are stopped within the
 // grace period and context.Cause(ctx) is returned.
@@ -95,8 +112,22 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer bg.Wait()
 	defer cancel(nil) // runs first: stop the background parts, then wait for them
 
+	j, err := a.openRendezvous(ctx, runID)
+	if err != nil {
+		return err
+	}
+	defer j.close()
+	left := false
+	leave := func(reason string) {
+		if !left {
+			left = true
+			j.rz.Leave(reason)
+		}
+	}
+	defer leave("agent exiting")
+
 	events := newEventTally()
-	srv, err := control.Listen(control.Config{JobID: runID, Authorize: a.authorize, OnEvents: events.add, Logger: a.log})
+	srv, err := control.Listen(control.Config{JobID: runID, Authorize: a.authorize, OnEvents: events.add, Logger: a.log, KV: j.kv})
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
@@ -128,33 +159,49 @@ func (a *Agent) Run(ctx context.Context) error {
 		_ = mon.Run(ctx)
 	}()
 
-	a.log.Info("starting job", "run_id", runID, "nproc_per_node", cfg.NProcPerNode, "max_restarts", cfg.MaxRestarts,
+	bootstrap := ""
+	if j.nodeLocalKV {
+		bootstrap = "external"
+	}
+	a.log.Info("starting job", "run_id", runID, "nproc_per_node", cfg.NProcPerNode, "nnodes", nnodesAttr(cfg), "max_restarts", cfg.MaxRestarts,
 		"command", cfg.Command(), "log_dir", logDirAttr(runDir, keep), "control_socket", srv.Path())
 
 	for attempt := 0; ; attempt++ {
-		gen := uint64(attempt)
-		port, err := a.masterPort()
+		waitStart := time.Now()
+		r, err := j.rz.Next(ctx)
 		if err != nil {
+			var failed *rdzv.JobFailedError
+			switch {
+			case ctx.Err() != nil:
+				return context.Cause(ctx)
+			case errors.Is(err, rdzv.ErrJobSucceeded):
+				a.log.Info("the job finished without this node")
+				return nil
+			case errors.As(err, &failed):
+				return &JobFailedError{Attempts: attempt, Reason: failed.Reason}
+			}
+			leave("gave up: " + err.Error())
 			return err
 		}
-		worldSize := cfg.NProcPerNode * cfg.NNodesMax
-		srv.SetGeneration(gen, worldSize, nil)
+		gen := r.Generation
+		srv.SetGeneration(gen, r.WorldSize, nil)
 		spec := &supervisor.Spec{
 			Argv:          cfg.Command(),
 			BaseEnv:       a.baseEnv,
 			NProc:         cfg.NProcPerNode,
-			RankOffset:    cfg.NodeRank * cfg.NProcPerNode,
-			WorldSize:     worldSize,
-			NodeRank:      cfg.NodeRank,
-			NNodes:        cfg.NNodesMax,
-			MasterAddr:    a.masterAddr(),
-			MasterPort:    port,
+			RankOffset:    r.RankOffset,
+			WorldSize:     r.WorldSize,
+			NodeRank:      r.GroupRank,
+			NNodes:        r.NNodes,
+			MasterAddr:    r.MasterAddr,
+			MasterPort:    r.MasterPort,
 			RunID:         runID,
 			Role:          cfg.Role,
-			RestartCount:  attempt,
+			RestartCount:  r.Restarts,
 			MaxRestarts:   cfg.MaxRestarts,
 			Generation:    gen,
 			ControlSocket: srv.Path(),
+			Bootstrap:     bootstrap,
 			AttemptDir:    filepath.Join(runDir, "attempt_"+strconv.Itoa(attempt)),
 			Streams:       a.streams(keep),
 			Stdout:        a.stdout,
@@ -164,44 +211,92 @@ func (a *Agent) Run(ctx context.Context) error {
 		g := supervisor.New(spec, a.log)
 		a.setGroup(g) // before the first worker runs: it may dial the control socket at once
 		if err := g.Start(); err != nil {
+			r.Stop()
 			return fmt.Errorf("attempt %d: %w", attempt, err)
 		}
 		mon.SetWorkers(g.PIDs())
 		mon.Sample() // a worker that dies at once still gets a line in the report
-		a.log.Info("workers started", "attempt", attempt, "generation", gen, "world_size", worldSize, "master", net.JoinHostPort(spec.MasterAddr, strconv.Itoa(port)), "pids", g.PIDs())
+		a.log.Info("workers started", "attempt", attempt, "generation", gen, "group_rank", r.GroupRank, "nnodes", r.NNodes,
+			"world_size", r.WorldSize, "master", net.JoinHostPort(spec.MasterAddr, strconv.Itoa(spec.MasterPort)),
+			"rendezvous", started.Sub(waitStart).Round(time.Millisecond), "pids", g.PIDs())
 
-		err = g.Wait(ctx)
+		rctx, endRound := context.WithCancelCause(ctx)
+		go func() {
+			select {
+			case <-r.Done():
+				endRound(&errRoundEnded{reason: r.Reason()})
+			case <-rctx.Done():
+			}
+		}()
+		err = g.Wait(rctx)
+		endRound(nil)
 		if err == nil {
+			r.Stop()
 			events.report(a.log, gen, srv.Conns)
-			a.log.Info("all workers succeeded", "attempt", attempt, "elapsed", time.Since(started).Round(time.Millisecond))
+			a.log.Info("all workers succeeded", "attempt", attempt, "generation", gen, "elapsed", time.Since(started).Round(time.Millisecond))
+			if err := j.rz.Succeed(ctx, r); err != nil {
+				a.log.Warn("tell the rendezvous this node finished", "err", err)
+			}
+			left = true // succeeded nodes leave quietly: their lease ends with the agent
 			return nil
 		}
 		var failed *supervisor.WorkerExitError
-		if !errors.As(err, &failed) { // ctx done: a signal or the caller
+		var ended *errRoundEnded
+		switch {
+		case errors.As(err, &failed):
+			mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
+			abort(fmt.Sprintf("worker rank %d failed", failed.Rank))
+			// Tell the other nodes first: their workers are stuck on this
+			// node's dead ones until their agents restart them.
+			ferr := j.rz.Fail(ctx, r, failed.Error())
+			r.Stop()
+			g.Stop(syscall.SIGTERM, cfg.StopTimeout)
+			a.dropGeneration(srv, srvCtx, events, gen)
+			a.report(failed, r.Restarts, time.Since(started), g.PIDs(), mon)
+			var jf *rdzv.JobFailedError
+			if errors.As(ferr, &jf) {
+				return &JobFailedError{Attempts: attempt + 1, Cause: failed}
+			}
+			if ferr != nil {
+				a.log.Error("tell the rendezvous about the failure", "err", ferr)
+			}
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			a.log.Warn("restarting worker group", "restarts", r.Restarts+1, "max_restarts", cfg.MaxRestarts)
+		case errors.As(context.Cause(rctx), &ended) && ctx.Err() == nil:
+			a.log.Warn("stopping workers: the job is moving to a new generation", "generation", gen, "reason", ended.reason)
+			abort("job moving to a new generation: " + ended.reason)
+			g.Stop(syscall.SIGTERM, cfg.StopTimeout)
+			a.dropGeneration(srv, srvCtx, events, gen)
+		default: // ctx done: a signal or the caller
+			r.Stop()
 			cause := context.Cause(ctx)
 			sig := stopSignal(cause)
 			a.log.Info("stopping workers", "reason", cause, "signal", sig, "grace", cfg.StopTimeout)
 			abort("agent stopping: " + cause.Error())
+			leave("agent stopping: " + cause.Error())
 			g.Stop(sig, cfg.StopTimeout)
 			events.report(a.log, gen, srv.Conns)
 			return cause
 		}
-		mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
-		abort(fmt.Sprintf("worker rank %d failed", failed.Rank))
-		g.Stop(syscall.SIGTERM, cfg.StopTimeout)
-		events.report(a.log, gen, srv.Conns)
-		if err := srv.DropGeneration(srvCtx, gen); err != nil {
-			a.log.Warn("drop control store keys", "generation", gen, "err", err)
-		}
-		a.report(failed, attempt, time.Since(started), g.PIDs(), mon)
-		if attempt >= cfg.MaxRestarts {
-			return &JobFailedError{Attempts: attempt + 1, Cause: failed}
-		}
-		if ctx.Err() != nil {
-			return context.Cause(ctx)
-		}
-		a.log.Warn("restarting worker group", "restart", attempt+1, "max_restarts", cfg.MaxRestarts)
 	}
+}
+
+// dropGeneration logs the generation's collective events and deletes its
+// bootstrap keys, once its workers are gone.
+func (a *Agent) dropGeneration(srv *control.Server, ctx context.Context, events *eventTally, gen uint64) {
+	events.report(a.log, gen, srv.Conns)
+	if err := srv.DropGeneration(ctx, gen); err != nil {
+		a.log.Warn("drop control store keys", "generation", gen, "err", err)
+	}
+}
+
+func nnodesAttr(cfg *launch.Config) string {
+	if cfg.NNodesMin == cfg.NNodesMax {
+		return strconv.Itoa(cfg.NNodesMax)
+	}
+	return fmt.Sprintf("%d:%d", cfg.NNodesMin, cfg.NNodesMax)
 }
 
 func (a *Agent) setGroup(g *supervisor.Group) {
@@ -290,21 +385,6 @@ func (a *Agent) masterAddr() string {
 		return a.cfg.MasterAddr
 	}
 	return "127.0.0.1"
-}
-
-// masterPort returns --master-port, or a port free right now: a fresh one
-// for every attempt, so a restart never trips over the last attempt's
-// store socket lingering in TIME_WAIT.
-func (a *Agent) masterPort() (int, error) {
-	if a.cfg.MasterPort != 0 {
-		return a.cfg.MasterPort, nil
-	}
-	l, err := net.Listen("tcp", net.JoinHostPort(a.masterAddr(), "0"))
-	if err != nil {
-		return 0, fmt.Errorf("pick a free master port on %s: %w", a.masterAddr(), err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func newRunID() string {

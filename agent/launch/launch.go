@@ -96,7 +96,9 @@ type Config struct {
 	RdzvBackend  string
 	RdzvEndpoint string
 	RdzvID       string // also the run id (TORCHELASTIC_RUN_ID)
-	RdzvConf     string
+	RdzvConf     string // as given
+	RdzvToken    string // shared secret checked on join; "" = none
+	Rdzv         RdzvConf
 
 	MasterAddr string
 	MasterPort int // 0: pick a free port for every attempt
@@ -172,22 +174,23 @@ type flagSpec struct {
 
 var flagSpecs = []flagSpec{
 	{name: "nproc-per-node", def: "1", help: "workers per node: a number, auto (one per GPU, else one per CPU), cpu, or gpu"},
-	{name: "nnodes", def: "1", help: "number of nodes, or MIN:MAX (only 1 until multi-node rendezvous lands)"},
-	{name: "node-rank", def: "0", help: "rank of this node (static rendezvous)"},
-	{name: "standalone", bool: true, help: "single-node job with a local rendezvous"},
-	{name: "rdzv-backend", def: "static", help: "rendezvous backend: static, c10d or etcd (on one node all mean the local rendezvous)"},
-	{name: "rdzv-endpoint", help: "rendezvous endpoint host:port (unused on one node)"},
+	{name: "nnodes", def: "1", help: "number of nodes, or MIN:MAX for an elastic job"},
+	{name: "node-rank", def: "0", help: "rank of this node (static rendezvous only)"},
+	{name: "standalone", bool: true, help: "single-node job: this agent hosts its own rendezvous store on a free loopback port"},
+	{name: "rdzv-backend", def: "static", help: "static (fixed nodes, no store), c10d (the agent at --rdzv-endpoint hosts an embedded etcd), or etcd (an existing etcd cluster)"},
+	{name: "rdzv-endpoint", help: "rendezvous store host:port (c10d default port 29400), or a comma-separated list of etcd members (etcd default port 2379)"},
 	{name: "rdzv-id", help: "job id shared by all nodes; also TORCHELASTIC_RUN_ID"},
 	{name: "run-id", help: "same as --rdzv-id"},
-	{name: "rdzv-conf", help: "rendezvous settings key1=value1,key2=value2 (unused on one node)"},
-	{name: "master-addr", help: "address of the rank 0 node (default 127.0.0.1 on one node)"},
-	{name: "master-port", help: "port for the workers' store (default: a free port for each attempt)"},
-	{name: "max-restarts", def: "0", help: "restarts of the worker group before the job fails"},
+	{name: "rdzv-conf", help: "rendezvous settings key1=value1,key2=value2: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, cacert, cert, key, etcd_prefix (see the README)"},
+	{name: "rdzv-token", help: "shared secret every agent of the job must give (default $DDP_AGENT_RDZV_TOKEN)"},
+	{name: "master-addr", help: "address of the rank 0 node, static rendezvous (default 127.0.0.1)"},
+	{name: "master-port", help: "port for the workers' store (default: a free port for each attempt; 29500 for a static multi-node job)"},
+	{name: "max-restarts", def: "0", help: "restarts of the job after faults (worker failures, lost nodes) before it fails; scale events do not count"},
 	{name: "monitor-interval", def: "5", help: "accepted for torchrun compatibility; worker exits are noticed at once"},
 	{name: "stop-timeout", def: "10s", help: "grace period between SIGTERM and SIGKILL when stopping workers"},
 	{name: "start-method", def: "spawn", help: "accepted for torchrun compatibility: spawn, fork or forkserver"},
 	{name: "role", def: "default", help: "user-defined role of the workers"},
-	{name: "local-addr", help: "address other nodes reach this one at (unused on one node)"},
+	{name: "local-addr", help: "address other nodes reach this one at (default: the address this host uses to reach the rendezvous store)"},
 	{name: "log-dir", help: "directory for per-rank stdout/stderr files, kept per attempt"},
 	{name: "redirects", short: "r", def: "0", help: "streams sent only to log files: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2 per local rank"},
 	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
@@ -239,6 +242,7 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 			set[f.name] = true
 		}
 	}
+	raw["rdzv-token"] = getenv("DDP_AGENT_RDZV_TOKEN") // a secret is better kept out of argv
 	// torchrun runs workers under its own interpreter, or PYTHON_EXEC.
 	for _, env := range []string{"PYTHON_EXEC", "DDP_AGENT_PYTHON"} {
 		if v := getenv(env); v != "" {
@@ -338,14 +342,8 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.NNodesMin, c.NNodesMax, err = parseNNodes(r["nnodes"]); err != nil {
 		return err
 	}
-	if c.NNodesMax != 1 {
-		return usagef("--nnodes %s: only single-node jobs (--nnodes 1) are supported so far", r["nnodes"])
-	}
 	if c.NodeRank, err = r.int("node-rank", 0); err != nil {
 		return err
-	}
-	if c.NodeRank >= c.NNodesMax {
-		return usagef("--node-rank %d must be below --nnodes %d", c.NodeRank, c.NNodesMax)
 	}
 	c.NProcSpec = r["nproc-per-node"]
 	if c.NProcPerNode, err = resolveNProc(c.NProcSpec, host); err != nil {
@@ -388,6 +386,13 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.Standalone && (set["master-addr"] || set["master-port"]) { // on the command line or as PET_*
 		// torchrun's --standalone picks its own port; a fixed one would be silently ignored there.
 		return usagef("--standalone picks a free master port itself; drop --master-addr/--master-port (or PET_MASTER_*), or drop --standalone")
+	}
+	c.RdzvToken = r["rdzv-token"]
+	if c.Rdzv, err = parseRdzvConf(c.RdzvConf); err != nil {
+		return err
+	}
+	if err := c.checkRendezvous(set); err != nil {
+		return err
 	}
 	c.StartMethod = r["start-method"]
 	switch c.StartMethod {

@@ -70,6 +70,47 @@ func TestParseTorchrunLines(t *testing.T) {
 				if c.RdzvBackend != "c10d" || c.RdzvEndpoint != "localhost:29400" || c.RdzvID != "job7" || c.RdzvConf != "timeout=60" {
 					return "c10d localhost:29400 job7"
 				}
+				if c.Rdzv.JoinTimeout != time.Minute || !c.Dynamic() {
+					return "timeout=60 as the join timeout, a dynamic rendezvous"
+				}
+				return ""
+			},
+		},
+		{
+			name: "elastic job",
+			args: "--nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint node0 --rdzv-conf join_timeout=30,last_call_timeout=0.5,keep_alive_interval=2,keep_alive_max_attempt=4,is_host=false train.py",
+			check: func(c *Config) string {
+				r := c.Rdzv
+				if c.NNodesMin != 2 || c.NNodesMax != 4 || !c.Dynamic() || c.ExternalStore() || c.RdzvID != "none" {
+					return "nnodes 2:4, dynamic, hosted store, run id none"
+				}
+				if r.JoinTimeout != 30*time.Second || r.LastCall != 500*time.Millisecond || r.TTL() != 8*time.Second || r.IsHost == nil || *r.IsHost {
+					return "join 30s, last call 0.5s, TTL 8s, is_host false"
+				}
+				if eps := c.Endpoints(); len(eps) != 1 || eps[0] != "node0:29400" {
+					return "endpoint node0:29400"
+				}
+				return ""
+			},
+		},
+		{
+			name: "etcd cluster",
+			args: "--nnodes 3 --rdzv-backend etcd --rdzv-endpoint 10.0.0.1,10.0.0.2:2381,https://e3:2379 --rdzv-token s3cret train.py",
+			check: func(c *Config) string {
+				eps := c.Endpoints()
+				if !c.ExternalStore() || len(eps) != 3 || eps[0] != "10.0.0.1:2379" || eps[1] != "10.0.0.2:2381" || eps[2] != "https://e3:2379" || c.RdzvToken != "s3cret" {
+					return "three etcd endpoints with default ports, the token"
+				}
+				return ""
+			},
+		},
+		{
+			name: "static multi-node",
+			args: "--nnodes 2 --node-rank 1 --master-addr 10.0.0.1 train.py",
+			check: func(c *Config) string {
+				if c.Dynamic() || c.NodeRank != 1 || c.MasterPort != 29500 {
+					return "static, node rank 1, master port 29500 as torchrun"
+				}
 				return ""
 			},
 		},
@@ -119,7 +160,7 @@ func TestParseTorchrunLines(t *testing.T) {
 			check: func(c *Config) string {
 				want := &Config{NProcPerNode: 1, NProcSpec: "1", NNodesMin: 1, NNodesMax: 1, RdzvBackend: "static",
 					MonitorInterval: 5 * time.Second, StopTimeout: 10 * time.Second, StartMethod: "spawn", Role: "default",
-					Python: "python3", LogLevel: "info", Script: "train.py"}
+					Python: "python3", LogLevel: "info", Script: "train.py", Rdzv: DefaultRdzvConf}
 				if !reflect.DeepEqual(c, want) {
 					return "the documented defaults"
 				}
@@ -154,7 +195,15 @@ func TestParseErrors(t *testing.T) {
 		{"zero procs", "--nproc-per-node 0 train.py", "--nproc-per-node must be"},
 		{"bad procs", "--nproc-per-node lots train.py", "--nproc-per-node must be"},
 		{"gpu without GPUs", "--nproc-per-node gpu train.py", "no GPU found"},
-		{"several nodes", "--nnodes 2 train.py", "only single-node"},
+		{"elastic without a store", "--nnodes 1:2 train.py", "needs a rendezvous store"},
+		{"c10d without endpoint", "--nnodes 2 --rdzv-backend c10d train.py", "needs --rdzv-endpoint"},
+		{"node rank with c10d", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint h:1 --node-rank 1 train.py", "--node-rank is for the static"},
+		{"c10d with a list", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint h:1,g:1 train.py", "takes one endpoint"},
+		{"standalone on two nodes", "--standalone --nnodes 2 train.py", "--standalone is for one node"},
+		{"rdzv conf unknown key", "--rdzv-conf jion_timeout=5 train.py", "unknown key \"jion_timeout\""},
+		{"rdzv conf bad value", "--rdzv-conf join_timeout=soon train.py", "join_timeout"},
+		{"rdzv conf short ttl", "--rdzv-conf keep_alive_interval=0.5,keep_alive_max_attempt=2 train.py", "at least 2s"},
+		{"rdzv conf cert without key", "--rdzv-conf cert=/c.pem train.py", "cert and key"},
 		{"bad range", "--nnodes 3:1 train.py", "MIN:MAX"},
 		{"node rank past nnodes", "--node-rank 1 train.py", "--node-rank 1 must be below"},
 		{"redirects out of range", "--redirects 4 train.py", "--redirects"},

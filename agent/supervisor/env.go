@@ -36,6 +36,7 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile string) []string {
 		"TORCHELASTIC_ERROR_FILE":      errorFile,
 		"DDP_AGENT_SOCKET":             s.ControlSocket,
 		"DDP_AGENT_GENERATION":         strconv.FormatUint(s.Generation, 10),
+		"DDP_AGENT_BOOTSTRAP":          s.Bootstrap,
 	}
 	have := map[string]bool{}
 	for _, kv := range base {
@@ -54,6 +55,9 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile string) []string {
 	}
 	if s.ControlSocket == "" {
 		delete(set, "DDP_AGENT_SOCKET")
+	}
+	if s.Bootstrap == "" {
+		delete(set, "DDP_AGENT_BOOTSTRAP")
 	}
 
 	env := make([]string, 0, len(base)+len(set))
@@ -80,5 +84,5 @@ var envOrder = []string{
 	"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
 	"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
 	"OMP_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-	"DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION",
+	"DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION", "DDP_AGENT_BOOTSTRAP",
 }

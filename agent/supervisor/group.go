@@ -64,6 +64,10 @@ type Spec struct {
 	MaxRestarts   int
 	Generation    uint64
 	ControlSocket string
+	// Bootstrap, when set, is DDP_AGENT_BOOTSTRAP: "external" tells the
+	// workers' hook that the agent's store is node-local, so the job's
+	// communicators must bootstrap through torch's store.
+	Bootstrap string
 
 	// AttemptDir holds <local_rank>/error.json (TORCHELASTIC_ERROR_FILE) and,
 	// when Streams asks for it, <local_rank>/stdout.log and stderr.log.

@@ -267,8 +267,11 @@ class Hook:
             cfg["master_addr"] = os.environ["MASTER_ADDR"]
         sock = os.environ.get("DDP_AGENT_SOCKET")
         # The agent admits the job's world; a smaller group bootstraps
-        # through torch's store instead.
+        # through torch's store instead, and so does every group when the
+        # agent says its store does not span the job (static multi-node).
         if sock and self.world_size != int(os.environ.get("WORLD_SIZE") or -1):
+            sock = None
+        if os.environ.get("DDP_AGENT_BOOTSTRAP") == "external":
             sock = None
         if sock:
             cfg.update(

@@ -1,0 +1,198 @@
+package launch
+
+import (
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RdzvConf is a parsed --rdzv-conf. Keys are torchrun's where torchrun has
+// one for the same thing.
+type RdzvConf struct {
+	JoinTimeout         time.Duration // join_timeout (torchrun: join_timeout, etcd backend: timeout)
+	LastCall            time.Duration // last_call_timeout
+	KeepAliveInterval   time.Duration // keep_alive_interval
+	KeepAliveMaxAttempt int           // keep_alive_max_attempt: missed keep-alives before a node is lost
+	IsHost              *bool         // is_host: whether this agent hosts the store (c10d); nil = decide by address
+	CACert, Cert, Key   string        // cacert, cert, key: TLS to the store (etcd backend)
+	Protocol            string        // protocol: http or https (etcd backend)
+	Prefix              string        // etcd_prefix: where jobs live in the store
+}
+
+// TTL is how long a silent node keeps its lease: the keep-alive interval
+// times the attempts it may miss.
+func (c RdzvConf) TTL() time.Duration {
+	return c.KeepAliveInterval * time.Duration(c.KeepAliveMaxAttempt)
+}
+
+// DefaultRdzvConf: torchrun waits 30 s of last call and declares a node
+// dead after 3 missed keep-alives 5 s apart; a fault should cost seconds.
+var DefaultRdzvConf = RdzvConf{
+	JoinTimeout:         600 * time.Second,
+	LastCall:            2 * time.Second,
+	KeepAliveInterval:   time.Second,
+	KeepAliveMaxAttempt: 3,
+	Prefix:              "/ddp-agent/v1/",
+}
+
+// torchrun keys that mean nothing here; accepted so a torchrun command
+// line keeps working.
+var ignoredRdzvKeys = map[string]bool{"read_timeout": true, "close_timeout": true, "heartbeat": true, "timeout_s": true, "use_libuv": true, "store_type": true}
+
+func parseRdzvConf(v string) (RdzvConf, error) {
+	c := DefaultRdzvConf
+	if strings.TrimSpace(v) == "" {
+		return c, nil
+	}
+	for _, kv := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(kv, "=")
+		k, val = strings.TrimSpace(k), strings.TrimSpace(val)
+		if !ok || k == "" {
+			return c, usagef("--rdzv-conf: %q is not key=value", kv)
+		}
+		secs := func() (time.Duration, error) {
+			f, err := strconv.ParseFloat(val, 64)
+			if err != nil || f <= 0 {
+				if d, err := time.ParseDuration(val); err == nil && d > 0 {
+					return d, nil
+				}
+				return 0, usagef("--rdzv-conf %s: %q is not a positive number of seconds", k, val)
+			}
+			return time.Duration(f * float64(time.Second)), nil
+		}
+		var err error
+		switch k {
+		case "join_timeout", "timeout":
+			c.JoinTimeout, err = secs()
+		case "last_call_timeout":
+			c.LastCall, err = secs()
+			if val == "0" {
+				c.LastCall, err = 0, nil
+			}
+		case "keep_alive_interval":
+			c.KeepAliveInterval, err = secs()
+		case "keep_alive_max_attempt":
+			n, perr := strconv.Atoi(val)
+			if perr != nil || n < 1 {
+				return c, usagef("--rdzv-conf keep_alive_max_attempt: %q is not a positive integer", val)
+			}
+			c.KeepAliveMaxAttempt = n
+		case "is_host":
+			b, perr := strconv.ParseBool(val)
+			if perr != nil {
+				return c, usagef("--rdzv-conf is_host: %q is not true or false", val)
+			}
+			c.IsHost = &b
+		case "cacert":
+			c.CACert = val
+		case "cert":
+			c.Cert = val
+		case "key":
+			c.Key = val
+		case "protocol":
+			if val != "http" && val != "https" {
+				return c, usagef("--rdzv-conf protocol: %q is not http or https", val)
+			}
+			c.Protocol = val
+		case "etcd_prefix":
+			if val == "" {
+				return c, usagef("--rdzv-conf etcd_prefix must not be empty")
+			}
+			c.Prefix = strings.TrimRight(val, "/") + "/"
+		default:
+			if !ignoredRdzvKeys[k] {
+				return c, usagef("--rdzv-conf: unknown key %q (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, protocol, cacert, cert, key, etcd_prefix)", k)
+			}
+		}
+		if err != nil {
+			return c, err
+		}
+	}
+	if (c.Cert == "") != (c.Key == "") {
+		return c, usagef("--rdzv-conf: cert and key go together")
+	}
+	if c.TTL() < 2*time.Second {
+		// etcd does not grant leases shorter than its minimum TTL (about 2 s
+		// with its default timings); a shorter one would silently be longer.
+		return c, usagef("--rdzv-conf: keep_alive_interval x keep_alive_max_attempt = %v; it must be at least 2s", c.TTL())
+	}
+	return c, nil
+}
+
+// Dynamic reports whether the nodes meet through an etcd store (c10d or
+// etcd backend, or --standalone) rather than by fixed ranks.
+func (c *Config) Dynamic() bool {
+	return c.Standalone || (c.RdzvBackend != "static" && c.RdzvEndpoint != "")
+}
+
+// Endpoints returns --rdzv-endpoint as a list with ports filled in: 29400
+// for c10d, as torchrun, and 2379 for etcd.
+func (c *Config) Endpoints() []string {
+	port := "29400"
+	if c.RdzvBackend == "etcd" || c.RdzvBackend == "etcd-v2" {
+		port = "2379"
+	}
+	var eps []string
+	for _, ep := range strings.Split(c.RdzvEndpoint, ",") {
+		ep = strings.TrimSpace(ep)
+		if ep == "" {
+			continue
+		}
+		if strings.Contains(ep, "://") {
+			eps = append(eps, ep)
+			continue
+		}
+		if _, _, err := net.SplitHostPort(ep); err != nil {
+			ep = net.JoinHostPort(strings.Trim(ep, "[]"), port)
+		}
+		eps = append(eps, ep)
+	}
+	return eps
+}
+
+// ExternalStore reports whether the store is an existing etcd cluster
+// that no agent hosts.
+func (c *Config) ExternalStore() bool {
+	return c.RdzvBackend == "etcd" || c.RdzvBackend == "etcd-v2"
+}
+
+func (c *Config) checkRendezvous(set map[string]bool) error {
+	if c.Standalone {
+		if c.NNodesMax != 1 {
+			return usagef("--standalone is for one node; use --rdzv-endpoint for --nnodes %d:%d", c.NNodesMin, c.NNodesMax)
+		}
+		if set["rdzv-endpoint"] {
+			return usagef("--standalone hosts its own store; drop --rdzv-endpoint, or drop --standalone")
+		}
+		return nil
+	}
+	if c.RdzvBackend == "static" || c.RdzvEndpoint == "" {
+		if c.RdzvBackend != "static" && c.NNodesMax > 1 {
+			return usagef("--rdzv-backend %s with --nnodes %d:%d needs --rdzv-endpoint (the store's host:port)", c.RdzvBackend, c.NNodesMin, c.NNodesMax)
+		}
+		if c.NNodesMin != c.NNodesMax {
+			return usagef("--nnodes %d:%d is elastic and needs a rendezvous store: add --rdzv-backend c10d --rdzv-endpoint HOST:PORT", c.NNodesMin, c.NNodesMax)
+		}
+		if c.NodeRank >= c.NNodesMax {
+			return usagef("--node-rank %d must be below --nnodes %d", c.NodeRank, c.NNodesMax)
+		}
+		if c.NNodesMax > 1 && c.MasterPort == 0 {
+			c.MasterPort = 29500 // every node must agree on it, as in torchrun
+		}
+		return nil
+	}
+	if set["node-rank"] {
+		return usagef("--node-rank is for the static backend; with --rdzv-backend %s the rendezvous assigns ranks", c.RdzvBackend)
+	}
+	if len(c.Endpoints()) == 0 {
+		return usagef("--rdzv-endpoint %q names no store", c.RdzvEndpoint)
+	}
+	if !c.ExternalStore() && len(c.Endpoints()) > 1 {
+		return usagef("--rdzv-backend c10d takes one endpoint (the agent that hosts the store); for an etcd cluster use --rdzv-backend etcd")
+	}
+	if c.RdzvID == "" {
+		c.RdzvID = "none" // what torchrun uses when --rdzv-id is not given: the same on every node
+	}
+	return nil
+}

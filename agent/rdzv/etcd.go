@@ -1,0 +1,1144 @@
+package rdzv
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Config configures one agent's side of an etcd rendezvous.
+type Config struct {
+	JobID  string
+	Prefix string // Prefix(root, JobID)
+	// Hosted: this agent started the store for this job, so the store
+	// belongs to the job and an agent of another job is refused.
+	Hosted bool
+	// Endpoint names the store in messages.
+	Endpoint string
+
+	Host  string // hostname, for people
+	Addr  string // address other nodes reach this one at
+	NProc int
+
+	NNodesMin, NNodesMax int
+	MaxRestarts          int
+	Token                string // shared secret; "" = none
+
+	JoinTimeout time.Duration // a round that does not reach NNodesMin in this time fails
+	LastCall    time.Duration // after NNodesMin joined, how long to wait for more
+	TTL         time.Duration // lease TTL; keep-alives go every TTL/3
+	MasterPort  int           // fixed workers' store port; 0 = a free one per round
+
+	Logger *slog.Logger
+}
+
+// opTimeout bounds one request to the store, so an unreachable store is an
+// error and never a hang.
+const opTimeout = 10 * time.Second
+
+// Etcd is one agent's membership in a job's rendezvous. Open it, then call
+// Next for every generation the agent runs workers in.
+type Etcd struct {
+	cfg  Config
+	cli  *clientv3.Client
+	log  *slog.Logger
+	node string // this agent's node id
+	mac  string
+
+	probe   net.Listener
+	probeWG sync.WaitGroup
+	// bg bounds what outlives a call: the rounds' watches. Close ends it.
+	bg     context.Context
+	stopBG context.CancelFunc
+
+	mu        sync.Mutex
+	lease     clientv3.LeaseID
+	leaseLost chan struct{} // closed when lease is lost
+	stopKA    context.CancelFunc
+	state     NodeState
+	lastGen   uint64 // the last generation this node ran, +1 (0: none yet)
+}
+
+// ForeignJobError: the store was started for another job.
+type ForeignJobError struct{ Endpoint, Hosted, Mine string }
+
+func (e *ForeignJobError) Error() string {
+	return fmt.Sprintf("refused: the rendezvous store at %s was started for job %q, and this agent's --rdzv-id is %q; give the same --rdzv-id to every node of a job", e.Endpoint, e.Hosted, e.Mine)
+}
+
+// ErrTokenMismatch: the job was created with another token (or none).
+var ErrTokenMismatch = errors.New("refused: the rendezvous token does not match the job's (check --rdzv-token or DDP_AGENT_RDZV_TOKEN on every node)")
+
+// JobFailedError: the job failed, here or on another node, and no
+// restarts were left.
+type JobFailedError struct{ Reason string }
+
+func (e *JobFailedError) Error() string { return "job failed: " + e.Reason }
+
+// ErrJobSucceeded: the job's workers all finished while this agent waited
+// to join it.
+var ErrJobSucceeded = errors.New("the job already finished")
+
+// JoinTimeoutError: too few nodes joined within the join timeout.
+type JoinTimeoutError struct {
+	Joined, Min int
+	Timeout     time.Duration
+	Generation  uint64
+}
+
+func (e *JoinTimeoutError) Error() string {
+	return fmt.Sprintf("rendezvous timed out: %d of the %d nodes needed joined generation %d within %v (join_timeout in --rdzv-conf)", e.Joined, e.Min, e.Generation, e.Timeout)
+}
+
+// Open joins the job's rendezvous: it checks that the store belongs to
+// this job and the token matches, creates the job if this is its first
+// agent, and registers this node on a fresh lease.
+func Open(ctx context.Context, cli *clientv3.Client, cfg Config) (*Etcd, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	e := &Etcd{cfg: cfg, cli: cli, log: cfg.Logger, node: newNodeID(cfg.Host), mac: tokenMAC(cfg.Token, cfg.JobID), state: NodeActive}
+	if err := e.checkHost(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.createOrCheckJob(ctx); err != nil {
+		return nil, err
+	}
+	e.bg, e.stopBG = context.WithCancel(context.Background())
+	l, err := net.Listen("tcp", net.JoinHostPort(cfg.Addr, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("liveness probe listener on %s: %w", cfg.Addr, err)
+	}
+	e.probe = l
+	e.probeWG.Add(1)
+	go e.serveProbe()
+	if err := e.register(ctx); err != nil {
+		e.Close()
+		return nil, err
+	}
+	e.log.Info("joined rendezvous", "job", cfg.JobID, "store", cfg.Endpoint, "node", e.node, "addr", cfg.Addr, "nnodes", fmt.Sprintf("%d:%d", cfg.NNodesMin, cfg.NNodesMax))
+	return e, nil
+}
+
+// Node is this agent's node id.
+func (e *Etcd) Node() string { return e.node }
+
+func newNodeID(host string) string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	h := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' {
+			return r
+		}
+		return '-'
+	}, host)
+	if h == "" {
+		h = "node"
+	}
+	return fmt.Sprintf("%s-%d-%s", h, os.Getpid(), hex.EncodeToString(b))
+}
+
+func tokenMAC(token, id string) string {
+	if token == "" {
+		return ""
+	}
+	m := hmac.New(sha256.New, []byte(token))
+	m.Write([]byte("ddp-agent rendezvous " + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func (e *Etcd) key(k string) string { return e.cfg.Prefix + k }
+
+func (e *Etcd) checkHost(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if e.cfg.Hosted {
+		txn, err := e.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(HostKey), "=", 0)).
+			Then(clientv3.OpPut(HostKey, e.cfg.JobID)).
+			Else(clientv3.OpGet(HostKey)).Commit()
+		if err != nil {
+			return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+		}
+		if txn.Succeeded {
+			return nil
+		}
+		if kvs := txn.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && string(kvs[0].Value) != e.cfg.JobID {
+			return &ForeignJobError{Endpoint: e.cfg.Endpoint, Hosted: string(kvs[0].Value), Mine: e.cfg.JobID}
+		}
+		return nil
+	}
+	resp, err := e.cli.Get(ctx, HostKey)
+	if err != nil {
+		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	if len(resp.Kvs) > 0 && string(resp.Kvs[0].Value) != e.cfg.JobID {
+		return &ForeignJobError{Endpoint: e.cfg.Endpoint, Hosted: string(resp.Kvs[0].Value), Mine: e.cfg.JobID}
+	}
+	return nil
+}
+
+func (e *Etcd) createOrCheckJob(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	now := time.Now()
+	job := JobInfo{ID: e.cfg.JobID, Created: now, NNodesMin: e.cfg.NNodesMin, NNodesMax: e.cfg.NNodesMax, MaxRestarts: e.cfg.MaxRestarts, TokenMAC: e.mac}
+	st := State{Generation: 0, Phase: Joining, Reason: "job created", Since: now, MaxRestarts: e.cfg.MaxRestarts}
+	txn, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(e.key(jobKey)), "=", 0)).
+		Then(clientv3.OpPut(e.key(jobKey), encode(job)), clientv3.OpPut(e.key(stateKey), encode(st))).
+		Else(clientv3.OpGet(e.key(jobKey))).Commit()
+	if err != nil {
+		return fmt.Errorf("rendezvous store at %s: create job: %w", e.cfg.Endpoint, err)
+	}
+	if txn.Succeeded {
+		e.log.Info("created job in rendezvous store", "job", e.cfg.JobID, "max_restarts", e.cfg.MaxRestarts)
+		return nil
+	}
+	kvs := txn.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return fmt.Errorf("rendezvous store at %s: job %q vanished while joining", e.cfg.Endpoint, e.cfg.JobID)
+	}
+	var have JobInfo
+	if err := decode(e.key(jobKey), kvs[0].Value, &have); err != nil {
+		return fmt.Errorf("refused: %w", err)
+	}
+	if !hmac.Equal([]byte(have.TokenMAC), []byte(e.mac)) {
+		return ErrTokenMismatch
+	}
+	if have.NNodesMin != e.cfg.NNodesMin || have.NNodesMax != e.cfg.NNodesMax || have.MaxRestarts != e.cfg.MaxRestarts {
+		e.log.Warn("this agent's settings differ from the job's; the job's apply",
+			"job_nnodes", fmt.Sprintf("%d:%d", have.NNodesMin, have.NNodesMax), "job_max_restarts", have.MaxRestarts,
+			"nnodes", fmt.Sprintf("%d:%d", e.cfg.NNodesMin, e.cfg.NNodesMax), "max_restarts", e.cfg.MaxRestarts)
+		e.cfg.NNodesMin, e.cfg.NNodesMax, e.cfg.MaxRestarts = have.NNodesMin, have.NNodesMax, have.MaxRestarts
+	}
+	return nil
+}
+
+// serveProbe accepts and closes connections: while the agent lives its
+// probe port accepts; once the process is gone the kernel refuses, which
+// tells a round's leader the node is dead long before its lease expires.
+func (e *Etcd) serveProbe() {
+	defer e.probeWG.Done()
+	for {
+		c, err := e.probe.Accept()
+		if err != nil {
+			return
+		}
+		c.Close()
+	}
+}
+
+// register puts this node's entry on a fresh lease and keeps it alive.
+func (e *Etcd) register(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	ttl := int64((e.cfg.TTL + time.Second - 1) / time.Second)
+	g, err := e.cli.Grant(ctx, max(ttl, 1))
+	if err != nil {
+		return fmt.Errorf("rendezvous store at %s: grant lease: %w", e.cfg.Endpoint, err)
+	}
+	kaCtx, stopKA := context.WithCancel(context.Background())
+	ka, err := e.cli.KeepAlive(kaCtx, g.ID)
+	if err != nil {
+		stopKA()
+		return fmt.Errorf("rendezvous store at %s: keep lease alive: %w", e.cfg.Endpoint, err)
+	}
+	lost := make(chan struct{})
+	e.mu.Lock()
+	if e.stopKA != nil {
+		e.stopKA()
+	}
+	e.lease, e.leaseLost, e.stopKA = g.ID, lost, stopKA
+	e.mu.Unlock()
+	go func() {
+		for range ka { // the client closes ka when the lease expires or cannot be renewed in time
+		}
+		close(lost)
+		if kaCtx.Err() == nil {
+			e.log.Warn("lost this node's lease on the rendezvous store", "store", e.cfg.Endpoint, "lease", fmt.Sprintf("%x", int64(g.ID)))
+		}
+	}()
+	if err := e.putNode(ctx, NodeActive, ""); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (e *Etcd) nodeInfo(st NodeState, reason string) NodeInfo {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return NodeInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, PID: os.Getpid(), NProc: e.cfg.NProc,
+		Lease: int64(e.lease), Probe: e.probe.Addr().String(), State: st, Reason: reason, Started: time.Now()}
+}
+
+func (e *Etcd) putNode(ctx context.Context, st NodeState, reason string) error {
+	info := e.nodeInfo(st, reason)
+	_, err := e.cli.Put(ctx, e.key(nodesDir+e.node), encode(info), clientv3.WithLease(clientv3.LeaseID(info.Lease)))
+	if err != nil {
+		return fmt.Errorf("rendezvous store at %s: register node: %w", e.cfg.Endpoint, err)
+	}
+	return nil
+}
+
+// leaseChan returns the channel closed when the current lease is lost.
+func (e *Etcd) leaseChan() (clientv3.LeaseID, <-chan struct{}) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lease, e.leaseLost
+}
+
+// ensureLease registers again after the lease was lost (store restarted,
+// node cut off for longer than the TTL): same node id, new lease.
+func (e *Etcd) ensureLease(ctx context.Context) error {
+	_, lost := e.leaseChan()
+	select {
+	case <-lost:
+	default:
+		return nil
+	}
+	e.log.Info("registering again with the rendezvous store", "store", e.cfg.Endpoint)
+	return e.register(ctx)
+}
+
+// readState returns the job's state and its mod revision. A malformed
+// state (a person or tool wrote garbage) is replaced by a fresh Joining
+// state, so the job recovers instead of every agent failing on it.
+func (e *Etcd) readState(ctx context.Context) (*State, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.key(stateKey))
+	if err != nil {
+		return nil, 0, fmt.Errorf("rendezvous store at %s: read state: %w", e.cfg.Endpoint, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return e.resetState(ctx, 0, fmt.Sprintf("state key %s was missing", e.key(stateKey)), resp.Header.Revision)
+	}
+	kv := resp.Kvs[0]
+	var st State
+	if err := decode(e.key(stateKey), kv.Value, &st); err != nil || !st.Phase.valid() {
+		if err == nil {
+			err = fmt.Errorf("malformed value at %s: unknown phase %q", e.key(stateKey), st.Phase)
+		}
+		e.log.Error("rendezvous state is malformed; starting a new generation", "err", err)
+		return e.resetState(ctx, kv.ModRevision, err.Error(), resp.Header.Revision)
+	}
+	return &st, kv.ModRevision, nil
+}
+
+func (p Phase) valid() bool {
+	switch p {
+	case Joining, Running, Failed, Succeeded:
+		return true
+	}
+	return false
+}
+
+func (e *Etcd) resetState(ctx context.Context, modRev int64, reason string, storeRev int64) (*State, int64, error) {
+	// Every generation was written at a revision at least as high as the
+	// generation number, so one above the store's revision is new to all.
+	st := State{Generation: uint64(storeRev) + 1, Phase: Joining, Reason: reason, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts}
+	cmp := clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", modRev)
+	if modRev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(e.key(stateKey)), "=", 0)
+	}
+	txn, err := e.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(e.key(stateKey), encode(st))).Commit()
+	if err != nil {
+		return nil, 0, fmt.Errorf("rendezvous store at %s: reset state: %w", e.cfg.Endpoint, err)
+	}
+	if !txn.Succeeded {
+		return e.readState(ctx)
+	}
+	return &st, txn.Header.Revision, nil
+}
+
+func (e *Etcd) lastGenSeen() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lastGen
+}
+
+// Next blocks until this node is a member of a closed round, and returns
+// the round. It joins the open round, or asks for one when the job runs
+// without this node and has room (a rescale), or waits as a spare when the
+// job is full. It fails with *JoinTimeoutError when too few nodes come
+// within the join timeout, *JobFailedError when the job failed, and
+// ErrJobSucceeded when the job is over.
+func (e *Etcd) Next(ctx context.Context) (*Round, error) {
+	deadline := time.Now().Add(e.cfg.JoinTimeout)
+	spare := false
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, context.Cause(ctx)
+		}
+		if err := e.ensureLease(ctx); err != nil {
+			if time.Now().After(deadline) {
+				return nil, err
+			}
+			e.log.Warn("rendezvous store unreachable; retrying", "err", err)
+			if !sleep(ctx, time.Second) {
+				return nil, context.Cause(ctx)
+			}
+			continue
+		}
+		st, rev, err := e.readState(ctx)
+		if err != nil {
+			if time.Now().After(deadline) {
+				return nil, err
+			}
+			e.log.Warn("rendezvous store unreachable; retrying", "err", err)
+			if !sleep(ctx, time.Second) {
+				return nil, context.Cause(ctx)
+			}
+			continue
+		}
+		switch st.Phase {
+		case Failed:
+			return nil, &JobFailedError{Reason: st.Reason}
+		case Succeeded:
+			return nil, ErrJobSucceeded
+		case Running:
+			if _, ok := st.Member(e.node); ok && st.Generation >= e.lastGenSeen() {
+				return e.startRound(ctx, st, rev), nil
+			}
+			if _, ok := st.Member(e.node); ok {
+				// This node ran this generation and lost it (its lease
+				// expired) before anyone moved the job on.
+				e.bump(ctx, st.Generation, fmt.Sprintf("node %s lost its lease and rejoined", e.node), true)
+				continue
+			}
+			if len(st.Members) < e.cfg.NNodesMax {
+				e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s) joined; scaling up from %d nodes", e.node, e.cfg.Host, len(st.Members)), false)
+				continue
+			}
+			if !spare {
+				e.log.Info("the job is full; standing by as a spare", "generation", st.Generation, "nodes", len(st.Members))
+				spare = true
+			}
+			deadline = time.Now().Add(e.cfg.JoinTimeout) // a spare of a healthy job waits as long as the job runs
+			if err := e.waitStateChange(ctx, rev); err != nil {
+				return nil, err
+			}
+		case Joining:
+			spare = false
+			r, err := e.joinRound(ctx, st, rev, deadline)
+			if err != nil || r != nil {
+				return r, err
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// waitStateChange blocks until the state key changes after revision rev,
+// or this node's lease is lost.
+func (e *Etcd) waitStateChange(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, lost := e.leaseChan()
+	wch := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(rev+1))
+	select {
+	case <-wch: // an event, or the watch broke: either way, read the state again
+		return nil
+	case <-lost:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// joinRound puts this node's join key for the open round and waits until
+// the round closes. The first node to join leads the round: it decides
+// when to close it and writes the members. It returns (nil, nil) when the
+// state moved on without making this node a member, for Next to look again.
+func (e *Etcd) joinRound(ctx context.Context, st *State, rev int64, deadline time.Time) (*Round, error) {
+	lease, lost := e.leaseChan()
+	port := e.cfg.MasterPort
+	if port == 0 {
+		var err error
+		if port, err = freePort(e.cfg.Addr); err != nil {
+			return nil, err
+		}
+	}
+	prefix := RoundPrefix(e.cfg.Prefix, st.Generation)
+	me := JoinInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, NProc: e.cfg.NProc, MasterPort: port, Joined: time.Now()}
+	octx, cancel := context.WithTimeout(ctx, opTimeout)
+	_, err := e.cli.Txn(octx).
+		If(clientv3.Compare(clientv3.CreateRevision(prefix+e.node), "=", 0)).
+		Then(clientv3.OpPut(prefix+e.node, encode(me), clientv3.WithLease(lease))).Commit()
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous store at %s: join generation %d: %w", e.cfg.Endpoint, st.Generation, err)
+	}
+	e.log.Debug("joined round", "generation", st.Generation, "reason", st.Reason)
+
+	for {
+		leader, readRev, err := e.roundLeader(ctx, prefix)
+		if err != nil {
+			return nil, err
+		}
+		if leader == "" { // our own key is gone: lease lost
+			return nil, nil
+		}
+		if leader == prefix+e.node {
+			if err := e.lead(ctx, st, rev, deadline, lost); err != nil {
+				return nil, err
+			}
+			return nil, nil
+		}
+		changed, err := e.follow(ctx, rev, leader, readRev, deadline, lost, st)
+		if err != nil {
+			return nil, err
+		}
+		if changed {
+			return nil, nil
+		}
+	}
+}
+
+// roundLeader returns the join key of the round's leader: the earliest
+// well-formed one (a malformed key left by someone else must not stall
+// the round), and the revision it was read at.
+func (e *Etcd) roundLeader(ctx context.Context, prefix string) (string, int64, error) {
+	const page = 16
+	from := prefix
+	for {
+		lctx, cancel := context.WithTimeout(ctx, opTimeout)
+		resp, err := e.cli.Get(lctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(page))
+		cancel()
+		if err != nil {
+			return "", 0, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+		}
+		for _, kv := range resp.Kvs {
+			var j JoinInfo
+			if decode(string(kv.Key), kv.Value, &j) == nil && prefix+j.Node == string(kv.Key) {
+				return string(kv.Key), resp.Header.Revision, nil
+			}
+		}
+		if !resp.More {
+			return "", resp.Header.Revision, nil
+		}
+		// all malformed: rare enough to just read the whole round
+		lctx, cancel = context.WithTimeout(ctx, opTimeout)
+		resp, err = e.cli.Get(lctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		cancel()
+		if err != nil {
+			return "", 0, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+		}
+		for _, kv := range resp.Kvs {
+			var j JoinInfo
+			if decode(string(kv.Key), kv.Value, &j) == nil && prefix+j.Node == string(kv.Key) {
+				return string(kv.Key), resp.Header.Revision, nil
+			}
+		}
+		return "", resp.Header.Revision, nil
+	}
+}
+
+// follow waits for the state to change, or for the leader's join key to
+// vanish (then the next node in join order leads). It reports whether the
+// state changed.
+func (e *Etcd) follow(ctx context.Context, stateRev int64, leaderKey string, rev int64, deadline time.Time, lost <-chan struct{}, st *State) (bool, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRev+1))
+	lw := e.cli.Watch(clientv3.WithRequireLeader(wctx), leaderKey, clientv3.WithRev(rev+1))
+	timeout := time.NewTimer(time.Until(deadline))
+	defer timeout.Stop()
+	for {
+		select {
+		case <-sw:
+			return true, nil
+		case resp := <-lw:
+			if resp.Canceled || resp.Err() != nil {
+				return false, nil
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					return false, nil
+				}
+			}
+		case <-lost:
+			return true, nil
+		case <-timeout.C:
+			n, _ := e.countJoined(ctx, st.Generation)
+			return false, &JoinTimeoutError{Joined: n, Min: e.cfg.NNodesMin, Timeout: e.cfg.JoinTimeout, Generation: st.Generation}
+		case <-ctx.Done():
+			return false, context.Cause(ctx)
+		}
+	}
+}
+
+func (e *Etcd) countJoined(ctx context.Context, gen uint64) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, RoundPrefix(e.cfg.Prefix, gen), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return int(resp.Count), nil
+}
+
+// liveNode is a node entry as the leader tracks it.
+type liveNode struct {
+	NodeInfo
+	probed time.Time
+}
+
+// lead runs the round as its leader until the state moves on: it tracks
+// the joiners and the live nodes through watches, probes nodes that are
+// registered but do not join, and closes the round when
+//   - NNodesMax nodes joined; or
+//   - at least NNodesMin joined and the last-call window passed since then; or
+//   - at least NNodesMin joined, the job ran before, and every live node
+//     joined: a re-formation after a fault waits for no one else.
+func (e *Etcd) lead(ctx context.Context, st *State, stateRev int64, deadline time.Time, lost <-chan struct{}) error {
+	prefix := RoundPrefix(e.cfg.Prefix, st.Generation)
+	nodesPrefix := e.key(nodesDir)
+	gctx, cancel := context.WithTimeout(ctx, opTimeout)
+	resp, err := e.cli.Txn(gctx).Then(clientv3.OpGet(prefix, clientv3.WithPrefix()), clientv3.OpGet(nodesPrefix, clientv3.WithPrefix())).Commit()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	rev := resp.Header.Revision
+	joiners := map[string]joiner{}
+	nodes := map[string]*liveNode{}
+	addJoiner := func(key string, value []byte, createRev int64) {
+		var j JoinInfo
+		if err := decode(key, value, &j); err != nil || j.Node == "" || j.NProc < 1 {
+			e.log.Warn("ignoring a malformed join entry", "key", key, "err", err)
+			return
+		}
+		joiners[key] = joiner{JoinInfo: j, rev: createRev}
+	}
+	addNode := func(key string, value []byte) {
+		var n NodeInfo
+		if err := decode(key, value, &n); err != nil || n.Node == "" {
+			e.log.Warn("ignoring a malformed node entry", "key", key, "err", err)
+			return
+		}
+		nodes[key] = &liveNode{NodeInfo: n}
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		addJoiner(string(kv.Key), kv.Value, kv.CreateRevision)
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		addNode(string(kv.Key), kv.Value)
+	}
+
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRev+1))
+	jw := e.cli.Watch(clientv3.WithRequireLeader(wctx), prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	nw := e.cli.Watch(clientv3.WithRequireLeader(wctx), nodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var minSince time.Time
+	reformation := len(st.Members) > 0
+	for {
+		n := len(joiners)
+		if n >= e.cfg.NNodesMin && minSince.IsZero() {
+			minSince = time.Now()
+		}
+		if n < e.cfg.NNodesMin {
+			minSince = time.Time{}
+		}
+		allLive := true
+		joined := map[string]bool{}
+		for _, j := range joiners {
+			joined[j.Node] = true
+		}
+		var pending []*liveNode
+		for _, ln := range nodes {
+			if ln.State == NodeActive && !joined[ln.Node] {
+				allLive = false
+				pending = append(pending, ln)
+			}
+		}
+		closeNow := ""
+		switch {
+		case n >= e.cfg.NNodesMax:
+			closeNow = "all nodes joined"
+		case n >= e.cfg.NNodesMin && reformation && allLive:
+			closeNow = "every live node joined"
+		case n >= e.cfg.NNodesMin && time.Since(minSince) >= e.cfg.LastCall:
+			closeNow = "last call ended"
+		}
+		if closeNow != "" {
+			return e.closeRound(ctx, st, stateRev, joiners, closeNow)
+		}
+		if time.Now().After(deadline) {
+			return &JoinTimeoutError{Joined: n, Min: e.cfg.NNodesMin, Timeout: e.cfg.JoinTimeout, Generation: st.Generation}
+		}
+		e.probePending(ctx, pending)
+
+		select {
+		case <-sw:
+			return nil // the state moved on
+		case resp, ok := <-jw:
+			if !ok || resp.Canceled || resp.Err() != nil {
+				return nil // let Next start over with fresh watches
+			}
+			for _, ev := range resp.Events {
+				k := string(ev.Kv.Key)
+				if ev.Type == clientv3.EventTypeDelete {
+					delete(joiners, k)
+				} else {
+					addJoiner(k, ev.Kv.Value, ev.Kv.CreateRevision)
+				}
+			}
+		case resp, ok := <-nw:
+			if !ok || resp.Canceled || resp.Err() != nil {
+				return nil
+			}
+			for _, ev := range resp.Events {
+				k := string(ev.Kv.Key)
+				if ev.Type == clientv3.EventTypeDelete {
+					delete(nodes, k)
+				} else {
+					addNode(k, ev.Kv.Value)
+				}
+			}
+		case <-tick.C:
+		case <-lost:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+}
+
+// probePending dials the liveness port of registered nodes that have not
+// joined the round. A refused connection means the agent process is gone
+// (killed, crashed) while its lease has a few seconds left; revoking the
+// lease lets the round close now instead of after the TTL. A node that
+// does not answer at all (frozen, cut off) is left to its lease.
+func (e *Etcd) probePending(ctx context.Context, pending []*liveNode) {
+	for _, ln := range pending {
+		if time.Since(ln.probed) < time.Second || ln.Probe == "" || ln.Lease == 0 {
+			continue
+		}
+		ln.probed = time.Now()
+		c, err := net.DialTimeout("tcp", ln.Probe, 300*time.Millisecond)
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			continue
+		}
+		e.log.Warn("node is gone: its agent refuses connections; revoking its lease", "node", ln.Node, "host", ln.Host, "probe", ln.Probe)
+		rctx, cancel := context.WithTimeout(ctx, opTimeout)
+		_, err = e.cli.Revoke(rctx, clientv3.LeaseID(ln.Lease))
+		cancel()
+		if err != nil {
+			e.log.Debug("revoke lease of a dead node", "node", ln.Node, "err", err)
+		}
+	}
+}
+
+// closeRound writes the members of the round, if the state is still the
+// one the round opened with.
+func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, joiners map[string]joiner, why string) error {
+	list := make([]joiner, 0, len(joiners))
+	for _, j := range joiners {
+		list = append(list, j)
+	}
+	sort.Slice(list, func(a, b int) bool { return list[a].rev < list[b].rev })
+	members := assign(st.Members, list, e.cfg.NNodesMax)
+	port := 0
+	for _, j := range list {
+		if j.Node == members[0].Node {
+			port = j.MasterPort
+		}
+	}
+	next := *st
+	next.Phase = Running
+	next.Since = time.Now()
+	next.Members = members
+	next.WorldSize = members[len(members)-1].RankOffset + members[len(members)-1].NProc
+	next.MasterAddr = members[0].Addr
+	next.MasterPort = port
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	txn, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", stateRev)).
+		Then(clientv3.OpPut(e.key(stateKey), encode(next)),
+			// earlier rounds' join and done keys are no use to anyone now
+			clientv3.OpDelete(e.key(roundsDir), clientv3.WithRange(RoundPrefix(e.cfg.Prefix, st.Generation))),
+			clientv3.OpDelete(e.key(doneDir), clientv3.WithRange(e.key(doneDir+genKey(st.Generation)+"/")))).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("rendezvous store at %s: close round %d: %w", e.cfg.Endpoint, st.Generation, err)
+	}
+	if txn.Succeeded {
+		e.log.Info("rendezvous round closed", "generation", st.Generation, "nodes", len(members), "world_size", next.WorldSize,
+			"why", why, "took", time.Since(st.Since).Round(time.Millisecond))
+	}
+	return nil
+}
+
+// bump moves the job from running generation gen to the next one, unless
+// someone already did. A fault counts against the job's restarts; when
+// none are left the job fails instead.
+func (e *Etcd) bump(ctx context.Context, gen uint64, reason string, fault bool) (*State, error) {
+	for {
+		st, rev, err := e.readState(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if st.Generation != gen || st.Phase != Running {
+			return st, nil
+		}
+		next := *st
+		next.Generation++
+		next.Phase = Joining
+		next.Reason = reason
+		next.Since = time.Now()
+		next.WorldSize, next.MasterAddr, next.MasterPort = 0, "", 0
+		if fault {
+			next.Failures++
+			if next.Failures > st.MaxRestarts {
+				next.Phase = Failed
+				next.Reason = fmt.Sprintf("%s; no restarts left (--max-restarts %d)", reason, st.MaxRestarts)
+			}
+		}
+		octx, cancel := context.WithTimeout(ctx, opTimeout)
+		txn, err := e.cli.Txn(octx).
+			If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", rev)).
+			Then(clientv3.OpPut(e.key(stateKey), encode(next))).Commit()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("rendezvous store at %s: new generation: %w", e.cfg.Endpoint, err)
+		}
+		if txn.Succeeded {
+			e.log.Info("new generation", "generation", next.Generation, "phase", next.Phase, "reason", next.Reason,
+				"failures", next.Failures, "max_restarts", next.MaxRestarts)
+			return &next, nil
+		}
+	}
+}
+
+func freePort(addr string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("pick a free master port on %s: %w", addr, err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Fail reports that round r failed here (a worker failed): the job moves
+// to a new generation, which counts against --max-restarts. It returns
+// *JobFailedError when no restarts were left. When the job already moved
+// on (another node's fault came first), nothing more is counted.
+func (e *Etcd) Fail(ctx context.Context, r *Round, reason string) error {
+	st, err := e.bump(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d): %s", e.node, e.cfg.Host, r.GroupRank, reason), true)
+	if err != nil {
+		return err
+	}
+	if st.Phase == Failed {
+		return &JobFailedError{Reason: st.Reason}
+	}
+	return nil
+}
+
+// Succeed records that this node's workers of round r all finished. The
+// last member to finish marks the job succeeded. When this agent hosts the
+// store it then waits, as torchrun's exit barrier does, until the other
+// agents are gone or done, since they still need the store.
+func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
+	e.mu.Lock()
+	e.state = NodeSucceeded
+	e.mu.Unlock()
+	octx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := e.putNode(octx, NodeSucceeded, ""); err != nil {
+		return err
+	}
+	doneDir := e.key(doneDir + genKey(r.Generation) + "/")
+	if _, err := e.cli.Put(octx, doneDir+e.node, time.Now().Format(time.RFC3339Nano)); err != nil {
+		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	resp, err := e.cli.Get(octx, doneDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	if int(resp.Count) >= len(r.Members) {
+		st, rev, err := e.readState(octx)
+		if err == nil && st.Generation == r.Generation && st.Phase == Running {
+			next := *st
+			next.Phase = Succeeded
+			next.Reason = fmt.Sprintf("all %d nodes' workers finished", len(r.Members))
+			next.Since = time.Now()
+			_, err = e.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", rev)).
+				Then(clientv3.OpPut(e.key(stateKey), encode(next))).Commit()
+		}
+		if err != nil {
+			e.log.Warn("mark the job succeeded", "err", err)
+		}
+	}
+	if e.cfg.Hosted {
+		e.waitOthersGone(ctx)
+	}
+	return nil
+}
+
+// waitOthersGone blocks while other agents are registered and the job is
+// not over for them, polling twice a second; it returns when ctx is done.
+func (e *Etcd) waitOthersGone(ctx context.Context) {
+	logged := false
+	var overSince time.Time
+	for {
+		gctx, cancel := context.WithTimeout(ctx, opTimeout)
+		resp, err := e.cli.Txn(gctx).Then(clientv3.OpGet(e.key(nodesDir), clientv3.WithPrefix()), clientv3.OpGet(e.key(stateKey))).Commit()
+		cancel()
+		if err != nil {
+			return
+		}
+		others := 0
+		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+			if !strings.HasSuffix(string(kv.Key), "/"+e.node) {
+				others++
+			}
+		}
+		if others == 0 {
+			return
+		}
+		// Once the job is over, the others only need a moment to see it
+		// and leave; do not wait on one that is stuck.
+		var st State
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && decode("", kvs[0].Value, &st) == nil && (st.Phase == Succeeded || st.Phase == Failed) {
+			if overSince.IsZero() {
+				overSince = time.Now()
+			} else if time.Since(overSince) > 10*time.Second {
+				e.log.Warn("leaving although other agents are still registered", "others", others)
+				return
+			}
+		}
+		if !logged {
+			e.log.Info("waiting for the other agents to finish: this agent hosts the rendezvous store", "others", others)
+			logged = true
+		}
+		if !sleep(ctx, 500*time.Millisecond) {
+			return
+		}
+	}
+}
+
+// Leave takes this node out of the job without closing the rendezvous for
+// the others: it says why, then revokes its lease. The others re-form
+// without it (a scale event, not a fault).
+func (e *Etcd) Leave(reason string) {
+	e.mu.Lock()
+	st := e.state
+	if st == NodeActive {
+		e.state = NodeLeft
+	}
+	lease := e.lease
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if st == NodeActive {
+		if err := e.putNode(ctx, NodeLeft, reason); err != nil {
+			e.log.Debug("mark node left", "err", err)
+		}
+	}
+	if lease != 0 {
+		if _, err := e.cli.Revoke(ctx, lease); err != nil {
+			e.log.Debug("revoke lease", "err", err)
+		}
+	}
+}
+
+// Close stops keeping the lease alive and closes the probe port. It does
+// not close the client, which the caller owns.
+func (e *Etcd) Close() {
+	e.stopBG()
+	e.mu.Lock()
+	if e.stopKA != nil {
+		e.stopKA()
+	}
+	e.mu.Unlock()
+	if e.probe != nil {
+		e.probe.Close()
+		e.probeWG.Wait()
+	}
+}
+
+// startRound returns the round of state st for this node and starts
+// watching it: the round ends (Done) when the job moves to another
+// generation, and this node moves the job on itself when another member is
+// lost.
+func (e *Etcd) startRound(ctx context.Context, st *State, rev int64) *Round {
+	m, _ := st.Member(e.node)
+	e.mu.Lock()
+	e.lastGen = st.Generation + 1
+	e.mu.Unlock()
+	r := newRound(st, m)
+	_, lost := e.leaseChan()
+	go e.watchRound(e.bg, r, rev, lost)
+	return r
+}
+
+func (e *Etcd) watchRound(ctx context.Context, r *Round, stateRev int64, lost <-chan struct{}) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	members := map[string]Member{}
+	for _, m := range r.Members {
+		members[e.key(nodesDir+m.Node)] = m
+	}
+	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRev+1))
+	nw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(stateRev+1))
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-ctx.Done():
+			return
+		case <-lost:
+			r.end("this node lost its lease on the rendezvous store (cut off or stalled for longer than the lease TTL)")
+			return
+		case resp, ok := <-sw:
+			if !ok || resp.Canceled || resp.Err() != nil {
+				// Watches of a cut-off client end; resubscribe from the
+				// revision we know, or end the round on our lease.
+				if ctx.Err() != nil {
+					return
+				}
+				sw = e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRev+1))
+				if !sleep(ctx, 200*time.Millisecond) {
+					return
+				}
+				continue
+			}
+			for _, ev := range resp.Events {
+				stateRev = ev.Kv.ModRevision
+				var st State
+				if ev.Type == clientv3.EventTypeDelete || decode(string(ev.Kv.Key), ev.Kv.Value, &st) != nil {
+					r.end("the rendezvous state was deleted or overwritten")
+					return
+				}
+				if st.Generation != r.Generation || st.Phase != Running {
+					if st.Phase == Succeeded && st.Generation == r.Generation {
+						continue
+					}
+					r.end(st.Reason)
+					return
+				}
+			}
+		case resp, ok := <-nw:
+			if !ok || resp.Canceled || resp.Err() != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				nw = e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(stateRev+1))
+				if !sleep(ctx, 200*time.Millisecond) {
+					return
+				}
+				continue
+			}
+			for _, ev := range resp.Events {
+				m, ok := members[string(ev.Kv.Key)]
+				if !ok || ev.Type != clientv3.EventTypeDelete || m.Node == e.node {
+					continue
+				}
+				var prev NodeInfo
+				if ev.PrevKv != nil {
+					_ = decode(string(ev.Kv.Key), ev.PrevKv.Value, &prev)
+				}
+				switch prev.State {
+				case NodeSucceeded:
+					continue
+				case NodeLeft:
+					go e.bump(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) left: %s", m.Node, m.Host, m.GroupRank, prev.Reason), false)
+				default:
+					go e.bump(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+				}
+			}
+		}
+	}
+}
+
+// Round is one node's part in one generation of the job.
+type Round struct {
+	Generation uint64
+	GroupRank  int
+	NNodes     int
+	RankOffset int
+	NProc      int
+	WorldSize  int
+	MasterAddr string
+	MasterPort int
+	Restarts   int // faults so far: TORCHELASTIC_RESTART_COUNT
+	Members    []Member
+
+	once   sync.Once
+	done   chan struct{}
+	reason string
+}
+
+func newRound(st *State, m Member) *Round {
+	return &Round{
+		Generation: st.Generation, GroupRank: m.GroupRank, NNodes: len(st.Members), RankOffset: m.RankOffset, NProc: m.NProc,
+		WorldSize: st.WorldSize, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort, Restarts: st.Failures, Members: st.Members,
+		done: make(chan struct{}),
+	}
+}
+
+// Done is closed when the job left this generation: a fault or a scale
+// event elsewhere, or this node was cut off.
+func (r *Round) Done() <-chan struct{} { return r.done }
+
+// Reason says why the round ended; "" while it runs.
+func (r *Round) Reason() string {
+	select {
+	case <-r.done:
+		return r.reason
+	default:
+		return ""
+	}
+}
+
+func (r *Round) end(reason string) {
+	r.once.Do(func() {
+		r.reason = reason
+		close(r.done)
+	})
+}
+
+// Stop ends the round's watch; the agent calls it when it is done with the
+// round for its own reasons.
+func (r *Round) Stop() { r.end("stopped by this agent") }
+
+// String is for logs.
+func (r *Round) String() string {
+	return "generation " + strconv.FormatUint(r.Generation, 10)
+}

@@ -1,0 +1,184 @@
+// Package rdzv is the rendezvous between the agents of one job: it decides
+// which nodes take part in each generation of the job, gives every node a
+// stable group rank, and turns a fault anywhere (a failed worker, a lost
+// node) into a new generation that every agent sees at once.
+//
+// The store is etcd v3. Everything one job keeps there lives under
+// Prefix(id); the layout is part of the contract with `ddp-agent status`
+// and with agents of other versions, so it changes only with a new prefix.
+//
+//	<prefix>job                 JobInfo, written once by the first agent
+//	<prefix>state               State: the generation, its phase and members
+//	<prefix>nodes/<node>        NodeInfo of each live agent, on its lease
+//	<prefix>rounds/<gen>/<node> JoinInfo: the node asks to join round <gen>, on its lease
+//	<prefix>done/<gen>/<node>   the node's workers of generation <gen> all finished
+//	<prefix>kv/<job>/<gen>/<key> the workers' bootstrap keys (control socket KVSet/KVGet)
+//	HostKey                     in an embedded store: the job id it was started for
+package rdzv
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// RootPrefix is where every job's keys live, unless rdzv-conf's etcd_prefix
+// says otherwise.
+const RootPrefix = "/ddp-agent/v1/"
+
+// HostKey holds, in an etcd embedded by an agent, the id of the job that
+// agent hosts it for, so an agent of another job is refused at once
+// instead of waiting out its join timeout alone.
+const HostKey = RootPrefix + "host"
+
+var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// CheckID returns an error unless id can name a job in the store.
+func CheckID(id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("rendezvous id %q: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// Prefix is the key prefix of job id under root (RootPrefix by default).
+func Prefix(root, id string) string { return root + id + "/" }
+
+// Keys of one job, relative to its prefix.
+const (
+	jobKey    = "job"
+	stateKey  = "state"
+	nodesDir  = "nodes/"
+	roundsDir = "rounds/"
+	kvDir     = "kv/"
+	doneDir   = "done/"
+)
+
+// genKey formats a generation so that keys sort in generation order.
+func genKey(gen uint64) string { return fmt.Sprintf("%020d", gen) }
+
+// RoundPrefix is the prefix of the join keys of round gen.
+func RoundPrefix(prefix string, gen uint64) string { return prefix + roundsDir + genKey(gen) + "/" }
+
+// KVPrefix is the prefix under which the workers keep their bootstrap
+// keys; the control socket adds "<job>/<generation>/".
+func KVPrefix(prefix string) string { return prefix + kvDir }
+
+// Phase is where the job's current generation stands.
+type Phase string
+
+const (
+	// Joining: the round of this generation is open; nodes are joining.
+	Joining Phase = "joining"
+	// Running: the round closed; Members run their workers.
+	Running Phase = "running"
+	// Failed: the job failed (no restarts left); every agent exits non-zero.
+	Failed Phase = "failed"
+	// Succeeded: every member's workers of this generation finished.
+	Succeeded Phase = "succeeded"
+)
+
+// JobInfo is written once, by the agent that creates the job.
+type JobInfo struct {
+	ID          string    `json:"id"`
+	Created     time.Time `json:"created"`
+	NNodesMin   int       `json:"nnodes_min"`
+	NNodesMax   int       `json:"nnodes_max"`
+	MaxRestarts int       `json:"max_restarts"`
+	// TokenMAC is HMAC-SHA256(token, "ddp-agent rendezvous "+ID) in hex, or
+	// empty for a job without a token. The token itself is never stored.
+	TokenMAC string `json:"token_mac,omitempty"`
+}
+
+// Member is one node of a closed round.
+type Member struct {
+	Node       string `json:"node"`        // node id (NodeInfo.Node)
+	Host       string `json:"host"`        // hostname
+	Addr       string `json:"addr"`        // address other nodes reach it at
+	GroupRank  int    `json:"group_rank"`  // GROUP_RANK of its workers
+	NProc      int    `json:"nproc"`       // its workers
+	RankOffset int    `json:"rank_offset"` // RANK of its local rank 0
+}
+
+// State is the job's current generation. Every change to it is a
+// compare-and-swap on its revision, so exactly one agent moves the job on.
+type State struct {
+	Generation uint64    `json:"generation"`
+	Phase      Phase     `json:"phase"`
+	Reason     string    `json:"reason,omitempty"` // why this generation began (or why the job failed)
+	Since      time.Time `json:"since"`            // when Phase was entered
+	// Failures counts the generations that began because of a fault (a
+	// worker failure, a lost node); scale events do not count. The job
+	// fails when a fault would make it exceed MaxRestarts.
+	Failures    int `json:"failures"`
+	MaxRestarts int `json:"max_restarts"`
+	// Members: when Running, the nodes of this generation; when Joining,
+	// those of the last closed round, so survivors keep their group ranks.
+	Members    []Member `json:"members,omitempty"`
+	WorldSize  int      `json:"world_size,omitempty"`
+	MasterAddr string   `json:"master_addr,omitempty"`
+	MasterPort int      `json:"master_port,omitempty"`
+}
+
+// Member returns the member with node id node, if any.
+func (s *State) Member(node string) (Member, bool) {
+	for _, m := range s.Members {
+		if m.Node == node {
+			return m, true
+		}
+	}
+	return Member{}, false
+}
+
+// NodeState is what an agent is doing, as it tells the others.
+type NodeState string
+
+const (
+	NodeActive    NodeState = "active"    // joining or running workers
+	NodeSucceeded NodeState = "succeeded" // its workers finished; it leaves soon
+	NodeLeft      NodeState = "left"      // it gave up or was stopped; it leaves now
+)
+
+// NodeInfo is an agent's entry, on its lease: it disappears when the agent
+// dies or its node is cut off.
+type NodeInfo struct {
+	Node    string    `json:"node"`
+	Host    string    `json:"host"`
+	Addr    string    `json:"addr"`
+	PID     int       `json:"pid"`
+	NProc   int       `json:"nproc"`
+	Lease   int64     `json:"lease"` // etcd lease id
+	Probe   string    `json:"probe"` // host:port that refuses connections once the agent is gone
+	State   NodeState `json:"state"`
+	Reason  string    `json:"reason,omitempty"` // for NodeLeft
+	Started time.Time `json:"started"`
+}
+
+// JoinInfo is a node's request to join one round.
+type JoinInfo struct {
+	Node       string    `json:"node"`
+	Host       string    `json:"host"`
+	Addr       string    `json:"addr"`
+	NProc      int       `json:"nproc"`
+	MasterPort int       `json:"master_port"` // the workers' store port, if it becomes group rank 0
+	Joined     time.Time `json:"joined"`
+}
+
+// decode unmarshals a value read from the store. The store is shared
+// with other agents and tools, so a value that does not parse is an error
+// that names the key, never a crash.
+func decode(key string, raw []byte, v any) error {
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("malformed value at %s: %w", key, err)
+	}
+	return nil
+}
+
+func encode(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("rdzv: encode %T: %v", v, err)) // our own types always marshal
+	}
+	return string(b)
+}

@@ -1,0 +1,60 @@
+package rdzv
+
+import (
+	"context"
+	"fmt"
+	"net"
+)
+
+// Static is the rendezvous of a job whose nodes are fixed by the command
+// line (--nnodes N --node-rank R --master-addr): no store, no elasticity.
+// Each node counts its own failures, as torchrun's static backend does.
+type Static struct {
+	NodeRank, NNodes, NProc int
+	MaxRestarts             int
+	MasterAddr              string
+	MasterPort              int // 0: a free port on MasterAddr for every round (one node only)
+
+	gen      uint64
+	failures int
+}
+
+// Next returns the next round: the same ranks every time.
+func (s *Static) Next(ctx context.Context) (*Round, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, context.Cause(ctx)
+	}
+	port := s.MasterPort
+	if port == 0 {
+		// A fresh port for every round, so a restart never trips over the
+		// last round's store socket lingering in TIME_WAIT.
+		l, err := net.Listen("tcp", net.JoinHostPort(s.MasterAddr, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("pick a free master port on %s: %w", s.MasterAddr, err)
+		}
+		port = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	r := &Round{
+		Generation: s.gen, GroupRank: s.NodeRank, NNodes: s.NNodes, RankOffset: s.NodeRank * s.NProc, NProc: s.NProc,
+		WorldSize: s.NNodes * s.NProc, MasterAddr: s.MasterAddr, MasterPort: port, Restarts: s.failures,
+		done: make(chan struct{}),
+	}
+	s.gen++
+	return r, nil
+}
+
+// Fail counts a failure of round r; past MaxRestarts the job fails.
+func (s *Static) Fail(_ context.Context, r *Round, reason string) error {
+	s.failures++
+	if s.failures > s.MaxRestarts {
+		return &JobFailedError{Reason: fmt.Sprintf("%s; no restarts left (--max-restarts %d)", reason, s.MaxRestarts)}
+	}
+	return nil
+}
+
+// Succeed has no one to tell.
+func (s *Static) Succeed(context.Context, *Round) error { return nil }
+
+// Leave has no one to tell.
+func (s *Static) Leave(string) {}

@@ -1,0 +1,199 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+)
+
+// rendezvous is what the agent's loop needs from a rendezvous backend.
+type rendezvous interface {
+	// Next blocks until this node is part of the job's next generation.
+	Next(ctx context.Context) (*rdzv.Round, error)
+	// Fail reports a local fault in round r; *rdzv.JobFailedError when no
+	// restarts are left.
+	Fail(ctx context.Context, r *rdzv.Round, reason string) error
+	// Succeed reports that this node's workers of round r all finished.
+	Succeed(ctx context.Context, r *rdzv.Round) error
+	// Leave takes this node out of the job for good.
+	Leave(reason string)
+}
+
+// joined is an open rendezvous and what goes with it.
+type joined struct {
+	rz rendezvous
+	// kv backs the control socket's KVSet/KVGet: the job-wide store, or
+	// nil for the agent's in-memory one.
+	kv control.KV
+	// nodeLocalKV: the workers of other nodes cannot see kv, so they must
+	// bootstrap through torch's store (DDP_AGENT_BOOTSTRAP=external).
+	nodeLocalKV bool
+	endpoint    string // the store, for logs and `ddp-agent status`
+	close       func()
+}
+
+// openRendezvous joins the job: with fixed ranks (static), or through an
+// etcd store that this agent hosts (c10d, --standalone) or that exists
+// already (etcd).
+func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, error) {
+	cfg := a.cfg
+	if !cfg.Dynamic() {
+		return &joined{
+			rz: &rdzv.Static{NodeRank: cfg.NodeRank, NNodes: cfg.NNodesMax, NProc: cfg.NProcPerNode,
+				MaxRestarts: cfg.MaxRestarts, MasterAddr: a.masterAddr(), MasterPort: cfg.MasterPort},
+			nodeLocalKV: cfg.NNodesMax > 1,
+			close:       func() {},
+		}, nil
+	}
+	if err := rdzv.CheckID(runID); err != nil {
+		return nil, err
+	}
+	var srv *store.Server
+	endpoints := cfg.Endpoints()
+	closeAll := func() {
+		if srv != nil {
+			srv.Close()
+		}
+	}
+	tls := a.tlsFiles()
+	hostIt, err := a.shouldHost(endpoints)
+	if err != nil {
+		return nil, err
+	}
+	if hostIt {
+		addr := "127.0.0.1:0"
+		if !cfg.Standalone {
+			addr = stripScheme(endpoints[0])
+		}
+		srv, err = store.Start(ctx, store.ServerConfig{ClientAddr: addr, Logger: a.log.With("component", "etcd"), TLS: tls})
+		switch {
+		case errors.Is(err, store.ErrAddrInUse) && !cfg.Standalone:
+			// Another agent on this host started it first: be its client.
+			a.log.Info("rendezvous store already hosted on this host; joining it as a client", "endpoint", endpoints[0])
+			srv = nil
+		case err != nil:
+			return nil, fmt.Errorf("host the rendezvous store: %w", err)
+		default:
+			a.log.Info("hosting the rendezvous store (embedded etcd)", "endpoint", srv.Endpoint())
+			endpoints = []string{srv.Endpoint()}
+		}
+	}
+	cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tls, Logger: a.log})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	closeAll = func() {
+		cli.Close()
+		if srv != nil {
+			srv.Close()
+		}
+	}
+	addr, err := a.localAddr(endpoints[0])
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	rc := cfg.Rdzv
+	prefix := rdzv.Prefix(rc.Prefix, runID)
+	e, err := rdzv.Open(ctx, cli, rdzv.Config{
+		JobID: runID, Prefix: prefix, Hosted: srv != nil, Endpoint: strings.Join(endpoints, ","),
+		Host: host, Addr: addr, NProc: cfg.NProcPerNode,
+		NNodesMin: cfg.NNodesMin, NNodesMax: cfg.NNodesMax, MaxRestarts: cfg.MaxRestarts, Token: cfg.RdzvToken,
+		JoinTimeout: rc.JoinTimeout, LastCall: rc.LastCall, TTL: rc.TTL(), MasterPort: cfg.MasterPort,
+		Logger: a.log,
+	})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return &joined{
+		rz:       e,
+		kv:       store.NewKV(cli, rdzv.KVPrefix(prefix)),
+		endpoint: strings.Join(endpoints, ","),
+		close: func() {
+			e.Close()
+			closeAll()
+		},
+	}, nil
+}
+
+func (a *Agent) tlsFiles() *store.TLSFiles {
+	rc := a.cfg.Rdzv
+	if rc.CACert == "" && rc.Cert == "" && rc.Protocol != "https" {
+		return nil
+	}
+	return &store.TLSFiles{CertFile: rc.Cert, KeyFile: rc.Key, CAFile: rc.CACert}
+}
+
+// shouldHost decides whether this agent starts the embedded store: with
+// --standalone always; with c10d when is_host says so or the endpoint is
+// an address of this host; with an external etcd never.
+func (a *Agent) shouldHost(endpoints []string) (bool, error) {
+	cfg := a.cfg
+	switch {
+	case cfg.Standalone:
+		return true, nil
+	case cfg.ExternalStore():
+		return false, nil
+	case cfg.Rdzv.IsHost != nil:
+		return *cfg.Rdzv.IsHost, nil
+	}
+	host, _, err := net.SplitHostPort(stripScheme(endpoints[0]))
+	if err != nil {
+		return false, fmt.Errorf("--rdzv-endpoint %s: %w", endpoints[0], err)
+	}
+	return isLocalHost(host), nil
+}
+
+func stripScheme(ep string) string {
+	if u, err := url.Parse(ep); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return ep
+}
+
+// isLocalHost reports whether host names this machine: loopback, or an
+// address of one of its interfaces.
+func isLocalHost(host string) bool {
+	ips, err := net.LookupIP(host)
+	if err != nil {
+		return false
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, ip := range ips {
+		if ip.IsLoopback() {
+			return true
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// localAddr is the address the other nodes reach this one at: --local-addr,
+// or the source address this host uses to reach the store, which is on a
+// network the other nodes share (loopback when the store is).
+func (a *Agent) localAddr(endpoint string) (string, error) {
+	if a.cfg.LocalAddr != "" {
+		return a.cfg.LocalAddr, nil
+	}
+	c, err := net.Dial("udp", stripScheme(endpoint)) // sends nothing: it only picks a route
+	if err != nil {
+		return "", fmt.Errorf("find this node's address toward %s (set --local-addr): %w", endpoint, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
