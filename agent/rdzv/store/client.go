@@ -1,0 +1,183 @@
+package store
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+)
+
+// defaultDialTimeout bounds Dial's reachability check when the caller sets
+// none.
+const defaultDialTimeout = 5 * time.Second
+
+// TLSFiles names PEM files for TLS. For a client: CAFile alone verifies the
+// server; CertFile and KeyFile add a client certificate (mutual TLS). For a
+// server: CertFile and KeyFile are required, and CAFile makes client
+// certificates signed by that CA mandatory.
+type TLSFiles struct{ CertFile, KeyFile, CAFile string }
+
+// ClientConfig configures Dial.
+type ClientConfig struct {
+	Endpoints          []string      // host:port, or URLs (http://, https://)
+	TLS                *TLSFiles     // nil = plain; with only CAFile = server-auth TLS; cert+key = mutual
+	Username, Password string        // etcd auth, optional
+	DialTimeout        time.Duration // bounds the reachability check; 0 = 5 s
+	Logger             *slog.Logger  // the client's warnings go here; nil = discard
+}
+
+// Dial connects to the store and checks that it answers before returning, so
+// a wrong address or dead store fails here with a clear error rather than
+// later as a hung rendezvous. ctx bounds only the dial: the client outlives
+// it, and the caller closes it.
+func Dial(ctx context.Context, cfg ClientConfig) (*clientv3.Client, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, errors.New("dial rendezvous store: no endpoints")
+	}
+	where := strings.Join(cfg.Endpoints, ",")
+	timeout := cfg.DialTimeout
+	if timeout <= 0 {
+		timeout = defaultDialTimeout
+	}
+
+	scheme := "http://"
+	var tlsCfg *tls.Config
+	if cfg.TLS != nil {
+		var err error
+		if tlsCfg, err = cfg.TLS.clientConfig(); err != nil {
+			return nil, fmt.Errorf("dial rendezvous store at %s: %w", where, err)
+		}
+		scheme = "https://"
+	}
+	eps := make([]string, len(cfg.Endpoints))
+	for i, ep := range cfg.Endpoints {
+		if !strings.Contains(ep, "://") {
+			ep = scheme + ep
+		}
+		eps[i] = ep
+	}
+
+	// clientv3.New does not connect (except to fetch an auth token, bounded
+	// by DialTimeout), so the check below is what proves the store is there.
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   eps,
+		TLS:         tlsCfg,
+		Username:    cfg.Username,
+		Password:    cfg.Password,
+		DialTimeout: timeout,
+		Logger:      zapLogger(cfg.Logger),
+	})
+	if err != nil {
+		// With a username, New authenticates, and a dead store shows up
+		// here as a timeout.
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("rendezvous store at %s unreachable after %v: %w", where, timeout, err)
+		}
+		return nil, fmt.Errorf("dial rendezvous store at %s: %w", where, err)
+	}
+
+	if err := checkReachable(ctx, cli, timeout); err != nil {
+		cli.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("dial rendezvous store at %s: %w", where, ctx.Err())
+		}
+		if cfg.TLS == nil && strings.Contains(err.Error(), "server preface") {
+			err = fmt.Errorf("%w (does the store require TLS?)", err)
+		}
+		return nil, fmt.Errorf("rendezvous store at %s unreachable after %v: %w", where, timeout, err)
+	}
+	return cli, nil
+}
+
+// checkReachable asks the store for its members, which needs a quorum (the
+// request is linearizable) but no permissions, so it works for any user.
+// It calls gRPC directly because clientv3 turns a deadline into a bare
+// "context deadline exceeded", dropping gRPC's account of why it could not
+// connect (connection refused, a TLS mismatch, ...), which is the useful
+// part of the error.
+func checkReachable(ctx context.Context, cli *clientv3.Client, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	_, err := pb.NewClusterClient(cli.ActiveConnection()).MemberList(ctx,
+		&pb.MemberListRequest{Linearizable: true}, grpc.WaitForReady(true))
+	return err
+}
+
+// clientConfig builds the client side of TLSFiles.
+func (f *TLSFiles) clientConfig() (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.CertFile != "" || f.KeyFile != "" {
+		cert, err := f.keyPair()
+		if err != nil {
+			return nil, err
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	if f.CAFile != "" {
+		pool, err := f.caPool()
+		if err != nil {
+			return nil, err
+		}
+		c.RootCAs = pool
+	}
+	return c, nil
+}
+
+// checkServer checks the server side of TLSFiles up front, because etcd's
+// own errors for bad files come late and do not always name them.
+func (f *TLSFiles) checkServer() error {
+	if f.CertFile == "" || f.KeyFile == "" {
+		return errors.New("etcd server TLS: both a certificate and a key file are required")
+	}
+	if _, err := f.keyPair(); err != nil {
+		return fmt.Errorf("etcd server TLS: %w", err)
+	}
+	if f.CAFile != "" {
+		if _, err := f.caPool(); err != nil {
+			return fmt.Errorf("etcd server TLS: %w", err)
+		}
+	}
+	return nil
+}
+
+func (f *TLSFiles) keyPair() (tls.Certificate, error) {
+	if f.CertFile == "" || f.KeyFile == "" {
+		return tls.Certificate{}, fmt.Errorf("TLS certificate %q and key %q: both or neither must be set", f.CertFile, f.KeyFile)
+	}
+	// Read the files ourselves so that an error names the file at fault;
+	// tls.LoadX509KeyPair does not say which of the two it was.
+	certPEM, err := os.ReadFile(f.CertFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("TLS certificate: %w", err)
+	}
+	keyPEM, err := os.ReadFile(f.KeyFile)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("TLS key: %w", err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("TLS certificate %s with key %s: %w", f.CertFile, f.KeyFile, err)
+	}
+	return cert, nil
+}
+
+func (f *TLSFiles) caPool() (*x509.CertPool, error) {
+	pem, err := os.ReadFile(f.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("TLS CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("TLS CA %s: no PEM certificates in file", f.CAFile)
+	}
+	return pool, nil
+}

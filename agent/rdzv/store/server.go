@@ -1,0 +1,323 @@
+// Package store is the etcd plumbing behind multi-node rendezvous: an
+// embedded etcd that one agent hosts, a client dialer, and a KV for the
+// control socket backed by etcd.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// ErrAddrInUse is returned by Start when the client address is already bound
+// by someone else. The caller takes it to mean another agent on this host
+// already hosts the store, and becomes a plain client of it.
+var ErrAddrInUse = errors.New("address already in use")
+
+const (
+	// readyTimeout bounds the wait for a started server to serve, whatever
+	// the caller's ctx allows: a healthy member is ready in well under a
+	// second, so a longer wait means it never will be.
+	readyTimeout = 30 * time.Second
+
+	defaultName = "ddp-agent"
+
+	// maxTxnOps lets one transaction touch every rank of a large job (etcd's
+	// default is 128).
+	maxTxnOps = 4096
+
+	// The store lives as long as its agent, so there is nothing to gain from
+	// a long raft log: snapshot often to keep memory small.
+	snapshotCount = 1000
+
+	// compactionRevisions is how many revisions auto-compaction keeps, so a
+	// long job that goes through many generations does not grow the store
+	// without bound. It is far more than one generation writes.
+	compactionRevisions = "5000"
+)
+
+// ServerConfig configures an embedded etcd.
+type ServerConfig struct {
+	ClientAddr string       // host:port to serve clients on; port 0 = pick a free one; "" = 127.0.0.1:0
+	PeerAddr   string       // host:port for the peer URL; "" = 127.0.0.1 with a free port
+	Dir        string       // data dir; "" = a fresh temp dir removed by Close
+	Name       string       // member name; "" = "ddp-agent"
+	Logger     *slog.Logger // etcd's own logs go here (warn and above, as slog records); nil = discard
+	TLS        *TLSFiles    // optional server TLS for clients (cert, key, optional CA to require client certs)
+
+	// Set by StartCluster only. initialCluster ("name=peerURL,...") is the
+	// whole cluster this member bootstraps with; "" = a cluster of this
+	// member alone. clusterToken keeps members of different clusters from
+	// talking to each other.
+	initialCluster string
+	clusterToken   string
+}
+
+// Server is a running embedded etcd member.
+type Server struct {
+	etcd     *embed.Etcd
+	endpoint string
+	tempDir  string       // removed by Close; "" when the caller chose Dir
+	closing  *atomic.Bool // set by Close to quieten etcd's shutdown logs
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start starts an embedded etcd and waits until it serves clients. When the
+// client address is taken it returns an error matching ErrAddrInUse without
+// starting anything.
+func Start(ctx context.Context, cfg ServerConfig) (*Server, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("start etcd: %w", err)
+	}
+	s, err := launch(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.waitReady(ctx); err != nil {
+		return nil, errors.Join(err, s.Close())
+	}
+	return s, nil
+}
+
+// launch starts etcd without waiting for it to be ready, so that the members
+// of a cluster can be started together (none is ready before a quorum is up).
+func launch(cfg ServerConfig) (_ *Server, err error) {
+	clientAddr := cfg.ClientAddr
+	if clientAddr == "" {
+		clientAddr = "127.0.0.1:0"
+	}
+	clientHost, clientPort, err := splitAddr(clientAddr)
+	if err != nil {
+		return nil, fmt.Errorf("etcd client address: %w", err)
+	}
+	clientAddr = net.JoinHostPort(clientHost, clientPort)
+	// A fixed port is the one agents on a host agree on, so finding it bound
+	// is the expected way to learn that another agent hosts the store. Probe
+	// before starting etcd: it is much cheaper than failing half-way through
+	// etcd's start, and its error is unambiguous.
+	if clientPort != "0" {
+		if err := probeAddr(clientAddr); err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return nil, fmt.Errorf("etcd client address %s: %w", clientAddr, ErrAddrInUse)
+			}
+			return nil, fmt.Errorf("etcd client address %s: %w", clientAddr, err)
+		}
+	}
+
+	peerAddr := cfg.PeerAddr
+	if peerAddr == "" {
+		// A one-member cluster never dials its own peer URL, so port 0 is
+		// fine and avoids racing other processes for a port picked early.
+		// StartCluster, whose members do dial each other, passes real ports.
+		peerAddr = "127.0.0.1:0"
+	}
+	peerHost, peerPort, err := splitAddr(peerAddr)
+	if err != nil {
+		return nil, fmt.Errorf("etcd peer address: %w", err)
+	}
+	peerAddr = net.JoinHostPort(peerHost, peerPort)
+	if peerPort != "0" {
+		if err := probeAddr(peerAddr); err != nil {
+			// Not ErrAddrInUse: a taken peer port says nothing about the
+			// client port other agents look for.
+			return nil, fmt.Errorf("etcd peer address %s: %w", peerAddr, err)
+		}
+	}
+
+	scheme := "http"
+	var tlsInfo transport.TLSInfo
+	if cfg.TLS != nil {
+		if err := cfg.TLS.checkServer(); err != nil {
+			return nil, err
+		}
+		scheme = "https"
+		tlsInfo = transport.TLSInfo{
+			CertFile:       cfg.TLS.CertFile,
+			KeyFile:        cfg.TLS.KeyFile,
+			TrustedCAFile:  cfg.TLS.CAFile,
+			ClientCertAuth: cfg.TLS.CAFile != "",
+		}
+	}
+
+	s := &Server{}
+	dir := cfg.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "ddp-agent-etcd-"); err != nil {
+			return nil, fmt.Errorf("etcd data dir: %w", err)
+		}
+		s.tempDir = dir
+	}
+	defer func() {
+		if err != nil && s.tempDir != "" {
+			os.RemoveAll(s.tempDir)
+		}
+	}()
+
+	name := cfg.Name
+	if name == "" {
+		name = defaultName
+	}
+	ec := embed.NewConfig()
+	ec.Name = name
+	ec.Dir = dir
+	lg, closing := serverZapLogger(cfg.Logger)
+	s.closing = closing
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
+	clientURL := url.URL{Scheme: scheme, Host: clientAddr}
+	peerURL := url.URL{Scheme: "http", Host: peerAddr}
+	ec.ListenClientUrls = []url.URL{clientURL}
+	ec.AdvertiseClientUrls = []url.URL{clientURL}
+	ec.ListenPeerUrls = []url.URL{peerURL}
+	ec.AdvertisePeerUrls = []url.URL{peerURL}
+	ec.InitialCluster = ec.InitialClusterFromName(name)
+	if cfg.initialCluster != "" {
+		ec.InitialCluster = cfg.initialCluster
+	}
+	if cfg.clusterToken != "" {
+		ec.InitialClusterToken = cfg.clusterToken
+	}
+	if cfg.initialCluster == "" {
+		// A lone member elects itself after a random 1 to 2 election
+		// timeouts (minus etcd's tick advance), which at the default 100 ms
+		// tick costs up to a second of startup for nothing: there are no
+		// peers to wait for or to disagree with. Shorter ticks make startup
+		// take tens of milliseconds; they also lower etcd's minimum lease
+		// TTL from 2 s to 1 s.
+		ec.TickMs = 10
+		ec.ElectionMs = 100
+	}
+	ec.ClientTLSInfo = tlsInfo
+	// The data dir is private to this process and dies with it; fsync would
+	// only buy durability across a crash that loses the data anyway.
+	ec.UnsafeNoFsync = true
+	// Without fsync a backend commit is cheap, so commit often. It also
+	// closes a startup race that fast elections otherwise hit: etcd writes
+	// the raft term to the backend only on commit (every 100 ms by default),
+	// and its storage version check, run as soon as the cluster version is
+	// set, logs an error when it finds no term yet.
+	ec.BackendBatchInterval = 10 * time.Millisecond
+	ec.SnapshotCount = snapshotCount
+	ec.SnapshotCatchUpEntries = snapshotCount
+	ec.MaxTxnOps = maxTxnOps
+	ec.AutoCompactionMode = embed.CompactorModeRevision
+	ec.AutoCompactionRetention = compactionRevisions
+
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		// Another agent may have bound the port between the probe and now:
+		// two agents on one host starting together is the common case.
+		if clientPort != "0" && errors.Is(err, syscall.EADDRINUSE) &&
+			errors.Is(probeAddr(clientAddr), syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("etcd client address %s: %w", clientAddr, ErrAddrInUse)
+		}
+		return nil, fmt.Errorf("start etcd on %s: %w", clientURL.String(), err)
+	}
+	s.etcd = e
+
+	// The real port, when port 0 was asked for.
+	_, realPort, err := net.SplitHostPort(e.Clients[0].Addr().String())
+	if err != nil {
+		s.closing.Store(true)
+		e.Close()
+		return nil, fmt.Errorf("etcd client listener address: %w", err)
+	}
+	s.endpoint = net.JoinHostPort(dialHost(clientHost), realPort)
+	return s, nil
+}
+
+// waitReady waits until the member serves clients, it fails, or the wait is
+// given up.
+func (s *Server) waitReady(ctx context.Context) error {
+	timer := time.NewTimer(readyTimeout)
+	defer timer.Stop()
+	select {
+	case <-s.etcd.Server.ReadyNotify():
+		return nil
+	case err := <-s.etcd.Err():
+		return fmt.Errorf("etcd at %s failed while starting: %w", s.endpoint, err)
+	case <-s.etcd.Server.StopNotify():
+		return fmt.Errorf("etcd at %s stopped while starting", s.endpoint)
+	case <-timer.C:
+		return fmt.Errorf("etcd at %s not ready after %v", s.endpoint, readyTimeout)
+	case <-ctx.Done():
+		return fmt.Errorf("wait for etcd at %s: %w", s.endpoint, ctx.Err())
+	}
+}
+
+// Endpoint returns the host:port clients dial, with the real port when port
+// 0 was asked for. (etcd itself still advertises port 0 in its member list,
+// since it learns the real port too late; clients must not sync their
+// endpoints from it, which Dial's clients do not.)
+func (s *Server) Endpoint() string { return s.endpoint }
+
+// Close stops etcd and removes the data dir if Start created it. It is safe
+// to call more than once.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		if s.etcd != nil {
+			s.closing.Store(true)
+			s.etcd.Close()
+		}
+		if s.tempDir != "" {
+			if err := os.RemoveAll(s.tempDir); err != nil {
+				s.closeErr = fmt.Errorf("remove etcd data dir: %w", err)
+			}
+		}
+	})
+	return s.closeErr
+}
+
+// splitAddr splits host:port, taking an empty host to mean every interface
+// (etcd wants an IP to bind to).
+func splitAddr(addr string) (host, port string, err error) {
+	host, port, err = net.SplitHostPort(addr)
+	if err != nil {
+		return "", "", err
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return "", "", fmt.Errorf("address %q: bad port", addr)
+	}
+	port = strconv.FormatUint(p, 10) // so that "00" reads as "0"
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	return host, port, nil
+}
+
+// probeAddr reports whether addr can be listened on.
+func probeAddr(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return l.Close()
+}
+
+// dialHost turns a bind host into one a local client can dial: a server
+// bound to every interface is reachable on loopback.
+func dialHost(host string) string {
+	ip := net.ParseIP(host)
+	switch {
+	case ip == nil || !ip.IsUnspecified():
+		return host
+	case ip.To4() != nil:
+		return "127.0.0.1"
+	default:
+		return "::1"
+	}
+}
