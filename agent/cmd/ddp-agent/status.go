@@ -1,0 +1,365 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+)
+
+const statusUsage = `Usage: ddp-agent status --rdzv-endpoint HOST:PORT[,HOST:PORT...] [flags]
+
+Shows a job's rendezvous as the store holds it: its generation and phase,
+the nodes of the current round with their group ranks and ranks, spares,
+nodes lost, and who has joined an open round. It only reads the store.
+
+Flags (torchrun's underscore spelling works too: --rdzv_endpoint):
+  --rdzv-endpoint LIST   the store: host:port of the agent that hosts it (c10d,
+                         default port 29400) or etcd members (etcd, default port 2379)
+  --rdzv-id ID           the job (also --run-id); default: the job the store was
+                         started for, or its only job; with several, they are listed
+  --rdzv-backend NAME    c10d or etcd, as given to ddp-agent run (default c10d)
+  --rdzv-conf K=V,...    as given to ddp-agent run; status uses cacert, cert, key,
+                         protocol and etcd_prefix
+  --json                 print one JSON object instead of a table
+  --timeout DURATION     give up on an unreachable store after this long (default 5s)
+
+Exit codes: 0 the job (or the list of jobs) was shown; 1 the store is
+unreachable or holds no such job; 2 usage error.
+`
+
+// statusFlags is a parsed `ddp-agent status` command line.
+type statusFlags struct {
+	endpoints []string
+	id        string
+	conf      launch.RdzvConf
+	json      bool
+	timeout   time.Duration
+}
+
+var errStatusHelp = errors.New("help requested")
+
+func parseStatusFlags(args []string) (*statusFlags, error) {
+	f := &statusFlags{timeout: 5 * time.Second}
+	backend, endpoint, conf := "c10d", "", ""
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "-h" || a == "--help" {
+			return nil, errStatusHelp
+		}
+		if !strings.HasPrefix(a, "--") {
+			return nil, fmt.Errorf("unexpected argument %q", a)
+		}
+		name, val, hasVal := strings.Cut(a, "=")
+		name = strings.ReplaceAll(name[2:], "_", "-")
+		if name == "json" {
+			if hasVal {
+				return nil, fmt.Errorf("--json takes no value, got %q", val)
+			}
+			f.json = true
+			continue
+		}
+		if !hasVal {
+			if i+1 >= len(args) {
+				return nil, fmt.Errorf("flag --%s needs a value", name)
+			}
+			i++
+			val = args[i]
+		}
+		switch name {
+		case "rdzv-endpoint":
+			endpoint = val
+		case "rdzv-id", "run-id":
+			f.id = val
+		case "rdzv-backend":
+			backend = val
+		case "rdzv-conf":
+			conf = val
+		case "timeout":
+			d, err := parseSeconds(val)
+			if err != nil {
+				return nil, fmt.Errorf("--timeout: %w", err)
+			}
+			f.timeout = d
+		default:
+			return nil, fmt.Errorf("unknown flag --%s", name)
+		}
+	}
+	switch backend {
+	case "c10d", "etcd":
+	case "static":
+		return nil, errors.New("--rdzv-backend static has no store to read; give the c10d or etcd backend the job runs with")
+	default:
+		return nil, fmt.Errorf("--rdzv-backend %q is not c10d or etcd", backend)
+	}
+	// launch fills in the backend's default port, as `ddp-agent run` does.
+	f.endpoints = (&launch.Config{RdzvBackend: backend, RdzvEndpoint: endpoint}).Endpoints()
+	if len(f.endpoints) == 0 {
+		return nil, errors.New("--rdzv-endpoint is required: the store's host:port, as given to ddp-agent run")
+	}
+	if f.id != "" {
+		if err := rdzv.CheckID(f.id); err != nil {
+			return nil, err
+		}
+	}
+	var err error
+	if f.conf, err = launch.ParseRdzvConf(conf); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// parseSeconds reads a positive duration: seconds as a number, or a Go
+// duration such as 500ms.
+func parseSeconds(v string) (time.Duration, error) {
+	if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 {
+		return time.Duration(s * float64(time.Second)), nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return d, nil
+	}
+	return 0, fmt.Errorf("%q is not a positive duration (seconds, or like 500ms)", v)
+}
+
+// tlsFiles is the TLS that --rdzv-conf asks for, as the agent reads it.
+func tlsFiles(rc launch.RdzvConf) *store.TLSFiles {
+	if rc.CACert == "" && rc.Cert == "" && rc.Protocol != "https" {
+		return nil
+	}
+	return &store.TLSFiles{CertFile: rc.Cert, KeyFile: rc.Key, CAFile: rc.CACert}
+}
+
+// statusJSON is the --json form of one job: rdzv.Status (documented there)
+// plus the endpoints read.
+type statusJSON struct {
+	Store []string `json:"store"`
+	*rdzv.Status
+}
+
+// listJSON is the --json form of several jobs: rdzv.JobList plus the
+// endpoints read.
+type listJSON struct {
+	Store []string `json:"store"`
+	*rdzv.JobList
+}
+
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	f, err := parseStatusFlags(args)
+	if errors.Is(err, errStatusHelp) {
+		fmt.Fprint(stdout, statusUsage)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ddp-agent status: %v (see ddp-agent help status)\n", err)
+		return 2
+	}
+	where := strings.Join(f.endpoints, ",")
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "ddp-agent status: "+format+"\n", a...)
+		return 1
+	}
+
+	// One deadline for everything: Dial gets the whole timeout (it keeps
+	// gRPC's reason for an unreachable store, which a cancelled context
+	// would replace with a bare deadline error), the reads what is left.
+	deadline := time.Now().Add(f.timeout)
+	cli, err := store.Dial(context.Background(), store.ClientConfig{Endpoints: f.endpoints, TLS: tlsFiles(f.conf), DialTimeout: f.timeout})
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	readErr := func(err error) int {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fail("rendezvous store at %s: no answer within --timeout %v: %v", where, f.timeout, err)
+		}
+		return fail("rendezvous store at %s: %v", where, err)
+	}
+	root := f.conf.Prefix
+
+	id := f.id
+	if id == "" {
+		list, err := rdzv.ListJobs(ctx, cli, root)
+		if err != nil {
+			return readErr(err)
+		}
+		switch {
+		case list.Hosted != "" && list.Has(list.Hosted):
+			id = list.Hosted
+		case len(list.Jobs) == 1:
+			id = list.Jobs[0].ID
+		case len(list.Jobs) == 0:
+			return fail("no jobs in the store at %s (under %s)", where, root)
+		default:
+			if f.json {
+				return writeJSON(stdout, stderr, listJSON{Store: f.endpoints, JobList: list})
+			}
+			renderJobList(stdout, list, where)
+			return 0
+		}
+	}
+
+	st, err := rdzv.ReadStatus(ctx, cli, root, id)
+	if errors.Is(err, rdzv.ErrNoJob) {
+		there := "no jobs there"
+		if list, err := rdzv.ListJobs(ctx, cli, root); err == nil && len(list.Jobs) > 0 {
+			there = "jobs there: " + strings.Join(list.IDs(), ", ")
+		}
+		return fail("no job %q in the store at %s (%s)", id, where, there)
+	}
+	if err != nil {
+		return readErr(err)
+	}
+	if f.json {
+		return writeJSON(stdout, stderr, statusJSON{Store: f.endpoints, Status: st})
+	}
+	renderStatus(stdout, st, where, time.Now())
+	return 0
+}
+
+func writeJSON(stdout, stderr io.Writer, v any) int {
+	if err := json.NewEncoder(stdout).Encode(v); err != nil {
+		fmt.Fprintf(stderr, "ddp-agent status: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// renderStatus writes st as people read it: a header of a few lines, then
+// one line per node. now makes the ages reproducible in tests.
+func renderStatus(w io.Writer, st *rdzv.Status, where string, now time.Time) {
+	hosted := ""
+	if st.Hosted {
+		hosted = ", hosted for it"
+	}
+	fmt.Fprintf(w, "job %s (store %s%s)", st.ID, where, hosted)
+	s := st.State
+	if s == nil {
+		fmt.Fprint(w, "   no readable state\n")
+	} else {
+		fmt.Fprintf(w, "   generation %d   %s since %s\n", s.Generation, s.Phase, since(s.Since, now))
+	}
+
+	nodesMin, nodesMax := "?", "?"
+	if st.Job != nil {
+		nodesMin, nodesMax = strconv.Itoa(st.Job.NNodesMin), strconv.Itoa(st.Job.NNodesMax)
+	}
+	var parts []string
+	switch {
+	case s != nil && s.Phase == rdzv.Joining:
+		awaited := 0
+		for _, n := range st.Nodes {
+			if n.Role == rdzv.RoleJoining {
+				awaited++
+			}
+		}
+		parts = append(parts, fmt.Sprintf("joined %d (min %s, max %s)", st.Joined(), nodesMin, nodesMax),
+			fmt.Sprintf("not yet joined %d", awaited))
+	case s != nil:
+		parts = append(parts, fmt.Sprintf("nodes %d (min %s, max %s)", len(s.Members), nodesMin, nodesMax),
+			fmt.Sprintf("world size %d", s.WorldSize))
+		if s.Phase == rdzv.Running && s.MasterAddr != "" {
+			parts = append(parts, "master "+fmt.Sprintf("%s:%d", s.MasterAddr, s.MasterPort))
+		}
+	default:
+		parts = append(parts, fmt.Sprintf("nodes min %s, max %s", nodesMin, nodesMax))
+	}
+	if s != nil {
+		parts = append(parts, fmt.Sprintf("restarts %d of %d", s.Failures, s.MaxRestarts))
+	}
+	fmt.Fprintln(w, strings.Join(parts, "   "))
+	if s != nil && s.Reason != "" {
+		fmt.Fprintf(w, "last change: %s\n", s.Reason)
+	}
+	for _, m := range st.Malformed {
+		fmt.Fprintf(w, "NOTE: %s\n", m.Error)
+	}
+	if len(st.Nodes) == 0 {
+		fmt.Fprintln(w, "\nno nodes registered")
+		return
+	}
+
+	// While a round is open, ranks are the last round's (survivors keep
+	// theirs) and a node's ranks are not decided yet: show its workers.
+	joining := s != nil && s.Phase == rdzv.Joining
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if joining {
+		fmt.Fprintln(tw, "LAST RANK\tNODE\tHOST\tADDR\tNPROC\tPID\tSTATE")
+	} else {
+		fmt.Fprintln(tw, "GROUP RANK\tNODE\tHOST\tADDR\tRANKS\tPID\tSTATE")
+	}
+	leader := true // the first joiner leads the round; joiners come first in join order
+	for _, n := range st.Nodes {
+		rank, ranks, nproc, pid := "-", "-", "-", "-"
+		if n.Member != nil {
+			m := n.Member
+			rank = strconv.Itoa(m.GroupRank)
+			ranks = strconv.Itoa(m.RankOffset)
+			if m.NProc > 1 {
+				ranks += "-" + strconv.Itoa(m.RankOffset+m.NProc-1)
+			}
+			nproc = strconv.Itoa(m.NProc)
+		}
+		if n.Entry != nil {
+			pid = strconv.Itoa(n.Entry.PID)
+			nproc = strconv.Itoa(n.Entry.NProc)
+		}
+		if n.Join != nil {
+			nproc = strconv.Itoa(n.Join.NProc)
+		}
+		state := string(n.Role)
+		switch {
+		case n.Role == rdzv.RoleLeft && n.Entry.Reason != "":
+			state += ": " + n.Entry.Reason
+		case n.Role == rdzv.RoleJoined && leader:
+			state += ", leads the round"
+			leader = false
+		}
+		col5 := ranks
+		if joining {
+			col5 = nproc
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", rank, n.Node, dash(n.Host()), dash(n.Addr()), col5, pid, state)
+	}
+	tw.Flush()
+}
+
+// renderJobList writes the jobs of a store that holds several.
+func renderJobList(w io.Writer, l *rdzv.JobList, where string) {
+	fmt.Fprintf(w, "%d jobs in the store at %s; give --rdzv-id to show one\n\n", len(l.Jobs), where)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tGENERATION\tPHASE\tNODES\tNOTE")
+	for _, j := range l.Jobs {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", j.ID, j.Generation, dash(string(j.Phase)), j.Nodes, dash(j.Problem))
+	}
+	tw.Flush()
+}
+
+// since formats when something began, and how long ago: the clock time
+// alone within the day, the date too before that.
+func since(t, now time.Time) string {
+	t = t.In(now.Location())
+	layout := "15:04:05"
+	if y, m, d := t.Date(); y != now.Year() || m != now.Month() || d != now.Day() {
+		layout = "2006-01-02 15:04:05"
+	}
+	return fmt.Sprintf("%s (%v)", t.Format(layout), now.Sub(t).Round(time.Second))
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

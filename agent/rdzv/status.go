@@ -1,0 +1,419 @@
+package rdzv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// This file reads a job for `ddp-agent status`. It only reads: a status
+// tool must never change what the agents see. Everything one answer shows
+// comes from one revision of the store, so the job, its state and its
+// nodes agree with each other.
+
+// ErrNoJob: the store holds nothing for the job.
+var ErrNoJob = errors.New("no such job in the store")
+
+// Role is what a node is doing in the job, as status shows it. It combines
+// the state's members, the live node entries and the open round's join
+// keys; it is not stored anywhere.
+type Role string
+
+const (
+	RoleRunning   Role = "running"   // a member of the running generation; its agent is live
+	RoleLost      Role = "lost"      // a member (of the running or last round) whose node entry is gone: agent dead or cut off
+	RoleSpare     Role = "spare"     // live but not a member: the job is full (or it is about to ask for a rescale)
+	RoleJoined    Role = "joined"    // has joined the open round
+	RoleJoining   Role = "joining"   // live, has not joined the open round yet: the round awaits it
+	RoleSucceeded Role = "succeeded" // its workers finished (node state succeeded)
+	RoleLeft      Role = "left"      // it gave up or was stopped (node state left)
+	RoleActive    Role = "active"    // live while the job is over, or its state is unreadable
+	RoleGone      Role = "gone"      // a member whose agent left after the job ended
+	RoleMalformed Role = "malformed" // its node entry does not parse
+)
+
+// Status is one job as the store held it at one revision. Its JSON form is
+// what `ddp-agent status --json` prints (the command adds "store", the
+// endpoints it read), and its field names are stable:
+//
+//	id         the job id
+//	revision   the store revision everything was read at
+//	hosted     the store is an agent's embedded etcd, started for this job
+//	job        JobInfo (nnodes_min, nnodes_max, max_restarts, created, ...);
+//	           null when missing or malformed
+//	state      State (generation, phase, reason, since, failures,
+//	           max_restarts, members, world_size, master_addr,
+//	           master_port); null when missing or malformed
+//	nodes      one object per node, members first by group rank, then
+//	           joiners in join order, then the others by node id:
+//	             node       node id
+//	             role       a Role: running, lost, spare, joined, joining,
+//	                        succeeded, left, active, gone, malformed
+//	             member     its Member in state.members, if any (group_rank,
+//	                        rank_offset, nproc, host, addr)
+//	             entry      its NodeInfo (nodes/<node>), if its agent is
+//	                        registered (pid, host, addr, state, reason, ...)
+//	             join       its JoinInfo in the open round, if it joined
+//	             malformed  why its node entry did not parse
+//	malformed  every value that did not parse: [{"key", "error"}]
+type Status struct {
+	ID        string           `json:"id"`
+	Revision  int64            `json:"revision"`
+	Hosted    bool             `json:"hosted"`
+	Job       *JobInfo         `json:"job"`
+	State     *State           `json:"state"`
+	Nodes     []NodeStatus     `json:"nodes"`
+	Malformed []MalformedValue `json:"malformed,omitempty"`
+}
+
+// NodeStatus is one node of a Status; see Status for its JSON form.
+type NodeStatus struct {
+	Node      string    `json:"node"`
+	Role      Role      `json:"role"`
+	Member    *Member   `json:"member,omitempty"`
+	Entry     *NodeInfo `json:"entry,omitempty"`
+	Join      *JoinInfo `json:"join,omitempty"`
+	Malformed string    `json:"malformed,omitempty"`
+
+	joinRev int64 // create revision of its join key: the join order
+}
+
+// Host is the node's hostname from whichever record has it.
+func (n NodeStatus) Host() string {
+	switch {
+	case n.Member != nil:
+		return n.Member.Host
+	case n.Entry != nil:
+		return n.Entry.Host
+	case n.Join != nil:
+		return n.Join.Host
+	}
+	return ""
+}
+
+// Addr is the address the other nodes reach it at.
+func (n NodeStatus) Addr() string {
+	switch {
+	case n.Member != nil:
+		return n.Member.Addr
+	case n.Entry != nil:
+		return n.Entry.Addr
+	case n.Join != nil:
+		return n.Join.Addr
+	}
+	return ""
+}
+
+// MalformedValue is a value in the store that did not parse.
+type MalformedValue struct {
+	Key   string `json:"key"`
+	Error string `json:"error"`
+}
+
+// Joined counts the nodes that joined the open round.
+func (s *Status) Joined() int {
+	n := 0
+	for _, ns := range s.Nodes {
+		if ns.Join != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// ReadStatus reads job id under root (RootPrefix, or rdzv-conf's
+// etcd_prefix) in one transaction. It returns ErrNoJob when the store holds
+// neither the job, its state nor a node of it. Malformed values are listed
+// in Status.Malformed, never an error: the store is shared, and a status
+// tool is what one runs to find such a thing.
+func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*Status, error) {
+	prefix := Prefix(root, id)
+	// The whole rounds/ dir, since which round is open is only known from
+	// the state read in the same transaction; closing a round deletes the
+	// ones before it, so it holds one or two rounds.
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpGet(prefix+jobKey),
+		clientv3.OpGet(prefix+stateKey),
+		clientv3.OpGet(prefix+nodesDir, clientv3.WithPrefix()),
+		clientv3.OpGet(prefix+roundsDir, clientv3.WithPrefix()),
+		clientv3.OpGet(HostKey),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read job %q: %w", id, err)
+	}
+	jobKVs := resp.Responses[0].GetResponseRange().Kvs
+	stateKVs := resp.Responses[1].GetResponseRange().Kvs
+	nodeKVs := resp.Responses[2].GetResponseRange().Kvs
+	roundKVs := resp.Responses[3].GetResponseRange().Kvs
+	hostKVs := resp.Responses[4].GetResponseRange().Kvs
+	if len(jobKVs) == 0 && len(stateKVs) == 0 && len(nodeKVs) == 0 {
+		return nil, ErrNoJob
+	}
+
+	s := &Status{ID: id, Revision: resp.Header.Revision, Nodes: []NodeStatus{}}
+	s.Hosted = len(hostKVs) > 0 && string(hostKVs[0].Value) == id
+	bad := func(key string, err error) {
+		s.Malformed = append(s.Malformed, MalformedValue{Key: key, Error: err.Error()})
+	}
+	if len(jobKVs) > 0 {
+		var job JobInfo
+		if err := decode(prefix+jobKey, jobKVs[0].Value, &job); err != nil {
+			bad(prefix+jobKey, err)
+		} else {
+			s.Job = &job
+		}
+	}
+	if len(stateKVs) > 0 {
+		var st State
+		err := decode(prefix+stateKey, stateKVs[0].Value, &st)
+		if err == nil && !st.Phase.valid() {
+			err = fmt.Errorf("malformed value at %s: unknown phase %q", prefix+stateKey, st.Phase)
+		}
+		if err != nil {
+			bad(prefix+stateKey, err)
+		} else {
+			s.State = &st
+		}
+	}
+
+	byNode := map[string]*NodeStatus{}
+	node := func(id string) *NodeStatus {
+		if byNode[id] == nil {
+			byNode[id] = &NodeStatus{Node: id}
+		}
+		return byNode[id]
+	}
+	if s.State != nil {
+		for _, m := range s.State.Members {
+			node(m.Node).Member = &m
+		}
+	}
+	for _, kv := range nodeKVs {
+		key := string(kv.Key)
+		n := node(strings.TrimPrefix(key, prefix+nodesDir))
+		var info NodeInfo
+		if err := decode(key, kv.Value, &info); err != nil {
+			bad(key, err)
+			n.Malformed = err.Error()
+			continue
+		}
+		n.Entry = &info
+	}
+	if s.State != nil && s.State.Phase == Joining {
+		open := RoundPrefix(prefix, s.State.Generation)
+		for _, kv := range roundKVs {
+			key := string(kv.Key)
+			if !strings.HasPrefix(key, open) {
+				continue // an earlier round, not yet cleaned up
+			}
+			var j JoinInfo
+			if err := decode(key, kv.Value, &j); err != nil {
+				bad(key, err)
+				continue
+			}
+			n := node(strings.TrimPrefix(key, open))
+			n.Join, n.joinRev = &j, kv.CreateRevision
+		}
+	}
+
+	for _, n := range byNode {
+		n.Role = role(s.State, n)
+		s.Nodes = append(s.Nodes, *n)
+	}
+	sortNodes(s.Nodes)
+	return s, nil
+}
+
+// role decides what node n is doing in the job whose state is st (nil
+// when unreadable).
+func role(st *State, n *NodeStatus) Role {
+	if n.Malformed != "" {
+		return RoleMalformed
+	}
+	if n.Entry != nil {
+		switch n.Entry.State {
+		case NodeSucceeded:
+			return RoleSucceeded
+		case NodeLeft:
+			return RoleLeft
+		}
+	}
+	var phase Phase
+	if st != nil {
+		phase = st.Phase
+	}
+	live := n.Entry != nil
+	switch phase {
+	case Running:
+		switch {
+		case n.Member != nil && live:
+			return RoleRunning
+		case n.Member != nil:
+			return RoleLost
+		}
+		return RoleSpare
+	case Joining:
+		switch {
+		case n.Join != nil:
+			return RoleJoined
+		case live:
+			return RoleJoining
+		}
+		return RoleLost // a member of the last round that will not rejoin
+	}
+	if !live {
+		return RoleGone
+	}
+	return RoleActive
+}
+
+// sortNodes orders members by group rank, then joiners in join order,
+// then the rest by node id.
+func sortNodes(ns []NodeStatus) {
+	sort.Slice(ns, func(i, j int) bool {
+		a, b := &ns[i], &ns[j]
+		if (a.Member != nil) != (b.Member != nil) {
+			return a.Member != nil
+		}
+		if a.Member != nil && a.Member.GroupRank != b.Member.GroupRank {
+			return a.Member.GroupRank < b.Member.GroupRank
+		}
+		if (a.Join != nil) != (b.Join != nil) {
+			return a.Join != nil
+		}
+		if a.joinRev != b.joinRev {
+			return a.joinRev < b.joinRev
+		}
+		return a.Node < b.Node
+	})
+}
+
+// JobList is every job in a store, as ListJobs read it at one revision.
+// Its JSON form is stable: {"revision", "hosted", "jobs": [JobSummary]}.
+type JobList struct {
+	Revision int64 `json:"revision"`
+	// Hosted is the job an agent's embedded store was started for (the
+	// store's HostKey); "" for a store no agent hosts.
+	Hosted string       `json:"hosted,omitempty"`
+	Jobs   []JobSummary `json:"jobs"`
+}
+
+// IDs returns the jobs' ids, in order.
+func (l *JobList) IDs() []string {
+	ids := make([]string, len(l.Jobs))
+	for i, j := range l.Jobs {
+		ids[i] = j.ID
+	}
+	return ids
+}
+
+// Has reports whether the list holds job id.
+func (l *JobList) Has(id string) bool {
+	for _, j := range l.Jobs {
+		if j.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// JobSummary is one line of a JobList.
+type JobSummary struct {
+	ID         string `json:"id"`
+	Generation uint64 `json:"generation"`
+	Phase      Phase  `json:"phase"` // "" when the state is missing or malformed
+	Nodes      int    `json:"nodes"` // registered agents
+	// Problem says what is wrong with the job's keys, if anything.
+	Problem string `json:"problem,omitempty"`
+}
+
+// listBatch is how many jobs one transaction summarizes: three reads each
+// stay under etcd's default limit of 128 operations per transaction.
+const listBatch = 40
+
+// ListJobs lists the jobs under root, sorted by id. Every job's keys sort
+// together under root+id+"/", so it skips from one job to the next with a
+// one-key read each instead of reading the workers' keys too, all pinned
+// to the revision of the first read.
+func ListJobs(ctx context.Context, cli *clientv3.Client, root string) (*JobList, error) {
+	end := clientv3.GetPrefixRangeEnd(root)
+	hostResp, err := cli.Get(ctx, HostKey)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	l := &JobList{Revision: hostResp.Header.Revision, Jobs: []JobSummary{}}
+	if len(hostResp.Kvs) > 0 {
+		l.Hosted = string(hostResp.Kvs[0].Value)
+	}
+	var ids []string
+	for from := root; ; {
+		resp, err := cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithKeysOnly(), clientv3.WithLimit(1), clientv3.WithRev(l.Revision))
+		if err != nil {
+			return nil, fmt.Errorf("list jobs: %w", err)
+		}
+		if len(resp.Kvs) == 0 {
+			break
+		}
+		key := string(resp.Kvs[0].Key)
+		id, _, isDir := strings.Cut(strings.TrimPrefix(key, root), "/")
+		if !isDir { // a key of its own under root, such as HostKey
+			from = key + "\x00"
+			continue
+		}
+		if id != "" {
+			ids = append(ids, id)
+		}
+		from = clientv3.GetPrefixRangeEnd(root + id + "/")
+	}
+	// Key order puts "t1-x/" before "t1/"; people expect "t1" first.
+	sort.Strings(ids)
+
+	for len(ids) > 0 {
+		batch := ids[:min(listBatch, len(ids))]
+		ids = ids[len(batch):]
+		var ops []clientv3.Op
+		for _, id := range batch {
+			p := Prefix(root, id)
+			ops = append(ops,
+				clientv3.OpGet(p+jobKey, clientv3.WithRev(l.Revision)),
+				clientv3.OpGet(p+stateKey, clientv3.WithRev(l.Revision)),
+				clientv3.OpGet(p+nodesDir, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithRev(l.Revision)))
+		}
+		resp, err := cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("list jobs: %w", err)
+		}
+		for i, id := range batch {
+			job := resp.Responses[3*i].GetResponseRange()
+			state := resp.Responses[3*i+1].GetResponseRange()
+			nodes := resp.Responses[3*i+2].GetResponseRange()
+			if len(job.Kvs) == 0 && len(state.Kvs) == 0 && nodes.Count == 0 {
+				continue // only leftovers, such as the workers' keys: no job
+			}
+			js := JobSummary{ID: id, Nodes: int(nodes.Count)}
+			var problems []string
+			if len(job.Kvs) == 0 {
+				problems = append(problems, "no job key")
+			} else if err := decode(Prefix(root, id)+jobKey, job.Kvs[0].Value, &JobInfo{}); err != nil {
+				problems = append(problems, err.Error())
+			}
+			var st State
+			if len(state.Kvs) == 0 {
+				problems = append(problems, "no state key")
+			} else if err := decode(Prefix(root, id)+stateKey, state.Kvs[0].Value, &st); err != nil {
+				problems = append(problems, err.Error())
+			} else if !st.Phase.valid() {
+				problems = append(problems, fmt.Sprintf("unknown phase %q", st.Phase))
+			} else {
+				js.Generation, js.Phase = st.Generation, st.Phase
+			}
+			js.Problem = strings.Join(problems, "; ")
+			l.Jobs = append(l.Jobs, js)
+		}
+	}
+	return l, nil
+}
