@@ -159,13 +159,16 @@ def main():
 
     ckpt = os.path.join(args.ckpt_dir, "checkpoint.pt")
     first, loss_value = 1, float("nan")
-    if restart_count > 0 and os.path.exists(ckpt):
+    # A restart after a fault, or a new generation of an elastic job (a node
+    # joined or left: ddp-agent does not count that as a restart).
+    generation = int(os.environ.get("DDP_AGENT_GENERATION", "0"))
+    if (restart_count > 0 or generation > 0) and os.path.exists(ckpt):
         state = torch.load(ckpt, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         first, loss_value = state["step"] + 1, state["loss"]
         if rank == 0:
-            print(f"resumed from step {state['step']}", flush=True)
+            print(f"resumed from step {state['step']} with world size {world_size}", flush=True)
 
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb)
     hook = None

@@ -1,0 +1,348 @@
+package e2e
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+)
+
+// Multi-node tests: every "node" is a real ddp-agent process on loopback,
+// the first one hosting the embedded etcd, the workers real DDP with gloo.
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// job is one multi-node job under test.
+type job struct {
+	t        *testing.T
+	endpoint string
+	id       string
+	args     []string // the agents' flags after the rendezvous ones
+	script   []string // script and its arguments
+	ckpt     string
+}
+
+// fastConf keeps faults cheap in tests: a node is lost after 2 s of silence.
+const fastConf = "keep_alive_interval=1,keep_alive_max_attempt=2,last_call_timeout=1,join_timeout=60"
+
+func newJob(t *testing.T, nnodes string, maxRestarts int, steps int, extra ...string) *job {
+	ckpt := t.TempDir()
+	script := append([]string{filepath.Join(repoRoot, "examples", "train.py"), "--steps", strconv.Itoa(steps),
+		"--log-every", "5", "--ckpt-every", "5", "--ckpt-dir", ckpt}, extra...)
+	return &job{
+		t: t, endpoint: fmt.Sprintf("127.0.0.1:%d", freePort(t)), id: "e2e" + strconv.Itoa(freePort(t)),
+		args: []string{"--nnodes", nnodes, "--nproc-per-node", "2", "--max-restarts", strconv.Itoa(maxRestarts),
+			"--rdzv-conf", fastConf},
+		script: script, ckpt: ckpt,
+	}
+}
+
+// start starts one agent of the job; the first one started hosts the store.
+func (j *job) start(extraArgs ...string) *agentRun {
+	j.t.Helper()
+	args := append([]string{"--rdzv-backend", "c10d", "--rdzv-endpoint", j.endpoint, "--rdzv-id", j.id}, j.args...)
+	args = append(append(args, extraArgs...), j.script...)
+	return startAgent(j.t, nil, args...)
+}
+
+// startHost starts the agent that hosts the store and waits until it does,
+// so the test knows which agent it must not kill.
+func (j *job) startHost() *agentRun {
+	j.t.Helper()
+	a := j.start()
+	waitFor(j.t, 30*time.Second, func() bool { return strings.Contains(a.stderr.String(), "hosting the rendezvous store") }, a.logs)
+	return a
+}
+
+var rankLine = regexp.MustCompile(`\[rank(\d+)\]:rank (\d+)/(\d+) local_rank (\d) restart_count (\d+)`)
+
+// ranksSeen returns, per world size, the global ranks an agent's workers
+// announced.
+func ranksSeen(out string) map[int][]int {
+	seen := map[int][]int{}
+	for _, m := range rankLine.FindAllStringSubmatch(out, -1) {
+		rank, _ := strconv.Atoi(m[2])
+		world, _ := strconv.Atoi(m[3])
+		seen[world] = append(seen[world], rank)
+	}
+	return seen
+}
+
+// checkWorld verifies that the agents' workers together were every rank of
+// a world of size world, each exactly once.
+func checkWorld(t *testing.T, world int, agents ...*agentRun) {
+	t.Helper()
+	count := map[int]int{}
+	for _, a := range agents {
+		for _, r := range ranksSeen(a.stdout.String())[world] {
+			count[r]++
+		}
+	}
+	for r := 0; r < world; r++ {
+		if count[r] < 1 {
+			var logs []string
+			for _, a := range agents {
+				logs = append(logs, a.logs())
+			}
+			t.Fatalf("no worker was rank %d of %d: %v\n%s", r, world, count, strings.Join(logs, "\n----\n"))
+		}
+	}
+}
+
+func waitAll(t *testing.T, d time.Duration, agents ...*agentRun) {
+	t.Helper()
+	for i, a := range agents {
+		if code := a.wait(d); code != 0 {
+			t.Fatalf("agent %d exited %d\n%s", i, code, a.logs())
+		}
+	}
+}
+
+func TestMultiNodeTrain(t *testing.T) {
+	needTorch(t)
+	for _, nodes := range []int{2, 3} {
+		t.Run(fmt.Sprintf("%d nodes", nodes), func(t *testing.T) {
+			j := newJob(t, strconv.Itoa(nodes), 0, 10)
+			agents := []*agentRun{j.startHost()}
+			for i := 1; i < nodes; i++ {
+				agents = append(agents, j.start())
+			}
+			waitAll(t, 3*time.Minute, agents...)
+			checkWorld(t, 2*nodes, agents...)
+			all := ""
+			for _, a := range agents {
+				all += a.stdout.String()
+			}
+			if !strings.Contains(all, "done: steps=10 final_loss=") || !strings.Contains(all, fmt.Sprintf("world_size=%d", 2*nodes)) {
+				t.Fatalf("rank 0 did not finish in a world of %d\n%s", 2*nodes, all)
+			}
+			// every rank ends with the same parameters
+			digests := regexp.MustCompile(`params rank=\d+ sha256=(\w+)`).FindAllStringSubmatch(all, -1)
+			if len(digests) != 2*nodes {
+				t.Fatalf("%d params lines, want %d", len(digests), 2*nodes)
+			}
+			for _, d := range digests {
+				if d[1] != digests[0][1] {
+					t.Fatalf("ranks disagree on the parameters: %v", digests)
+				}
+			}
+		})
+	}
+}
+
+// workersStartedAt returns when an agent logged "workers started" for
+// generation gen, from the agent's own timestamps.
+func workersStartedAt(stderr string, gen int) (time.Time, bool) {
+	re := regexp.MustCompile(`time=(\S+) level=INFO msg="workers started".* generation=` + strconv.Itoa(gen) + ` `)
+	m := re.FindStringSubmatch(stderr)
+	if m == nil {
+		return time.Time{}, false
+	}
+	ts, err := time.Parse(time.RFC3339Nano, m[1])
+	return ts, err == nil
+}
+
+// lostNode runs 3 agents with --nnodes 1:3, does something to the third
+// one once training checkpointed, and checks that the other two re-form a
+// world of 4, resume from the checkpoint and finish.
+func lostNode(t *testing.T, what string, hurt func(a *agentRun)) {
+	needTorch(t)
+	j := newJob(t, "1:3", 2, 30, "--sleep-per-step", "0.1")
+	host := j.startHost()
+	b, c := j.start(), j.start()
+	waitFor(t, 2*time.Minute, func() bool { return strings.Contains(host.stdout.String()+b.stdout.String()+c.stdout.String(), "step 10 loss") },
+		func() string { return host.logs() + b.logs() + c.logs() })
+	checkWorld(t, 6, host, b, c)
+	hit := time.Now()
+	hurt(c)
+	var back time.Time
+	waitFor(t, 60*time.Second, func() bool {
+		tb, ok1 := workersStartedAt(b.stderr.String(), 1)
+		th, ok2 := workersStartedAt(host.stderr.String(), 1)
+		if ok1 && ok2 {
+			back = th
+			if tb.After(th) {
+				back = tb
+			}
+		}
+		return ok1 && ok2
+	}, func() string { return host.logs() + b.logs() })
+	recovery := back.Sub(hit)
+	t.Logf("%s: the two other agents restarted their workers in a world of 4 after %v", what, recovery.Round(time.Millisecond))
+	waitAll(t, 3*time.Minute, host, b)
+	checkWorld(t, 4, host, b)
+	out := host.stdout.String() + b.stdout.String()
+	if !regexp.MustCompile(`resumed from step (\d+) with world size 4`).MatchString(out) || !strings.Contains(out, "done: steps=30") {
+		t.Fatalf("training did not resume from the checkpoint and finish\n%s\n%s", host.logs(), b.logs())
+	}
+	if recovery > 15*time.Second {
+		t.Errorf("re-forming took %v", recovery)
+	}
+}
+
+func TestLostNodeSIGKILL(t *testing.T) {
+	lostNode(t, "SIGKILL", func(a *agentRun) {
+		a.cmd.Process.Signal(syscall.SIGKILL)
+	})
+}
+
+func TestLostNodeSIGSTOP(t *testing.T) {
+	var frozen *agentRun
+	lostNode(t, "SIGSTOP", func(a *agentRun) {
+		frozen = a
+		a.cmd.Process.Signal(syscall.SIGSTOP)
+	})
+	// The frozen node never comes back: a scheduler would replace it.
+	frozen.cmd.Process.Signal(syscall.SIGKILL)
+}
+
+func TestWorkerFailureRestartsEveryNode(t *testing.T) {
+	needTorch(t)
+	j := newJob(t, "2", 1, 16, "--fail-rank", "3", "--fail-at-step", "12")
+	a := j.startHost()
+	b := j.start()
+	waitAll(t, 3*time.Minute, a, b)
+	failing, other := a, b
+	if strings.Contains(b.stderr.String(), "injected failure on rank 3") {
+		failing, other = b, a
+	}
+	if !strings.Contains(failing.stderr.String(), "injected failure on rank 3") {
+		t.Fatalf("rank 3 did not fail\n%s\n%s", a.logs(), b.logs())
+	}
+	for i, ag := range []*agentRun{a, b} {
+		if !strings.Contains(ag.stdout.String(), "restart_count 1") {
+			t.Fatalf("agent %d's workers were not restarted\n%s", i, ag.logs())
+		}
+	}
+	// the healthy node learned it from the rendezvous, not from its own workers
+	// (the reason names the failing node's first worker to exit: rank 3, or
+	// rank 2 when its all-reduce with the dying rank 3 failed first)
+	if !regexp.MustCompile(`stopping workers: the job is moving to a new generation.*reason=".*group rank \d\): worker rank [23] `).MatchString(other.stderr.String()) {
+		t.Fatalf("the healthy node did not stop its workers for the new generation\n%s", other.logs())
+	}
+	if !strings.Contains(a.stdout.String()+b.stdout.String(), "resumed from step 10 with world size 4") {
+		t.Fatalf("no resume\n%s\n%s", a.logs(), b.logs())
+	}
+}
+
+func TestLateNodeRescales(t *testing.T) {
+	needTorch(t)
+	j := newJob(t, "2:3", 0, 25, "--sleep-per-step", "0.1")
+	a := j.startHost()
+	b := j.start()
+	waitFor(t, 2*time.Minute, func() bool { return strings.Contains(a.stdout.String()+b.stdout.String(), "step 5 loss") },
+		func() string { return a.logs() + b.logs() })
+	c := j.start()
+	waitAll(t, 3*time.Minute, a, b, c)
+	checkWorld(t, 4, a, b)
+	checkWorld(t, 6, a, b, c)
+	if !strings.Contains(a.stderr.String(), "joined; scaling up from 2 nodes") {
+		t.Fatalf("no scale-up logged\n%s", a.logs())
+	}
+	if !regexp.MustCompile(`resumed from step \d+ with world size 6`).MatchString(a.stdout.String() + b.stdout.String() + c.stdout.String()) {
+		t.Fatalf("no resume in the larger world")
+	}
+}
+
+// TestExternalEtcdCluster runs the job against a 3-member etcd cluster
+// that no agent hosts, and stops one member mid-training.
+func TestExternalEtcdCluster(t *testing.T) {
+	needTorch(t)
+	cl, err := store.StartCluster(t.Context(), 3, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	j := newJob(t, "2", 0, 25, "--sleep-per-step", "0.1")
+	args := append([]string{"--rdzv-backend", "etcd", "--rdzv-endpoint", strings.Join(cl.Endpoints(), ","), "--rdzv-id", j.id}, j.args...)
+	args = append(args, j.script...)
+	a, b := startAgent(t, nil, args...), startAgent(t, nil, args...)
+	waitFor(t, 2*time.Minute, func() bool { return strings.Contains(a.stdout.String()+b.stdout.String(), "step 10 loss") },
+		func() string { return a.logs() + b.logs() })
+	if err := cl.Stop(0); err != nil {
+		t.Fatal(err)
+	}
+	waitAll(t, 3*time.Minute, a, b)
+	for _, ag := range []*agentRun{a, b} {
+		if strings.Contains(ag.stderr.String(), "new generation") || strings.Contains(ag.stdout.String(), "restart_count 1") {
+			t.Fatalf("losing one etcd member disturbed the job\n%s", ag.logs())
+		}
+		if strings.Contains(ag.stderr.String(), "hosting the rendezvous store") {
+			t.Fatalf("an agent hosted a store with --rdzv-backend etcd")
+		}
+	}
+	checkWorld(t, 4, a, b)
+}
+
+func TestRefusedAgents(t *testing.T) {
+	needTorch(t)
+	j := newJob(t, "2", 0, 20, "--sleep-per-step", "0.1")
+	j.args = append(j.args, "--rdzv-token", "s3cret")
+	host := j.startHost()
+
+	refused := func(args []string, want string) {
+		t.Helper()
+		a := startAgent(t, nil, append(args, filepath.Join(repoRoot, "agent", "e2e", "testdata", "sleeper.py"))...)
+		if code := a.wait(30 * time.Second); code != 1 || !strings.Contains(a.stderr.String(), want) {
+			t.Fatalf("exit %d, want 1 and %q\n%s", code, want, a.logs())
+		}
+	}
+	base := []string{"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", j.endpoint, "--rdzv-conf", fastConf}
+	refused(append(base, "--rdzv-id", "another", "--rdzv-token", "s3cret"), "was started for job \\\"" + j.id)
+	refused(append(base, "--rdzv-id", j.id, "--rdzv-token", "guess"), "rendezvous token does not match")
+	refused(append(base, "--rdzv-id", j.id), "rendezvous token does not match")
+
+	// Garbage in the store, written mid-run, crashes nobody.
+	b := j.start()
+	waitFor(t, 2*time.Minute, func() bool { return strings.Contains(host.stdout.String()+b.stdout.String(), "step 5 loss") },
+		func() string { return host.logs() + b.logs() })
+	cli, err := store.Dial(t.Context(), store.ClientConfig{Endpoints: []string{j.endpoint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	prefix := rdzv.Prefix(rdzv.RootPrefix, j.id)
+	for k, v := range map[string]string{"nodes/intruder": "{oops", "rounds/00000000000000000000/x": "\xff", "kv/" + j.id + "/0/junk": "1"} {
+		if _, err := cli.Put(t.Context(), prefix+k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitAll(t, 3*time.Minute, host, b)
+}
+
+// TestStaticMultiNode runs two nodes with fixed ranks and no store, as
+// torchrun's static backend does; the hook bootstraps through torch's store.
+func TestStaticMultiNode(t *testing.T) {
+	needTorch(t)
+	ckpt := t.TempDir()
+	port := freePort(t)
+	script := []string{filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--log-every", "5", "--ckpt-dir", ckpt}
+	var agents []*agentRun
+	for rank := 0; rank < 2; rank++ {
+		args := append([]string{"--nnodes", "2", "--node-rank", strconv.Itoa(rank), "--nproc-per-node", "2",
+			"--master-addr", "127.0.0.1", "--master-port", strconv.Itoa(port)}, script...)
+		agents = append(agents, startAgent(t, nil, args...))
+	}
+	waitAll(t, 3*time.Minute, agents...)
+	checkWorld(t, 4, agents...)
+	if ranks := ranksSeen(agents[1].stdout.String())[4]; len(ranks) != 2 || (ranks[0] != 2 && ranks[0] != 3) {
+		t.Fatalf("node rank 1 ran ranks %v, want 2 and 3", ranks)
+	}
+}
