@@ -167,7 +167,9 @@ func lostNode(t *testing.T, what string, hurt func(a *agentRun)) {
 	j := newJob(t, "1:3", 2, 30, "--sleep-per-step", "0.1")
 	host := j.startHost()
 	b, c := j.start(), j.start()
-	waitFor(t, 2*time.Minute, func() bool { return strings.Contains(host.stdout.String()+b.stdout.String()+c.stdout.String(), "step 10 loss") },
+	waitFor(t, 2*time.Minute, func() bool {
+		return strings.Contains(host.stdout.String()+b.stdout.String()+c.stdout.String(), "step 10 loss")
+	},
 		func() string { return host.logs() + b.logs() + c.logs() })
 	checkWorld(t, 6, host, b, c)
 	hit := time.Now()
@@ -305,7 +307,7 @@ func TestRefusedAgents(t *testing.T) {
 		}
 	}
 	base := []string{"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", j.endpoint, "--rdzv-conf", fastConf}
-	refused(append(base, "--rdzv-id", "another", "--rdzv-token", "s3cret"), "was started for job \\\"" + j.id)
+	refused(append(base, "--rdzv-id", "another", "--rdzv-token", "s3cret"), "was started for job \\\""+j.id)
 	refused(append(base, "--rdzv-id", j.id, "--rdzv-token", "guess"), "rendezvous token does not match")
 	refused(append(base, "--rdzv-id", j.id), "rendezvous token does not match")
 
