@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
@@ -121,6 +122,9 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 		kv:       store.NewKV(cli, rdzv.KVPrefix(prefix)),
 		endpoint: strings.Join(endpoints, ","),
 		close: func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			e.Drain(ctx)
+			cancel()
 			e.Close()
 			closeAll()
 		},

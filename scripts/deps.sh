@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what `make demo` and `make test` need on a fresh Debian 12 machine:
-# a Go toolchain (>= 1.24), the Go modules, gcc, and Debian's PyTorch (python3-torch,
+# a Go toolchain (>= 1.26, which etcd v3.7 needs), the Go modules, gcc, and Debian's PyTorch (python3-torch,
 # CPU, gloo), pytest and pip for /usr/bin/python3. Prints the Go binary to use.
 # Safe to run again: it installs only what is missing.
 #   scripts/deps.sh go    only the Go toolchain, modules and gcc (for make build)
@@ -10,7 +10,7 @@ what=${1:-all}
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-/usr/bin/python3}
-GO_MIN=${GO_MIN:-24}                      # minor version of Go 1.x that go.mod needs
+GO_MIN=${GO_MIN:-26}                      # minor version of Go 1.x that go.mod needs
 GO_FETCH=go1.26.8               # fetched from the module proxy when no Go is found
 say() { echo "deps: $*" >&2; }
 
@@ -45,7 +45,7 @@ find_go() {
 }
 
 if ! GO_BIN=$(find_go); then
-	# No Go >= 1.24 (Debian 12's golang-go is 1.19): fetch the official
+	# No Go >= 1.26 (Debian 12's golang-go is 1.19): fetch the official
 	# toolchain from the Go module proxy, as GOTOOLCHAIN=auto would.
 	command -v curl >/dev/null && command -v unzip >/dev/null || apt_install "curl and unzip" "curl unzip ca-certificates"
 	proxy=${GOPROXY:-https://proxy.golang.org}; proxy=${proxy%%,*}

@@ -348,3 +348,23 @@ func TestStaticMultiNode(t *testing.T) {
 		t.Fatalf("node rank 1 ran ranks %v, want 2 and 3", ranks)
 	}
 }
+
+// TestJobFailsEverywhere: a fault with no restarts left fails the job on
+// every node at once, whichever node hosts the store.
+func TestJobFailsEverywhere(t *testing.T) {
+	needTorch(t)
+	j := newJob(t, "2", 0, 20, "--fail-rank", "1", "--fail-at-step", "3", "--sleep-per-step", "0.1")
+	a := j.startHost()
+	b := j.start()
+	for i, ag := range []*agentRun{a, b} {
+		if code := ag.wait(2 * time.Minute); code != 1 {
+			t.Fatalf("agent %d exited %d, want 1\n%s", i, code, ag.logs())
+		}
+		if !strings.Contains(ag.stderr.String(), "job failed") {
+			t.Fatalf("agent %d did not say the job failed\n%s", i, ag.logs())
+		}
+	}
+	if !strings.Contains(a.stderr.String()+b.stderr.String(), "no restarts left (--max-restarts 0)") {
+		t.Fatalf("no agent named the reason\n%s\n%s", a.logs(), b.logs())
+	}
+}

@@ -906,14 +906,25 @@ func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
 		}
 	}
 	if e.cfg.Hosted {
-		e.waitOthersGone(ctx)
+		e.waitOthersGone(ctx, false)
 	}
 	return nil
 }
 
+// Drain, in the agent that hosts the store, waits a few seconds for the
+// other agents to see that the job is over (failed) and leave, so none of
+// them is left waiting on a store that vanished. It returns at once when
+// this agent does not host the store or the job is not over.
+func (e *Etcd) Drain(ctx context.Context) {
+	if e.cfg.Hosted {
+		e.waitOthersGone(ctx, true)
+	}
+}
+
 // waitOthersGone blocks while other agents are registered and the job is
 // not over for them, polling twice a second; it returns when ctx is done.
-func (e *Etcd) waitOthersGone(ctx context.Context) {
+// With onlyIfOver it returns at once unless the job is over.
+func (e *Etcd) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 	logged := false
 	var overSince time.Time
 	for {
@@ -935,7 +946,14 @@ func (e *Etcd) waitOthersGone(ctx context.Context) {
 		// Once the job is over, the others only need a moment to see it
 		// and leave; do not wait on one that is stuck.
 		var st State
-		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && decode("", kvs[0].Value, &st) == nil && (st.Phase == Succeeded || st.Phase == Failed) {
+		over := false
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && decode("", kvs[0].Value, &st) == nil {
+			over = st.Phase == Succeeded || st.Phase == Failed
+		}
+		if onlyIfOver && !over {
+			return
+		}
+		if over {
 			if overSince.IsZero() {
 				overSince = time.Now()
 			} else if time.Since(overSince) > 10*time.Second {
