@@ -287,6 +287,9 @@ func (a *Agent) Run(ctx context.Context) error {
 // bootstrap keys, once its workers are gone.
 func (a *Agent) dropGeneration(srv *control.Server, ctx context.Context, events *eventTally, gen uint64) {
 	events.report(a.log, gen, srv.Conns)
+	// bounded: the store may be what just failed
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	if err := srv.DropGeneration(ctx, gen); err != nil {
 		a.log.Warn("drop control store keys", "generation", gen, "err", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
@@ -72,7 +74,12 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 	if hostIt {
 		addr := "127.0.0.1:0"
 		if !cfg.Standalone {
-			addr = stripScheme(endpoints[0])
+			// etcd binds only to IP addresses: a host name (the usual
+			// --rdzv-endpoint $(hostname):29400) becomes the local address
+			// it resolves to.
+			if addr, err = bindAddr(stripScheme(endpoints[0])); err != nil {
+				return nil, err
+			}
 		}
 		srv, err = store.Start(ctx, store.ServerConfig{ClientAddr: addr, Logger: a.log.With("component", "etcd"), TLS: tls})
 		switch {
@@ -87,10 +94,24 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 			endpoints = []string{srv.Endpoint()}
 		}
 	}
-	cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tls, Logger: a.log})
-	if err != nil {
-		closeAll()
-		return nil, err
+	// The agent that hosts the store may start after this one, as with
+	// torchrun's c10d: keep trying for the join timeout.
+	var cli *clientv3.Client
+	deadline := time.Now().Add(cfg.Rdzv.JoinTimeout)
+	for {
+		cli, err = store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tls, Logger: a.log})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) || srv != nil {
+			closeAll()
+			return nil, err
+		}
+		a.log.Warn("rendezvous store not reachable yet; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
 	}
 	closeAll = func() {
 		cli.Close()
@@ -169,22 +190,43 @@ func stripScheme(ep string) string {
 // isLocalHost reports whether host names this machine: loopback, or an
 // address of one of its interfaces.
 func isLocalHost(host string) bool {
+	return localIP(host) != nil
+}
+
+// localIP returns the address of this machine that host resolves to, or nil.
+func localIP(host string) net.IP {
 	ips, err := net.LookupIP(host)
 	if err != nil {
-		return false
+		return nil
 	}
 	addrs, _ := net.InterfaceAddrs()
 	for _, ip := range ips {
 		if ip.IsLoopback() {
-			return true
+			return ip
 		}
 		for _, a := range addrs {
 			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
-				return true
+				return ip
 			}
 		}
 	}
-	return false
+	return nil
+}
+
+// bindAddr turns an endpoint host:port into an IP:port to listen on.
+func bindAddr(endpoint string) (string, error) {
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return "", fmt.Errorf("--rdzv-endpoint %s: %w", endpoint, err)
+	}
+	if net.ParseIP(host) != nil || host == "localhost" {
+		return endpoint, nil
+	}
+	ip := localIP(host)
+	if ip == nil {
+		return "", fmt.Errorf("--rdzv-endpoint %s: %s is not an address of this host (set is_host=false in --rdzv-conf)", endpoint, host)
+	}
+	return net.JoinHostPort(ip.String(), port), nil
 }
 
 // localAddr is the address the other nodes reach this one at: --local-addr,

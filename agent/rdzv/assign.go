@@ -45,7 +45,7 @@ func assign(prev []Member, joiners []joiner, max int) []Member {
 	var rest []*joiner
 	for i := range order {
 		j := &order[i]
-		if r, ok := oldRank[j.Node]; ok && r < n && byRank[r] == nil {
+		if r, ok := oldRank[j.Node]; ok && r >= 0 && r < n && byRank[r] == nil {
 			byRank[r] = j
 			continue
 		}

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -72,6 +73,7 @@ type Etcd struct {
 	stopKA    context.CancelFunc
 	state     NodeState
 	lastGen   uint64 // the last generation this node ran, +1 (0: none yet)
+	opened    time.Time
 }
 
 // ForeignJobError: the store was started for another job.
@@ -112,7 +114,7 @@ func Open(ctx context.Context, cli *clientv3.Client, cfg Config) (*Etcd, error) 
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	e := &Etcd{cfg: cfg, cli: cli, log: cfg.Logger, node: newNodeID(cfg.Host), mac: tokenMAC(cfg.Token, cfg.JobID), state: NodeActive}
+	e := &Etcd{cfg: cfg, cli: cli, log: cfg.Logger, node: newNodeID(cfg.Host), mac: tokenMAC(cfg.Token, cfg.JobID), state: NodeActive, opened: time.Now()}
 	if err := e.checkHost(ctx); err != nil {
 		return nil, err
 	}
@@ -218,6 +220,9 @@ func (e *Etcd) createOrCheckJob(ctx context.Context) error {
 	if err := decode(e.key(jobKey), kvs[0].Value, &have); err != nil {
 		return fmt.Errorf("refused: %w", err)
 	}
+	if have.NNodesMin < 1 || have.NNodesMax < have.NNodesMin || have.MaxRestarts < 0 {
+		return fmt.Errorf("refused: malformed value at %s: nnodes %d:%d, max_restarts %d", e.key(jobKey), have.NNodesMin, have.NNodesMax, have.MaxRestarts)
+	}
 	if !hmac.Equal([]byte(have.TokenMAC), []byte(e.mac)) {
 		return ErrTokenMismatch
 	}
@@ -253,6 +258,14 @@ func (e *Etcd) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rendezvous store at %s: grant lease: %w", e.cfg.Endpoint, err)
 	}
+	// The node key goes in first: a lease that is kept alive without its
+	// node key would make a node nobody can see die.
+	if err := e.putNodeOn(ctx, g.ID, NodeActive, ""); err != nil {
+		revokeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, _ = e.cli.Revoke(revokeCtx, g.ID)
+		cancel()
+		return err
+	}
 	kaCtx, stopKA := context.WithCancel(context.Background())
 	ka, err := e.cli.KeepAlive(kaCtx, g.ID)
 	if err != nil {
@@ -270,26 +283,36 @@ func (e *Etcd) register(ctx context.Context) error {
 		for range ka { // the client closes ka when the lease expires or cannot be renewed in time
 		}
 		close(lost)
-		if kaCtx.Err() == nil {
+		e.mu.Lock()
+		leaving := e.state != NodeActive
+		e.mu.Unlock()
+		if kaCtx.Err() == nil && !leaving {
 			e.log.Warn("lost this node's lease on the rendezvous store", "store", e.cfg.Endpoint, "lease", fmt.Sprintf("%x", int64(g.ID)))
 		}
 	}()
-	if err := e.putNode(ctx, NodeActive, ""); err != nil {
-		return err
-	}
 	return nil
 }
 
-func (e *Etcd) nodeInfo(st NodeState, reason string) NodeInfo {
+// markLeaseLost makes the current lease count as lost, for when the store
+// says it no longer exists before the keep-alive loop noticed.
+func (e *Etcd) markLeaseLost() {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	return NodeInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, PID: os.Getpid(), NProc: e.cfg.NProc,
-		Lease: int64(e.lease), Probe: e.probe.Addr().String(), State: st, Reason: reason, Started: time.Now()}
+	stop := e.stopKA
+	e.mu.Unlock()
+	if stop != nil {
+		stop() // ends the keep-alive loop, which closes leaseLost
+	}
 }
 
 func (e *Etcd) putNode(ctx context.Context, st NodeState, reason string) error {
-	info := e.nodeInfo(st, reason)
-	_, err := e.cli.Put(ctx, e.key(nodesDir+e.node), encode(info), clientv3.WithLease(clientv3.LeaseID(info.Lease)))
+	lease, _ := e.leaseChan()
+	return e.putNodeOn(ctx, lease, st, reason)
+}
+
+func (e *Etcd) putNodeOn(ctx context.Context, lease clientv3.LeaseID, st NodeState, reason string) error {
+	info := NodeInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, PID: os.Getpid(), NProc: e.cfg.NProc,
+		Lease: int64(lease), Probe: e.probe.Addr().String(), State: st, Reason: reason, Started: time.Now()}
+	_, err := e.cli.Put(ctx, e.key(nodesDir+e.node), encode(info), clientv3.WithLease(lease))
 	if err != nil {
 		return fmt.Errorf("rendezvous store at %s: register node: %w", e.cfg.Endpoint, err)
 	}
@@ -316,29 +339,53 @@ func (e *Etcd) ensureLease(ctx context.Context) error {
 	return e.register(ctx)
 }
 
-// readState returns the job's state and its mod revision. A malformed
+// readState returns the job's state, its mod revision (for compare-and-
+// swap) and the revision it was read at (to watch from: the mod revision
+// may be compacted away long before). A malformed
 // state (a person or tool wrote garbage) is replaced by a fresh Joining
 // state, so the job recovers instead of every agent failing on it.
-func (e *Etcd) readState(ctx context.Context) (*State, int64, error) {
+func (e *Etcd) readState(ctx context.Context) (*State, int64, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	resp, err := e.cli.Get(ctx, e.key(stateKey))
 	if err != nil {
-		return nil, 0, fmt.Errorf("rendezvous store at %s: read state: %w", e.cfg.Endpoint, err)
+		return nil, 0, 0, fmt.Errorf("rendezvous store at %s: read state: %w", e.cfg.Endpoint, err)
 	}
 	if len(resp.Kvs) == 0 {
 		return e.resetState(ctx, 0, fmt.Sprintf("state key %s was missing", e.key(stateKey)), resp.Header.Revision)
 	}
 	kv := resp.Kvs[0]
 	var st State
-	if err := decode(e.key(stateKey), kv.Value, &st); err != nil || !st.Phase.valid() {
+	if err := decode(e.key(stateKey), kv.Value, &st); err != nil || st.check() != nil {
 		if err == nil {
-			err = fmt.Errorf("malformed value at %s: unknown phase %q", e.key(stateKey), st.Phase)
+			err = fmt.Errorf("malformed value at %s: %w", e.key(stateKey), st.check())
 		}
 		e.log.Error("rendezvous state is malformed; starting a new generation", "err", err)
 		return e.resetState(ctx, kv.ModRevision, err.Error(), resp.Header.Revision)
 	}
-	return &st, kv.ModRevision, nil
+	return &st, kv.ModRevision, resp.Header.Revision, nil
+}
+
+// check rejects a state that parses but that no agent wrote: the members
+// must have the ranks 0..n-1 once each, and at least one worker.
+func (st *State) check() error {
+	if !st.Phase.valid() {
+		return fmt.Errorf("unknown phase %q", st.Phase)
+	}
+	if st.Failures < 0 || st.MaxRestarts < 0 {
+		return fmt.Errorf("negative failures or max_restarts")
+	}
+	seen := make([]bool, len(st.Members))
+	for _, m := range st.Members {
+		if m.GroupRank < 0 || m.GroupRank >= len(st.Members) || seen[m.GroupRank] || m.NProc < 1 || m.Node == "" {
+			return fmt.Errorf("bad member %+v", m)
+		}
+		seen[m.GroupRank] = true
+	}
+	if st.Phase == Running && len(st.Members) == 0 {
+		return fmt.Errorf("running with no members")
+	}
+	return nil
 }
 
 func (p Phase) valid() bool {
@@ -349,7 +396,7 @@ func (p Phase) valid() bool {
 	return false
 }
 
-func (e *Etcd) resetState(ctx context.Context, modRev int64, reason string, storeRev int64) (*State, int64, error) {
+func (e *Etcd) resetState(ctx context.Context, modRev int64, reason string, storeRev int64) (*State, int64, int64, error) {
 	// Every generation was written at a revision at least as high as the
 	// generation number, so one above the store's revision is new to all.
 	st := State{Generation: uint64(storeRev) + 1, Phase: Joining, Reason: reason, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts}
@@ -359,12 +406,12 @@ func (e *Etcd) resetState(ctx context.Context, modRev int64, reason string, stor
 	}
 	txn, err := e.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(e.key(stateKey), encode(st))).Commit()
 	if err != nil {
-		return nil, 0, fmt.Errorf("rendezvous store at %s: reset state: %w", e.cfg.Endpoint, err)
+		return nil, 0, 0, fmt.Errorf("rendezvous store at %s: reset state: %w", e.cfg.Endpoint, err)
 	}
 	if !txn.Succeeded {
 		return e.readState(ctx)
 	}
-	return &st, txn.Header.Revision, nil
+	return &st, txn.Header.Revision, txn.Header.Revision, nil
 }
 
 func (e *Etcd) lastGenSeen() uint64 {
@@ -382,66 +429,164 @@ func (e *Etcd) lastGenSeen() uint64 {
 func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 	deadline := time.Now().Add(e.cfg.JoinTimeout)
 	spare := false
+	// retry waits a moment after a store error, unless the deadline passed.
+	retry := func(err error) error {
+		if time.Now().After(deadline) {
+			return err
+		}
+		e.log.Warn("rendezvous store request failed; retrying", "err", err)
+		if !sleep(ctx, 500*time.Millisecond) {
+			return context.Cause(ctx)
+		}
+		return nil
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, context.Cause(ctx)
 		}
 		if err := e.ensureLease(ctx); err != nil {
-			if time.Now().After(deadline) {
+			if err := retry(err); err != nil {
 				return nil, err
-			}
-			e.log.Warn("rendezvous store unreachable; retrying", "err", err)
-			if !sleep(ctx, time.Second) {
-				return nil, context.Cause(ctx)
 			}
 			continue
 		}
-		st, rev, err := e.readState(ctx)
+		st, rev, read, err := e.readState(ctx)
 		if err != nil {
-			if time.Now().After(deadline) {
+			if err := retry(err); err != nil {
 				return nil, err
-			}
-			e.log.Warn("rendezvous store unreachable; retrying", "err", err)
-			if !sleep(ctx, time.Second) {
-				return nil, context.Cause(ctx)
 			}
 			continue
 		}
 		switch st.Phase {
-		case Failed:
-			return nil, &JobFailedError{Reason: st.Reason}
-		case Succeeded:
+		case Failed, Succeeded:
+			if e.lastGenSeen() == 0 && st.Since.Before(e.opened) {
+				// This agent never ran in this job, which ended before it
+				// came: a new run reusing the id of one that ended.
+				fresh, err := e.restartEndedJob(ctx, st, rev)
+				if err != nil {
+					if err := retry(err); err != nil {
+						return nil, err
+					}
+					continue
+				}
+				if fresh {
+					continue
+				}
+			}
+			if st.Phase == Failed {
+				return nil, &JobFailedError{Reason: st.Reason}
+			}
 			return nil, ErrJobSucceeded
 		case Running:
-			if _, ok := st.Member(e.node); ok && st.Generation >= e.lastGenSeen() {
-				return e.startRound(ctx, st, rev), nil
+			_, member := st.Member(e.node)
+			if member && st.Generation >= e.lastGenSeen() {
+				return e.startRound(st, read), nil
 			}
-			if _, ok := st.Member(e.node); ok {
+			var bumpErr error
+			switch {
+			case member:
 				// This node ran this generation and lost it (its lease
 				// expired) before anyone moved the job on.
-				e.bump(ctx, st.Generation, fmt.Sprintf("node %s lost its lease and rejoined", e.node), true)
+				_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s lost its lease and rejoined", e.node), true)
+			case len(st.Members) < e.cfg.NNodesMax:
+				_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s) joined; scaling up from %d nodes", e.node, e.cfg.Host, len(st.Members)), false)
+			default:
+				// A full job whose members are gone (a run killed without
+				// leaving, whose leases ran out) must not keep spares out.
+				gone, err := e.missingMembers(ctx, st)
+				if err != nil {
+					bumpErr = err
+					break
+				}
+				if len(gone) > 0 {
+					m := gone[0]
+					_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+					break
+				}
+				if !spare {
+					e.log.Info("the job is full; standing by as a spare", "generation", st.Generation, "nodes", len(st.Members))
+					spare = true
+				}
+				deadline = time.Now().Add(e.cfg.JoinTimeout) // a spare of a healthy job waits as long as the job runs
+				if err := e.waitStateChange(ctx, read); err != nil {
+					return nil, err
+				}
 				continue
 			}
-			if len(st.Members) < e.cfg.NNodesMax {
-				e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s) joined; scaling up from %d nodes", e.node, e.cfg.Host, len(st.Members)), false)
-				continue
-			}
-			if !spare {
-				e.log.Info("the job is full; standing by as a spare", "generation", st.Generation, "nodes", len(st.Members))
-				spare = true
-			}
-			deadline = time.Now().Add(e.cfg.JoinTimeout) // a spare of a healthy job waits as long as the job runs
-			if err := e.waitStateChange(ctx, rev); err != nil {
-				return nil, err
+			if bumpErr != nil {
+				if err := retry(bumpErr); err != nil {
+					return nil, err
+				}
 			}
 		case Joining:
 			spare = false
-			r, err := e.joinRound(ctx, st, rev, deadline)
-			if err != nil || r != nil {
+			r, err := e.joinRound(ctx, st, rev, read, deadline)
+			var jt *JoinTimeoutError
+			switch {
+			case err == nil && r == nil:
+			case err == nil, errors.As(err, &jt), ctx.Err() != nil:
 				return r, err
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				// The store dropped our lease before our keep-alive
+				// noticed; register again.
+				e.markLeaseLost()
+			default:
+				if err := retry(err); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
+}
+
+// missingMembers returns the members of st whose node keys are gone.
+func (e *Etcd) missingMembers(ctx context.Context, st *State) ([]Member, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	live := map[string]bool{}
+	for _, kv := range resp.Kvs {
+		live[strings.TrimPrefix(string(kv.Key), e.key(nodesDir))] = true
+	}
+	var gone []Member
+	for _, m := range st.Members {
+		if !live[m.Node] {
+			gone = append(gone, m)
+		}
+	}
+	return gone, nil
+}
+
+// restartEndedJob starts a new run of a job that succeeded or failed,
+// when no other agent of it is left: the id is being reused. It reports
+// whether it did.
+func (e *Etcd) restartEndedJob(ctx context.Context, st *State, rev int64) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.key(nodesDir), clientv3.WithPrefix())
+	if err != nil {
+		return false, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	for _, kv := range resp.Kvs {
+		var n NodeInfo
+		if string(kv.Key) != e.key(nodesDir+e.node) && decode(string(kv.Key), kv.Value, &n) == nil && n.State == NodeActive {
+			return false, nil // an agent of the ended run is still leaving
+		}
+	}
+	next := State{Generation: uint64(resp.Header.Revision) + 1, Phase: Joining, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts,
+		Reason: fmt.Sprintf("new run of job %s (the last one %s: %s)", e.cfg.JobID, st.Phase, st.Reason)}
+	txn, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", rev)).
+		Then(clientv3.OpPut(e.key(stateKey), encode(next))).Commit()
+	if err != nil {
+		return false, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	if txn.Succeeded {
+		e.log.Info("starting a new run of an ended job", "job", e.cfg.JobID, "last", st.Phase)
+	}
+	return true, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
@@ -456,14 +601,18 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // waitStateChange blocks until the state key changes after revision rev,
-// or this node's lease is lost.
+// a node entry is deleted (a spare must notice a full job losing a member
+// that nobody else is left to report), or this node's lease is lost.
 func (e *Etcd) waitStateChange(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	_, lost := e.leaseChan()
 	wch := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(rev+1))
+	nch := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
 	select {
 	case <-wch: // an event, or the watch broke: either way, read the state again
+		return nil
+	case <-nch:
 		return nil
 	case <-lost:
 		return nil
@@ -476,7 +625,7 @@ func (e *Etcd) waitStateChange(ctx context.Context, rev int64) error {
 // the round closes. The first node to join leads the round: it decides
 // when to close it and writes the members. It returns (nil, nil) when the
 // state moved on without making this node a member, for Next to look again.
-func (e *Etcd) joinRound(ctx context.Context, st *State, rev int64, deadline time.Time) (*Round, error) {
+func (e *Etcd) joinRound(ctx context.Context, st *State, rev, read int64, deadline time.Time) (*Round, error) {
 	lease, lost := e.leaseChan()
 	port := e.cfg.MasterPort
 	if port == 0 {
@@ -488,9 +637,9 @@ func (e *Etcd) joinRound(ctx context.Context, st *State, rev int64, deadline tim
 	prefix := RoundPrefix(e.cfg.Prefix, st.Generation)
 	me := JoinInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, NProc: e.cfg.NProc, MasterPort: port, Joined: time.Now()}
 	octx, cancel := context.WithTimeout(ctx, opTimeout)
-	_, err := e.cli.Txn(octx).
-		If(clientv3.Compare(clientv3.CreateRevision(prefix+e.node), "=", 0)).
-		Then(clientv3.OpPut(prefix+e.node, encode(me), clientv3.WithLease(lease))).Commit()
+	// A plain put: it keeps the join order (the create revision) of a key
+	// already there, and moves it to the current lease.
+	_, err := e.cli.Put(octx, prefix+e.node, encode(me), clientv3.WithLease(lease))
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous store at %s: join generation %d: %w", e.cfg.Endpoint, st.Generation, err)
@@ -506,12 +655,12 @@ func (e *Etcd) joinRound(ctx context.Context, st *State, rev int64, deadline tim
 			return nil, nil
 		}
 		if leader == prefix+e.node {
-			if err := e.lead(ctx, st, rev, deadline, lost); err != nil {
+			if err := e.lead(ctx, st, rev, read, deadline, lost); err != nil {
 				return nil, err
 			}
 			return nil, nil
 		}
-		changed, err := e.follow(ctx, rev, leader, readRev, deadline, lost, st)
+		changed, err := e.follow(ctx, read, leader, readRev, deadline, lost, st)
 		if err != nil {
 			return nil, err
 		}
@@ -575,8 +724,8 @@ func (e *Etcd) follow(ctx context.Context, stateRev int64, leaderKey string, rev
 		select {
 		case <-sw:
 			return true, nil
-		case resp := <-lw:
-			if resp.Canceled || resp.Err() != nil {
+		case resp, ok := <-lw:
+			if !ok || resp.Canceled || resp.Err() != nil {
 				return false, nil
 			}
 			for _, ev := range resp.Events {
@@ -618,7 +767,7 @@ type liveNode struct {
 //   - at least NNodesMin joined and the last-call window passed since then; or
 //   - at least NNodesMin joined, the job ran before, and every live node
 //     joined: a re-formation after a fault waits for no one else.
-func (e *Etcd) lead(ctx context.Context, st *State, stateRev int64, deadline time.Time, lost <-chan struct{}) error {
+func (e *Etcd) lead(ctx context.Context, st *State, stateRev, stateRead int64, deadline time.Time, lost <-chan struct{}) error {
 	prefix := RoundPrefix(e.cfg.Prefix, st.Generation)
 	nodesPrefix := e.key(nodesDir)
 	gctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -632,7 +781,7 @@ func (e *Etcd) lead(ctx context.Context, st *State, stateRev int64, deadline tim
 	nodes := map[string]*liveNode{}
 	addJoiner := func(key string, value []byte, createRev int64) {
 		var j JoinInfo
-		if err := decode(key, value, &j); err != nil || j.Node == "" || j.NProc < 1 {
+		if err := decode(key, value, &j); err != nil || j.NProc < 1 || key != prefix+j.Node {
 			e.log.Warn("ignoring a malformed join entry", "key", key, "err", err)
 			return
 		}
@@ -655,7 +804,7 @@ func (e *Etcd) lead(ctx context.Context, st *State, stateRev int64, deadline tim
 
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
-	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRev+1))
+	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRead+1))
 	jw := e.cli.Watch(clientv3.WithRequireLeader(wctx), prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	nw := e.cli.Watch(clientv3.WithRequireLeader(wctx), nodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -788,8 +937,18 @@ func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, joiner
 	next.MasterPort = port
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", stateRev)}
+	// Every member must still be registered as the round closes: a member
+	// lost just before would otherwise be written in and never missed.
+	// etcd bounds the compares of one transaction (128 by default), so
+	// large rounds rely on watchRound's first look at the members instead.
+	if len(members) <= 100 {
+		for _, m := range members {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(e.key(nodesDir+m.Node)), ">", 0))
+		}
+	}
 	txn, err := e.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", stateRev)).
+		If(cmps...).
 		Then(clientv3.OpPut(e.key(stateKey), encode(next)),
 			// earlier rounds' join and done keys are no use to anyone now
 			clientv3.OpDelete(e.key(roundsDir), clientv3.WithRange(RoundPrefix(e.cfg.Prefix, st.Generation))),
@@ -810,7 +969,7 @@ func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, joiner
 // none are left the job fails instead.
 func (e *Etcd) bump(ctx context.Context, gen uint64, reason string, fault bool) (*State, error) {
 	for {
-		st, rev, err := e.readState(ctx)
+		st, rev, _, err := e.readState(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -892,7 +1051,7 @@ func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
 		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 	}
 	if int(resp.Count) >= len(r.Members) {
-		st, rev, err := e.readState(octx)
+		st, rev, _, err := e.readState(octx)
 		if err == nil && st.Generation == r.Generation && st.Phase == Running {
 			next := *st
 			next.Phase = Succeeded
@@ -934,21 +1093,23 @@ func (e *Etcd) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 		if err != nil {
 			return
 		}
+		// Once the job is over, the others only need a moment to see it
+		// and leave; do not wait on one that is stuck.
+		var st State
+		over, known := false, false
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && decode("", kvs[0].Value, &st) == nil {
+			over, known = st.Phase == Succeeded || st.Phase == Failed, true
+		}
+		// Spares need nothing from the store once the members are done.
 		others := 0
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-			if !strings.HasSuffix(string(kv.Key), "/"+e.node) {
+			node := strings.TrimPrefix(string(kv.Key), e.key(nodesDir))
+			if _, member := st.Member(node); node != e.node && (member || !known || over) {
 				others++
 			}
 		}
 		if others == 0 {
 			return
-		}
-		// Once the job is over, the others only need a moment to see it
-		// and leave; do not wait on one that is stuck.
-		var st State
-		over := false
-		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && decode("", kvs[0].Value, &st) == nil {
-			over = st.Phase == Succeeded || st.Phase == Failed
 		}
 		if onlyIfOver && !over {
 			return
@@ -1015,76 +1176,131 @@ func (e *Etcd) Close() {
 // watching it: the round ends (Done) when the job moves to another
 // generation, and this node moves the job on itself when another member is
 // lost.
-func (e *Etcd) startRound(ctx context.Context, st *State, rev int64) *Round {
+func (e *Etcd) startRound(st *State, read int64) *Round {
 	m, _ := st.Member(e.node)
 	e.mu.Lock()
 	e.lastGen = st.Generation + 1
 	e.mu.Unlock()
 	r := newRound(st, m)
 	_, lost := e.leaseChan()
-	go e.watchRound(e.bg, r, rev, lost)
+	go e.watchRound(e.bg, r, read, lost)
 	return r
 }
 
-func (e *Etcd) watchRound(ctx context.Context, r *Round, stateRev int64, lost <-chan struct{}) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+// watchRound ends r when the job leaves its generation, and moves the job
+// on when another member is lost. It watches from revision from; whenever
+// a watch breaks (a compacted revision, a lost leader) it reads the state
+// and the members afresh and watches from there, since events missed in
+// between will not come back.
+func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan struct{}) {
 	members := map[string]Member{}
 	for _, m := range r.Members {
-		members[e.key(nodesDir+m.Node)] = m
+		members[m.Node] = m
 	}
-	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRev+1))
-	nw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(stateRev+1))
+	// Group rank 0 checks the members once at the start: one lost just
+	// before the round closed left no event after it. (Every member doing
+	// so would cost a read of all nodes per node: too much at 1000 nodes.)
+	check := r.GroupRank == 0
+	resync := false
+	for {
+		if check || resync {
+			rev, over := e.resyncRound(ctx, r, members, check || resync)
+			if over {
+				return
+			}
+			if rev > 0 {
+				from = rev
+			}
+			check = false
+		}
+		broken := e.followRound(ctx, r, from, members, lost)
+		if !broken || !sleep(ctx, 200*time.Millisecond) {
+			return
+		}
+		resync = true
+	}
+}
+
+// resyncRound reads the state and the node keys in one revision: it ends r
+// when the state moved on, bumps for members that are gone, and returns
+// the revision read (0 after a store error).
+func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Member, checkMembers bool) (rev int64, over bool) {
+	gctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	ops := []clientv3.Op{clientv3.OpGet(e.key(stateKey))}
+	if checkMembers {
+		ops = append(ops, clientv3.OpGet(e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+	}
+	resp, err := e.cli.Txn(gctx).Then(ops...).Commit()
+	if err != nil {
+		return 0, ctx.Err() != nil
+	}
+	var st State
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 || decode(e.key(stateKey), kvs[0].Value, &st) != nil {
+		r.end("the rendezvous state was deleted or overwritten")
+		return 0, true
+	}
+	if st.Generation != r.Generation || (st.Phase != Running && st.Phase != Succeeded) {
+		r.end(st.Reason)
+		return 0, true
+	}
+	if checkMembers {
+		live := map[string]bool{}
+		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+			live[strings.TrimPrefix(string(kv.Key), e.key(nodesDir))] = true
+		}
+		for _, m := range members {
+			if !live[m.Node] && m.Node != e.node {
+				go e.bumpUntilMoved(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+				break
+			}
+		}
+	}
+	return resp.Header.Revision, false
+}
+
+// followRound follows the watches of r's state and nodes from revision
+// from. It returns true when a watch broke and the caller must resync,
+// false when r is over.
+func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members map[string]Member, lost <-chan struct{}) bool {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(from+1))
+	nw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(from+1))
 	for {
 		select {
 		case <-r.done:
-			return
+			return false
 		case <-ctx.Done():
-			return
+			return false
 		case <-lost:
 			r.end("this node lost its lease on the rendezvous store (cut off or stalled for longer than the lease TTL)")
-			return
+			return false
 		case resp, ok := <-sw:
 			if !ok || resp.Canceled || resp.Err() != nil {
-				// Watches of a cut-off client end; resubscribe from the
-				// revision we know, or end the round on our lease.
-				if ctx.Err() != nil {
-					return
-				}
-				sw = e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRev+1))
-				if !sleep(ctx, 200*time.Millisecond) {
-					return
-				}
-				continue
+				return ctx.Err() == nil
 			}
 			for _, ev := range resp.Events {
-				stateRev = ev.Kv.ModRevision
 				var st State
 				if ev.Type == clientv3.EventTypeDelete || decode(string(ev.Kv.Key), ev.Kv.Value, &st) != nil {
 					r.end("the rendezvous state was deleted or overwritten")
-					return
+					return false
 				}
 				if st.Generation != r.Generation || st.Phase != Running {
 					if st.Phase == Succeeded && st.Generation == r.Generation {
 						continue
 					}
 					r.end(st.Reason)
-					return
+					return false
 				}
 			}
 		case resp, ok := <-nw:
 			if !ok || resp.Canceled || resp.Err() != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				nw = e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(stateRev+1))
-				if !sleep(ctx, 200*time.Millisecond) {
-					return
-				}
-				continue
+				return ctx.Err() == nil
 			}
 			for _, ev := range resp.Events {
-				m, ok := members[string(ev.Kv.Key)]
+				m, ok := members[strings.TrimPrefix(string(ev.Kv.Key), e.key(nodesDir))]
 				if !ok || ev.Type != clientv3.EventTypeDelete || m.Node == e.node {
 					continue
 				}
@@ -1094,13 +1310,28 @@ func (e *Etcd) watchRound(ctx context.Context, r *Round, stateRev int64, lost <-
 				}
 				switch prev.State {
 				case NodeSucceeded:
-					continue
 				case NodeLeft:
-					go e.bump(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) left: %s", m.Node, m.Host, m.GroupRank, prev.Reason), false)
+					go e.bumpUntilMoved(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) left: %s", m.Node, m.Host, m.GroupRank, prev.Reason), false)
 				default:
-					go e.bump(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+					go e.bumpUntilMoved(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
 				}
 			}
+		}
+	}
+}
+
+// bumpUntilMoved retries bump through store errors (a leader election in
+// an etcd cluster) until the job left generation gen or ctx ends: a lost
+// member noticed only by this node must not be forgotten.
+func (e *Etcd) bumpUntilMoved(ctx context.Context, gen uint64, reason string, fault bool) {
+	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		_, err := e.bump(ctx, gen, reason, fault)
+		if err == nil {
+			return
+		}
+		e.log.Warn("move the job to a new generation; retrying", "reason", reason, "err", err)
+		if !sleep(ctx, delay) {
+			return
 		}
 	}
 }

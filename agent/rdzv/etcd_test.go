@@ -407,3 +407,33 @@ func TestManyAgents(t *testing.T) {
 	t.Logf("%d agents formed a round in %v", n, time.Since(begin))
 	checkRounds(t, rounds)
 }
+
+// TestReusedIDStartsANewRun: a job id whose last run ended (succeeded,
+// or was killed without leaving) serves a new run.
+func TestReusedIDStartsANewRun(t *testing.T) {
+	dial := testStore(t)
+	cfg := testConfig(t, 1, 1)
+	a := open(t, dial(), cfg)
+	r := nextAll(t, a)[0]
+	if err := a.Succeed(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	a.Leave("done")
+	b := open(t, dial(), cfg)
+	rb := nextAll(t, b)[0]
+	if rb.Generation <= r.Generation || rb.Restarts != 0 {
+		t.Fatalf("new run: generation %d (last run %d), restarts %d", rb.Generation, r.Generation, rb.Restarts)
+	}
+	// killed without leaving: the lease runs out, the state still says running
+	b.Close()
+	c := open(t, dial(), cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	rc, err := c.Next(ctx)
+	if err != nil {
+		t.Fatalf("after a killed run: %v", err)
+	}
+	if rc.Generation <= rb.Generation {
+		t.Fatalf("generation %d after %d", rc.Generation, rb.Generation)
+	}
+}

@@ -74,7 +74,14 @@ func Dial(ctx context.Context, cfg ClientConfig) (*clientv3.Client, error) {
 		Username:    cfg.Username,
 		Password:    cfg.Password,
 		DialTimeout: timeout,
-		Logger:      zapLogger(cfg.Logger),
+		// A member whose host vanished without a reset (powered off,
+		// partitioned) would otherwise hold the connection, and the
+		// lease's keep-alive stream with it, until TCP gives up minutes
+		// later; pings find it within seconds and the client moves on.
+		DialKeepAliveTime:    2 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+		PermitWithoutStream:  true,
+		Logger:               zapLogger(cfg.Logger),
 	})
 	if err != nil {
 		// With a username, New authenticates, and a dead store shows up
