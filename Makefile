@@ -45,10 +45,14 @@ demo-fault: build
 	  examples/train.py --steps 60 --ckpt-dir $(DEMO_DIR)/ckpt --fail-rank 1 --fail-at-step 30
 
 # Side by side in one run (figures in the README): ddp-agent against
-# torchrun; the shim's all-reduce against gloo's; a DDP step with the hook
+# torchrun (start-up, restart, and recovery after a lost node against
+# torchrun's c10d rendezvous); rendezvous rounds of up to 1024 simulated
+# agents; the shim's all-reduce against gloo's; a DDP step with the hook
 # against DDP's built-in gloo all-reduce.
 bench: build
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/launch -agent bin/ddp-agent -python $(PYTHON) -torchrun-compat $(TORCHRUN_COMPAT)
+	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/recovery -agent bin/ddp-agent -python $(PYTHON) -torchrun-compat $(TORCHRUN_COMPAT) -runs 3
+	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/rdzvscale
 	bin/ddp-agent run --standalone --nproc-per-node 2 --python $(PYTHON) examples/bench/allreduce.py
 	$(PYTHON) examples/bench/ddp_step.py --agent bin/ddp-agent --python $(PYTHON) --reps 3 --steps 30 --warmup-steps 5
 

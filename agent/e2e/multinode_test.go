@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -249,7 +250,7 @@ func TestLateNodeRescales(t *testing.T) {
 	j := newJob(t, "2:3", 0, 25, "--sleep-per-step", "0.1")
 	a := j.startHost()
 	b := j.start()
-	waitFor(t, 2*time.Minute, func() bool { return strings.Contains(a.stdout.String()+b.stdout.String(), "step 5 loss") },
+	waitFor(t, 2*time.Minute, func() bool { _, err := os.Stat(filepath.Join(j.ckpt, "checkpoint.pt")); return err == nil },
 		func() string { return a.logs() + b.logs() })
 	c := j.start()
 	waitAll(t, 3*time.Minute, a, b, c)
@@ -259,7 +260,7 @@ func TestLateNodeRescales(t *testing.T) {
 		t.Fatalf("no scale-up logged\n%s", a.logs())
 	}
 	if !regexp.MustCompile(`resumed from step \d+ with world size 6`).MatchString(a.stdout.String() + b.stdout.String() + c.stdout.String()) {
-		t.Fatalf("no resume in the larger world")
+		t.Fatalf("no resume in the larger world\n%s\n%s\n%s", a.logs(), b.logs(), c.logs())
 	}
 }
 
