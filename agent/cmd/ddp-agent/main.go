@@ -28,6 +28,7 @@ const usage = `ddp-agent: a node agent for PyTorch DDP training, in place of tor
 Usage:
   ddp-agent run [flags] [--] script.py [args...]   run and supervise this node's workers
   ddp-agent status --rdzv-endpoint HOST:PORT      show a multi-node job's nodes and state
+  ddp-agent topo [--json]                         show this node's GPUs, their links and CPU/NUMA affinity
   ddp-agent version                               print the version
   ddp-agent help [command]                        help for a command
 `
@@ -47,6 +48,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runAgent(args[1:], stdout, stderr)
 	case "status":
 		return runStatus(args[1:], stdout, stderr)
+	case "topo":
+		return runTopo(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "ddp-agent %s (%s, %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0
@@ -58,6 +61,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 				return 0
 			case "status":
 				fmt.Fprint(stdout, statusUsage)
+				return 0
+			case "topo":
+				fmt.Fprint(stdout, topoUsage)
 				return 0
 			case "version":
 				fmt.Fprintln(stdout, "Usage: ddp-agent version\n\nPrints the version of ddp-agent and of the Go toolchain that built it.")
@@ -72,7 +78,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
-	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, status, version, help)\n", args[0])
+	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, status, topo, version, help)\n", args[0])
 	return 2
 }
 

@@ -1,0 +1,10 @@
+// Package nvml is everything the agent knows about the node's NVIDIA GPUs:
+// discovery and topology (which GPUs, how they are linked, which CPUs and
+// NUMA node each is close to) and GPU health, over
+// github.com/NVIDIA/go-nvml. It is the only package that imports go-nvml;
+// what it hands out are its own plain, JSON-serializable types.
+//
+// Every entry point takes the NVML library as a go-nvml nvml.Interface, so
+// tests drive it with go-nvml's mocks (pkg/nvml/mock, mock/dgxa100); Open
+// loads the real libnvidia-ml.so.1.
+package nvml

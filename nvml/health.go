@@ -1,0 +1,727 @@
+package nvml
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// HealthDevice names a GPU for the HealthWatcher: its NVML index and UUID.
+type HealthDevice struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+}
+
+// HealthKind says where a finding comes from.
+type HealthKind string
+
+// The kinds of finding.
+const (
+	HealthKindXID         HealthKind = "xid"             // an XID critical-error event
+	HealthKindECC         HealthKind = "ecc"             // ECC, poison and DRAM-retirement events
+	HealthKindRecovery    HealthKind = "recovery-action" // the driver's GPU recovery action
+	HealthKindUnavailable HealthKind = "gpu-unavailable" // GPU-unavailable event, or NVML_ERROR_GPU_IS_LOST
+	HealthKindMemory      HealthKind = "memory"          // retired pages, row remapping (polled)
+	HealthKindClocks      HealthKind = "clocks"          // slowdown clock-event reasons (polled)
+	HealthKindTemperature HealthKind = "temperature"     // GPU temperature (polled)
+	HealthKindNVLink      HealthKind = "nvlink"          // NVLink error counters and link state (polled)
+	HealthKindPCIe        HealthKind = "pcie"            // PCIe replay counter (polled)
+)
+
+// HealthFinding is one health observation about one GPU. Identical findings
+// (same GPU, kind, XID, message and action) that arrive before the consumer
+// drains them are coalesced into one: Time is the first occurrence, Last the
+// latest, Count how many there were.
+type HealthFinding struct {
+	Time    time.Time    `json:"time"`
+	Last    time.Time    `json:"last"`
+	Count   int          `json:"count"`
+	GPU     int          `json:"gpu"` // NVML index; -1 when NVML named a device the watcher does not know
+	UUID    string       `json:"uuid"`
+	Ranks   []int        `json:"ranks,omitempty"` // global ranks on the GPU when the finding was made
+	Kind    HealthKind   `json:"kind"`
+	XID     uint64       `json:"xid,omitempty"` // for HealthKindXID
+	Message string       `json:"message"`
+	Action  HealthAction `json:"action"`
+}
+
+// HealthDecide returns the most severe action of findings (drain > reset >
+// restart > ignore); ActionIgnore when there are none.
+func HealthDecide(findings []HealthFinding) HealthAction {
+	a := ActionIgnore
+	for _, f := range findings {
+		a = max(a, f.Action)
+	}
+	return a
+}
+
+// HealthStats counts what a HealthWatcher has seen since it was made.
+type HealthStats struct {
+	Events    uint64 `json:"events"`    // NVML events received
+	Findings  uint64 `json:"findings"`  // occurrences recorded, coalesced ones included
+	Coalesced uint64 `json:"coalesced"` // occurrences merged into a finding not yet drained
+}
+
+// HealthOption configures a HealthWatcher.
+type HealthOption func(*HealthWatcher)
+
+// WithHealthLogger sets the logger (default slog.Default()).
+func WithHealthLogger(l *slog.Logger) HealthOption {
+	return func(w *HealthWatcher) {
+		if l != nil {
+			w.logger = l
+		}
+	}
+}
+
+// WithHealthInterval sets how often the watcher polls what NVML has no
+// events for (default 10s); d <= 0 keeps the default.
+func WithHealthInterval(d time.Duration) HealthOption {
+	return func(w *HealthWatcher) {
+		if d > 0 {
+			w.interval = d
+		}
+	}
+}
+
+// WithHealthRanks sets the function that names the global ranks on a GPU
+// (by NVML index); it is called each time a finding is made, so it may
+// answer differently from one generation to the next. It is called from the
+// watcher's goroutines: it must be safe for concurrent use and not block.
+func WithHealthRanks(ranks func(gpu int) []int) HealthOption {
+	return func(w *HealthWatcher) { w.ranks = ranks }
+}
+
+// WithHealthClock sets the clock that stamps findings (default time.Now).
+func WithHealthClock(now func() time.Time) HealthOption {
+	return func(w *HealthWatcher) {
+		if now != nil {
+			w.now = now
+		}
+	}
+}
+
+// WithHealthTemperatureLimit sets the GPU temperature, in °C, at or above
+// which the watcher warns. By default it is 5 °C below the GPU's slowdown
+// threshold, or 85 °C where NVML does not give that threshold.
+func WithHealthTemperatureLimit(celsius uint32) HealthOption {
+	return func(w *HealthWatcher) { w.tempLimit = celsius }
+}
+
+// WithHealthNVLinkErrorLimit sets how many NVLink errors (replay, recovery,
+// CRC and ECC counters, all links of a GPU together) within one poll
+// interval turn the NVLink warning into ActionResetGPU (default 100; 0
+// keeps the default). Any growth below it is a warning.
+func WithHealthNVLinkErrorLimit(n uint64) HealthOption {
+	return func(w *HealthWatcher) {
+		if n > 0 {
+			w.nvlinkLimit = n
+		}
+	}
+}
+
+// WithHealthXIDActions overrides the action of some XIDs (see XIDCatalog);
+// the map is copied.
+func WithHealthXIDActions(actions map[uint64]HealthAction) HealthOption {
+	return func(w *HealthWatcher) {
+		for code, a := range actions {
+			w.xidActions[code] = a
+		}
+	}
+}
+
+// HealthWatcher watches GPUs through NVML, in the spirit of DCGM's health
+// watches: it listens to NVML events (XIDs, uncorrectable ECC errors,
+// poison, DRAM retirement, GPU unavailable, GPU recovery action) and polls,
+// every interval, what has no event (pending page retirement and row
+// remapping, slowdown clock reasons, temperature, NVLink and PCIe error
+// counters, the recovery action). Each observation becomes a HealthFinding
+// with the action it calls for, the GPU's UUID and the ranks on it, is
+// logged, and is queued for the consumer (Next, or Ready and Drain).
+//
+// Delivery never blocks the watcher and loses nothing: findings go into a
+// queue guarded by a mutex, and a finding identical to one still queued
+// only increments that one's Count. The queue thus holds one entry per
+// distinct finding, however long the consumer takes: an event storm adds a
+// count per event (events of one GPU and XID or event type are identical),
+// and polling adds at most one entry per check and GPU per interval (NVLink
+// and PCIe counts are in the message, so those do not merge). The consumer
+// gets the first occurrence in full and the count of the rest. A bounded
+// channel would have to block the event loop or drop; an unbounded one
+// would grow with the storm. Log lines are limited likewise: an identical
+// finding is logged at most once a second at its level (warn for
+// ActionIgnore, error otherwise) with the number of repeats, the repeats
+// themselves at debug.
+//
+// Run watches until its context is done. The other methods are safe for
+// concurrent use, also while Run runs.
+type HealthWatcher struct {
+	lib         gonvml.Interface
+	devices     []HealthDevice
+	logger      *slog.Logger
+	interval    time.Duration
+	ranks       func(gpu int) []int
+	now         func() time.Time
+	tempLimit   uint32
+	nvlinkLimit uint64
+	xidActions  map[uint64]HealthAction
+
+	waitTimeout time.Duration // of one EventSet.Wait
+	stopGrace   time.Duration // how long Run waits for an NVML call in flight once ctx is done
+	logEvery    time.Duration // identical findings are logged at most this often (the rest at debug)
+
+	running atomic.Bool
+	symbols map[string]bool // NVML symbols the driver lacks → false; written before Run's goroutines start
+
+	mu      sync.Mutex
+	pending []*HealthFinding
+	index   map[findingKey]*HealthFinding
+	logged  map[findingKey]logState
+	stats   HealthStats
+	ready   chan struct{} // holds a token while findings may be pending
+}
+
+type findingKey struct {
+	gpu     int
+	uuid    string
+	kind    HealthKind
+	xid     uint64
+	action  HealthAction
+	message string
+}
+
+type logState struct {
+	at         time.Time
+	suppressed int
+}
+
+// NewHealthWatcher returns a watcher of devices over lib, which the caller
+// has initialized (lib.Init) and shuts down after Run returns. With no
+// devices it watches every GPU NVML reports.
+func NewHealthWatcher(lib gonvml.Interface, devices []HealthDevice, opts ...HealthOption) *HealthWatcher {
+	w := &HealthWatcher{
+		lib:         lib,
+		devices:     slices.Clone(devices),
+		logger:      slog.Default(),
+		interval:    10 * time.Second,
+		now:         time.Now,
+		nvlinkLimit: 100,
+		xidActions:  map[uint64]HealthAction{},
+		waitTimeout: 500 * time.Millisecond,
+		stopGrace:   3 * time.Second,
+		logEvery:    time.Second,
+		index:       map[findingKey]*HealthFinding{},
+		logged:      map[findingKey]logState{},
+		ready:       make(chan struct{}, 1),
+	}
+	for _, o := range opts {
+		o(w)
+	}
+	return w
+}
+
+// Ready returns a channel that receives when findings may be waiting; call
+// Drain then. A receive may find nothing to drain.
+func (w *HealthWatcher) Ready() <-chan struct{} { return w.ready }
+
+// Drain returns the findings queued since the last Drain, oldest first, and
+// empties the queue. It never blocks on the watcher's NVML calls.
+func (w *HealthWatcher) Drain() []HealthFinding {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.pending) == 0 {
+		return nil
+	}
+	out := make([]HealthFinding, len(w.pending))
+	for i, f := range w.pending {
+		out[i] = *f
+	}
+	w.pending = nil
+	clear(w.index)
+	return out
+}
+
+// Next blocks until findings are queued and returns them as Drain does, or
+// returns ctx's error when ctx is done first.
+func (w *HealthWatcher) Next(ctx context.Context) ([]HealthFinding, error) {
+	for {
+		if f := w.Drain(); len(f) > 0 {
+			return f, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-w.ready:
+		}
+	}
+}
+
+// Stats returns the counters.
+func (w *HealthWatcher) Stats() HealthStats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stats
+}
+
+// healthGPU is one watched GPU.
+type healthGPU struct {
+	HealthDevice
+	dev      gonvml.Device
+	lost     atomic.Bool
+	recovery atomic.Int64 // last recovery action seen, -1 before the first
+
+	poll healthPollState // owned by the poll goroutine
+}
+
+// Run watches the GPUs until ctx is done, then returns nil. NVML errors are
+// logged and never end it: an event set that cannot be made or registered
+// leaves polling alone, a check NVML does not support is dropped for that
+// GPU, other errors are retried. NVML calls cannot be interrupted, so Run
+// waits up to a few seconds for one in flight after ctx is done and then
+// returns anyway, leaving that call's goroutine to finish on its own. Run
+// may be called once.
+func (w *HealthWatcher) Run(ctx context.Context) error {
+	if w.lib == nil {
+		return errors.New("gpu health watcher: no NVML library")
+	}
+	if !w.running.CompareAndSwap(false, true) {
+		return errors.New("gpu health watcher: Run called twice")
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.watch(ctx)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(w.stopGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		w.logger.Warn("GPU health watcher: an NVML call has not returned; stopping without it", "waited", w.stopGrace)
+	}
+	return nil
+}
+
+// watch runs the event loop and the poll loop until ctx is done.
+func (w *HealthWatcher) watch(ctx context.Context) {
+	w.symbols = map[string]bool{}
+	for _, s := range healthSymbols {
+		if !w.hasSymbol(s) {
+			w.symbols[s] = false
+		}
+	}
+	gpus := w.resolve()
+	if len(gpus) == 0 {
+		w.logger.Warn("GPU health watcher: no GPU to watch")
+		<-ctx.Done()
+		return
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	var wg sync.WaitGroup
+	if set := w.register(gpus); set != nil {
+		wg.Go(func() { w.eventLoop(ctx, set, gpus) })
+	}
+	w.pollLoop(ctx, gpus)
+	wg.Wait()
+}
+
+// resolve finds the NVML handles of the devices to watch.
+func (w *HealthWatcher) resolve() []*healthGPU {
+	devs := w.devices
+	if len(devs) == 0 {
+		n, ret := guard(w.lib.DeviceGetCount)
+		if ret != gonvml.SUCCESS {
+			w.logger.Error("GPU health watcher: count GPUs", "err", ret.Error())
+			return nil
+		}
+		for i := range n {
+			devs = append(devs, HealthDevice{Index: i})
+		}
+	}
+	var gpus []*healthGPU
+	for _, d := range devs {
+		var dev gonvml.Device
+		var ret gonvml.Return
+		if d.UUID != "" {
+			dev, ret = guard(func() (gonvml.Device, gonvml.Return) { return w.lib.DeviceGetHandleByUUID(d.UUID) })
+		} else {
+			dev, ret = guard(func() (gonvml.Device, gonvml.Return) { return w.lib.DeviceGetHandleByIndex(d.Index) })
+			if ret == gonvml.SUCCESS && dev != nil {
+				d.UUID, _ = guard(dev.GetUUID)
+			}
+		}
+		if ret != gonvml.SUCCESS || dev == nil {
+			w.logger.Error("GPU health watcher: GPU not found; not watching it", "gpu", d.Index, "uuid", d.UUID, "err", ret.Error())
+			continue
+		}
+		g := &healthGPU{HealthDevice: d, dev: dev}
+		g.recovery.Store(-1)
+		gpus = append(gpus, g)
+	}
+	return gpus
+}
+
+// healthEventMask is the NVML events the watcher registers for. Single-bit
+// ECC errors are corrected and left out (a storm of them is its own event);
+// P-state, clock, power-source and MIG-change events are not health.
+const healthEventMask uint64 = gonvml.EventTypeXidCriticalError |
+	gonvml.EventTypeDoubleBitEccError |
+	gonvml.EventTypeSingleBitEccErrorStorm |
+	gonvml.EventTypeDramRetirementEvent |
+	gonvml.EventTypeDramRetirementFailure |
+	gonvml.EventTypeNonFatalPoisonError |
+	gonvml.EventTypeFatalPoisonError |
+	gonvml.EventTypeGpuUnavailableError |
+	gonvml.EventTypeGpuRecoveryAction
+
+var healthEventNames = map[uint64]string{
+	gonvml.EventTypeXidCriticalError:       "xid",
+	gonvml.EventTypeDoubleBitEccError:      "ecc-dbe",
+	gonvml.EventTypeSingleBitEccErrorStorm: "ecc-sbe-storm",
+	gonvml.EventTypeDramRetirementEvent:    "dram-retirement",
+	gonvml.EventTypeDramRetirementFailure:  "dram-retirement-failure",
+	gonvml.EventTypeNonFatalPoisonError:    "poison",
+	gonvml.EventTypeFatalPoisonError:       "fatal-poison",
+	gonvml.EventTypeGpuUnavailableError:    "gpu-unavailable",
+	gonvml.EventTypeGpuRecoveryAction:      "recovery-action",
+}
+
+// eventNames spells an event-type mask, "xid,ecc-dbe".
+func eventNames(mask uint64) string {
+	var names []string
+	for m := mask; m != 0; m &= m - 1 {
+		bit := m & -m
+		if n, ok := healthEventNames[bit]; ok {
+			names = append(names, n)
+		} else {
+			names = append(names, fmt.Sprintf("0x%x", bit))
+		}
+	}
+	return strings.Join(names, ",")
+}
+
+// register makes the event set and registers every GPU's events, skipping
+// what a GPU does not support. It returns nil when no GPU has any event.
+func (w *HealthWatcher) register(gpus []*healthGPU) gonvml.EventSet {
+	set, ret := guard(w.lib.EventSetCreate)
+	if ret != gonvml.SUCCESS || set == nil {
+		w.logger.Warn("GPU health watcher: NVML events unavailable; polling only", "err", ret.Error())
+		return nil
+	}
+	anyEvents := false
+	for _, g := range gpus {
+		want := healthEventMask
+		if sup, ret := guard(g.dev.GetSupportedEventTypes); ret == gonvml.SUCCESS {
+			want &= sup
+		}
+		got := w.registerGPU(g, set, want)
+		if skipped := healthEventMask &^ got; skipped != 0 {
+			w.logger.Info("GPU health watcher: NVML events not supported by this GPU; skipped",
+				"gpu", g.Index, "uuid", g.UUID, "skipped", eventNames(skipped), "registered", eventNames(got))
+		}
+		anyEvents = anyEvents || got != 0
+	}
+	if !anyEvents {
+		w.logger.Warn("GPU health watcher: no GPU supports the NVML events; polling only")
+		guardRet(set.Free)
+		return nil
+	}
+	return set
+}
+
+// registerGPU registers want for g, all at once and, when NVML refuses the
+// mask (it then registers none of it), one type at a time. It returns what
+// was registered.
+func (w *HealthWatcher) registerGPU(g *healthGPU, set gonvml.EventSet, want uint64) uint64 {
+	if want == 0 {
+		return 0
+	}
+	ret := guardRet(func() gonvml.Return { return g.dev.RegisterEvents(want, set) })
+	switch ret {
+	case gonvml.SUCCESS:
+		return want
+	case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_INVALID_ARGUMENT:
+	case gonvml.ERROR_GPU_IS_LOST:
+		w.markLost(g, "register events")
+		return 0
+	default:
+		w.logger.Warn("GPU health watcher: register NVML events; trying one type at a time",
+			"gpu", g.Index, "uuid", g.UUID, "events", eventNames(want), "err", ret.Error())
+	}
+	var got uint64
+	for m := want; m != 0; m &= m - 1 {
+		bit := m & -m
+		ret := guardRet(func() gonvml.Return { return g.dev.RegisterEvents(bit, set) })
+		switch ret {
+		case gonvml.SUCCESS:
+			got |= bit
+		case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_INVALID_ARGUMENT, gonvml.ERROR_FUNCTION_NOT_FOUND:
+		default:
+			w.logger.Warn("GPU health watcher: register NVML event", "gpu", g.Index, "uuid", g.UUID,
+				"event", eventNames(bit), "err", ret.Error())
+		}
+	}
+	return got
+}
+
+// eventLoop waits on set until ctx is done, then frees it. Wait errors
+// other than the timeout back off (up to 5s) and are logged once per run
+// of the same error.
+func (w *HealthWatcher) eventLoop(ctx context.Context, set gonvml.EventSet, gpus []*healthGPU) {
+	defer func() {
+		if ret := guardRet(set.Free); ret != gonvml.SUCCESS {
+			w.logger.Warn("GPU health watcher: free NVML event set", "err", ret.Error())
+		}
+	}()
+	ms := uint32(max(w.waitTimeout/time.Millisecond, 1))
+	lastErr := gonvml.SUCCESS
+	var backoff time.Duration
+	for ctx.Err() == nil {
+		data, ret := guard(func() (gonvml.EventData, gonvml.Return) { return set.Wait(ms) })
+		switch ret {
+		case gonvml.SUCCESS, gonvml.ERROR_TIMEOUT:
+			if lastErr != gonvml.SUCCESS {
+				w.logger.Info("GPU health watcher: NVML event wait works again")
+				lastErr, backoff = gonvml.SUCCESS, 0
+			}
+			if ret == gonvml.SUCCESS {
+				w.handleEvent(data, gpus)
+			}
+			continue
+		}
+		if ret != lastErr {
+			w.logger.Warn("GPU health watcher: NVML event wait failed; retrying", "err", ret.Error())
+			lastErr = ret
+		}
+		backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// handleEvent turns one NVML event into a finding.
+func (w *HealthWatcher) handleEvent(data gonvml.EventData, gpus []*healthGPU) {
+	w.mu.Lock()
+	w.stats.Events++
+	w.mu.Unlock()
+	g := w.gpuOf(data.Device, gpus)
+	et := data.EventType
+	switch {
+	case et&gonvml.EventTypeXidCriticalError != 0:
+		w.xidFinding(g, data)
+	case et&gonvml.EventTypeDoubleBitEccError != 0:
+		w.record(g, HealthKindECC, 0, w.xidAction(48), "double-bit (uncorrectable) ECC error; a GPU reset clears it (as Xid 48)")
+	case et&gonvml.EventTypeFatalPoisonError != 0:
+		w.record(g, HealthKindECC, 0, w.xidAction(95), "fatal poison error: uncontained memory error (as Xid 95)")
+	case et&gonvml.EventTypeNonFatalPoisonError != 0:
+		w.record(g, HealthKindECC, 0, w.xidAction(94), "non-fatal poison error: contained memory error (as Xid 94)")
+	case et&gonvml.EventTypeDramRetirementFailure != 0:
+		w.record(g, HealthKindECC, 0, w.xidAction(64), "DRAM retirement (row remapping) failed (as Xid 64)")
+	case et&gonvml.EventTypeDramRetirementEvent != 0:
+		w.record(g, HealthKindECC, 0, w.xidAction(63), "DRAM retirement (row remapping) pending until GPU reset (as Xid 63)")
+	case et&gonvml.EventTypeSingleBitEccErrorStorm != 0:
+		w.record(g, HealthKindECC, 0, w.xidAction(92), "single-bit ECC error storm (corrected; as Xid 92)")
+	case et&gonvml.EventTypeGpuUnavailableError != 0:
+		w.record(g, HealthKindUnavailable, 0, ActionDrainNode, "GPU unavailable")
+	case et&gonvml.EventTypeGpuRecoveryAction != 0:
+		a, desc, ok := w.readRecovery(g)
+		if !ok {
+			w.record(g, HealthKindRecovery, 0, ActionIgnore, "GPU recovery action changed; NVML does not say to what")
+			return
+		}
+		w.record(g, HealthKindRecovery, 0, a, "GPU recovery action: "+desc)
+	default:
+		w.record(g, HealthKindECC, 0, ActionIgnore, fmt.Sprintf("NVML event type 0x%x", et))
+	}
+}
+
+// xidFinding records an XID event.
+func (w *HealthWatcher) xidFinding(g *healthGPU, data gonvml.EventData) {
+	x := XIDClassify(data.EventData)
+	action := w.xidAction(x.Code)
+	msg := fmt.Sprintf("Xid %d %s: %s", x.Code, x.Mnemonic, x.Description)
+	if data.GpuInstanceId != 0xFFFFFFFF {
+		msg += fmt.Sprintf(" (MIG GPU instance %d, compute instance %d)", data.GpuInstanceId, data.ComputeInstanceId)
+	}
+	if x.Code == 154 {
+		if a, desc, ok := w.readRecovery(g); ok {
+			action = a
+			msg += "; recovery action: " + desc
+		}
+	}
+	w.record(g, HealthKindXID, x.Code, action, msg)
+}
+
+// xidAction is the action for code, overrides first.
+func (w *HealthWatcher) xidAction(code uint64) HealthAction {
+	if a, ok := w.xidActions[code]; ok {
+		return a
+	}
+	return XIDClassify(code).Action
+}
+
+// gpuOf finds the watched GPU an event names, by handle, then by UUID.
+func (w *HealthWatcher) gpuOf(dev gonvml.Device, gpus []*healthGPU) *healthGPU {
+	if dev == nil {
+		return &healthGPU{HealthDevice: HealthDevice{Index: -1}}
+	}
+	for _, g := range gpus {
+		if sameDevice(g.dev, dev) {
+			return g
+		}
+	}
+	uuid, _ := guard(dev.GetUUID)
+	for _, g := range gpus {
+		if uuid != "" && g.UUID == uuid {
+			return g
+		}
+	}
+	return &healthGPU{HealthDevice: HealthDevice{Index: -1, UUID: uuid}}
+}
+
+// sameDevice compares two handles; handles of a type that cannot be
+// compared are not the same.
+func sameDevice(a, b gonvml.Device) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
+}
+
+// markLost records, once per GPU, that NVML has lost the GPU.
+func (w *HealthWatcher) markLost(g *healthGPU, during string) {
+	if g.lost.CompareAndSwap(false, true) {
+		w.record(g, HealthKindUnavailable, 0, ActionDrainNode,
+			"GPU is lost (NVML_ERROR_GPU_IS_LOST during "+during+"): fallen off the bus or otherwise inaccessible")
+	}
+}
+
+// record queues a finding (or coalesces it into a queued one), logs it and
+// wakes the consumer. It never blocks on the consumer.
+func (w *HealthWatcher) record(g *healthGPU, kind HealthKind, xid uint64, action HealthAction, msg string) {
+	now := w.now()
+	var ranks []int
+	if w.ranks != nil && g.Index >= 0 {
+		ranks = slices.Clone(w.ranks(g.Index))
+	}
+	key := findingKey{gpu: g.Index, uuid: g.UUID, kind: kind, xid: xid, action: action, message: msg}
+
+	w.mu.Lock()
+	w.stats.Findings++
+	if f, ok := w.index[key]; ok {
+		f.Count++
+		f.Last = now
+		w.stats.Coalesced++
+	} else {
+		f := &HealthFinding{Time: now, Last: now, Count: 1, GPU: g.Index, UUID: g.UUID, Ranks: ranks,
+			Kind: kind, XID: xid, Message: msg, Action: action}
+		w.index[key] = f
+		w.pending = append(w.pending, f)
+	}
+	ls, seen := w.logged[key]
+	logNow := !seen || now.Sub(ls.at) >= w.logEvery
+	repeats := ls.suppressed
+	if logNow {
+		if len(w.logged) >= 1024 {
+			for k, s := range w.logged {
+				if now.Sub(s.at) >= w.logEvery && s.suppressed == 0 {
+					delete(w.logged, k)
+				}
+			}
+		}
+		w.logged[key] = logState{at: now}
+	} else {
+		ls.suppressed++
+		w.logged[key] = ls
+	}
+	w.mu.Unlock()
+
+	level := slog.LevelError
+	if action == ActionIgnore {
+		level = slog.LevelWarn
+	}
+	if !logNow {
+		level = slog.LevelDebug
+	}
+	attrs := []slog.Attr{
+		slog.Int("gpu", g.Index), slog.String("uuid", g.UUID), slog.Any("ranks", ranks),
+		slog.String("kind", string(kind)), slog.String("action", action.String()),
+	}
+	if kind == HealthKindXID {
+		attrs = append(attrs, slog.Uint64("xid", xid))
+	}
+	if logNow && repeats > 0 {
+		attrs = append(attrs, slog.Int("repeated", repeats))
+	}
+	w.logger.LogAttrs(context.Background(), level, "GPU health: "+msg, attrs...)
+
+	select { // after the log line, so that the log tells what the agent acts on first
+	case w.ready <- struct{}{}:
+	default:
+	}
+}
+
+// guard calls an NVML binding and turns a panic (an incomplete mock, a
+// binding missing from this driver) into ERROR_FUNCTION_NOT_FOUND.
+func guard[T any](f func() (T, gonvml.Return)) (v T, ret gonvml.Return) {
+	defer func() {
+		if recover() != nil {
+			ret = gonvml.ERROR_FUNCTION_NOT_FOUND
+		}
+	}()
+	return f()
+}
+
+// guardRet is guard for bindings that return only a Return.
+func guardRet(f func() gonvml.Return) (ret gonvml.Return) {
+	defer func() {
+		if recover() != nil {
+			ret = gonvml.ERROR_FUNCTION_NOT_FOUND
+		}
+	}()
+	return f()
+}
+
+// hasSymbol reports whether the loaded NVML has the function name. go-nvml
+// loads libnvidia-ml lazily, and calling a function the driver lacks kills
+// the process, so the watcher asks before calling the newer ones. Without
+// an answer (a mock without extensions) it assumes yes.
+func (w *HealthWatcher) hasSymbol(name string) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = true
+		}
+	}()
+	ext := w.lib.Extensions()
+	if ext == nil {
+		return true
+	}
+	return ext.LookupSymbol(name) == nil
+}
+
+// have reports whether the driver has the NVML function name.
+func (w *HealthWatcher) have(name string) bool {
+	ok, known := w.symbols[name]
+	return ok || !known
+}
