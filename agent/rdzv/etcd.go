@@ -480,7 +480,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 		case Running:
 			_, member := st.Member(e.node)
 			if member && st.Generation >= e.lastGenSeen() {
-				return e.startRound(st, read), nil
+				return e.startRound(st, rev, read), nil
 			}
 			var bumpErr error
 			switch {
@@ -647,7 +647,7 @@ func (e *Etcd) joinRound(ctx context.Context, st *State, rev, read int64, deadli
 	e.log.Debug("joined round", "generation", st.Generation, "reason", st.Reason)
 
 	for {
-		leader, readRev, err := e.roundLeader(ctx, prefix)
+		leader, electKey, readRev, err := e.electLeader(ctx, st.Generation, lease, prefix)
 		if err != nil {
 			return nil, err
 		}
@@ -660,7 +660,7 @@ func (e *Etcd) joinRound(ctx context.Context, st *State, rev, read int64, deadli
 			}
 			return nil, nil
 		}
-		changed, err := e.follow(ctx, read, leader, readRev, deadline, lost, st)
+		changed, err := e.follow(ctx, read, electKey, readRev, deadline, lost, st)
 		if err != nil {
 			return nil, err
 		}
@@ -670,48 +670,52 @@ func (e *Etcd) joinRound(ctx context.Context, st *State, rev, read int64, deadli
 	}
 }
 
-// roundLeader returns the join key of the round's leader: the earliest
-// well-formed one (a malformed key left by someone else must not stall
-// the round), and the revision it was read at.
-func (e *Etcd) roundLeader(ctx context.Context, prefix string) (string, int64, error) {
-	const page = 16
-	from := prefix
+// electLeader makes this node the round's leader if the round has none
+// yet: the leader is whoever first creates leaders/<gen>, on its lease, so
+// it goes when the leader does. One request per joiner, whatever the size
+// of the round. It returns the leader's join key ("" when this node's own
+// join key is gone: its lease was lost), the election key, and the
+// revision read.
+func (e *Etcd) electLeader(ctx context.Context, gen uint64, lease clientv3.LeaseID, prefix string) (string, string, int64, error) {
+	key := e.key(leadersDir + genKey(gen))
+	me := prefix + e.node
 	for {
-		lctx, cancel := context.WithTimeout(ctx, opTimeout)
-		resp, err := e.cli.Get(lctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(page))
+		octx, cancel := context.WithTimeout(ctx, opTimeout)
+		txn, err := e.cli.Txn(octx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), clientv3.Compare(clientv3.CreateRevision(me), ">", 0)).
+			Then(clientv3.OpPut(key, me, clientv3.WithLease(lease))).
+			Else(clientv3.OpGet(key), clientv3.OpGet(me, clientv3.WithKeysOnly())).Commit()
 		cancel()
 		if err != nil {
-			return "", 0, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+			return "", "", 0, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 		}
-		for _, kv := range resp.Kvs {
-			var j JoinInfo
-			if decode(string(kv.Key), kv.Value, &j) == nil && prefix+j.Node == string(kv.Key) {
-				return string(kv.Key), resp.Header.Revision, nil
-			}
+		if txn.Succeeded {
+			return me, key, txn.Header.Revision, nil
 		}
-		if !resp.More {
-			return "", resp.Header.Revision, nil
+		if len(txn.Responses[1].GetResponseRange().Kvs) == 0 {
+			return "", key, txn.Header.Revision, nil
 		}
-		// all malformed: rare enough to just read the whole round
-		lctx, cancel = context.WithTimeout(ctx, opTimeout)
-		resp, err = e.cli.Get(lctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		kvs := txn.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // the leader left between the compare and the read
+		}
+		if leader := string(kvs[0].Value); strings.HasPrefix(leader, prefix) && len(leader) > len(prefix) {
+			return leader, key, txn.Header.Revision, nil
+		}
+		// Not a join key of this round: someone else wrote it. Clear it
+		// (only if unchanged) and elect again, or the round has no leader.
+		e.log.Warn("removing a malformed round leader entry", "key", key)
+		octx, cancel = context.WithTimeout(ctx, opTimeout)
+		_, err = e.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)).Then(clientv3.OpDelete(key)).Commit()
 		cancel()
 		if err != nil {
-			return "", 0, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+			return "", "", 0, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 		}
-		for _, kv := range resp.Kvs {
-			var j JoinInfo
-			if decode(string(kv.Key), kv.Value, &j) == nil && prefix+j.Node == string(kv.Key) {
-				return string(kv.Key), resp.Header.Revision, nil
-			}
-		}
-		return "", resp.Header.Revision, nil
 	}
 }
 
-// follow waits for the state to change, or for the leader's join key to
-// vanish (then the next node in join order leads). It reports whether the
+// follow waits for the state to change, or for the leader's election key
+// to vanish with its lease (then another joiner leads). It reports whether the
 // state changed.
 func (e *Etcd) follow(ctx context.Context, stateRev int64, leaderKey string, rev int64, deadline time.Time, lost <-chan struct{}, st *State) (bool, error) {
 	wctx, cancel := context.WithCancel(ctx)
@@ -952,7 +956,8 @@ func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, joiner
 		Then(clientv3.OpPut(e.key(stateKey), encode(next)),
 			// earlier rounds' join and done keys are no use to anyone now
 			clientv3.OpDelete(e.key(roundsDir), clientv3.WithRange(RoundPrefix(e.cfg.Prefix, st.Generation))),
-			clientv3.OpDelete(e.key(doneDir), clientv3.WithRange(e.key(doneDir+genKey(st.Generation)+"/")))).
+			clientv3.OpDelete(e.key(doneDir), clientv3.WithRange(e.key(doneDir+genKey(st.Generation)+"/"))),
+			clientv3.OpDelete(e.key(leadersDir), clientv3.WithRange(e.key(leadersDir+genKey(st.Generation))))).
 		Commit()
 	if err != nil {
 		return fmt.Errorf("rendezvous store at %s: close round %d: %w", e.cfg.Endpoint, st.Generation, err)
@@ -976,6 +981,23 @@ func (e *Etcd) bump(ctx context.Context, gen uint64, reason string, fault bool) 
 		if st.Generation != gen || st.Phase != Running {
 			return st, nil
 		}
+		next, ok, err := e.bumpFrom(ctx, st, rev, reason, fault)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return next, nil
+		}
+	}
+}
+
+// bumpFrom moves the job on from st, whose mod revision is rev, in one
+// compare-and-swap without reading anything: when a lost member is seen
+// by every other member at once, none of them needs to read the state
+// (large with many nodes), and all but one fail the compare. It reports
+// whether this call moved the job.
+func (e *Etcd) bumpFrom(ctx context.Context, st *State, rev int64, reason string, fault bool) (*State, bool, error) {
+	{
 		next := *st
 		next.Generation++
 		next.Phase = Joining
@@ -995,23 +1017,15 @@ func (e *Etcd) bump(ctx context.Context, gen uint64, reason string, fault bool) 
 			Then(clientv3.OpPut(e.key(stateKey), encode(next))).Commit()
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("rendezvous store at %s: new generation: %w", e.cfg.Endpoint, err)
+			return nil, false, fmt.Errorf("rendezvous store at %s: new generation: %w", e.cfg.Endpoint, err)
 		}
-		if txn.Succeeded {
-			e.log.Info("new generation", "generation", next.Generation, "phase", next.Phase, "reason", next.Reason,
-				"failures", next.Failures, "max_restarts", next.MaxRestarts)
-			return &next, nil
+		if !txn.Succeeded {
+			return nil, false, nil
 		}
+		e.log.Info("new generation", "generation", next.Generation, "phase", next.Phase, "reason", next.Reason,
+			"failures", next.Failures, "max_restarts", next.MaxRestarts)
+		return &next, true, nil
 	}
-}
-
-func freePort(addr string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("pick a free master port on %s: %w", addr, err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Fail reports that round r failed here (a worker failed): the job moves
@@ -1176,12 +1190,13 @@ func (e *Etcd) Close() {
 // watching it: the round ends (Done) when the job moves to another
 // generation, and this node moves the job on itself when another member is
 // lost.
-func (e *Etcd) startRound(st *State, read int64) *Round {
+func (e *Etcd) startRound(st *State, mod, read int64) *Round {
 	m, _ := st.Member(e.node)
 	e.mu.Lock()
 	e.lastGen = st.Generation + 1
 	e.mu.Unlock()
 	r := newRound(st, m)
+	r.state, r.stateMod = st, mod
 	_, lost := e.leaseChan()
 	go e.watchRound(e.bg, r, read, lost)
 	return r
@@ -1252,7 +1267,7 @@ func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Mem
 		}
 		for _, m := range members {
 			if !live[m.Node] && m.Node != e.node {
-				go e.bumpUntilMoved(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+				go e.bumpUntilMoved(ctx, r, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
 				break
 			}
 		}
@@ -1311,9 +1326,9 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 				switch prev.State {
 				case NodeSucceeded:
 				case NodeLeft:
-					go e.bumpUntilMoved(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) left: %s", m.Node, m.Host, m.GroupRank, prev.Reason), false)
+					go e.bumpUntilMoved(ctx, r, fmt.Sprintf("node %s (%s, group rank %d) left: %s", m.Node, m.Host, m.GroupRank, prev.Reason), false)
 				default:
-					go e.bumpUntilMoved(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+					go e.bumpUntilMoved(ctx, r, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
 				}
 			}
 		}
@@ -1323,15 +1338,19 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 // bumpUntilMoved retries bump through store errors (a leader election in
 // an etcd cluster) until the job left generation gen or ctx ends: a lost
 // member noticed only by this node must not be forgotten.
-func (e *Etcd) bumpUntilMoved(ctx context.Context, gen uint64, reason string, fault bool) {
+func (e *Etcd) bumpUntilMoved(ctx context.Context, r *Round, reason string, fault bool) {
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
-		_, err := e.bump(ctx, gen, reason, fault)
+		_, _, err := e.bumpFrom(ctx, r.state, r.stateMod, reason, fault)
 		if err == nil {
-			return
+			return // moved by this call, or by someone else first
 		}
 		e.log.Warn("move the job to a new generation; retrying", "reason", reason, "err", err)
-		if !sleep(ctx, delay) {
+		select {
+		case <-r.done:
 			return
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
 		}
 	}
 }
@@ -1352,6 +1371,9 @@ type Round struct {
 	once   sync.Once
 	done   chan struct{}
 	reason string
+
+	state    *State // the Running state of this round, and its mod revision
+	stateMod int64
 }
 
 func newRound(st *State, m Member) *Round {

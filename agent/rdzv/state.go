@@ -11,6 +11,7 @@
 //	<prefix>state               State: the generation, its phase and members
 //	<prefix>nodes/<node>        NodeInfo of each live agent, on its lease
 //	<prefix>rounds/<gen>/<node> JoinInfo: the node asks to join round <gen>, on its lease
+//	<prefix>leaders/<gen>       the join key of round <gen>'s leader, on its lease
 //	<prefix>done/<gen>/<node>   the node's workers of generation <gen> all finished
 //	<prefix>kv/<job>/<gen>/<key> the workers' bootstrap keys (control socket KVSet/KVGet)
 //	HostKey                     in an embedded store: the job id it was started for
@@ -47,12 +48,13 @@ func Prefix(root, id string) string { return root + id + "/" }
 
 // Keys of one job, relative to its prefix.
 const (
-	jobKey    = "job"
-	stateKey  = "state"
-	nodesDir  = "nodes/"
-	roundsDir = "rounds/"
-	kvDir     = "kv/"
-	doneDir   = "done/"
+	jobKey     = "job"
+	stateKey   = "state"
+	nodesDir   = "nodes/"
+	roundsDir  = "rounds/"
+	kvDir      = "kv/"
+	doneDir    = "done/"
+	leadersDir = "leaders/"
 )
 
 // genKey formats a generation so that keys sort in generation order.

@@ -3,7 +3,6 @@ package rdzv
 import (
 	"context"
 	"fmt"
-	"net"
 )
 
 // Static is the rendezvous of a job whose nodes are fixed by the command
@@ -28,12 +27,10 @@ func (s *Static) Next(ctx context.Context) (*Round, error) {
 	if port == 0 {
 		// A fresh port for every round, so a restart never trips over the
 		// last round's store socket lingering in TIME_WAIT.
-		l, err := net.Listen("tcp", net.JoinHostPort(s.MasterAddr, "0"))
-		if err != nil {
-			return nil, fmt.Errorf("pick a free master port on %s: %w", s.MasterAddr, err)
+		var err error
+		if port, err = freePort(s.MasterAddr); err != nil {
+			return nil, err
 		}
-		port = l.Addr().(*net.TCPAddr).Port
-		l.Close()
 	}
 	r := &Round{
 		Generation: s.gen, GroupRank: s.NodeRank, NNodes: s.NNodes, RankOffset: s.NodeRank * s.NProc, NProc: s.NProc,
