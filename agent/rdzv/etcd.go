@@ -382,8 +382,11 @@ func (st *State) check() error {
 		}
 		seen[m.GroupRank] = true
 	}
-	if st.Phase == Running && len(st.Members) == 0 {
+	if st.Phase == Running && st.Nodes() == 0 {
 		return fmt.Errorf("running with no members")
+	}
+	if st.NNodes < 0 || (st.NNodes > 0 && (st.MembersKey == "" || st.AssignPrefix == "")) {
+		return fmt.Errorf("nnodes %d without its member keys", st.NNodes)
 	}
 	return nil
 }
@@ -478,9 +481,15 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 			}
 			return nil, ErrJobSucceeded
 		case Running:
-			_, member := st.Member(e.node)
+			me, member, err := e.assignment(ctx, st, e.node)
+			if err != nil {
+				if err := retry(err); err != nil {
+					return nil, err
+				}
+				continue
+			}
 			if member && st.Generation >= e.lastGenSeen() {
-				return e.startRound(st, rev, read), nil
+				return e.startRound(st, me, rev, read), nil
 			}
 			var bumpErr error
 			switch {
@@ -488,8 +497,8 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 				// This node ran this generation and lost it (its lease
 				// expired) before anyone moved the job on.
 				_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s lost its lease and rejoined", e.node), true)
-			case len(st.Members) < e.cfg.NNodesMax:
-				_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s) joined; scaling up from %d nodes", e.node, e.cfg.Host, len(st.Members)), false)
+			case st.Nodes() < e.cfg.NNodesMax:
+				_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s) joined; scaling up from %d nodes", e.node, e.cfg.Host, st.Nodes()), false)
 			default:
 				// A full job whose members are gone (a run killed without
 				// leaving, whose leases ran out) must not keep spares out.
@@ -504,7 +513,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 					break
 				}
 				if !spare {
-					e.log.Info("the job is full; standing by as a spare", "generation", st.Generation, "nodes", len(st.Members))
+					e.log.Info("the job is full; standing by as a spare", "generation", st.Generation, "nodes", st.Nodes())
 					spare = true
 				}
 				deadline = time.Now().Add(e.cfg.JoinTimeout) // a spare of a healthy job waits as long as the job runs
@@ -539,6 +548,54 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 	}
 }
 
+// assignment returns node's membership in the round of st, reading only
+// that node's key.
+func (e *Etcd) assignment(ctx context.Context, st *State, node string) (Member, bool, error) {
+	if st.AssignPrefix == "" {
+		m, ok := st.Member(node)
+		return m, ok, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	key := st.AssignPrefix + node
+	resp, err := e.cli.Get(ctx, key)
+	if err != nil {
+		return Member{}, false, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Member{}, false, nil
+	}
+	var m Member
+	if err := decode(key, resp.Kvs[0].Value, &m); err != nil || m.Node != node || m.GroupRank < 0 || m.GroupRank >= st.Nodes() || m.NProc < 1 {
+		e.log.Warn("ignoring a malformed assignment", "key", key, "err", err)
+		return Member{}, false, nil
+	}
+	return m, true, nil
+}
+
+// members returns the member list of the round of st (of the last closed
+// round when st is Joining).
+func (e *Etcd) members(ctx context.Context, st *State) ([]Member, error) {
+	if st.MembersKey == "" {
+		return st.Members, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, st.MembersKey)
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil // swept by a later round
+	}
+	var ms []Member
+	if err := decode(st.MembersKey, resp.Kvs[0].Value, &ms); err != nil {
+		e.log.Warn("ignoring a malformed member list", "err", err)
+		return nil, nil
+	}
+	return ms, nil
+}
+
 // missingMembers returns the members of st whose node keys are gone.
 func (e *Etcd) missingMembers(ctx context.Context, st *State) ([]Member, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -551,8 +608,12 @@ func (e *Etcd) missingMembers(ctx context.Context, st *State) ([]Member, error) 
 	for _, kv := range resp.Kvs {
 		live[strings.TrimPrefix(string(kv.Key), e.key(nodesDir))] = true
 	}
+	members, err := e.members(ctx, st)
+	if err != nil {
+		return nil, err
+	}
 	var gone []Member
-	for _, m := range st.Members {
+	for _, m := range members {
 		if !live[m.Node] {
 			gone = append(gone, m)
 		}
@@ -814,7 +875,11 @@ func (e *Etcd) lead(ctx context.Context, st *State, stateRev, stateRead int64, d
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	var minSince time.Time
-	reformation := len(st.Members) > 0
+	prev, err := e.members(ctx, st)
+	if err != nil {
+		return err
+	}
+	reformation := len(prev) > 0
 	for {
 		n := len(joiners)
 		if n >= e.cfg.NNodesMin && minSince.IsZero() {
@@ -845,7 +910,7 @@ func (e *Etcd) lead(ctx context.Context, st *State, stateRev, stateRead int64, d
 			closeNow = "last call ended"
 		}
 		if closeNow != "" {
-			return e.closeRound(ctx, st, stateRev, joiners, closeNow)
+			return e.closeRound(ctx, st, stateRev, prev, joiners, closeNow)
 		}
 		if time.Now().After(deadline) {
 			return &JoinTimeoutError{Joined: n, Min: e.cfg.NNodesMin, Timeout: e.cfg.JoinTimeout, Generation: st.Generation}
@@ -919,28 +984,48 @@ func (e *Etcd) probePending(ctx context.Context, pending []*liveNode) {
 
 // closeRound writes the members of the round, if the state is still the
 // one the round opened with.
-func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, joiners map[string]joiner, why string) error {
+func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, prev []Member, joiners map[string]joiner, why string) error {
 	list := make([]joiner, 0, len(joiners))
 	for _, j := range joiners {
 		list = append(list, j)
 	}
 	sort.Slice(list, func(a, b int) bool { return list[a].rev < list[b].rev })
-	members := assign(st.Members, list, e.cfg.NNodesMax)
+	members := assign(prev, list, e.cfg.NNodesMax)
 	port := 0
 	for _, j := range list {
 		if j.Node == members[0].Node {
 			port = j.MasterPort
 		}
 	}
+	gen := genKey(st.Generation)
 	next := *st
 	next.Phase = Running
 	next.Since = time.Now()
-	next.Members = members
+	next.Members = nil
+	next.NNodes = len(members)
+	// Keyed by the closer too: should two leaders close the same round,
+	// the loser's keys cannot overwrite the winner's.
+	next.MembersKey = e.key(membersDir + gen + "/" + e.node)
+	next.AssignPrefix = e.key(assignDir + gen + "/" + e.node + "/")
 	next.WorldSize = members[len(members)-1].RankOffset + members[len(members)-1].NProc
 	next.MasterAddr = members[0].Addr
 	next.MasterPort = port
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	// The member keys go first, in batches that fit etcd's default limit
+	// of 128 operations per transaction; the state that points at them
+	// comes last, so whoever sees the round closed finds them.
+	ops := []clientv3.Op{clientv3.OpPut(next.MembersKey, encode(members))}
+	for _, m := range members {
+		ops = append(ops, clientv3.OpPut(next.AssignPrefix+m.Node, encode(m)))
+	}
+	for len(ops) > 0 {
+		n := min(len(ops), 100)
+		if _, err := e.cli.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
+			return fmt.Errorf("rendezvous store at %s: close round %d: %w", e.cfg.Endpoint, st.Generation, err)
+		}
+		ops = ops[n:]
+	}
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", stateRev)}
 	// Every member must still be registered as the round closes: a member
 	// lost just before would otherwise be written in and never missed.
@@ -957,7 +1042,10 @@ func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, joiner
 			// earlier rounds' join and done keys are no use to anyone now
 			clientv3.OpDelete(e.key(roundsDir), clientv3.WithRange(RoundPrefix(e.cfg.Prefix, st.Generation))),
 			clientv3.OpDelete(e.key(doneDir), clientv3.WithRange(e.key(doneDir+genKey(st.Generation)+"/"))),
-			clientv3.OpDelete(e.key(leadersDir), clientv3.WithRange(e.key(leadersDir+genKey(st.Generation))))).
+			clientv3.OpDelete(e.key(leadersDir), clientv3.WithRange(e.key(leadersDir+gen))),
+			// and so are the member keys of rounds before the last
+			clientv3.OpDelete(e.key(membersDir), clientv3.WithRange(e.key(membersDir+gen))),
+			clientv3.OpDelete(e.key(assignDir), clientv3.WithRange(e.key(assignDir+gen)))).
 		Commit()
 	if err != nil {
 		return fmt.Errorf("rendezvous store at %s: close round %d: %w", e.cfg.Endpoint, st.Generation, err)
@@ -1064,12 +1152,12 @@ func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
 	if err != nil {
 		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 	}
-	if int(resp.Count) >= len(r.Members) {
+	if int(resp.Count) >= r.NNodes {
 		st, rev, _, err := e.readState(octx)
 		if err == nil && st.Generation == r.Generation && st.Phase == Running {
 			next := *st
 			next.Phase = Succeeded
-			next.Reason = fmt.Sprintf("all %d nodes' workers finished", len(r.Members))
+			next.Reason = fmt.Sprintf("all %d nodes' workers finished", r.NNodes)
 			next.Since = time.Now()
 			_, err = e.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", rev)).
 				Then(clientv3.OpPut(e.key(stateKey), encode(next))).Commit()
@@ -1115,10 +1203,17 @@ func (e *Etcd) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 			over, known = st.Phase == Succeeded || st.Phase == Failed, true
 		}
 		// Spares need nothing from the store once the members are done.
+		isMember := map[string]bool{}
+		if known {
+			ms, _ := e.members(ctx, &st)
+			for _, m := range ms {
+				isMember[m.Node] = true
+			}
+		}
 		others := 0
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 			node := strings.TrimPrefix(string(kv.Key), e.key(nodesDir))
-			if _, member := st.Member(node); node != e.node && (member || !known || over) {
+			if node != e.node && (isMember[node] || !known || over) {
 				others++
 			}
 		}
@@ -1190,8 +1285,7 @@ func (e *Etcd) Close() {
 // watching it: the round ends (Done) when the job moves to another
 // generation, and this node moves the job on itself when another member is
 // lost.
-func (e *Etcd) startRound(st *State, mod, read int64) *Round {
-	m, _ := st.Member(e.node)
+func (e *Etcd) startRound(st *State, m Member, mod, read int64) *Round {
 	e.mu.Lock()
 	e.lastGen = st.Generation + 1
 	e.mu.Unlock()
@@ -1209,7 +1303,7 @@ func (e *Etcd) startRound(st *State, mod, read int64) *Round {
 // between will not come back.
 func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan struct{}) {
 	members := map[string]Member{}
-	for _, m := range r.Members {
+	for _, m := range r.state.Members {
 		members[m.Node] = m
 	}
 	// Group rank 0 checks the members once at the start: one lost just
@@ -1218,6 +1312,15 @@ func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan
 	check := r.GroupRank == 0
 	resync := false
 	for {
+		if (check || resync) && len(members) < r.NNodes {
+			// the whole list, only for this look: a member reads just its
+			// own assignment otherwise
+			if ms, err := e.members(ctx, r.state); err == nil {
+				for _, m := range ms {
+					members[m.Node] = m
+				}
+			}
+		}
 		if check || resync {
 			rev, over := e.resyncRound(ctx, r, members, check || resync)
 			if over {
@@ -1315,8 +1418,16 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 				return ctx.Err() == nil
 			}
 			for _, ev := range resp.Events {
-				m, ok := members[strings.TrimPrefix(string(ev.Kv.Key), e.key(nodesDir))]
-				if !ok || ev.Type != clientv3.EventTypeDelete || m.Node == e.node {
+				if ev.Type != clientv3.EventTypeDelete {
+					continue
+				}
+				node := strings.TrimPrefix(string(ev.Kv.Key), e.key(nodesDir))
+				m, ok := members[node]
+				if !ok && len(members) < r.NNodes && node != e.node {
+					// not in the list this node holds: ask for its assignment
+					m, ok, _ = e.assignment(ctx, r.state, node)
+				}
+				if !ok || m.Node == e.node {
 					continue
 				}
 				var prev NodeInfo
@@ -1366,7 +1477,6 @@ type Round struct {
 	MasterAddr string
 	MasterPort int
 	Restarts   int // faults so far: TORCHELASTIC_RESTART_COUNT
-	Members    []Member
 
 	once   sync.Once
 	done   chan struct{}
@@ -1378,8 +1488,8 @@ type Round struct {
 
 func newRound(st *State, m Member) *Round {
 	return &Round{
-		Generation: st.Generation, GroupRank: m.GroupRank, NNodes: len(st.Members), RankOffset: m.RankOffset, NProc: m.NProc,
-		WorldSize: st.WorldSize, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort, Restarts: st.Failures, Members: st.Members,
+		Generation: st.Generation, GroupRank: m.GroupRank, NNodes: st.Nodes(), RankOffset: m.RankOffset, NProc: m.NProc,
+		WorldSize: st.WorldSize, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort, Restarts: st.Failures,
 		done: make(chan struct{}),
 	}
 }

@@ -12,6 +12,8 @@
 //	<prefix>nodes/<node>        NodeInfo of each live agent, on its lease
 //	<prefix>rounds/<gen>/<node> JoinInfo: the node asks to join round <gen>, on its lease
 //	<prefix>leaders/<gen>       the join key of round <gen>'s leader, on its lease
+//	<prefix>members/<gen>/<by>  the members of round <gen> as closed by node <by>, a JSON list
+//	<prefix>assign/<gen>/<by>/<node> one member of that list: each node reads only its own
 //	<prefix>done/<gen>/<node>   the node's workers of generation <gen> all finished
 //	<prefix>kv/<job>/<gen>/<key> the workers' bootstrap keys (control socket KVSet/KVGet)
 //	HostKey                     in an embedded store: the job id it was started for
@@ -55,6 +57,8 @@ const (
 	kvDir      = "kv/"
 	doneDir    = "done/"
 	leadersDir = "leaders/"
+	membersDir = "members/"
+	assignDir  = "assign/"
 )
 
 // genKey formats a generation so that keys sort in generation order.
@@ -115,15 +119,27 @@ type State struct {
 	// fails when a fault would make it exceed MaxRestarts.
 	Failures    int `json:"failures"`
 	MaxRestarts int `json:"max_restarts"`
-	// Members: when Running, the nodes of this generation; when Joining,
-	// those of the last closed round, so survivors keep their group ranks.
+	// NNodes: when Running, how many nodes this generation has. The
+	// members themselves are under MembersKey (the list) and AssignPrefix
+	// (one key per node): every agent watches this key, and a list of 1000
+	// nodes in it would reach every agent at every change. When Joining,
+	// the keys are those of the last closed round, so survivors keep their
+	// group ranks.
+	NNodes       int    `json:"nnodes,omitempty"`
+	MembersKey   string `json:"members_key,omitempty"`
+	AssignPrefix string `json:"assign_prefix,omitempty"`
+	// Members, when set, is the member list itself (states written by
+	// hand or by tests; agents write the keys above).
 	Members    []Member `json:"members,omitempty"`
 	WorldSize  int      `json:"world_size,omitempty"`
 	MasterAddr string   `json:"master_addr,omitempty"`
 	MasterPort int      `json:"master_port,omitempty"`
 }
 
-// Member returns the member with node id node, if any.
+// Nodes is how many nodes the generation has.
+func (s *State) Nodes() int { return max(s.NNodes, len(s.Members)) }
+
+// Member returns the member with node id node, if any, from Members.
 func (s *State) Member(node string) (Member, bool) {
 	for _, m := range s.Members {
 		if m.Node == node {

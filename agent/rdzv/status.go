@@ -179,6 +179,19 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 			s.State = &st
 		}
 	}
+	if s.State != nil && len(s.State.Members) == 0 && s.State.MembersKey != "" {
+		// The agents keep the member list out of the state key; read it
+		// at the same revision, so the picture stays one moment's.
+		mresp, err := cli.Get(ctx, s.State.MembersKey, clientv3.WithRev(resp.Header.Revision))
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("read %s: %w", s.State.MembersKey, err)
+		case len(mresp.Kvs) > 0:
+			if err := decode(s.State.MembersKey, mresp.Kvs[0].Value, &s.State.Members); err != nil {
+				bad(s.State.MembersKey, err)
+			}
+		}
+	}
 
 	byNode := map[string]*NodeStatus{}
 	node := func(id string) *NodeStatus {

@@ -1261,8 +1261,8 @@ func checkRound(agents []*agent, n, nproc int, cur, prev func(*agent) *rdzv.Roun
 			return fmt.Errorf("agent %d got generation %d, agent 0 got %d", i, r.Generation, gen)
 		case r.NNodes != n:
 			return fmt.Errorf("agent %d: round of %d nodes, want %d", i, r.NNodes, n)
-		case !listsSelf(r, a.e.Node()):
-			return fmt.Errorf("agent %d: its round's members do not list it with its group rank %d", i, r.GroupRank)
+		case r.RankOffset != r.GroupRank*nproc:
+			return fmt.Errorf("agent %d: rank offset %d for group rank %d", i, r.RankOffset, r.GroupRank)
 		case r.WorldSize != n*nproc:
 			return fmt.Errorf("agent %d: world size %d, want %d", i, r.WorldSize, n*nproc)
 		case r.GroupRank < 0 || r.GroupRank >= n || seen[r.GroupRank]:
@@ -1283,16 +1283,6 @@ func checkRound(agents []*agent, n, nproc int, cur, prev func(*agent) *rdzv.Roun
 		}
 	}
 	return nil
-}
-
-// listsSelf reports whether r's members list node with r's group rank.
-func listsSelf(r *rdzv.Round, node string) bool {
-	for _, m := range r.Members {
-		if m.Node == node {
-			return m.GroupRank == r.GroupRank
-		}
-	}
-	return false
 }
 
 // stateSize is the size of the state value: what every watcher of the
