@@ -177,7 +177,7 @@ func (a *Agent) shouldHost(endpoints []string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("--rdzv-endpoint %s: %w", endpoints[0], err)
 	}
-	return isLocalHost(host), nil
+	return localIP(host) != nil, nil
 }
 
 func stripScheme(ep string) string {
@@ -187,13 +187,8 @@ func stripScheme(ep string) string {
 	return ep
 }
 
-// isLocalHost reports whether host names this machine: loopback, or an
-// address of one of its interfaces.
-func isLocalHost(host string) bool {
-	return localIP(host) != nil
-}
-
-// localIP returns the address of this machine that host resolves to, or nil.
+// localIP returns the address of this machine that host names (loopback,
+// or an address of one of its interfaces), or nil.
 func localIP(host string) net.IP {
 	ips, err := net.LookupIP(host)
 	if err != nil {

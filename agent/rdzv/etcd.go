@@ -12,7 +12,6 @@ import (
 	"net"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -403,11 +402,9 @@ func (e *Etcd) resetState(ctx context.Context, modRev int64, reason string, stor
 	// Every generation was written at a revision at least as high as the
 	// generation number, so one above the store's revision is new to all.
 	st := State{Generation: uint64(storeRev) + 1, Phase: Joining, Reason: reason, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts}
-	cmp := clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", modRev)
-	if modRev == 0 {
-		cmp = clientv3.Compare(clientv3.CreateRevision(e.key(stateKey)), "=", 0)
-	}
-	txn, err := e.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(e.key(stateKey), encode(st))).Commit()
+	// (a missing key compares as mod revision 0)
+	txn, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", modRev)).
+		Then(clientv3.OpPut(e.key(stateKey), encode(st))).Commit()
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("rendezvous store at %s: reset state: %w", e.cfg.Endpoint, err)
 	}
@@ -639,12 +636,11 @@ func (e *Etcd) restartEndedJob(ctx context.Context, st *State, rev int64) (bool,
 	}
 	next := State{Generation: uint64(resp.Header.Revision) + 1, Phase: Joining, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts,
 		Reason: fmt.Sprintf("new run of job %s (the last one %s: %s)", e.cfg.JobID, st.Phase, st.Reason)}
-	txn, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", rev)).
-		Then(clientv3.OpPut(e.key(stateKey), encode(next))).Commit()
+	ok, err := e.swapState(ctx, rev, &next)
 	if err != nil {
 		return false, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 	}
-	if txn.Succeeded {
+	if ok {
 		e.log.Info("starting a new run of an ended job", "job", e.cfg.JobID, "last", st.Phase)
 	}
 	return true, nil
@@ -1041,7 +1037,7 @@ func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, prev [
 		Then(clientv3.OpPut(e.key(stateKey), encode(next)),
 			// earlier rounds' join and done keys are no use to anyone now
 			clientv3.OpDelete(e.key(roundsDir), clientv3.WithRange(RoundPrefix(e.cfg.Prefix, st.Generation))),
-			clientv3.OpDelete(e.key(doneDir), clientv3.WithRange(e.key(doneDir+genKey(st.Generation)+"/"))),
+			clientv3.OpDelete(e.key(doneDir), clientv3.WithRange(e.key(doneDir+gen+"/"))),
 			clientv3.OpDelete(e.key(leadersDir), clientv3.WithRange(e.key(leadersDir+gen))),
 			// and so are the member keys of rounds before the last
 			clientv3.OpDelete(e.key(membersDir), clientv3.WithRange(e.key(membersDir+gen))),
@@ -1081,39 +1077,45 @@ func (e *Etcd) bump(ctx context.Context, gen uint64, reason string, fault bool) 
 
 // bumpFrom moves the job on from st, whose mod revision is rev, in one
 // compare-and-swap without reading anything: when a lost member is seen
-// by every other member at once, none of them needs to read the state
-// (large with many nodes), and all but one fail the compare. It reports
-// whether this call moved the job.
+// by every other member at once, none of them reads the state first, and
+// all but one fail the compare. It reports whether this call moved the job.
 func (e *Etcd) bumpFrom(ctx context.Context, st *State, rev int64, reason string, fault bool) (*State, bool, error) {
-	{
-		next := *st
-		next.Generation++
-		next.Phase = Joining
-		next.Reason = reason
-		next.Since = time.Now()
-		next.WorldSize, next.MasterAddr, next.MasterPort = 0, "", 0
-		if fault {
-			next.Failures++
-			if next.Failures > st.MaxRestarts {
-				next.Phase = Failed
-				next.Reason = fmt.Sprintf("%s; no restarts left (--max-restarts %d)", reason, st.MaxRestarts)
-			}
+	next := *st
+	next.Generation++
+	next.Phase = Joining
+	next.Reason = reason
+	next.Since = time.Now()
+	next.WorldSize, next.MasterAddr, next.MasterPort = 0, "", 0
+	if fault {
+		next.Failures++
+		if next.Failures > st.MaxRestarts {
+			next.Phase = Failed
+			next.Reason = fmt.Sprintf("%s; no restarts left (--max-restarts %d)", reason, st.MaxRestarts)
 		}
-		octx, cancel := context.WithTimeout(ctx, opTimeout)
-		txn, err := e.cli.Txn(octx).
-			If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", rev)).
-			Then(clientv3.OpPut(e.key(stateKey), encode(next))).Commit()
-		cancel()
-		if err != nil {
-			return nil, false, fmt.Errorf("rendezvous store at %s: new generation: %w", e.cfg.Endpoint, err)
-		}
-		if !txn.Succeeded {
-			return nil, false, nil
-		}
+	}
+	ok, err := e.swapState(ctx, rev, &next)
+	if err != nil {
+		return nil, false, fmt.Errorf("rendezvous store at %s: new generation: %w", e.cfg.Endpoint, err)
+	}
+	if ok {
 		e.log.Info("new generation", "generation", next.Generation, "phase", next.Phase, "reason", next.Reason,
 			"failures", next.Failures, "max_restarts", next.MaxRestarts)
-		return &next, true, nil
 	}
+	return &next, ok, nil
+}
+
+// swapState writes next as the state if the state's mod revision is
+// still rev, and reports whether it did.
+func (e *Etcd) swapState(ctx context.Context, rev int64, next *State) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	txn, err := e.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", rev)).
+		Then(clientv3.OpPut(e.key(stateKey), encode(next))).Commit()
+	if err != nil {
+		return false, err
+	}
+	return txn.Succeeded, nil
 }
 
 // Fail reports that round r failed here (a worker failed): the job moves
@@ -1153,16 +1155,13 @@ func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
 		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 	}
 	if int(resp.Count) >= r.NNodes {
-		st, rev, _, err := e.readState(octx)
-		if err == nil && st.Generation == r.Generation && st.Phase == Running {
-			next := *st
-			next.Phase = Succeeded
-			next.Reason = fmt.Sprintf("all %d nodes' workers finished", r.NNodes)
-			next.Since = time.Now()
-			_, err = e.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", rev)).
-				Then(clientv3.OpPut(e.key(stateKey), encode(next))).Commit()
-		}
-		if err != nil {
+		// From the round's own state: if the job moved on meanwhile, the
+		// compare fails and nothing is marked.
+		next := *r.state
+		next.Phase = Succeeded
+		next.Reason = fmt.Sprintf("all %d nodes' workers finished", r.NNodes)
+		next.Since = time.Now()
+		if _, err := e.swapState(octx, r.stateMod, &next); err != nil {
 			e.log.Warn("mark the job succeeded", "err", err)
 		}
 	}
@@ -1518,8 +1517,3 @@ func (r *Round) end(reason string) {
 // Stop ends the round's watch; the agent calls it when it is done with the
 // round for its own reasons.
 func (r *Round) Stop() { r.end("stopped by this agent") }
-
-// String is for logs.
-func (r *Round) String() string {
-	return "generation " + strconv.FormatUint(r.Generation, 10)
-}

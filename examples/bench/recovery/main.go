@@ -559,7 +559,7 @@ func measure(ctx context.Context, c config, k launcherKind, runIdx int) (res res
 	if t, ok := wl.first("fail", t0, victim.idx, -1); ok {
 		res.collFailed = t.Sub(t0)
 	}
-	if t, ok := wl.lastFirstStart(left, t0, victim.idx); ok {
+	if t, ok := wl.lastOfFirsts("start", left, t0, victim.idx); ok {
 		res.spawned = t.Sub(t0)
 	}
 	var noticed, dropped, rdzv time.Time
@@ -833,9 +833,16 @@ func (w *workerLogReader) poll() error {
 // "init" line after t0 (from a launcher other than exclude), and when the
 // last of them did: the moment the whole world runs user code.
 func (w *workerLogReader) formed(world int, t0 time.Time, exclude int) (time.Time, bool) {
+	return w.lastOfFirsts("init", world, t0, exclude)
+}
+
+// lastOfFirsts takes each rank's first line of the phase after t0, in a
+// world of size world and from a launcher other than exclude, and returns
+// the latest of them, once every rank has one.
+func (w *workerLogReader) lastOfFirsts(phase string, world int, t0 time.Time, exclude int) (time.Time, bool) {
 	first := map[int]time.Time{}
 	for _, r := range w.recs {
-		if r.Phase != "init" || r.World != world || r.Rank < 0 || r.Rank >= world || r.Launcher == exclude && exclude >= 0 {
+		if r.Phase != phase || r.World != world || r.Rank < 0 || r.Rank >= world || r.Launcher == exclude && exclude >= 0 {
 			continue
 		}
 		t := r.at()
@@ -871,34 +878,6 @@ func (w *workerLogReader) first(phase string, t0 time.Time, exclude, world int) 
 		}
 	}
 	return best, !best.IsZero()
-}
-
-// lastFirstStart is when the last rank of the survivors' world started its
-// replacement worker (the first "start" line of each rank after t0).
-func (w *workerLogReader) lastFirstStart(world int, t0 time.Time, exclude int) (time.Time, bool) {
-	first := map[int]time.Time{}
-	for _, r := range w.recs {
-		if r.Phase != "start" || r.World != world || r.Launcher == exclude {
-			continue
-		}
-		t := r.at()
-		if !t.After(t0) {
-			continue
-		}
-		if old, ok := first[r.Rank]; !ok || t.Before(old) {
-			first[r.Rank] = t
-		}
-	}
-	if len(first) < world {
-		return time.Time{}, false
-	}
-	var last time.Time
-	for _, t := range first {
-		if t.After(last) {
-			last = t
-		}
-	}
-	return last, true
 }
 
 func (w *workerLogReader) groupRankOf(launcher, world int) int {
