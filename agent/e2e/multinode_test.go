@@ -15,6 +15,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store/storetest"
 )
 
 // Multi-node tests: every "node" is a real ddp-agent process on loopback,
@@ -292,6 +293,38 @@ func TestExternalEtcdCluster(t *testing.T) {
 		}
 	}
 	checkWorld(t, 4, a, b)
+}
+
+// TestExternalEtcdTLS runs the job against an etcd that requires TLS with
+// client certificates, given through --rdzv-conf.
+func TestExternalEtcdTLS(t *testing.T) {
+	needTorch(t)
+	pki, err := storetest.NewPKI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := store.Start(t.Context(), store.ServerConfig{Logger: slog.New(slog.DiscardHandler),
+		TLS: &store.TLSFiles{CertFile: pki.ServerCert, KeyFile: pki.ServerKey, CAFile: pki.CAFile}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	j := newJob(t, "2", 0, 10)
+	conf := fastConf + ",cacert=" + pki.CAFile + ",cert=" + pki.ClientCert + ",key=" + pki.ClientKey
+	args := []string{"--rdzv-backend", "etcd", "--rdzv-endpoint", "https://" + srv.Endpoint(), "--rdzv-id", j.id,
+		"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-conf", conf}
+	args = append(args, j.script...)
+	a, b := startAgent(t, nil, args...), startAgent(t, nil, args...)
+	waitAll(t, 3*time.Minute, a, b)
+	checkWorld(t, 4, a, b)
+
+	// without the client certificate the store refuses the agent
+	plain := append([]string{"--rdzv-backend", "etcd", "--rdzv-endpoint", "https://" + srv.Endpoint(), "--rdzv-id", j.id,
+		"--nnodes", "2", "--rdzv-conf", fastConf + ",join_timeout=3,cacert=" + pki.CAFile}, j.script...)
+	c := startAgent(t, nil, plain...)
+	if code := c.wait(time.Minute); code != 1 || !strings.Contains(c.stderr.String(), "rendezvous store at") {
+		t.Fatalf("an agent without a client certificate: exit %d\n%s", code, c.logs())
+	}
 }
 
 func TestRefusedAgents(t *testing.T) {
