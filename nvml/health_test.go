@@ -17,6 +17,8 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+
+	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
 
 // healthLog collects what a watcher logs, for tests that count log lines.
@@ -53,13 +55,13 @@ func (l *healthLog) count(subs ...string) int {
 }
 
 // healthFixture is a DGX A100 from go-nvml's mocks with an event set fed by
-// a channel, and every polled check answering NOT_SUPPORTED until a test
-// says otherwise. Set the mock functions before start.
+// a channel (nvmltest.Events), and every polled check answering
+// NOT_SUPPORTED (nvmltest.QuietPolls) until a test says otherwise. Set the
+// mock functions before start.
 type healthFixture struct {
 	server *dgxa100.Server
-	events chan gonvml.EventData // unbuffered: a send completes only when Wait takes the event
-	set    *mock.EventSet
-	freed  atomic.Int32
+	events *nvmltest.Events
+	set    *mock.EventSet // events.Set
 	log    healthLog
 
 	ranksMu sync.Mutex
@@ -69,45 +71,11 @@ type healthFixture struct {
 func newHealthFixture(t *testing.T) *healthFixture {
 	t.Helper()
 	s := dgxa100.New()
-	f := &healthFixture{server: s, events: make(chan gonvml.EventData), ranks: map[int][]int{}}
-	f.set = &mock.EventSet{
-		WaitFunc: func(ms uint32) (gonvml.EventData, gonvml.Return) {
-			timer := time.NewTimer(time.Duration(ms) * time.Millisecond)
-			defer timer.Stop()
-			select {
-			case e := <-f.events:
-				return e, gonvml.SUCCESS
-			case <-timer.C:
-				return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
-			}
-		},
-		FreeFunc: func() gonvml.Return { f.freed.Add(1); return gonvml.SUCCESS },
-	}
-	s.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return f.set, gonvml.SUCCESS }
+	f := &healthFixture{server: s, events: nvmltest.NewEvents(s), ranks: map[int][]int{}}
+	f.set = f.events.Set
+	nvmltest.QuietPolls(s)
 	for i := range s.Devices {
 		f.ranks[i] = []int{i, 8 + i} // two nodes' worth: this node is group rank 0 and 1 in turn
-		d := f.gpu(i)
-		// GetSupportedEventTypes stays nil: the mock panics, the watcher
-		// takes that as not supported and registers everything.
-		d.RegisterEventsFunc = func(uint64, gonvml.EventSet) gonvml.Return { return gonvml.SUCCESS }
-		d.GetFieldValuesFunc = func([]gonvml.FieldValue) gonvml.Return { return gonvml.ERROR_NOT_SUPPORTED }
-		d.GetRetiredPagesPendingStatusFunc = func() (gonvml.EnableState, gonvml.Return) {
-			return gonvml.FEATURE_DISABLED, gonvml.ERROR_NOT_SUPPORTED
-		}
-		d.GetRemappedRowsFunc = func() (int, int, bool, bool, gonvml.Return) {
-			return 0, 0, false, false, gonvml.ERROR_NOT_SUPPORTED
-		}
-		d.GetCurrentClocksEventReasonsFunc = func() (uint64, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
-		d.GetCurrentClocksThrottleReasonsFunc = func() (uint64, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
-		d.GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
-		d.GetTemperatureThresholdFunc = func(gonvml.TemperatureThresholds) (uint32, gonvml.Return) {
-			return 0, gonvml.ERROR_NOT_SUPPORTED
-		}
-		d.GetNvLinkStateFunc = func(int) (gonvml.EnableState, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
-		d.GetNvLinkErrorCounterFunc = func(int, gonvml.NvLinkErrorCounter) (uint64, gonvml.Return) {
-			return 0, gonvml.ERROR_NOT_SUPPORTED
-		}
-		d.GetPcieReplayCounterFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
 	}
 	return f
 }
@@ -166,16 +134,10 @@ func (f *healthFixture) start(t *testing.T, opts ...HealthOption) (w *HealthWatc
 // inject delivers one event through the mock event set's Wait.
 func (f *healthFixture) inject(t *testing.T, gpu int, eventType, data uint64) {
 	t.Helper()
-	e := gonvml.EventData{EventType: eventType, EventData: data, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
-	if gpu >= 0 {
-		e.Device = f.server.Devices[gpu]
-	} else {
-		e.Device = dgxa100.NewDevice(9) // a GPU the watcher does not watch
-	}
-	select {
-	case f.events <- e:
-	case <-time.After(time.Second):
-		t.Fatalf("event %#x on GPU %d not taken within 1s", eventType, gpu)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	if err := f.events.Inject(ctx, gpu, eventType, data); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -691,7 +653,7 @@ func TestHealthRunStops(t *testing.T) {
 		if d := time.Since(start); d > 200*time.Millisecond {
 			t.Errorf("Run took %s to return, want about one Wait timeout (20ms)", d)
 		}
-		if n := f.freed.Load(); n != 1 {
+		if n := f.events.Frees(); n != 1 {
 			t.Errorf("event set freed %d times, want 1", n)
 		}
 	})
@@ -720,10 +682,10 @@ func TestHealthRunStops(t *testing.T) {
 		}
 		close(release) // the driver returns at last: the set is freed then
 		deadline := time.Now().Add(time.Second)
-		for f.freed.Load() == 0 && time.Now().Before(deadline) {
+		for f.events.Frees() == 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
-		if f.freed.Load() != 1 {
+		if f.events.Frees() != 1 {
 			t.Error("event set not freed after Wait returned")
 		}
 	})

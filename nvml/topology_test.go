@@ -140,7 +140,7 @@ func TestDiscoverMIGPending(t *testing.T) {
 
 func TestDiscoverPCIeBox(t *testing.T) {
 	box := newPCIeBox()
-	topo, err := Discover(t.Context(), box.lib, box.options()...)
+	topo, err := Discover(t.Context(), box.Lib, box.options()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +156,8 @@ func TestDiscoverPCIeBox(t *testing.T) {
 	numa := []int{0, 0, 1, 1}
 	for i, g := range topo.GPUs {
 		want := GPU{
-			Index: i, UUID: box.gpus[i].uuid, Name: "NVIDIA A40", MemoryTotal: 48 << 30, BusID: box.gpus[i].bus,
-			NUMANode: numa[i], GPUNUMANode: -1, CPUAffinity: mustList(box.gpus[i].cpus),
+			Index: i, UUID: box.GPUs[i].UUID, Name: "NVIDIA A40", MemoryTotal: 48 << 30, BusID: box.GPUs[i].Bus,
+			NUMANode: numa[i], GPUNUMANode: -1, CPUAffinity: mustList(box.GPUs[i].CPUs),
 			ComputeCapability: "8.6", MIG: MIGUnsupported,
 		}
 		if !reflect.DeepEqual(g, want) {
@@ -182,7 +182,7 @@ func TestDiscoverPCIeBox(t *testing.T) {
 	}
 	// NVLink: only link 0 is asked, for every GPU; the optional functions
 	// the driver lacks are never called.
-	for i, d := range box.devs {
+	for i, d := range box.Devs {
 		if n := len(d.GetNvLinkStateCalls()); n != 1 {
 			t.Errorf("GPU%d: GetNvLinkState called %d times, want 1", i, n)
 		}
@@ -197,9 +197,9 @@ func TestDiscoverPCIeBox(t *testing.T) {
 // the far end's kind; a fifth link ends at something else (a CPU).
 func TestDiscoverNVLinkBridge(t *testing.T) {
 	box := newPCIeBox()
-	box.devs = box.devs[:2]
-	for i, d := range box.devs {
-		peer := box.gpus[1-i].bus
+	box.Devs = box.Devs[:2]
+	for i, d := range box.Devs {
+		peer := box.GPUs[1-i].Bus
 		d.GetNvLinkStateFunc = func(link int) (gonvml.EnableState, gonvml.Return) {
 			switch {
 			case link < 5:
@@ -217,7 +217,7 @@ func TestDiscoverNVLinkBridge(t *testing.T) {
 		}
 		d.GetNvLinkVersionFunc = func(int) (uint32, gonvml.Return) { return uint32(gonvml.NVLINK_VERSION_3_1), gonvml.SUCCESS }
 	}
-	topo, err := Discover(t.Context(), box.lib, box.options()...)
+	topo, err := Discover(t.Context(), box.Lib, box.options()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,8 +236,8 @@ func TestDiscoverNVLinkBridge(t *testing.T) {
 func TestDiscoverErrors(t *testing.T) {
 	t.Run("one GPU's UUID", func(t *testing.T) {
 		box := newPCIeBox()
-		box.devs[2].GetUUIDFunc = func() (string, gonvml.Return) { return "", gonvml.ERROR_UNKNOWN }
-		topo, err := Discover(t.Context(), box.lib, box.options()...)
+		box.Devs[2].GetUUIDFunc = func() (string, gonvml.Return) { return "", gonvml.ERROR_UNKNOWN }
+		topo, err := Discover(t.Context(), box.Lib, box.options()...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,14 +254,14 @@ func TestDiscoverErrors(t *testing.T) {
 	})
 	t.Run("one GPU without a handle", func(t *testing.T) {
 		box := newPCIeBox()
-		get := box.lib.DeviceGetHandleByIndexFunc
-		box.lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+		get := box.Lib.DeviceGetHandleByIndexFunc
+		box.Lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
 			if i == 1 {
 				return nil, gonvml.ERROR_GPU_IS_LOST
 			}
 			return get(i)
 		}
-		topo, err := Discover(t.Context(), box.lib, box.options()...)
+		topo, err := Discover(t.Context(), box.Lib, box.options()...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -283,10 +283,10 @@ func TestDiscoverErrors(t *testing.T) {
 	})
 	t.Run("a pair's PCIe path", func(t *testing.T) {
 		box := newPCIeBox()
-		box.devs[0].GetTopologyCommonAncestorFunc = func(gonvml.Device) (gonvml.GpuTopologyLevel, gonvml.Return) {
+		box.Devs[0].GetTopologyCommonAncestorFunc = func(gonvml.Device) (gonvml.GpuTopologyLevel, gonvml.Return) {
 			return 0, gonvml.ERROR_UNKNOWN
 		}
-		topo, err := Discover(t.Context(), box.lib, box.options()...)
+		topo, err := Discover(t.Context(), box.Lib, box.options()...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,16 +296,16 @@ func TestDiscoverErrors(t *testing.T) {
 	})
 	t.Run("GPU count", func(t *testing.T) {
 		box := newPCIeBox()
-		box.lib.DeviceGetCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_UNINITIALIZED }
-		topo, err := Discover(t.Context(), box.lib, box.options()...)
+		box.Lib.DeviceGetCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_UNINITIALIZED }
+		topo, err := Discover(t.Context(), box.Lib, box.options()...)
 		if err == nil || topo != nil || !errors.Is(err, gonvml.ERROR_UNINITIALIZED) {
 			t.Errorf("got %v, %v; want no topology and ERROR_UNINITIALIZED", topo, err)
 		}
 	})
 	t.Run("mock without a function", func(t *testing.T) {
 		box := newPCIeBox()
-		box.devs[1].GetCudaComputeCapabilityFunc = nil
-		topo, err := Discover(t.Context(), box.lib, box.options()...)
+		box.Devs[1].GetCudaComputeCapabilityFunc = nil
+		topo, err := Discover(t.Context(), box.Lib, box.options()...)
 		if err == nil || topo != nil || !strings.Contains(err.Error(), "panic") {
 			t.Errorf("got %v, %v; want no topology and a panic turned into an error", topo, err)
 		}
@@ -314,7 +314,7 @@ func TestDiscoverErrors(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		box := newPCIeBox()
-		if _, err := Discover(ctx, box.lib, box.options()...); !errors.Is(err, context.Canceled) {
+		if _, err := Discover(ctx, box.Lib, box.options()...); !errors.Is(err, context.Canceled) {
 			t.Errorf("got %v, want context.Canceled", err)
 		}
 	})
@@ -418,15 +418,15 @@ func TestPathClass(t *testing.T) {
 
 func TestWriteGPUs(t *testing.T) {
 	box := newPCIeBox()
-	box.devs[1].GetMigModeFunc = func() (int, int, gonvml.Return) { return 0, 1, gonvml.SUCCESS }
-	get := box.lib.DeviceGetHandleByIndexFunc
-	box.lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+	box.Devs[1].GetMigModeFunc = func() (int, int, gonvml.Return) { return 0, 1, gonvml.SUCCESS }
+	get := box.Lib.DeviceGetHandleByIndexFunc
+	box.Lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
 		if i == 3 {
 			return nil, gonvml.ERROR_GPU_IS_LOST
 		}
 		return get(i)
 	}
-	topo, err := Discover(t.Context(), box.lib, box.options()...)
+	topo, err := Discover(t.Context(), box.Lib, box.options()...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,10 @@ const (
 	// start a new generation on the same GPUs.
 	ActionRestartWorkers
 	// ActionResetGPU: the GPU needs a reset (nvidia-smi -r, which needs every
-	// process off it) or a node reboot before it can be used again: stop the
-	// workers, reset, then restart.
+	// process off it) or a node reboot before it can be used again. NVML
+	// offers no reset, and one may need root and other jobs off the GPU, so
+	// the agent treats it as a drain: it stops the workers, leaves the job
+	// and exits naming the GPU, for the operator or scheduler to reset.
 	ActionResetGPU
 	// ActionDrainNode: the node cannot be trusted any more (a GPU fell off
 	// the bus, memory repair failed, a reboot is required): leave the
