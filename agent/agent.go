@@ -74,8 +74,11 @@ type Agent struct {
 	stderr  *supervisor.Console
 	baseEnv []string
 
-	mu    sync.Mutex
-	group *supervisor.Group // the current attempt, for the control socket's admission check
+	gpus *GPUs
+
+	mu         sync.Mutex
+	group      *supervisor.Group // the current attempt, for the control socket's admission check
+	rankOffset int               // its global rank of local rank 0, for the GPU health watcher
 }
 
 // New returns an agent for cfg. Worker output and failure reports go to
@@ -159,11 +162,20 @@ func (a *Agent) Run(ctx context.Context) error {
 		_ = mon.Run(ctx)
 	}()
 
+	// A GPU fault that calls for a restart waits here for the round
+	// watcher; one that drains the node cancels ctx.
+	gpuRestarts := make(chan *GPUFaultError, 1)
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		a.watchGPUs(ctx, cancel, gpuRestarts)
+	}()
+
 	bootstrap := ""
 	if j.nodeLocalKV {
 		bootstrap = "external"
 	}
-	a.log.Info("starting job", "run_id", runID, "nproc_per_node", cfg.NProcPerNode, "nnodes", nnodesAttr(cfg), "max_restarts", cfg.MaxRestarts,
+	a.log.Info("starting job", "run_id", runID, "nproc_per_node", cfg.NProcPerNode, "gpus", a.gpus.summary(), "nnodes", nnodesAttr(cfg), "max_restarts", cfg.MaxRestarts,
 		"command", cfg.Command(), "log_dir", logDirAttr(runDir, keep), "control_socket", srv.Path())
 
 	for attempt := 0; ; attempt++ {
@@ -203,13 +215,19 @@ func (a *Agent) Run(ctx context.Context) error {
 			ControlSocket: srv.Path(),
 			Bootstrap:     bootstrap,
 			AttemptDir:    filepath.Join(runDir, "attempt_"+strconv.Itoa(attempt)),
+			Place:         a.place(),
 			Streams:       a.streams(keep),
 			Stdout:        a.stdout,
 			Stderr:        a.stderr,
 		}
+		select {
+		case f := <-gpuRestarts:
+			a.log.Warn("GPU fault while no workers ran: nothing to restart", "fault", f.Error())
+		default:
+		}
 		started := time.Now()
 		g := supervisor.New(spec, a.log)
-		a.setGroup(g) // before the first worker runs: it may dial the control socket at once
+		a.setGroup(g, r.RankOffset) // before the first worker runs: it may dial the control socket at once
 		if err := g.Start(); err != nil {
 			r.Stop()
 			return fmt.Errorf("attempt %d: %w", attempt, err)
@@ -225,6 +243,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			select {
 			case <-r.Done():
 				endRound(&errRoundEnded{reason: r.Reason()})
+			case f := <-gpuRestarts:
+				endRound(f)
 			case <-rctx.Done():
 			}
 		}()
@@ -242,28 +262,33 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		var failed *supervisor.WorkerExitError
 		var ended *errRoundEnded
+		var gpuFault *GPUFaultError
 		switch {
 		case errors.As(err, &failed):
 			mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
-			abort(fmt.Sprintf("worker rank %d failed", failed.Rank))
-			// Tell the other nodes first: their workers are stuck on this
-			// node's dead ones until their agents restart them.
-			ferr := j.rz.Fail(ctx, r, failed.Error())
-			r.Stop()
-			g.Stop(syscall.SIGTERM, cfg.StopTimeout)
-			a.dropGeneration(srv, srvCtx, events, gen)
-			a.report(failed, r.Restarts, time.Since(started), g.PIDs(), mon)
-			var jf *rdzv.JobFailedError
-			if errors.As(ferr, &jf) {
+			noneLeft, err := a.failAttempt(ctx, j.rz, r, g, failed.Error(), func() {
+				a.dropGeneration(srv, srvCtx, events, gen)
+				a.report(failed, r.Restarts, time.Since(started), g.PIDs(), mon)
+			}, abort)
+			if noneLeft {
 				return &JobFailedError{Attempts: attempt + 1, Cause: failed}
 			}
-			if ferr != nil {
-				a.log.Error("tell the rendezvous about the failure", "err", ferr)
+			if err != nil {
+				return err
 			}
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
+		case errors.As(context.Cause(rctx), &gpuFault) && ctx.Err() == nil:
+			f := gpuFault.Findings[0]
+			a.log.Error("GPU fault: restarting the job's workers", "gpu", f.GPU, "uuid", f.UUID, "ranks", f.Ranks,
+				"kind", string(f.Kind), "xid", f.XID, "finding", f.Message, "count", f.Count)
+			noneLeft, err := a.failAttempt(ctx, j.rz, r, g, gpuFault.Error(), func() {
+				a.dropGeneration(srv, srvCtx, events, gen)
+			}, abort)
+			if noneLeft {
+				return &JobFailedError{Attempts: attempt + 1, Reason: gpuFault.Error()}
 			}
-			a.log.Warn("restarting worker group", "restarts", r.Restarts+1, "max_restarts", cfg.MaxRestarts)
+			if err != nil {
+				return err
+			}
 		case errors.As(context.Cause(rctx), &ended) && ctx.Err() == nil:
 			a.log.Warn("stopping workers: the job is moving to a new generation", "generation", gen, "reason", ended.reason)
 			abort("job moving to a new generation: " + ended.reason)
@@ -281,6 +306,31 @@ func (a *Agent) Run(ctx context.Context) error {
 			return cause
 		}
 	}
+}
+
+// failAttempt handles a fault of this node's attempt: it aborts the
+// workers' communicators, tells the rendezvous first (the other nodes'
+// workers are stuck on this node's until their agents restart them), stops
+// the workers and runs after. noneLeft: the job has no restarts left; err:
+// ctx ended meanwhile.
+func (a *Agent) failAttempt(ctx context.Context, rz rendezvous, r *rdzv.Round, g *supervisor.Group, reason string, after func(), abort func(string)) (noneLeft bool, err error) {
+	abort(reason)
+	ferr := rz.Fail(ctx, r, reason)
+	r.Stop()
+	g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
+	after()
+	var jf *rdzv.JobFailedError
+	if errors.As(ferr, &jf) {
+		return true, nil
+	}
+	if ferr != nil {
+		a.log.Error("tell the rendezvous about the failure", "err", ferr)
+	}
+	if ctx.Err() != nil {
+		return false, context.Cause(ctx)
+	}
+	a.log.Warn("restarting worker group", "restarts", r.Restarts+1, "max_restarts", a.cfg.MaxRestarts)
+	return false, nil
 }
 
 // dropGeneration logs the generation's collective events and deletes its
@@ -302,10 +352,18 @@ func nnodesAttr(cfg *launch.Config) string {
 	return fmt.Sprintf("%d:%d", cfg.NNodesMin, cfg.NNodesMax)
 }
 
-func (a *Agent) setGroup(g *supervisor.Group) {
+func (a *Agent) setGroup(g *supervisor.Group, rankOffset int) {
 	a.mu.Lock()
-	a.group = g
+	a.group, a.rankOffset = g, rankOffset
 	a.mu.Unlock()
+}
+
+// place is the supervisor's Spec.Place: nil on a CPU-only node.
+func (a *Agent) place() func(int) supervisor.Placement {
+	if a.gpus == nil || a.gpus.Plan == nil {
+		return nil
+	}
+	return a.gpus.place
 }
 
 // authorize admits a control-socket peer only if it is a worker of the

@@ -129,7 +129,7 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 	prefix := rdzv.Prefix(rc.Prefix, runID)
 	e, err := rdzv.Open(ctx, cli, rdzv.Config{
 		JobID: runID, Prefix: prefix, Hosted: srv != nil, Endpoint: strings.Join(endpoints, ","),
-		Host: host, Addr: addr, NProc: cfg.NProcPerNode,
+		Host: host, Addr: addr, NProc: cfg.NProcPerNode, GPUs: a.nodeGPUs(),
 		NNodesMin: cfg.NNodesMin, NNodesMax: cfg.NNodesMax, MaxRestarts: cfg.MaxRestarts, Token: cfg.RdzvToken,
 		JoinTimeout: rc.JoinTimeout, LastCall: rc.LastCall, TTL: rc.TTL(), MasterPort: cfg.MasterPort,
 		Logger: a.log,

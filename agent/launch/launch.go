@@ -88,10 +88,13 @@ func parseStd(v string) (StdSpec, error) {
 type Config struct {
 	NProcPerNode int    // workers on this node
 	NProcSpec    string // as given: a number, auto, cpu or gpu
-	NNodesMin    int
-	NNodesMax    int
-	NodeRank     int
-	Standalone   bool
+	// NUMABinding is --numa-binding: none, node or exclusive; "" when not
+	// given, which means node on a node with NVML and none without.
+	NUMABinding string
+	NNodesMin   int
+	NNodesMax   int
+	NodeRank    int
+	Standalone  bool
 
 	RdzvBackend  string
 	RdzvEndpoint string
@@ -174,6 +177,7 @@ type flagSpec struct {
 
 var flagSpecs = []flagSpec{
 	{name: "nproc-per-node", def: "1", help: "workers per node: a number, auto (one per GPU, else one per CPU), cpu, or gpu"},
+	{name: "numa-binding", help: "bind each worker to the CPUs and memory of its GPU's NUMA node: none, node (the node's CPUs, memory preferred there), or exclusive (a disjoint share of the node's cores, memory bound there); default node when NVML finds GPUs, none otherwise"},
 	{name: "nnodes", def: "1", help: "number of nodes, or MIN:MAX for an elastic job"},
 	{name: "node-rank", def: "0", help: "rank of this node (static rendezvous only)"},
 	{name: "standalone", bool: true, help: "single-node job: this agent hosts its own rendezvous store on a free loopback port"},
@@ -348,6 +352,11 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	c.NProcSpec = r["nproc-per-node"]
 	if c.NProcPerNode, err = resolveNProc(c.NProcSpec, host); err != nil {
 		return err
+	}
+	switch c.NUMABinding = r["numa-binding"]; c.NUMABinding {
+	case "", "none", "node", "exclusive":
+	default:
+		return usagef("--numa-binding %q is not one of none, node, exclusive", c.NUMABinding)
 	}
 	if c.MaxRestarts, err = r.int("max-restarts", 0); err != nil {
 		return err

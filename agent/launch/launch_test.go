@@ -125,6 +125,16 @@ func TestParseTorchrunLines(t *testing.T) {
 			},
 		},
 		{
+			name: "numa binding",
+			args: "--numa_binding exclusive train.py",
+			check: func(c *Config) string {
+				if c.NUMABinding != "exclusive" {
+					return "numa binding exclusive"
+				}
+				return ""
+			},
+		},
+		{
 			name: "durations",
 			args: "--monitor-interval 0.5 --stop-timeout 3 train.py",
 			check: func(c *Config) string {
@@ -220,6 +230,7 @@ func TestParseErrors(t *testing.T) {
 		{"bool with value", "--standalone=true train.py", "takes no value"},
 		{"bad backend", "--rdzv-backend zk train.py", "--rdzv-backend"},
 		{"bad log level", "--log-level loud train.py", "--log-level"},
+		{"bad numa binding", "--numa-binding socket train.py", "--numa-binding \"socket\" is not one of none, node, exclusive"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -34,6 +34,7 @@ type Config struct {
 	Host  string // hostname, for people
 	Addr  string // address other nodes reach this one at
 	NProc int
+	GPUs  *NodeGPUs // published in the node entry; nil without NVML
 
 	NNodesMin, NNodesMax int
 	MaxRestarts          int
@@ -310,7 +311,7 @@ func (e *Etcd) putNode(ctx context.Context, st NodeState, reason string) error {
 
 func (e *Etcd) putNodeOn(ctx context.Context, lease clientv3.LeaseID, st NodeState, reason string) error {
 	info := NodeInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, PID: os.Getpid(), NProc: e.cfg.NProc,
-		Lease: int64(lease), Probe: e.probe.Addr().String(), State: st, Reason: reason, Started: time.Now()}
+		Lease: int64(lease), Probe: e.probe.Addr().String(), State: st, Reason: reason, Started: time.Now(), GPUs: e.cfg.GPUs}
 	_, err := e.cli.Put(ctx, e.key(nodesDir+e.node), encode(info), clientv3.WithLease(lease))
 	if err != nil {
 		return fmt.Errorf("rendezvous store at %s: register node: %w", e.cfg.Endpoint, err)

@@ -171,6 +171,26 @@ type NodeInfo struct {
 	State   NodeState `json:"state"`
 	Reason  string    `json:"reason,omitempty"` // for NodeLeft
 	Started time.Time `json:"started"`
+	// GPUs is what the agent found of its GPUs and where it placed its
+	// workers; nil on a node without NVML.
+	GPUs *NodeGPUs `json:"gpus,omitempty"`
+}
+
+// NodeGPUs is one node's GPUs and its workers' placement, for status.
+type NodeGPUs struct {
+	Summary string      `json:"summary"`      // nvml.Topology.Summary
+	Binding string      `json:"numa_binding"` // none, node, exclusive
+	Ring    []int       `json:"ring"`         // NVML indexes in CUDA device order
+	Workers []WorkerGPU `json:"workers"`      // by local rank
+}
+
+// WorkerGPU is where one local rank runs.
+type WorkerGPU struct {
+	LocalRank int    `json:"local_rank"`
+	GPU       int    `json:"gpu"` // NVML index, -1: none
+	UUID      string `json:"uuid,omitempty"`
+	CPUs      string `json:"cpus,omitempty"` // bound CPUs, "" when not bound
+	MemNode   int    `json:"mem_node"`       // NUMA node of its memory policy, -1: none
 }
 
 // JoinInfo is a node's request to join one round.

@@ -56,7 +56,9 @@ const (
 //	             member     its Member in state.members, if any (group_rank,
 //	                        rank_offset, nproc, host, addr)
 //	             entry      its NodeInfo (nodes/<node>), if its agent is
-//	                        registered (pid, host, addr, state, reason, ...)
+//	                        registered (pid, host, addr, state, reason,
+//	                        gpus: NodeGPUs, its GPUs and its workers'
+//	                        placement, absent on a node without NVML, ...)
 //	             join       its JoinInfo in the open round, if it joined
 //	             malformed  why its node entry did not parse
 //	malformed  every value that did not parse: [{"key", "error"}]

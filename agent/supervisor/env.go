@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -14,7 +16,7 @@ type Worker struct {
 // workerEnv is the environment of one worker: base (the agent's own
 // environment) with torchrun's variables and ddp-agent's added on top, so a
 // script written for torchrun runs unchanged.
-func workerEnv(base []string, s *Spec, w Worker, errorFile string) []string {
+func workerEnv(base []string, s *Spec, w Worker, errorFile string, placed map[string]string) []string {
 	set := map[string]string{
 		"LOCAL_RANK":                 strconv.Itoa(w.LocalRank),
 		"RANK":                       strconv.Itoa(w.Rank),
@@ -60,11 +62,18 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile string) []string {
 		delete(set, "DDP_AGENT_BOOTSTRAP")
 	}
 
-	env := make([]string, 0, len(base)+len(set))
+	env := make([]string, 0, len(base)+len(placed)+len(set))
 	for _, kv := range base {
 		k, _, _ := strings.Cut(kv, "=")
-		if _, ours := set[k]; !ours {
+		_, ours := set[k]
+		_, isPlaced := placed[k]
+		if !ours && !isPlaced {
 			env = append(env, kv)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(placed)) {
+		if _, ours := set[k]; !ours {
+			env = append(env, k+"="+placed[k])
 		}
 	}
 	for _, k := range envOrder {

@@ -22,9 +22,10 @@ func TestWorkerEnv(t *testing.T) {
 	spec := &Spec{NProc: 4, RankOffset: 4, WorldSize: 8, NodeRank: 1, NNodes: 2, MasterAddr: "10.0.0.1", MasterPort: 29500,
 		RunID: "job1", Role: "trainer", RestartCount: 2, MaxRestarts: 3, Generation: 7, ControlSocket: "/run/ddp/control.sock"}
 	tests := []struct {
-		name string
-		base []string
-		want map[string]string
+		name   string
+		base   []string
+		placed map[string]string
+		want   map[string]string
 	}{
 		{
 			name: "torchrun variables",
@@ -43,10 +44,19 @@ func TestWorkerEnv(t *testing.T) {
 			base: []string{"OMP_NUM_THREADS=8", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0"},
 			want: map[string]string{"OMP_NUM_THREADS": "8", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "NCCL_ASYNC_ERROR_HANDLING": "1"},
 		},
+		{
+			// The placement is computed from the agent's own
+			// CUDA_VISIBLE_DEVICES, so it replaces it; torchrun's variables
+			// cannot be overridden by it.
+			name:   "placement over the agent's environment",
+			base:   []string{"CUDA_VISIBLE_DEVICES=3,1", "PATH=/bin"},
+			placed: map[string]string{"CUDA_VISIBLE_DEVICES": "1,3", "DDP_AGENT_GPU": "GPU-1", "RANK": "0"},
+			want:   map[string]string{"CUDA_VISIBLE_DEVICES": "1,3", "DDP_AGENT_GPU": "GPU-1", "RANK": "6", "PATH": "/bin"},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := envMap(workerEnv(tc.base, spec, Worker{LocalRank: 2, Rank: 6}, "/tmp/e.json"))
+			got := envMap(workerEnv(tc.base, spec, Worker{LocalRank: 2, Rank: 6}, "/tmp/e.json", tc.placed))
 			for k, v := range tc.want {
 				if got[k] != v {
 					t.Errorf("%s: got %q, want %q", k, got[k], v)
@@ -57,7 +67,7 @@ func TestWorkerEnv(t *testing.T) {
 }
 
 func TestWorkerEnvSingleProcNoOMP(t *testing.T) {
-	got := envMap(workerEnv(nil, &Spec{NProc: 1, WorldSize: 1}, Worker{}, "e"))
+	got := envMap(workerEnv(nil, &Spec{NProc: 1, WorldSize: 1}, Worker{}, "e", nil))
 	if _, ok := got["OMP_NUM_THREADS"]; ok {
 		t.Error("OMP_NUM_THREADS set for a single worker; torchrun leaves it alone")
 	}

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -69,12 +70,27 @@ type Spec struct {
 	// communicators must bootstrap through torch's store.
 	Bootstrap string
 
+	// Place, when set, says where each local rank runs: an argv prefix
+	// that binds it (ddp-agent's NUMA binding trampoline) and variables
+	// that name its GPUs. Nil: every worker runs Argv as it is.
+	Place func(localRank int) Placement
+
 	// AttemptDir holds <local_rank>/error.json (TORCHELASTIC_ERROR_FILE) and,
 	// when Streams asks for it, <local_rank>/stdout.log and stderr.log.
 	AttemptDir string
 	Streams    func(localRank int) Streams
 	Stdout     *Console
 	Stderr     *Console
+}
+
+// Placement is where one worker runs.
+type Placement struct {
+	// Prefix goes before Argv: a command that sets the worker's CPU and
+	// memory binding and then execs the rest.
+	Prefix []string
+	// Env is added to the worker's environment, over the agent's own
+	// (CUDA_VISIBLE_DEVICES, ...), under torchrun's variables.
+	Env map[string]string
 }
 
 // WorkerExitError is a worker that exited with a non-zero code or was
@@ -210,8 +226,26 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 		outW.Close()
 		return nil, fmt.Errorf("stderr pipe: %w", err)
 	}
-	cmd := exec.Command(spec.Argv[0], spec.Argv[1:]...)
-	cmd.Env = workerEnv(spec.BaseEnv, spec, id, w.errorFile)
+	var place Placement
+	if spec.Place != nil {
+		place = spec.Place(id.LocalRank)
+	}
+	argv := spec.Argv
+	if len(place.Prefix) > 0 {
+		// The prefix execs the command later, in the child: a command that
+		// does not exist must still fail here, as it does without one.
+		if _, err := exec.LookPath(argv[0]); err != nil {
+			w.closeFiles()
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return nil, err
+		}
+		argv = append(slices.Clone(place.Prefix), argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = workerEnv(spec.BaseEnv, spec, id, w.errorFile, place.Env)
 	cmd.Stdout, cmd.Stderr = outW, errW
 	// Pdeathsig fires when the thread that forked the child exits; the Go
 	// runtime only ends threads whose goroutine locked them and exited, and

@@ -95,6 +95,8 @@ func helper(mode string) {
 	case "errorfile":
 		os.WriteFile(os.Getenv("TORCHELASTIC_ERROR_FILE"), []byte(`{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback:\n  line 1", "timestamp": "1700000000"}}}`), 0o644)
 		os.Exit(1)
+	case "printenv": // printenv:NAME
+		fmt.Printf("%s=%s args=%q\n", arg, os.Getenv(arg), os.Args[1:])
 	case "selfkill":
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
@@ -402,6 +404,31 @@ func TestStartFailure(t *testing.T) {
 	spec.Argv = []string{filepath.Join(t.TempDir(), "no-such-program")}
 	if err := New(spec, quiet()).Start(); err == nil || !strings.Contains(err.Error(), "local rank 0") {
 		t.Errorf("Start: got %v, want an error naming local rank 0", err)
+	}
+}
+
+// TestPlace: each worker runs behind its prefix (here env(1), which sets a
+// variable and execs the rest, as the NUMA trampoline does) with its own
+// variables; a missing program still fails Start with a prefix.
+func TestPlace(t *testing.T) {
+	spec, out, _ := testSpec(t, "printenv:WHERE", 2, consoleOnly)
+	spec.Place = func(lr int) Placement {
+		return Placement{Prefix: []string{"env", fmt.Sprintf("PREFIXED=%d", lr)}, Env: map[string]string{"WHERE": fmt.Sprintf("gpu%d", lr)}}
+	}
+	spec.Argv = []string{os.Args[0], "x"}
+	g := start(t, spec)
+	if err := g.Wait(context.Background()); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	for lr := range 2 {
+		if want := fmt.Sprintf("[rank%d]:WHERE=gpu%d args=[\"x\"]\n", lr, lr); !strings.Contains(out.String(), want) {
+			t.Errorf("stdout: got %q, want a line %q", out.String(), want)
+		}
+	}
+
+	spec.Argv = []string{filepath.Join(t.TempDir(), "no-such-program")}
+	if err := New(spec, quiet()).Start(); err == nil || !strings.Contains(err.Error(), "no-such-program") {
+		t.Errorf("Start with a prefix and a missing program: got %v, want an error naming it", err)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
@@ -50,6 +51,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runStatus(args[1:], stdout, stderr)
 	case "topo":
 		return runTopo(args[1:], stdout, stderr)
+	case bindCommand:
+		// The NUMA binding trampoline between the agent and a worker: it
+		// returns only when it cannot bind or exec.
+		err := placement.Exec(args[1:])
+		fmt.Fprintf(stderr, "ddp-agent %s: %v\n", bindCommand, err)
+		return 127
 	case "version", "--version":
 		fmt.Fprintf(stdout, "ddp-agent %s (%s, %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0
@@ -83,7 +90,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func runAgent(args []string, stdout, stderr io.Writer) int {
-	cfg, err := launch.Parse(args, os.Getenv, launch.Host{CPUs: runtime.NumCPU(), GPUs: visibleGPUs})
+	node := discoverGPUs(context.Background(), os.Getenv)
+	defer node.close()
+	if node.err != nil {
+		fmt.Fprintf(stderr, "ddp-agent run: %v\n", node.err)
+		return 2
+	}
+	cfg, err := launch.Parse(args, os.Getenv, launch.Host{CPUs: runtime.NumCPU(), GPUs: node.visibleGPUs})
 	if errors.Is(err, launch.ErrHelp) {
 		fmt.Fprint(stdout, launch.Usage())
 		return 0
@@ -95,6 +108,11 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by Parse
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("component", "ddp-agent")
+	gpus, err := node.place(cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "ddp-agent run: %v\n", err)
+		return 2
+	}
 
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -121,15 +139,20 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	}()
 
 	a := agent.New(cfg, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
+	a.SetGPUs(gpus)
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError
 	var failed *agent.JobFailedError
+	var gpuFault *agent.GPUFaultError
 	switch {
 	case err == nil:
 		return 0
 	case errors.As(err, &sigErr):
 		log.Info("agent stopped by signal", "signal", sigErr.Signal.String())
 		return 128 + int(sigErr.Signal)
+	case errors.As(err, &gpuFault):
+		log.Error("node drained", "err", err)
+		return exitDrained
 	case errors.As(err, &failed):
 		log.Error("job failed", "err", err)
 		return 1
@@ -139,26 +162,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-// visibleGPUs counts the NVIDIA GPUs the workers can see: the kernel
-// driver's entries, narrowed by CUDA_VISIBLE_DEVICES when it is set. NVML
-// discovery replaces this once the nvml package lands.
-func visibleGPUs() (int, error) {
-	entries, err := os.ReadDir("/proc/driver/nvidia/gpus")
-	if err != nil {
-		return 0, fmt.Errorf("no NVIDIA driver: %w", err)
-	}
-	n := len(entries)
-	if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
-		visible := 0
-		for _, d := range strings.Split(v, ",") {
-			if strings.TrimSpace(d) != "" {
-				visible++
-			}
-		}
-		n = min(n, visible)
-	}
-	return n, nil
-}
+// exitDrained is the exit code when a GPU fault made this node leave the
+// job: the node needs attention before it runs another one.
+const exitDrained = 3
 
 // workerBaseEnv is the agent's environment plus DDP_AGENT_SHIM, the
 // libddpshim.so next to the ddp-agent executable (as make build lays them

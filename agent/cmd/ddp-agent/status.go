@@ -333,6 +333,30 @@ func renderStatus(w io.Writer, st *rdzv.Status, where string, now time.Time) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", rank, n.Node, dash(n.Host()), dash(n.Addr()), col5, pid, state)
 	}
 	tw.Flush()
+	renderGPUs(w, st)
+}
+
+// renderGPUs lists what each node's agent found of its GPUs and how it
+// placed its workers; the per-worker details are in --json.
+func renderGPUs(w io.Writer, st *rdzv.Status) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	any := false
+	for _, n := range st.Nodes {
+		if n.Entry == nil || n.Entry.GPUs == nil {
+			continue
+		}
+		if !any {
+			fmt.Fprintln(w, "\nGPUS")
+			any = true
+		}
+		g := n.Entry.GPUs
+		ring := make([]string, len(g.Ring))
+		for i, r := range g.Ring {
+			ring[i] = strconv.Itoa(r)
+		}
+		fmt.Fprintf(tw, "%s\t%s\tCUDA order %s\tNUMA binding %s\n", n.Node, g.Summary, dash(strings.Join(ring, ",")), dash(g.Binding))
+	}
+	tw.Flush()
 }
 
 // renderJobList writes the jobs of a store that holds several.

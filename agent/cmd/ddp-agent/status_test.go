@@ -369,6 +369,8 @@ func TestRenderStatus(t *testing.T) {
 			{Node: "vm4-99-aaaaaa", Role: rdzv.RoleLeft, Entry: entry("vm4-99-aaaaaa", "vm4", "10.0.0.4", 99, rdzv.NodeLeft, "stopped by SIGTERM")},
 		},
 	}
+	st.Nodes[0].Entry.GPUs = &rdzv.NodeGPUs{Summary: "2× NVIDIA A40, PCIe only, up to PIX, driver 535.183.01, CUDA 12.2", Binding: "node", Ring: []int{1, 0}}
+	st.Nodes[2].Entry.GPUs = &rdzv.NodeGPUs{Summary: "2× NVIDIA H100 80GB HBM3, NVLink between all pairs (NV18 or more)", Binding: "exclusive", Ring: []int{0, 1}}
 	var b strings.Builder
 	renderStatus(&b, st, "127.0.0.1:29400", now)
 	want := `job t1 (store 127.0.0.1:29400)   generation 3   running since 10:15:03 (2m10s)
@@ -380,6 +382,10 @@ GROUP RANK  NODE            HOST  ADDR      RANKS  PID   STATE
 1           vm2-77-00aa11   vm2   10.0.0.2  2-3    -     lost
 2           vm3-12-ffee01   vm3   10.0.0.3  4-5    12    running
 -           vm4-99-aaaaaa   vm4   10.0.0.4  -      99    left: stopped by SIGTERM
+
+GPUS
+vm-1450-2b43cd  2× NVIDIA A40, PCIe only, up to PIX, driver 535.183.01, CUDA 12.2  CUDA order 1,0  NUMA binding node
+vm3-12-ffee01   2× NVIDIA H100 80GB HBM3, NVLink between all pairs (NV18 or more)  CUDA order 0,1  NUMA binding exclusive
 `
 	if b.String() != want {
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)

@@ -1,0 +1,197 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/ddp-agent/ddp-agent/agent/placement"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/nvml"
+)
+
+// GPUs is what the agent uses of this node's GPUs. An agent without one
+// (SetGPUs never called, or nil) runs a CPU-only node: no placement, no
+// binding, no health watch.
+type GPUs struct {
+	Topology *nvml.Topology
+	Plan     *placement.Plan
+	Binding  placement.Mode
+	// Bind is the executable whose "__bind" command binds a worker and
+	// execs it (ddp-agent itself).
+	Bind string
+	// NVML, when set, is watched for GPU faults; the caller initialized it
+	// and shuts it down after Run. Nil with a saved topology
+	// (DDP_AGENT_TOPOLOGY): nothing to watch.
+	NVML          gonvml.Interface
+	HealthOptions []nvml.HealthOption
+}
+
+// SetGPUs gives the agent this node's GPUs; call it before Run.
+func (a *Agent) SetGPUs(g *GPUs) { a.gpus = g }
+
+// GPUFaultError is a GPU health finding that stops this node's workers:
+// ActionRestartWorkers restarts the job (a fault, counted against
+// --max-restarts); ActionResetGPU and ActionDrainNode make the node leave
+// the job and the agent exit non-zero, so the scheduler replaces it.
+type GPUFaultError struct {
+	Action   nvml.HealthAction
+	Findings []nvml.HealthFinding // those that call for Action or less, most severe first
+}
+
+func (e *GPUFaultError) Error() string {
+	f := e.Findings[0]
+	var b strings.Builder
+	fmt.Fprintf(&b, "GPU %d (%s): %s", f.GPU, f.UUID, f.Message)
+	if f.Count > 1 {
+		fmt.Fprintf(&b, " (%d times)", f.Count)
+	}
+	if len(f.Ranks) > 0 {
+		fmt.Fprintf(&b, ", ranks %s", joinInts(f.Ranks))
+	}
+	if n := len(e.Findings) - 1; n > 0 {
+		fmt.Fprintf(&b, ", and %d more finding(s)", n)
+	}
+	switch e.Action {
+	case nvml.ActionResetGPU:
+		fmt.Fprintf(&b, ": the GPU needs a reset (nvidia-smi -r -i %d) or the node a reboot; this node leaves the job", f.GPU)
+	case nvml.ActionDrainNode:
+		b.WriteString(": this node must be drained; it leaves the job")
+	default:
+		b.WriteString(": restarting the workers")
+	}
+	return b.String()
+}
+
+// Drains reports whether the fault makes the node leave the job.
+func (e *GPUFaultError) Drains() bool { return e.Action >= nvml.ActionResetGPU }
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// place is the supervisor's Spec.Place for the agent's plan.
+func (g *GPUs) place(lr int) supervisor.Placement {
+	if g == nil || g.Plan == nil || lr >= len(g.Plan.Workers) {
+		return supervisor.Placement{}
+	}
+	var p supervisor.Placement
+	if args := g.Plan.Workers[lr].Args(); len(args) > 0 {
+		p.Prefix = append([]string{g.Bind}, args...)
+	}
+	p.Env = g.Plan.Env(lr)
+	return p
+}
+
+// nodeGPUs is what the node entry in the rendezvous store says of the GPUs.
+func (a *Agent) nodeGPUs() *rdzv.NodeGPUs {
+	g := a.gpus
+	if g == nil || g.Topology == nil || g.Plan == nil {
+		return nil
+	}
+	n := &rdzv.NodeGPUs{Summary: g.Topology.Summary(), Binding: string(g.Binding), Ring: slices.Clone(g.Plan.Ring)}
+	for _, w := range g.Plan.Workers {
+		n.Workers = append(n.Workers, rdzv.WorkerGPU{LocalRank: w.LocalRank, GPU: w.GPU, UUID: w.UUID, CPUs: w.CPUs.String(), MemNode: w.MemNode})
+	}
+	return n
+}
+
+// ranksOn names the global ranks of the current attempt's workers on GPU
+// gpu (an NVML index); nil between attempts. The health watcher calls it
+// from its own goroutines.
+func (a *Agent) ranksOn(gpu int) []int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.group == nil || a.gpus == nil || a.gpus.Plan == nil {
+		return nil
+	}
+	var ranks []int
+	for _, w := range a.gpus.Plan.Workers {
+		if w.GPU == gpu {
+			ranks = append(ranks, a.rankOffset+w.LocalRank)
+		}
+	}
+	return ranks
+}
+
+// watchGPUs runs the health watcher until ctx is done. Findings that call
+// for a restart go to restarts (the newest one waits there while the
+// agent is busy); a drain or reset cancels the agent with a
+// *GPUFaultError. It returns at once without NVML.
+func (a *Agent) watchGPUs(ctx context.Context, cancel context.CancelCauseFunc, restarts chan<- *GPUFaultError) {
+	g := a.gpus
+	if g == nil || g.NVML == nil || g.Plan == nil || len(g.Plan.Ring) == 0 {
+		return
+	}
+	devs := make([]nvml.HealthDevice, 0, len(g.Plan.Ring))
+	for _, i := range g.Plan.Ring {
+		devs = append(devs, nvml.HealthDevice{Index: i, UUID: g.Topology.GPUs[i].UUID})
+	}
+	opts := append([]nvml.HealthOption{nvml.WithHealthLogger(a.log.With("component", "gpu-health")), nvml.WithHealthRanks(a.ranksOn)}, g.HealthOptions...)
+	w := nvml.NewHealthWatcher(g.NVML, devs, opts...)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(ctx)
+	}()
+	defer func() { <-done }()
+	for {
+		findings, err := w.Next(ctx)
+		if err != nil {
+			return
+		}
+		action := nvml.HealthDecide(findings)
+		if action < nvml.ActionRestartWorkers {
+			continue // the watcher logged them
+		}
+		var serious []nvml.HealthFinding
+		for _, f := range findings {
+			switch {
+			case f.Action >= nvml.ActionResetGPU:
+				serious = append(serious, f) // the node is unhealthy, whoever uses the GPU
+			case f.Action == nvml.ActionRestartWorkers && len(f.Ranks) > 0:
+				serious = append(serious, f)
+			case f.Action == nvml.ActionRestartWorkers:
+				// An application fault of another process, or of workers
+				// already gone: nothing of this job to restart.
+				a.log.Warn(fmt.Sprintf("GPU %d (%s): %s; no worker of this job runs there, nothing to restart", f.GPU, f.UUID, f.Message))
+			}
+		}
+		if len(serious) == 0 {
+			continue
+		}
+		action = nvml.HealthDecide(serious)
+		slices.SortStableFunc(serious, func(x, y nvml.HealthFinding) int { return int(y.Action) - int(x.Action) })
+		fault := &GPUFaultError{Action: action, Findings: serious}
+		if fault.Drains() {
+			a.log.Error("GPU fault: this node leaves the job", "action", action.String(), "gpu", serious[0].GPU,
+				"uuid", serious[0].UUID, "ranks", serious[0].Ranks, "finding", serious[0].Message)
+			cancel(fault)
+			return
+		}
+		select {
+		case restarts <- fault:
+		default: // one is already waiting: it restarts the same workers
+		}
+	}
+}
+
+// summary is the GPUs and the placement in one line for the log.
+func (g *GPUs) summary() string {
+	if g == nil || g.Topology == nil {
+		return "none (CPU-only node)"
+	}
+	s := g.Topology.Summary()
+	if g.Plan != nil {
+		s += "; " + g.Plan.String()
+	}
+	return s
+}
