@@ -41,8 +41,8 @@ Legend:
 const pcieMatrix = "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n" +
 	"GPU0\t X \tPIX\tSYS\tSYS\t0-15,32-47\t0\t\tN/A\n" +
 	"GPU1\tPIX\t X \tSYS\tSYS\t0-15,32-47\t0\t\tN/A\n" +
-	"GPU2\tSYS\tSYS\t X \tPIX\t16-31,48-63\t1\t\tN/A\n" +
-	"GPU3\tSYS\tSYS\tPIX\t X \t16-31,48-63\t1\t\tN/A\n" +
+	"GPU2\tSYS\tSYS\t X \tPHB\t16-31,48-63\t1\t\tN/A\n" +
+	"GPU3\tSYS\tSYS\tPHB\t X \t16-31,48-63\t1\t\tN/A\n" +
 	legendGolden
 
 func matrix(t *testing.T, topo *Topology) string {
@@ -169,7 +169,7 @@ func TestDiscoverPCIeBox(t *testing.T) {
 		class string
 		read  P2PStatus
 	}{
-		{0, 0, "X", "X"}, {0, 1, "PIX", "OK"}, {1, 0, "PIX", "OK"}, {2, 3, "PIX", "OK"},
+		{0, 0, "X", "X"}, {0, 1, "PIX", "OK"}, {1, 0, "PIX", "OK"}, {2, 3, "PHB", "OK"}, {3, 2, "PHB", "OK"},
 		{0, 2, "SYS", "CNS"}, {0, 3, "SYS", "CNS"}, {1, 2, "SYS", "CNS"}, {3, 1, "SYS", "CNS"},
 	} {
 		l := topo.Links[tc.i][tc.j]
@@ -275,8 +275,8 @@ func TestDiscoverErrors(t *testing.T) {
 		want := "\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n" +
 			"GPU0\t X \tN/A\tSYS\tSYS\t0-15,32-47\t0\t\tN/A\n" +
 			"GPU1\tN/A\t X \tN/A\tN/A\tN/A\tN/A\t\tN/A\n" +
-			"GPU2\tSYS\tN/A\t X \tPIX\t16-31,48-63\t1\t\tN/A\n" +
-			"GPU3\tSYS\tN/A\tPIX\t X \t16-31,48-63\t1\t\tN/A\n" + legendGolden
+			"GPU2\tSYS\tN/A\t X \tPHB\t16-31,48-63\t1\t\tN/A\n" +
+			"GPU3\tSYS\tN/A\tPHB\t X \t16-31,48-63\t1\t\tN/A\n" + legendGolden
 		if got := matrix(t, topo); got != want {
 			t.Errorf("matrix:\ngot\n%s\nwant\n%s", got, want)
 		}

@@ -58,8 +58,10 @@ func TestPCIeBoxDiscover(t *testing.T) {
 			switch {
 			case i == j:
 				want = nvml.PathSelf
-			case i/2 == j/2:
+			case i/2 == j/2 && i < 2:
 				want = nvml.PathPIX
+			case i/2 == j/2:
+				want = nvml.PathPHB
 			}
 			if l.PCIe != want || l.NVLinks != 0 {
 				t.Errorf("GPU%d-GPU%d: %+v, want %s and no NVLink", i, j, l, want)

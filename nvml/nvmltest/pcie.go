@@ -16,8 +16,9 @@ type PCIeGPU struct {
 }
 
 // PCIeBox is a PCIe-only server with four A40s across two sockets: GPU0
-// and GPU1 behind one PCIe switch on socket 0 (NUMA node 0), GPU2 and GPU3
-// behind another on socket 1 (node 1). It is built from go-nvml's bare
+// and GPU1 behind one PCIe switch on socket 0 (NUMA node 0: PIX), GPU2
+// and GPU3 on two root ports of socket 1's host bridge (node 1: PHB), SYS
+// between the sockets. It is built from go-nvml's bare
 // mock.Interface and mock.Device, with only the calls discovery makes. Its
 // driver lacks nvmlDeviceGetMemoryAffinity, nvmlDeviceGetNumaNodeId and
 // nvmlDeviceGetNvLinkRemoteDeviceType, so NUMA nodes come from sysfs
@@ -64,8 +65,11 @@ func NewPCIeBox() *PCIeBox {
 			},
 			GetNvLinkStateFunc: func(int) (gonvml.EnableState, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED },
 			GetTopologyCommonAncestorFunc: func(other gonvml.Device) (gonvml.GpuTopologyLevel, gonvml.Return) {
-				if index(other)/2 == i/2 {
+				switch {
+				case index(other)/2 == i/2 && i < 2:
 					return gonvml.TOPOLOGY_SINGLE, gonvml.SUCCESS
+				case index(other)/2 == i/2:
+					return gonvml.TOPOLOGY_HOSTBRIDGE, gonvml.SUCCESS
 				}
 				return gonvml.TOPOLOGY_SYSTEM, gonvml.SUCCESS
 			},
