@@ -251,7 +251,9 @@ func (w *HealthWatcher) pollRetiredPages(g *healthGPU) {
 	}
 	pending := st == gonvml.FEATURE_ENABLED
 	if pending && !g.poll.pagesPending {
-		w.record(g, HealthKindMemory, 0, ActionResetGPU, "retired pages pending: reset the GPU to retire them")
+		// Pending repairs do not touch running work (as XID 63): a warning
+		// for the operator, not a reason to stop the job.
+		w.record(g, HealthKindMemory, 0, ActionIgnore, "retired pages pending: reset the GPU when the job ends to retire them")
 	}
 	g.poll.pagesPending = pending
 }
@@ -280,8 +282,8 @@ func (w *HealthWatcher) pollRemappedRows(g *healthGPU) {
 			fmt.Sprintf("row remapping failed (%d rows remapped for correctable, %d for uncorrectable errors): the GPU needs service", r.corr, r.unc))
 	}
 	if r.pending && !g.poll.remapPending {
-		w.record(g, HealthKindMemory, 0, ActionResetGPU,
-			fmt.Sprintf("row remapping pending (%d rows remapped for correctable, %d for uncorrectable errors): reset the GPU to apply it", r.corr, r.unc))
+		w.record(g, HealthKindMemory, 0, ActionIgnore,
+			fmt.Sprintf("row remapping pending (%d rows remapped for correctable, %d for uncorrectable errors): reset the GPU when the job ends to apply it", r.corr, r.unc))
 	}
 	g.poll.remapFailed, g.poll.remapPending = r.failure, r.pending
 }

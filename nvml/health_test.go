@@ -195,7 +195,7 @@ func TestHealthEventClasses(t *testing.T) {
 		{"xid 43 stopped processing", 2, xid, 43, HealthKindXID, ActionRestartWorkers},
 		{"xid 45 cleanup follows others", 2, xid, 45, HealthKindXID, ActionIgnore},
 		{"xid 48 double-bit ECC", 3, xid, 48, HealthKindXID, ActionResetGPU},
-		{"xid 63 remap pending", 3, xid, 63, HealthKindXID, ActionResetGPU},
+		{"xid 63 remap pending", 3, xid, 63, HealthKindXID, ActionIgnore},
 		{"xid 64 remap failure", 4, xid, 64, HealthKindXID, ActionDrainNode},
 		{"xid 74 NVLink", 5, xid, 74, HealthKindXID, ActionResetGPU},
 		{"xid 79 off the bus", 5, xid, 79, HealthKindXID, ActionDrainNode},
@@ -355,14 +355,14 @@ func TestHealthPeriodic(t *testing.T) {
 					return gonvml.FEATURE_ENABLED, gonvml.SUCCESS
 				}
 			},
-			wantKind: HealthKindMemory, wantAction: ActionResetGPU, wantText: "retired pages pending",
+			wantKind: HealthKindMemory, wantAction: ActionIgnore, wantText: "retired pages pending",
 		},
 		{
 			name: "row remapping pending",
 			setup: func(d *dgxa100.Device) {
 				d.GetRemappedRowsFunc = func() (int, int, bool, bool, gonvml.Return) { return 0, 1, true, false, gonvml.SUCCESS }
 			},
-			wantKind: HealthKindMemory, wantAction: ActionResetGPU, wantText: "row remapping pending",
+			wantKind: HealthKindMemory, wantAction: ActionIgnore, wantText: "row remapping pending",
 		},
 		{
 			name: "row remapping failed",
@@ -625,8 +625,8 @@ func TestHealthPollingOnly(t *testing.T) {
 			f.gpu(5).GetRemappedRowsFunc = func() (int, int, bool, bool, gonvml.Return) { return 0, 1, true, false, gonvml.SUCCESS }
 			w, stop := f.start(t)
 			got := await(t, w, time.Second, func(h HealthFinding) bool { return h.Kind == HealthKindMemory })
-			if got.GPU != 5 || got.Action != ActionResetGPU {
-				t.Errorf("finding %+v, want GPU 5 reset-gpu", got)
+			if got.GPU != 5 || got.Action != ActionIgnore || !strings.Contains(got.Message, "row remapping pending") {
+				t.Errorf("finding %+v, want GPU 5's pending row remapping", got)
 			}
 			if f.log.count("polling only") != 1 {
 				t.Errorf("want one 'polling only' line:\n%s", f.log.String())

@@ -182,11 +182,11 @@ var xidTable = map[uint64]XIDInfo{
 	// 63: a row (Ampere+) or page (older) was marked for remapping; it takes
 	// effect at the next GPU reset ("Row Remapper: New row marked for
 	// remapping, reset gpu to activate", [memerr], [dpr]). The catalog's
-	// IGNORE is because running applications are unaffected; the agent has
-	// no "reset when convenient", and a restart of the group is the
-	// convenient moment, so it asks for the reset. Override with
-	// WithHealthXIDActions(map[uint64]HealthAction{63: ActionIgnore}).
-	63: {Mnemonic: "INFOROM_DRAM_RETIREMENT_EVENT", Description: "GPU memory remapping event (pending until the GPU is reset)", NVIDIA: "IGNORE", Action: ActionResetGPU},
+	// IGNORE is because running applications are unaffected. The agent's
+	// answer to ActionResetGPU is to leave the job, which would stop a
+	// healthy job for a repair that can wait for its end, so the finding
+	// is a warning; a 48 that comes with it asks for the reset anyway.
+	63: {Mnemonic: "INFOROM_DRAM_RETIREMENT_EVENT", Description: "GPU memory remapping event (pending until the GPU is reset)", NVIDIA: "IGNORE", Action: ActionIgnore},
 	// 64: remapping (or page retirement) failed; a failure is an RMA
 	// condition ([memerr], "RMA Policy Thresholds for Row-Remapping"). The
 	// catalog's immediate RESET_GPU does not repair it (investigatory:

@@ -18,7 +18,7 @@ func TestXIDClassify(t *testing.T) {
 		{"43 GPU stopped processing", 43, ActionRestartWorkers},
 		{"45 preemptive cleanup", 45, ActionIgnore},
 		{"48 double-bit ECC", 48, ActionResetGPU},
-		{"63 row remapping pending", 63, ActionResetGPU},
+		{"63 row remapping pending", 63, ActionIgnore},
 		{"64 row remapping failure", 64, ActionDrainNode},
 		{"74 NVLink error", 74, ActionResetGPU},
 		{"79 fallen off the bus", 79, ActionDrainNode},
