@@ -127,7 +127,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			j.rz.Leave(reason)
 		}
 	}
-	defer leave("agent exiting")
+	defer func() {
+		reason := "agent exiting"
+		var gf *GPUFaultError
+		if errors.As(context.Cause(ctx), &gf) {
+			reason = "drained: " + gf.Error()
+		}
+		leave(reason)
+	}()
 
 	events := newEventTally()
 	srv, err := control.Listen(control.Config{JobID: runID, Authorize: a.authorize, OnEvents: events.add, Logger: a.log, KV: j.kv})
@@ -220,11 +227,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			Stdout:        a.stdout,
 			Stderr:        a.stderr,
 		}
-		select {
-		case f := <-gpuRestarts:
-			a.log.Warn("GPU fault while no workers ran: nothing to restart", "fault", f.Error())
-		default:
-		}
+		a.setGroup(nil, 0) // the last attempt's workers are gone: no ranks on the GPUs until the next start
 		started := time.Now()
 		g := supervisor.New(spec, a.log)
 		a.setGroup(g, r.RankOffset) // before the first worker runs: it may dial the control socket at once
@@ -240,12 +243,21 @@ func (a *Agent) Run(ctx context.Context) error {
 
 		rctx, endRound := context.WithCancelCause(ctx)
 		go func() {
-			select {
-			case <-r.Done():
-				endRound(&errRoundEnded{reason: r.Reason()})
-			case f := <-gpuRestarts:
-				endRound(f)
-			case <-rctx.Done():
+			for {
+				select {
+				case <-r.Done():
+					endRound(&errRoundEnded{reason: r.Reason()})
+				case f := <-gpuRestarts:
+					if f.before(started) {
+						// Stopping workers can itself raise XIDs (43 for a
+						// process killed in a kernel): the last attempt's.
+						a.log.Warn("GPU fault from before these workers started: ignored", "fault", f.Error())
+						continue
+					}
+					endRound(f)
+				case <-rctx.Done():
+				}
+				return
 			}
 		}()
 		err = g.Wait(rctx)
@@ -271,7 +283,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.report(failed, r.Restarts, time.Since(started), g.PIDs(), mon)
 			}, abort)
 			if noneLeft {
-				return &JobFailedError{Attempts: attempt + 1, Cause: failed}
+				return drainOr(ctx, &JobFailedError{Attempts: attempt + 1, Cause: failed})
 			}
 			if err != nil {
 				return err
@@ -280,11 +292,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			f := gpuFault.Findings[0]
 			a.log.Error("GPU fault: restarting the job's workers", "gpu", f.GPU, "uuid", f.UUID, "ranks", f.Ranks,
 				"kind", string(f.Kind), "xid", f.XID, "finding", f.Message, "count", f.Count)
-			noneLeft, err := a.failAttempt(ctx, j.rz, r, g, gpuFault.Error(), func() {
+			noneLeft, err := a.failAttempt(ctx, j.rz, r, g, gpuFault.finding(), func() {
 				a.dropGeneration(srv, srvCtx, events, gen)
 			}, abort)
 			if noneLeft {
-				return &JobFailedError{Attempts: attempt + 1, Reason: gpuFault.Error()}
+				return drainOr(ctx, &JobFailedError{Attempts: attempt + 1, Reason: gpuFault.finding()})
 			}
 			if err != nil {
 				return err
@@ -306,6 +318,18 @@ func (a *Agent) Run(ctx context.Context) error {
 			return cause
 		}
 	}
+}
+
+// drainOr returns the GPU fault that is draining this node, if one is,
+// rather than err: a GPU that fell off the bus also kills its worker, and
+// the node must exit as drained (code 3) even when the worker's failure
+// also used up the job's restarts.
+func drainOr(ctx context.Context, err error) error {
+	var gf *GPUFaultError
+	if errors.As(context.Cause(ctx), &gf) {
+		return gf
+	}
+	return err
 }
 
 // failAttempt handles a fault of this node's attempt: it aborts the

@@ -5,8 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
@@ -24,11 +23,10 @@ type GPUs struct {
 	// Bind is the executable whose "__bind" command binds a worker and
 	// execs it (ddp-agent itself).
 	Bind string
-	// NVML, when set, is watched for GPU faults; the caller initialized it
-	// and shuts it down after Run. Nil with a saved topology
-	// (DDP_AGENT_TOPOLOGY): nothing to watch.
-	NVML          gonvml.Interface
-	HealthOptions []nvml.HealthOption
+	// Watch, when set, makes the health watcher of the GPUs over the
+	// node's NVML (which the caller shuts down after Run). Nil with a saved
+	// topology (DDP_AGENT_TOPOLOGY): nothing to watch.
+	Watch func(devs []nvml.HealthDevice, opts ...nvml.HealthOption) *nvml.HealthWatcher
 }
 
 // SetGPUs gives the agent this node's GPUs; call it before Run.
@@ -44,6 +42,18 @@ type GPUFaultError struct {
 }
 
 func (e *GPUFaultError) Error() string {
+	switch e.Action {
+	case nvml.ActionResetGPU:
+		return fmt.Sprintf("%s: the GPU needs a reset (nvidia-smi -r -i %d) or the node a reboot; this node leaves the job", e.finding(), e.Findings[0].GPU)
+	case nvml.ActionDrainNode:
+		return e.finding() + ": this node must be drained; it leaves the job"
+	}
+	return e.finding() + ": restarting the workers"
+}
+
+// finding is the fault without what the agent does about it: "GPU 1
+// (GPU-...): Xid 31 ...: ranks 1".
+func (e *GPUFaultError) finding() string {
 	f := e.Findings[0]
 	var b strings.Builder
 	fmt.Fprintf(&b, "GPU %d (%s): %s", f.GPU, f.UUID, f.Message)
@@ -56,15 +66,17 @@ func (e *GPUFaultError) Error() string {
 	if n := len(e.Findings) - 1; n > 0 {
 		fmt.Fprintf(&b, ", and %d more finding(s)", n)
 	}
-	switch e.Action {
-	case nvml.ActionResetGPU:
-		fmt.Fprintf(&b, ": the GPU needs a reset (nvidia-smi -r -i %d) or the node a reboot; this node leaves the job", f.GPU)
-	case nvml.ActionDrainNode:
-		b.WriteString(": this node must be drained; it leaves the job")
-	default:
-		b.WriteString(": restarting the workers")
-	}
 	return b.String()
+}
+
+// before reports whether every finding of the fault was last seen before t.
+func (e *GPUFaultError) before(t time.Time) bool {
+	for _, f := range e.Findings {
+		if !f.Last.Before(t) {
+			return false
+		}
+	}
+	return true
 }
 
 // Drains reports whether the fault makes the node leave the job.
@@ -105,7 +117,8 @@ func (a *Agent) nodeGPUs() *rdzv.NodeGPUs {
 }
 
 // ranksOn names the global ranks of the current attempt's workers on GPU
-// gpu (an NVML index); nil between attempts. The health watcher calls it
+// gpu (an NVML index); nil between attempts (once the last attempt's
+// workers are stopped, until the next one starts). The health watcher calls it
 // from its own goroutines.
 func (a *Agent) ranksOn(gpu int) []int {
 	a.mu.Lock()
@@ -128,15 +141,14 @@ func (a *Agent) ranksOn(gpu int) []int {
 // *GPUFaultError. It returns at once without NVML.
 func (a *Agent) watchGPUs(ctx context.Context, cancel context.CancelCauseFunc, restarts chan<- *GPUFaultError) {
 	g := a.gpus
-	if g == nil || g.NVML == nil || g.Plan == nil || len(g.Plan.Ring) == 0 {
+	if g == nil || g.Watch == nil || g.Plan == nil || len(g.Plan.Ring) == 0 {
 		return
 	}
 	devs := make([]nvml.HealthDevice, 0, len(g.Plan.Ring))
 	for _, i := range g.Plan.Ring {
 		devs = append(devs, nvml.HealthDevice{Index: i, UUID: g.Topology.GPUs[i].UUID})
 	}
-	opts := append([]nvml.HealthOption{nvml.WithHealthLogger(a.log.With("component", "gpu-health")), nvml.WithHealthRanks(a.ranksOn)}, g.HealthOptions...)
-	w := nvml.NewHealthWatcher(g.NVML, devs, opts...)
+	w := g.Watch(devs, nvml.WithHealthLogger(a.log.With("component", "gpu-health")), nvml.WithHealthRanks(a.ranksOn))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -162,7 +174,8 @@ func (a *Agent) watchGPUs(ctx context.Context, cancel context.CancelCauseFunc, r
 			case f.Action == nvml.ActionRestartWorkers:
 				// An application fault of another process, or of workers
 				// already gone: nothing of this job to restart.
-				a.log.Warn(fmt.Sprintf("GPU %d (%s): %s; no worker of this job runs there, nothing to restart", f.GPU, f.UUID, f.Message))
+				a.log.Warn("GPU fault on a GPU without workers of this job: nothing to restart",
+					"gpu", f.GPU, "uuid", f.UUID, "finding", f.Message)
 			}
 		}
 		if len(serious) == 0 {

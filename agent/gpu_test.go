@@ -108,8 +108,10 @@ func startGPUJob(t *testing.T, maxRestarts int) *gpuJob {
 	}
 	log := slog.New(slog.NewTextHandler(j.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	a := New(cfg, log, supervisor.NewConsole(j.out), supervisor.NewConsole(j.out), append(os.Environ(), "AGENT_TEST_WORKER=sleep"))
-	a.SetGPUs(&GPUs{Topology: topo, Plan: plan, Binding: placement.ModeNone, Bind: os.Args[0], NVML: gonvml.Interface(server),
-		HealthOptions: []nvml.HealthOption{nvml.WithHealthInterval(50 * time.Millisecond)}})
+	a.SetGPUs(&GPUs{Topology: topo, Plan: plan, Binding: placement.ModeNone, Bind: os.Args[0],
+		Watch: func(devs []nvml.HealthDevice, opts ...nvml.HealthOption) *nvml.HealthWatcher {
+			return nvml.NewHealthWatcher(server, devs, append(opts, nvml.WithHealthInterval(50*time.Millisecond))...)
+		}})
 	ctx, cancel := context.WithCancelCause(context.Background())
 	j.stop = cancel
 	go func() { j.done <- a.Run(ctx) }()
@@ -239,7 +241,7 @@ func TestGPUEventStorm(t *testing.T) {
 	// GPU 5 runs none of this job's workers: a contained memory error
 	// there (94) is another process's, and restarts nothing.
 	j.inject(t, 5, 94)
-	j.log.wait(t, `GPU 5 .*no worker of this job`, 2*time.Second)
+	j.log.wait(t, `GPU fault on a GPU without workers of this job.*gpu=5`, 2*time.Second)
 	at := j.inject(t, 1, 94)
 	j.log.wait(t, `msg="GPU fault: restarting the job's workers".*gpu=1`, 2*time.Second)
 	if d := time.Since(at); d > time.Second {
@@ -248,5 +250,35 @@ func TestGPUEventStorm(t *testing.T) {
 	j.log.wait(t, `msg="workers started" attempt=1`, 10*time.Second)
 	if n := strings.Count(j.log.String(), "GPU fault: restarting"); n != 1 {
 		t.Errorf("%d restarts, want 1 (for GPU 1 only)", n)
+	}
+}
+
+// TestGPUFaultError: what a fault says in each case, and which faults are
+// older than an attempt.
+func TestGPUFaultError(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	f := func(action nvml.HealthAction, last time.Time) nvml.HealthFinding {
+		return nvml.HealthFinding{Time: last.Add(-time.Second), Last: last, Count: 3, GPU: 2, UUID: "GPU-2", Ranks: []int{2, 10},
+			XID: 79, Message: "Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: GPU has fallen off the bus", Action: action}
+	}
+	drain := &GPUFaultError{Action: nvml.ActionDrainNode, Findings: []nvml.HealthFinding{f(nvml.ActionDrainNode, t0), f(nvml.ActionRestartWorkers, t0)}}
+	want := "GPU 2 (GPU-2): Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: GPU has fallen off the bus (3 times), ranks 2,10, and 1 more finding(s): this node must be drained; it leaves the job"
+	if got := drain.Error(); got != want || !drain.Drains() {
+		t.Errorf("drain: got %q (drains %v), want %q", got, drain.Drains(), want)
+	}
+	reset := &GPUFaultError{Action: nvml.ActionResetGPU, Findings: []nvml.HealthFinding{f(nvml.ActionResetGPU, t0)}}
+	if got := reset.Error(); !strings.HasSuffix(got, "needs a reset (nvidia-smi -r -i 2) or the node a reboot; this node leaves the job") || !reset.Drains() {
+		t.Errorf("reset: got %q", got)
+	}
+	restart := &GPUFaultError{Action: nvml.ActionRestartWorkers, Findings: []nvml.HealthFinding{f(nvml.ActionRestartWorkers, t0)}}
+	if got := restart.Error(); !strings.HasSuffix(got, ": restarting the workers") || restart.Drains() || strings.Contains(restart.finding(), "restarting") {
+		t.Errorf("restart: got %q, finding %q", got, restart.finding())
+	}
+	if !drain.before(t0.Add(time.Nanosecond)) || drain.before(t0) {
+		t.Error("before: a fault is older than a time after its last finding, and only then")
+	}
+	mixed := &GPUFaultError{Action: nvml.ActionRestartWorkers, Findings: []nvml.HealthFinding{f(nvml.ActionRestartWorkers, t0), f(nvml.ActionRestartWorkers, t0.Add(time.Minute))}}
+	if mixed.before(t0.Add(time.Second)) {
+		t.Error("before: a fault with one finding after t is not older than t")
 	}
 }

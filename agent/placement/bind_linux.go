@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strings"
 	"syscall"
 	"unsafe"
 
@@ -79,6 +80,25 @@ func setMemPolicy(mode, node int) error {
 		return errno
 	}
 	return nil
+}
+
+// MemsAllowed returns the NUMA nodes this process may allocate on
+// (Mems_allowed_list in /proc/self/status: its cpuset's mems).
+func MemsAllowed() (nvml.CPUList, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return nil, fmt.Errorf("memory nodes allowed: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Mems_allowed_list:"); ok {
+			l, err := nvml.ParseCPUList(strings.TrimSpace(v))
+			if err != nil {
+				return nil, fmt.Errorf("memory nodes allowed: %w", err)
+			}
+			return l, nil
+		}
+	}
+	return nil, errors.New("memory nodes allowed: no Mems_allowed_list in /proc/self/status")
 }
 
 // Affinity returns the CPUs the calling process may run on

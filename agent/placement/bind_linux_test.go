@@ -196,3 +196,28 @@ func TestAffinity(t *testing.T) {
 	}
 	t.Fatal("no Cpus_allowed_list in /proc/self/status")
 }
+
+// TestMemsAllowed: the nodes of this process's cpuset; on every Linux
+// machine at least node 0's memory, or some node's, is allowed.
+func TestMemsAllowed(t *testing.T) {
+	got, err := MemsAllowed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) == 0 {
+		t.Fatal("no memory node allowed")
+	}
+	entries, err := os.ReadDir("/sys/devices/system/node")
+	if err != nil {
+		t.Skip("no NUMA nodes in sysfs")
+	}
+	for _, n := range got {
+		found := false
+		for _, e := range entries {
+			found = found || e.Name() == fmt.Sprintf("node%d", n)
+		}
+		if !found {
+			t.Errorf("node %d allowed but not in /sys/devices/system/node", n)
+		}
+	}
+}

@@ -22,3 +22,6 @@ func Exec(args []string) error {
 // Affinity returns nil, no restriction: this system has no CPU affinity
 // the agent reads.
 func Affinity() (nvml.CPUList, error) { return nil, nil }
+
+// MemsAllowed returns nil, no restriction.
+func MemsAllowed() (nvml.CPUList, error) { return nil, nil }

@@ -61,6 +61,10 @@ type Input struct {
 	// cpusets, taskset); bindings are intersected with it. Nil: no
 	// restriction.
 	Allowed nvml.CPUList
+	// AllowedMems are the NUMA nodes the agent may allocate on
+	// (MemsAllowed: the cpuset's mems); a memory policy for another node
+	// is refused by the kernel, so it is dropped. Nil: no restriction.
+	AllowedMems nvml.CPUList
 	// SysFS is /sys (os.DirFS("/sys") in production), read for the CPUs'
 	// thread siblings in exclusive mode. A CPU whose siblings cannot be
 	// read (or a nil SysFS) counts as a core of its own.
@@ -193,7 +197,28 @@ func New(in Input) (*Plan, error) {
 			return nil, err
 		}
 	}
+	if in.AllowedMems != nil {
+		p.dropForeignMems(in.AllowedMems)
+	}
 	return p, nil
+}
+
+// dropForeignMems takes the memory policy off workers whose node the agent
+// may not allocate on (a container's or Slurm step's cpuset), where
+// set_mempolicy would fail and the worker with it.
+func (p *Plan) dropForeignMems(allowed nvml.CPUList) {
+	var dropped []string
+	for i := range p.Workers {
+		w := &p.Workers[i]
+		if w.MemNode >= 0 && !slices.Contains(allowed, w.MemNode) {
+			dropped = append(dropped, strconv.Itoa(w.LocalRank))
+			w.MemNode, w.StrictMem = -1, false
+		}
+	}
+	if len(dropped) > 0 {
+		p.notef("local ranks %s: their GPU's NUMA node is not among the memory nodes this agent may use (%s); their memory is not bound",
+			strings.Join(dropped, ","), allowed)
+	}
 }
 
 func (p *Plan) notef(format string, a ...any) {

@@ -235,6 +235,7 @@ func TestVisible(t *testing.T) {
 		{"spelling kept through the ring", bridged, "GPU-1c9a7e00,1,GPU-1c9a7e02,3", []int{0, 1, 3, 2},
 			"GPU-1c9a7e00,1,3,GPU-1c9a7e02", true},
 		{"one", bridged, "2", []int{2}, "2", true},
+		{"ends at -1, as in CUDA", pcieBox, "2,0,-1,3", []int{0, 2}, "0,2", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := mustNew(t, Input{Topology: tc.topo(), NProc: len(tc.ring), Visible: tc.visible, VisibleSet: tc.name != "unset"})
@@ -260,7 +261,6 @@ func TestVisible(t *testing.T) {
 func TestVisibleErrors(t *testing.T) {
 	for _, tc := range []struct{ visible, want string }{
 		{"4", `"4" names no GPU`},
-		{"-1", `"-1" names no GPU`},
 		{"0,x", `"x" names no GPU`},
 		{"0,,1", `"" names no GPU`},
 		{"GPU-ffff", `"GPU-ffff" names no GPU`},
@@ -287,6 +287,9 @@ func TestNoGPUs(t *testing.T) {
 		{"no NVML", Input{NProc: 3, Mode: ModeExclusive, Visible: "0", VisibleSet: true}, 0},
 		{"NVML without GPUs", Input{Topology: empty, NProc: 3, Mode: ModeNode}, 0},
 		{"none visible", Input{Topology: pcieBox(), NProc: 3, Mode: ModeNode, Visible: "", VisibleSet: true}, 1},
+		// CUDA stops at a negative index: -1 hides every GPU.
+		{"hidden by -1", Input{Topology: pcieBox(), NProc: 3, Mode: ModeNode, Visible: "-1", VisibleSet: true}, 1},
+		{"Slurm's NoDevFiles", Input{Topology: pcieBox(), NProc: 3, Mode: ModeNode, Visible: "NoDevFiles", VisibleSet: true}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := mustNew(t, tc.in)
@@ -361,6 +364,23 @@ func TestAllowed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAllowedMems: a cpuset whose mems leave out a GPU's node keeps the
+// CPUs bound and drops the memory policy (set_mempolicy would refuse it).
+func TestAllowedMems(t *testing.T) {
+	p := mustNew(t, Input{Topology: pcieBox(), NProc: 4, Mode: ModeExclusive, AllowedMems: cpus("0"), SysFS: siblingsFS(64)})
+	if got, want := bindings(p), "0:GPU0 0-7,32-39@!0 1:GPU1 8-15,40-47@!0 2:GPU2 16-23,48-55 3:GPU3 24-31,56-63"; got != want {
+		t.Errorf("bindings:\ngot  %s\nwant %s", got, want)
+	}
+	if len(p.Notes) != 1 || !strings.Contains(p.Notes[0], "local ranks 2,3") {
+		t.Errorf("notes: got %q, want one naming local ranks 2,3", p.Notes)
+	}
+	for _, w := range p.Workers[2:] {
+		if slices.Contains(w.Args(), "--mem") {
+			t.Errorf("worker %d: args %q still set a memory policy", w.LocalRank, w.Args())
+		}
 	}
 }
 

@@ -8,7 +8,7 @@ import (
 )
 
 // exactMax is the largest number of GPUs whose ring is found by exhaustive
-// search: (n-1)! orders, pruned, well under a millisecond for 10; beyond
+// search: (n-1)! orders, pruned to a few milliseconds for 10; beyond
 // it greedy rings improved by local search are good and fast (a few
 // milliseconds for 16).
 const exactMax = 10
@@ -154,7 +154,12 @@ func exactRing(w [][]int) []int {
 			// count of hops at it fall.
 			next := s.add(w[last][v])
 			bound := next
-			bound.sum += left * top
+			for range left {
+				// When every link is alike (NVSwitch) top is the weakest
+				// link too, and this counts the hops at it: without that
+				// no branch is ever cut.
+				bound = bound.add(top)
+			}
 			if !bound.better(bestScore) {
 				continue
 			}

@@ -8,7 +8,10 @@ import (
 	"github.com/ddp-agent/ddp-agent/nvml"
 )
 
-// entries splits a CUDA_VISIBLE_DEVICES value; "" has none.
+// entries splits a CUDA_VISIBLE_DEVICES value; "" has none. A negative
+// index ends the list, as in CUDA: "-1" is the usual way to hide every
+// GPU from a process, and "NoDevFiles" is what Slurm sets for a job
+// without GPUs.
 func entries(value string) []string {
 	if strings.TrimSpace(value) == "" {
 		return nil
@@ -16,9 +19,16 @@ func entries(value string) []string {
 	parts := strings.Split(value, ",")
 	for i := range parts {
 		parts[i] = strings.TrimSpace(parts[i])
+		if n, err := strconv.Atoi(parts[i]); (err == nil && n < 0) || parts[i] == "NoDevFiles" {
+			return parts[:i]
+		}
 	}
 	return parts
 }
+
+// VisibleCount is how many devices a CUDA_VISIBLE_DEVICES value names, as
+// CUDA counts them: for MIG instances, which the topology cannot resolve.
+func VisibleCount(value string) int { return len(entries(value)) }
 
 // migEntry returns the first entry of the value that names a MIG
 // instance ("MIG-<uuid>", or the older "MIG-GPU-<uuid>/gi/ci"). NVML's

@@ -240,7 +240,7 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 			outW.Close()
 			errR.Close()
 			errW.Close()
-			return nil, err
+			return nil, fmt.Errorf("resolve worker command %q: %w", argv[0], err)
 		}
 		argv = append(slices.Clone(place.Prefix), argv...)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -28,15 +29,16 @@ const topologyEnv = "DDP_AGENT_TOPOLOGY"
 // gpuNode is this node's GPUs as discovered before the command line is
 // parsed (--nproc-per-node gpu needs them).
 type gpuNode struct {
-	topo *nvml.Topology   // nil: no GPUs
-	lib  gonvml.Interface // the NVML the topology came from; nil with a saved one
-	none string           // why there are no GPUs, for the one log line
-	warn bool             // none is a problem (NVML there but failing), not just a CPU-only node
-	err  error            // the saved topology cannot be used: a usage error
+	getenv func(string) string
+	topo   *nvml.Topology   // nil: no GPUs
+	lib    gonvml.Interface // the NVML the topology came from; nil with a saved one
+	none   string           // why there are no GPUs, for the one log line
+	warn   bool             // none is a problem (NVML there but failing), not just a CPU-only node
+	err    error            // the saved topology cannot be used: a usage error
 }
 
 func discoverGPUs(ctx context.Context, getenv func(string) string) *gpuNode {
-	n := &gpuNode{}
+	n := &gpuNode{getenv: getenv}
 	if path := getenv(topologyEnv); path != "" {
 		t, err := loadTopology(path)
 		switch {
@@ -111,12 +113,27 @@ func (n *gpuNode) visibleGPUs() (int, error) {
 	if n.topo == nil {
 		return 0, errors.New(n.none)
 	}
-	v, set := os.LookupEnv("CUDA_VISIBLE_DEVICES")
+	v, set := n.visible()
+	if set && strings.Contains(v, "MIG-") {
+		// MIG instances are not in the topology: count them as CUDA does.
+		return placement.VisibleCount(v), nil
+	}
 	p, err := placement.New(placement.Input{Topology: n.topo, NProc: 1, Mode: placement.ModeNone, Visible: v, VisibleSet: set})
 	if err != nil {
 		return 0, err
 	}
 	return len(p.Ring), nil
+}
+
+// visible is the agent's CUDA_VISIBLE_DEVICES and whether it is set (an
+// empty value hides every GPU).
+func (n *gpuNode) visible() (string, bool) {
+	v := n.getenv("CUDA_VISIBLE_DEVICES")
+	if v != "" {
+		return v, true
+	}
+	_, set := os.LookupEnv("CUDA_VISIBLE_DEVICES")
+	return "", set
 }
 
 // place plans where the workers run, and says in one line when the node
@@ -143,9 +160,14 @@ func (n *gpuNode) place(cfg *launch.Config, log *slog.Logger) (*agent.GPUs, erro
 		log.Debug("read the agent's CPU affinity; binding without it", "err", err)
 		allowed = nil
 	}
-	v, set := os.LookupEnv("CUDA_VISIBLE_DEVICES")
+	mems, err := placement.MemsAllowed()
+	if err != nil {
+		log.Debug("read the agent's memory nodes; binding without them", "err", err)
+		mems = nil
+	}
+	v, set := n.visible()
 	plan, err := placement.New(placement.Input{Topology: n.topo, NProc: cfg.NProcPerNode, Mode: mode,
-		Visible: v, VisibleSet: set, Allowed: allowed, SysFS: os.DirFS("/sys")})
+		Visible: v, VisibleSet: set, Allowed: allowed, AllowedMems: mems, SysFS: os.DirFS("/sys")})
 	if err != nil {
 		return nil, fmt.Errorf("placement: %w", err)
 	}
@@ -156,5 +178,11 @@ func (n *gpuNode) place(cfg *launch.Config, log *slog.Logger) (*agent.GPUs, erro
 	if err != nil {
 		return nil, fmt.Errorf("find the ddp-agent executable for NUMA binding: %w", err)
 	}
-	return &agent.GPUs{Topology: n.topo, Plan: plan, Binding: mode, Bind: exe, NVML: n.lib}, nil
+	g := &agent.GPUs{Topology: n.topo, Plan: plan, Binding: mode, Bind: exe}
+	if lib := n.lib; lib != nil {
+		g.Watch = func(devs []nvml.HealthDevice, opts ...nvml.HealthOption) *nvml.HealthWatcher {
+			return nvml.NewHealthWatcher(lib, devs, opts...)
+		}
+	}
+	return g, nil
 }

@@ -340,14 +340,14 @@ func renderStatus(w io.Writer, st *rdzv.Status, where string, now time.Time) {
 // placed its workers; the per-worker details are in --json.
 func renderGPUs(w io.Writer, st *rdzv.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	any := false
+	header := false
 	for _, n := range st.Nodes {
 		if n.Entry == nil || n.Entry.GPUs == nil {
 			continue
 		}
-		if !any {
+		if !header {
 			fmt.Fprintln(w, "\nGPUS")
-			any = true
+			header = true
 		}
 		g := n.Entry.GPUs
 		ring := make([]string, len(g.Ring))
