@@ -1,0 +1,92 @@
+// Package nccltest builds and loads the fake libnccl.so.2 of
+// ncclshim/nccl/testdata/fakenccl.c, for tests of the NCCL transport on
+// machines without GPUs (Go tests here, Python tests through the same gcc
+// command, which Build documents). The fake's knobs (FAKE_NCCL_VERSION,
+// FAKE_NCCL_INPROGRESS, FAKE_NCCL_FAIL, FAKE_NCCL_HANG, FAKE_NCCL_RECORD,
+// FAKE_NCCL_DIR) are described at the top of fakenccl.c.
+package nccltest
+
+// #cgo LDFLAGS: -ldl
+// #define _GNU_SOURCE
+// #include <dlfcn.h>
+// #include <stdlib.h>
+// static const char *preload(const char *path) {
+//   dlerror();
+//   return dlopen(path, RTLD_NOW | RTLD_GLOBAL) ? NULL : dlerror();
+// }
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"unsafe"
+)
+
+// LibName is the file name Build writes, the soname NCCL is loaded by.
+const LibName = "libnccl.so.2"
+
+// ErrNoCompiler means gcc is not on PATH; tests skip on it.
+var ErrNoCompiler = errors.New("nccltest: gcc not found")
+
+// Source returns the path of fakenccl.c in this source tree.
+func Source() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("nccltest: cannot locate the source tree")
+	}
+	src := filepath.Join(filepath.Dir(file), "..", "testdata", "fakenccl.c")
+	if _, err := os.Stat(src); err != nil {
+		return "", fmt.Errorf("nccltest: %w", err)
+	}
+	return src, nil
+}
+
+// Build compiles the fake into dir/libnccl.so.2 and returns its path. It
+// runs
+//
+//	gcc -shared -fPIC -O2 -pthread -o DIR/libnccl.so.2 ncclshim/nccl/testdata/fakenccl.c
+//
+// and returns ErrNoCompiler when there is no gcc.
+func Build(dir string) (string, error) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		return "", ErrNoCompiler
+	}
+	src, err := Source()
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, LibName)
+	cmd := exec.Command(gcc, "-shared", "-fPIC", "-O2", "-pthread", "-Wall", "-o", out, src)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("nccltest: build the fake NCCL: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// Preload dlopens path with RTLD_GLOBAL, so its symbols are the process's
+// own, as when PyTorch has loaded NCCL. It cannot be undone: use it in a
+// child process.
+func Preload(path string) error {
+	cs := C.CString(path)
+	defer C.free(unsafe.Pointer(cs))
+	if e := C.preload(cs); e != nil {
+		return fmt.Errorf("nccltest: dlopen %s: %s", path, C.GoString(e))
+	}
+	return nil
+}
+
+// HostBuffer allocates n zeroed bytes outside the Go heap, to stand for
+// device memory (the fake keeps using a buffer from a background thread
+// while a collective is under way). free releases it.
+func HostBuffer(n int) (buf []byte, free func()) {
+	if n == 0 {
+		return nil, func() {}
+	}
+	p := C.calloc(C.size_t(n), 1)
+	return unsafe.Slice((*byte)(p), n), func() { C.free(p) }
+}
