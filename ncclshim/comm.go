@@ -15,6 +15,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
+	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -56,6 +57,12 @@ type comm struct {
 
 	agent  *control.Client // nil without ddp-agent
 	events *eventRing      // nil without ddp-agent
+
+	// The nccl transport (ncclcomm.go): the library, rank 0's unique id,
+	// and the communicator once connected; ep and tr stay nil.
+	ncLib *nccl.Lib
+	ncID  [nccl.UniqueIDBytes]byte
+	nc    *nccl.Comm
 }
 
 // work is one all-reduce in flight.
@@ -85,14 +92,22 @@ func openComm(cfg *config) (*comm, error) {
 	}
 	c.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With(
 		"component", "ddpshim", "name", cfg.Name)
-	ep, err := host.Listen(host.Options{Host: cfg.Host, MasterAddr: cfg.MasterAddr})
-	if err != nil {
-		return nil, errorf(rcUnavailable, "listen for peers: %w", err)
-	}
-	c.ep = ep
 	// A C ABI call has no context to inherit: the comm's lifetime is its own.
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
+	if cfg.Transport == "nccl" {
+		if err := c.openNCCLTransport(); err != nil {
+			c.close()
+			return nil, err
+		}
+	} else {
+		ep, err := host.Listen(host.Options{Host: cfg.Host, MasterAddr: cfg.MasterAddr})
+		if err != nil {
+			c.close()
+			return nil, errorf(rcUnavailable, "listen for peers: %w", err)
+		}
+		c.ep = ep
+	}
 	if cfg.Bootstrap == "agent" {
 		if err := c.bootstrapAgent(); err != nil {
 			c.close()
@@ -106,6 +121,12 @@ func openComm(cfg *config) (*comm, error) {
 func (c *comm) info() (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.ncLib != nil {
+		if c.nc != nil {
+			return "", errorf(rcInvalid, "communicator is already connected")
+		}
+		return c.ncclInfo(), nil
+	}
 	if c.tr != nil || c.ep == nil {
 		return "", errorf(rcInvalid, "communicator is already connected")
 	}
@@ -141,6 +162,9 @@ func (c *comm) bootstrapAgent() error {
 		}
 	}()
 
+	if c.ncLib != nil {
+		return c.bootstrapAgentNCCL(ctx, cl)
+	}
 	mine, err := c.info()
 	if err != nil {
 		return err
@@ -173,6 +197,9 @@ func deadline(ctx context.Context) time.Time {
 
 // connect builds the transport from every rank's blob, in rank order.
 func (c *comm) connect(lines []string) error {
+	if c.ncLib != nil {
+		return c.connectNCCL(lines)
+	}
 	if len(lines) != c.size {
 		return errorf(rcInvalid, "got %d bootstrap blobs for world size %d", len(lines), c.size)
 	}
@@ -329,10 +356,13 @@ func (c *comm) abort(cause error) {
 	}
 	c.cancel(cause)
 	c.mu.Lock()
-	tr := c.tr
+	tr, nc := c.tr, c.nc
 	c.mu.Unlock()
 	if tr != nil {
 		tr.Abort(cause)
+	}
+	if nc != nil {
+		nc.Abort() // a collective hung in NCCL returns
 	}
 }
 
@@ -377,6 +407,14 @@ func (c *comm) close() {
 	if tr != nil {
 		tr.Close()
 	}
+	c.mu.Lock()
+	nc := c.nc
+	c.mu.Unlock()
+	if nc != nil {
+		if err := nc.Close(); err != nil {
+			c.log.Warn("close the NCCL communicator", "err", err)
+		}
+	}
 	if c.agent != nil {
 		c.agent.Close()
 	}
@@ -392,6 +430,12 @@ func (c *comm) describe() string {
 	}
 	if c.tr != nil {
 		info["transport"] = c.tr.Transport()
+	}
+	if c.ncLib != nil {
+		info["connected"] = c.nc != nil
+		info["transport"] = "nccl"
+		info["nccl"] = map[string]any{"source": c.ncLib.Source(), "version": c.ncLib.Version().String(),
+			"nonblocking": c.nc != nil && c.nc.NonBlocking()}
 	}
 	c.mu.Unlock()
 	if c.events != nil {

@@ -27,6 +27,7 @@ type config struct {
 	SHM        *bool  `json:"shm"`
 	Name       string `json:"name"`
 	LogLevel   string `json:"log_level"`
+	NCCLLib    string `json:"nccl_lib"`
 }
 
 const (
@@ -61,9 +62,8 @@ func parseConfig(s string) (*config, error) {
 	case "", "host", "auto":
 		c.Transport = "host"
 	case "nccl":
-		return nil, errorf(rcUnavailable, "config: transport %q is not built into this shim yet; use \"host\"", c.Transport)
 	default:
-		return nil, errorf(rcInvalid, "config: unknown transport %q (want \"host\")", c.Transport)
+		return nil, errorf(rcInvalid, "config: unknown transport %q (want \"host\" or \"nccl\")", c.Transport)
 	}
 	switch c.Bootstrap {
 	case "":

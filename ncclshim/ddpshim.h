@@ -63,7 +63,15 @@ const char *ddpshim_last_error(void);
 /* ddpshim_open creates a communicator and stores its handle in *comm.
  * config is a JSON object:
  *   rank, world_size       (required) this rank and the number of ranks
- *   transport              "host" (default; CPU memory; "auto" means "host")
+ *   transport              "host" (default; CPU memory; "auto" means "host"), or
+ *                          "nccl": NCCL, found at run time: the NCCL already
+ *                          in the process, else libnccl.so.2, else nccl_lib.
+ *                          The communicator takes the calling thread's CUDA
+ *                          device. Bootstrap "agent": rank 0's NCCL unique id
+ *                          goes through the agent's store; "external": rank
+ *                          0's blob carries it
+ *   nccl_lib               path of an NCCL library (default
+ *                          $DDP_AGENT_NCCL_LIB)
  *   bootstrap              "agent": exchange addresses through the ddp-agent
  *                          control socket at "socket" (blocks until every
  *                          rank has opened, or timeout_ms); "external": the
@@ -83,7 +91,7 @@ const char *ddpshim_last_error(void);
  *   name                   distinguishes communicators opened in the same job
  *   log_level              the shim's own log on stderr: debug, info, warn (default), error
  * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null pointer, bad JSON, bad
- * rank/world_size), DDPSHIM_ERR_UNAVAILABLE (no agent, no port),
+ * rank/world_size), DDPSHIM_ERR_UNAVAILABLE (no agent, no port, no NCCL),
  * DDPSHIM_ERR_TIMEOUT, DDPSHIM_ERR_PEER. */
 int ddpshim_open(const char *config, int64_t *comm);
 
@@ -106,6 +114,12 @@ int ddpshim_connect(int64_t comm, const char *peers);
  * must stay valid and untouched until the work completes. Every rank must
  * issue the same collectives in the same order with the same count, dtype
  * and op. stream is the CUDA stream for the nccl transport (NULL for host).
+ * With the nccl transport the call returns once the collective is enqueued
+ * on stream (NCCL's non-blocking enqueue is polled to completion, bounded by
+ * timeout_ms) and the work is already complete: the stream orders the rest.
+ * An NCCL failure fails this call with NCCL's message (and its
+ * ncclGetLastError text) and aborts the communicator; avg and bfloat16 need
+ * NCCL 2.10 (DDPSHIM_ERR_INVALID before).
  * step and bucket label the timing event sent to the agent. count may be 0.
  * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf with count > 0, null
  * work, negative count, unknown dtype or op, unknown handle, not
@@ -146,8 +160,17 @@ int ddpshim_abort(int64_t comm, const char *reason);
  * (unknown handle), DDPSHIM_ERR_CLOSED (closed twice). */
 int ddpshim_close(int64_t comm);
 
+/* ddpshim_nccl_info writes a NUL-terminated JSON object about the NCCL the
+ * nccl transport would use (resolved as in ddpshim_open, with
+ * $DDP_AGENT_NCCL_LIB): found, and then source ("process", "libnccl.so.2" or
+ * the path), version ("2.20.5"), features (avg, bfloat16, nonblocking,
+ * last_error, finalize); or found false and error, naming every place tried.
+ * Returns DDPSHIM_OK or DDPSHIM_ERR_INVALID (null buf, too small). */
+int ddpshim_nccl_info(char *buf, size_t len);
+
 /* ddpshim_comm_info writes a NUL-terminated JSON object describing comm
- * into buf: rank, world_size, transport ("tcp" or "shm"), collectives,
+ * into buf: rank, world_size, transport ("tcp", "shm" or "nccl", with an
+ * "nccl" object: source, version, nonblocking), collectives,
  * events_sent, events_dropped, agent (whether connected). Returns
  * DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf, too small, unknown handle),
  * DDPSHIM_ERR_CLOSED. */

@@ -115,7 +115,7 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 	if work == nil {
 		return fail(errorf(rcInvalid, "ddpshim_allreduce: work must not be NULL"))
 	}
-	if stream != nil {
+	if stream != nil && c.cfg.Transport != "nccl" {
 		return fail(errorf(rcInvalid, "ddpshim_allreduce: a CUDA stream was given, but transport %q works on host memory", c.cfg.Transport))
 	}
 	if dtype < 0 || dtype > 255 || op < 0 || op > 255 {
@@ -124,6 +124,13 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 	w, err := c.newWork(buf, int64(count), reduce.DType(dtype), reduce.Op(op), uint64(step), int32(bucket))
 	if err != nil {
 		return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
+	}
+	if c.cfg.Transport == "nccl" {
+		if err := c.allreduceNCCL(w, buf, int64(count), stream); err != nil {
+			return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
+		}
+		*work = C.int64_t(lib.addWork(w))
+		return rcOK
 	}
 	if err := c.enqueue(w); err != nil {
 		return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
@@ -208,6 +215,12 @@ func ddpshim_close(comm C.int64_t) (rc C.int) {
 	}
 	c.close()
 	return rcOK
+}
+
+//export ddpshim_nccl_info
+func ddpshim_nccl_info(buf *C.char, n C.size_t) (rc C.int) {
+	defer guard("ddpshim_nccl_info", &rc)
+	return result(copyOut(buf, n, ncclInfo()))
 }
 
 //export ddpshim_comm_info

@@ -32,7 +32,9 @@ func TestParseConfig(t *testing.T) {
 		{"negative rank", `{"rank":-1,"world_size":3}`, rcInvalid, "outside", nil},
 		{"zero world", `{"rank":0,"world_size":0}`, rcInvalid, "at least 1", nil},
 		{"typo", `{"rank":0,"world_size":1,"timeout":5}`, rcInvalid, "unknown field", nil},
-		{"nccl not yet", `{"rank":0,"world_size":1,"transport":"nccl"}`, rcUnavailable, "nccl", nil},
+		{"nccl", `{"rank":0,"world_size":1,"transport":"nccl","nccl_lib":"/x/libnccl.so.2"}`, rcOK, "", func(c *config) bool {
+			return c.Transport == "nccl" && c.ncclLib() == "/x/libnccl.so.2"
+		}},
 		{"bad transport", `{"rank":0,"world_size":1,"transport":"ib"}`, rcInvalid, "transport", nil},
 		{"agent without socket", `{"rank":0,"world_size":1,"bootstrap":"agent"}`, rcInvalid, "socket", nil},
 		{"bad bootstrap", `{"rank":0,"world_size":1,"bootstrap":"mdns"}`, rcInvalid, "bootstrap", nil},

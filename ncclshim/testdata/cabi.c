@@ -70,6 +70,14 @@ static void bad_handles(void) {
     EXPECT(ddpshim_comm_info(424242, buf, sizeof buf), DDPSHIM_ERR_INVALID);
     EXPECT(ddpshim_bootstrap_info(424242, buf, sizeof buf), DDPSHIM_ERR_INVALID);
     EXPECT(ddpshim_connect(424242, "x"), DDPSHIM_ERR_INVALID);
+    EXPECT(ddpshim_nccl_info(NULL, 0), DDPSHIM_ERR_INVALID);
+    char nccl[4096];
+    EXPECT(ddpshim_nccl_info(nccl, sizeof nccl), DDPSHIM_OK);
+    if (strstr(nccl, "\"found\":") == NULL) {
+        fprintf(stderr, "FAIL: ddpshim_nccl_info: %s\n", nccl);
+        exit(1);
+    }
+    printf("nccl info: %s\n", nccl);
 }
 
 // one_rank drives a world of one through every call, then closes it.
