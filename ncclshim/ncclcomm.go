@@ -1,12 +1,14 @@
 package main
 
+// #include <stdlib.h>
+import "C"
+
 import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -183,13 +185,24 @@ func (c *config) ncclLib() string {
 	if c.NCCLLib != "" {
 		return c.NCCLLib
 	}
-	return os.Getenv("DDP_AGENT_NCCL_LIB")
+	return getenv("DDP_AGENT_NCCL_LIB")
+}
+
+// getenv reads the C environment: Go's os.Getenv sees a copy taken when the
+// runtime started, which misses what Python's os.environ set since.
+func getenv(name string) string {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	if v := C.getenv(cs); v != nil {
+		return C.GoString(v)
+	}
+	return ""
 }
 
 // ncclInfo is ddpshim_nccl_info's JSON: what NCCL this process would use.
 func ncclInfo() string {
 	info := map[string]any{"found": false}
-	lib, err := nccl.Load(os.Getenv("DDP_AGENT_NCCL_LIB"))
+	lib, err := nccl.Load(getenv("DDP_AGENT_NCCL_LIB"))
 	if err != nil {
 		info["error"] = err.Error()
 	} else {

@@ -7,6 +7,11 @@ Two lines in a training script:
     ...
     hook.close()                           # before dist.destroy_process_group()
 
+CPU buckets go through the shim's host transport, CUDA buckets through its
+NCCL transport (the NCCL PyTorch loaded, else ``libnccl.so.2``, else
+``$DDP_AGENT_NCCL_LIB``), with optional fp16/bf16 compression;
+``ddp_agent.info()`` says what this process would use.
+
 Works under ``ddp-agent run`` (bootstrap through the agent's control socket)
 and under plain ``torchrun`` (bootstrap through torch's default store), on
 PyTorch 1.13 through 2.x. The shared library is found through
@@ -17,10 +22,10 @@ PyTorch your platform needs first.
 
 __version__ = "0.1.0"
 
-from ._shim import DType, Op, ShimError, Status
+from ._shim import DType, Op, ShimError, Status, nccl_info
 from ._shim import library_path as shim_path
 from ._shim import version as shim_version
-from .hook import BucketInfo, Hook, register
+from .hook import BucketInfo, Hook, info, register
 
 __all__ = [
     "BucketInfo",
@@ -30,6 +35,8 @@ __all__ = [
     "ShimError",
     "Status",
     "__version__",
+    "info",
+    "nccl_info",
     "register",
     "shim_path",
     "shim_version",

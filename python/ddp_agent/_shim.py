@@ -27,6 +27,7 @@ import threading
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = [
+    "ENV_NCCL_LIB",
     "ENV_SHIM",
     "LIBRARY_NAME",
     "PROTOTYPES",
@@ -37,6 +38,7 @@ __all__ = [
     "Status",
     "Work",
     "library_path",
+    "nccl_info",
     "version",
 ]
 
@@ -45,6 +47,13 @@ ENV_SHIM = "DDP_AGENT_SHIM"
 
 LIBRARY_NAME = "libddpshim.so"
 """File name of the library bundled next to this package."""
+
+ENV_NCCL_LIB = "DDP_AGENT_NCCL_LIB"
+"""Environment variable naming the NCCL library the shim tries last (read by the library itself).
+
+The shim takes the NCCL already in the process first (PyTorch's), then
+``libnccl.so.2`` from the loader's path, then this path.
+"""
 
 
 class Status(enum.IntEnum):
@@ -144,6 +153,7 @@ PROTOTYPES: Dict[str, Tuple[Any, Tuple[Any, ...]]] = {
     "ddpshim_abort": (ctypes.c_int, (ctypes.c_int64, ctypes.c_char_p)),
     "ddpshim_close": (ctypes.c_int, (ctypes.c_int64,)),
     "ddpshim_comm_info": (ctypes.c_int, (ctypes.c_int64, _c_char_buf, ctypes.c_size_t)),
+    "ddpshim_nccl_info": (ctypes.c_int, (_c_char_buf, ctypes.c_size_t)),
 }
 """restype and argtypes of every function of ddpshim.h; the tests compare it with the header."""
 
@@ -237,6 +247,21 @@ def _check(lib: ctypes.CDLL, rc: int, call: str) -> None:
 def version() -> str:
     """Returns the library's version string, e.g. ``"ddpshim 0.3.0 (abi 1)"``. Loads the library."""
     return _library().ddpshim_version().decode("utf-8", "replace")
+
+
+def nccl_info() -> Dict[str, Any]:
+    """Returns what the library finds of NCCL (``ddpshim_nccl_info``).
+
+    A dict: ``found`` (bool); when found, ``source`` ("process",
+    "libnccl.so.2" or the path from ``$DDP_AGENT_NCCL_LIB``), ``version``
+    ("2.20.5") and ``features`` (avg, bfloat16, nonblocking, last_error,
+    finalize: bools); when not, ``error`` naming every place tried. Loads
+    the library, and NCCL if no call has yet (blocks for dlopen); no
+    communication.
+    """
+    lib = _library()
+    text = _read_string(lib, lambda _, buf, size: lib.ddpshim_nccl_info(buf, size), 0, "ddpshim_nccl_info")
+    return json.loads(text)
 
 
 def _read_string(lib: ctypes.CDLL, fn: Any, handle: int, call: str, size: int = 4096) -> str:
@@ -344,10 +369,15 @@ class Comm:
     ) -> Work:
         """Starts an in-place all-reduce of count elements at address ptr; does not wait for the data.
 
-        The memory must stay valid and untouched until the returned work
-        completes. Every rank must issue the same collectives in the same
-        order with the same count, dtype and op. step and bucket label the
-        timing event sent to the agent.
+        Host transport: the memory must stay valid and untouched until the
+        returned work completes. NCCL transport: stream is the CUDA stream
+        (a ``cudaStream_t`` as an int; None is CUDA's default stream); the
+        call blocks until NCCL has enqueued the collective on it (bounded by
+        timeout_ms), the returned work is already complete (its wait gives
+        the enqueue's status), and the data is ready once the stream gets
+        there. Every rank must issue the same collectives in the same order
+        with the same count, dtype and op. step and bucket label the timing
+        event sent to the agent.
         """
         lib = _library()
         work = ctypes.c_int64(0)

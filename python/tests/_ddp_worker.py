@@ -10,6 +10,11 @@ across ranks and against the built-in run. Scenarios:
     join        uneven inputs under DDP.join(), built-in and hook
     dataloader  a DataLoader with forked workers feeding the hooked model
     die         --die-rank kills (or stops) itself mid-training; the others record how the hook failed
+    nccl        the built-in all-reduce, then the hook with --transport (nccl over the fake NCCL, or
+                host) for each of --compressions, and emulations of the compressed runs with gloo;
+                torch.cuda must not be touched
+    nccl_fail   the hook with --transport where NCCL fails (the fake's knobs, or no NCCL):
+                records how the step failed and how the hook's next call did
 
 The process leaves with os._exit after a barrier: on PyTorch 1.13, tearing
 down gloo at interpreter exit can hang (see examples/train.py).
@@ -102,11 +107,15 @@ def plain_schedule(hook) -> dict:
     return {step: [tuple(b) for b in buckets] for step, buckets in hook.schedule.items()}
 
 
-def train(mode: str, use_hook: bool, keep: list, steps: int = STEPS) -> dict:
+def train(mode: str, use_hook: bool, keep: list, steps: int = STEPS, hook_kwargs=None, reference=None) -> dict:
+    """Trains a fresh model: with ddp_agent's hook (register(**hook_kwargs)), with the
+    hook function reference (DDP's register_comm_hook), or with DDP's built-in all-reduce."""
     rank = dist.get_rank()
     ddp = DDP(make_model(mode), **ddp_kwargs(mode))
     keep.append(ddp)  # freed at exit only, never mid-run
-    hook = ddp_agent.register(ddp, timeout=60) if use_hook else None
+    hook = ddp_agent.register(ddp, timeout=60, **(hook_kwargs or {})) if use_hook else None
+    if reference is not None:
+        ddp.register_comm_hook(None, reference)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -289,15 +298,133 @@ def scenario_absent(args, keep: list) -> dict:
     return out
 
 
+def emulated_compression(dtype: torch.dtype):
+    """A DDP hook that does in gloo what the hook with compression does over the fake NCCL.
+
+    Each rank casts its bucket to dtype and divides by the world size; the
+    fake sums the ranks' halves in float32, in rank order from 0, and rounds
+    once; the result is copied back into the bucket. The same operations in
+    the same order give the same bits.
+    """
+
+    def hook(state, bucket):
+        buf = bucket.buffer()
+        n = dist.get_world_size()
+        mine = buf.to(dtype).div_(n).float()  # exact in float32
+        parts = [torch.empty_like(mine) for _ in range(n)]
+        dist.all_gather(parts, mine)
+        total = torch.zeros_like(mine)
+        for part in parts:
+            total += part
+        buf.copy_(total.to(dtype))
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
+
+    return hook
+
+
+class CudaTouched(AssertionError):
+    pass
+
+
+def forbid_cuda() -> list:
+    """Replaces the torch.cuda calls a hook could make with ones that record and raise."""
+    touched: list = []
+    for name in ("Stream", "current_stream", "stream", "device", "synchronize", "set_device", "init"):
+        def refuse(*args, _name=name, **kwargs):
+            touched.append(_name)
+            raise CudaTouched(f"torch.cuda.{_name} called on a CPU-only run")
+
+        setattr(torch.cuda, name, refuse)
+    return touched
+
+
+def scenario_nccl(args, keep: list) -> dict:
+    touched = forbid_cuda()
+    result = {"info": ddp_agent.info(args.transport), "builtin": train("default", False, keep)}
+    for name in args.compressions.split(","):
+        compression = None if name == "none" else name
+        result[name] = train("default", True, keep, hook_kwargs=dict(transport=args.transport, compression=compression))
+    for name in args.compressions.split(","):
+        if name != "none":
+            dtype = ddp_agent.hook.COMPRESSIONS[name]
+            result[f"{name}_emulated"] = train("default", False, keep, reference=emulated_compression(dtype))
+    result["cuda_touched"] = touched
+    return result
+
+
+class Bucket:
+    """What the hook reads of a dist.GradBucket, for calling it outside DDP."""
+
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.buf = buf
+
+    def buffer(self) -> torch.Tensor:
+        return self.buf
+
+    def index(self) -> int:
+        return 0
+
+    def is_last(self) -> bool:
+        return True
+
+
+def scenario_nccl_fail(args, keep: list) -> dict:
+    """Trains with the hook until a step fails; then calls the hook once more, outside DDP.
+
+    After an exception inside backward, DDP's reducer (1.13) cannot run
+    another iteration, so the second call goes to the hook directly.
+    """
+    rank = dist.get_rank()
+    ddp = DDP(make_model("default"), bucket_cap_mb=BUCKET_CAP_MB)
+    keep.append(ddp)
+    compression = None if args.compressions == "none" else args.compressions
+    hook = ddp_agent.register(ddp, transport=args.transport, compression=compression, timeout=args.timeout)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    out = {"error": None, "steps_done": 0}
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss = ddp(make_batch("default", step, rank)).pow(2).mean()
+        t0 = time.monotonic()
+        try:
+            loss.backward()
+        except Exception as e:  # what a training script would see
+            out.update(error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0, step=step)
+            break
+        opt.step()
+        out["steps_done"] = step + 1
+    out.update(
+        hook_error=repr(hook.error),
+        hook_error_code=getattr(hook.error, "code_name", None),
+        hook_error_message=str(hook.error),
+    )
+    if out["error"] is not None:
+        t0 = time.monotonic()
+        try:
+            ddp_agent.hook._comm_hook(hook, Bucket(torch.ones(10)))
+            out["later"] = "no error"
+        except Exception as e:
+            out["later"] = f"{type(e).__name__}: {e}"
+            out["later_code"] = getattr(e, "code_name", None)
+        out["later_seconds"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    hook.close()
+    out["close_seconds"] = time.monotonic() - t0
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["parity", "join", "dataloader", "die", "absent"])
+    p.add_argument("scenario", choices=["parity", "join", "dataloader", "die", "absent", "nccl", "nccl_fail"])
     p.add_argument("--out", required=True)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--timeout", type=float, default=60)
     p.add_argument("--die-rank", type=int, default=1)
     p.add_argument("--die-step", type=int, default=3)
     p.add_argument("--die-how", choices=["kill", "stop", "raise"], default="kill")
+    p.add_argument("--transport", default="nccl")
+    p.add_argument("--compressions", default="none", help="comma-separated: none, fp16, bf16")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 

@@ -60,8 +60,11 @@ def run_world(
     env: Optional[Dict[str, str]] = None,
     script: pathlib.Path = WORKER,
     hung_ranks: Sequence[int] = (),
+    per_rank_env: Optional[Dict[int, Dict[str, str]]] = None,
 ) -> List[RankResult]:
     """Runs script with args as world_size ranks and returns their results in rank order.
+
+    env is added to every rank's environment, then per_rank_env[rank] to that rank's.
 
     Blocks until every rank has exited, or timeout seconds; then kills the
     stragglers (and their children) and raises AssertionError with their logs.
@@ -82,6 +85,7 @@ def run_world(
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
             )
+            rank_env.update((per_rank_env or {}).get(rank, {}))
             out = open(workdir / f"rank{rank}.stdout", "w+")
             err = open(workdir / f"rank{rank}.stderr", "w+")
             files.append((out, err))

@@ -593,13 +593,27 @@ def test_forked_child_gets_shim_error_instead_of_hanging():
 
 # -- register() arguments ---------------------------------------------------
 
-def test_register_rejects_compression_and_unknown_transports():
-    with pytest.raises(ValueError, match="compression.*not supported"):
-        ddp_agent.register(object(), compression="fp16")
+def test_register_rejects_unknown_compression_and_transports():
+    with pytest.raises(ValueError, match="compression.*not supported.*'fp16' or 'bf16'"):
+        ddp_agent.register(object(), compression="zstd")
+    with pytest.raises(ValueError, match="transport.*auto, host, nccl"):
+        ddp_agent.register(object(), transport="carrier-pigeon")
+    for transport in ("auto", "host", "nccl"):
+        for compression in (None, "fp16", "bf16"):
+            with pytest.raises(TypeError, match="DistributedDataParallel"):
+                ddp_agent.register(object(), transport=transport, compression=compression)
     with pytest.raises(ValueError, match="transport"):
-        ddp_agent.register(object(), transport="nccl")
-    with pytest.raises(TypeError, match="DistributedDataParallel"):
-        ddp_agent.register(object())
+        ddp_agent.info("carrier-pigeon")
+
+
+def test_nccl_info_is_json_with_found():
+    got = ddp_agent.nccl_info()
+    assert isinstance(got["found"], bool), got
+    if got["found"]:
+        assert re.fullmatch(r"\d+\.\d+\.\d+", got["version"]) and got["source"], got
+        assert set(got["features"]) >= {"avg", "bfloat16", "nonblocking"}, got
+    else:
+        assert got["error"], got
 
 
 def test_timeouts(monkeypatch):
@@ -647,3 +661,22 @@ def test_extra_config_from_the_environment(monkeypatch):
         "agent", "/run/x/control.sock", 3, 1, 1)
     monkeypatch.setenv("WORLD_SIZE", "4")  # a subgroup of the job: through torch's store
     assert h._config()["bootstrap"] == "external"
+
+
+def test_nccl_config(monkeypatch):
+    monkeypatch.delenv("DDP_AGENT_SOCKET", raising=False)
+    monkeypatch.delenv(hook_mod.ENV_SHIM_CONFIG, raising=False)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    h = hook_mod.Hook.__new__(hook_mod.Hook)
+    h.rank, h.world_size, h.timeout_ms, h.name = 0, 2, 5000, "ddp_agent-3"
+    monkeypatch.delenv(_shim.ENV_NCCL_LIB, raising=False)
+    # A communicator of its own, beside the host one.
+    assert h._config("nccl") == {"rank": 0, "world_size": 2, "transport": "nccl", "timeout_ms": 5000,
+                                 "name": "ddp_agent-3-nccl", "bootstrap": "external"}
+    # The library's Go runtime does not see variables set after the process
+    # started: the hook passes $DDP_AGENT_NCCL_LIB on itself.
+    monkeypatch.setenv(_shim.ENV_NCCL_LIB, "/opt/nccl/libnccl.so.2")
+    assert h._config("nccl")["nccl_lib"] == "/opt/nccl/libnccl.so.2"
+    assert "nccl_lib" not in h._config("host")
+    monkeypatch.setenv(hook_mod.ENV_SHIM_CONFIG, '{"nccl_lib": "/elsewhere/libnccl.so.2"}')
+    assert h._config("nccl")["nccl_lib"] == "/elsewhere/libnccl.so.2"
