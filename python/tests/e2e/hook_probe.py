@@ -7,6 +7,7 @@ Each rank trains a few steps, then prints one line
 where info is the hook's communicator as the shim describes it (transport,
 collectives, events_sent, agent: connected to ddp-agent's control socket).
 Run under ddp-agent or torchrun; the e2e tests read the lines.
+PROBE_TRANSPORT picks the hook's transport (default auto).
 """
 
 import hashlib
@@ -31,7 +32,7 @@ def main():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
     ddp = DDP(model, bucket_cap_mb=0.1)  # several buckets
-    hook = ddp_agent.register(ddp)
+    hook = ddp_agent.register(ddp, transport=os.environ.get("PROBE_TRANSPORT", "auto"))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(1000 + rank)
     for _ in range(steps):

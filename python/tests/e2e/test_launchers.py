@@ -3,8 +3,12 @@
 import json
 import os
 import re
+import shutil
+import subprocess
+import tempfile
 
-from e2e_helpers import HERE, TRAIN, clean_env, collective_events, param_digests, run
+import pytest
+from e2e_helpers import HERE, REPO, TRAIN, clean_env, collective_events, param_digests, run
 
 PROBE = os.path.join(HERE, "hook_probe.py")
 
@@ -74,6 +78,30 @@ def test_hook_bootstraps_through_agent(agent_bin, python, shim_path, tmp_path):
     assert p[0]["digest"] == p[1]["digest"], r.logs()
     events = collective_events(r.stderr)
     assert events and events[-1][1] > 0, r.logs()
+
+
+def test_nccl_unique_id_through_agent(agent_bin, python, shim_path, tmp_path):
+    """transport="nccl" under ddp-agent, on the fake NCCL: rank 0's unique id reaches rank 1 through the agent's KV."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc builds the fake NCCL")
+    lib = tmp_path / "libnccl.so.2"
+    src = os.path.join(REPO, "ncclshim", "nccl", "testdata", "fakenccl.c")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-pthread", "-o", str(lib), src], check=True, timeout=120)
+    fake_dir = tempfile.mkdtemp(prefix="fakenccl-", dir="/tmp")  # short: the unique id holds the path
+    try:
+        env = clean_env(PROBE_TRANSPORT="nccl", DDP_AGENT_NCCL_LIB=str(lib), FAKE_NCCL_DIR=fake_dir, FAKE_NCCL_VERSION="22005")
+        r = run(agent_cmd(agent_bin, python, PROBE, "4"), timeout=90, env=env)
+    finally:
+        shutil.rmtree(fake_dir, ignore_errors=True)
+    assert r.returncode == 0, r.logs()
+    p = probes(r.stdout)
+    assert set(p) == {0, 1}, r.logs()
+    for rank, d in p.items():
+        info = d["info"]
+        assert info["transport"] == "nccl" and info["connected"], (rank, info)
+        assert info["agent"] is True and info["nccl"]["version"] == "2.20.5", (rank, info)
+        assert info["collectives"] > 0, info
+    assert p[0]["digest"] == p[1]["digest"], r.logs()
 
 
 def test_train_under_torchrun(torchrun_compat, python, shim_path, tmp_path):
