@@ -139,7 +139,7 @@ func (a *Agent) ranksOn(gpu int) []int {
 // for a restart go to restarts (the newest one waits there while the
 // agent is busy); a drain or reset cancels the agent with a
 // *GPUFaultError. It returns at once without NVML.
-func (a *Agent) watchGPUs(ctx context.Context, cancel context.CancelCauseFunc, restarts chan<- *GPUFaultError) {
+func (a *Agent) watchGPUs(ctx context.Context, cancel context.CancelCauseFunc, restarts chan *GPUFaultError) {
 	g := a.gpus
 	if g == nil || g.Watch == nil || g.Plan == nil || len(g.Plan.Ring) == 0 {
 		return
@@ -190,10 +190,16 @@ func (a *Agent) watchGPUs(ctx context.Context, cancel context.CancelCauseFunc, r
 			cancel(fault)
 			return
 		}
+		// One fault waits at most; a newer one takes its place and its
+		// findings, so a stale one (from before the current workers) never
+		// hides a fresh one. This goroutine is the only sender: after the
+		// receive the send cannot block.
 		select {
-		case restarts <- fault:
-		default: // one is already waiting: it restarts the same workers
+		case old := <-restarts:
+			fault.Findings = append(fault.Findings, old.Findings...)
+		default:
 		}
+		restarts <- fault
 	}
 }
 
