@@ -40,8 +40,8 @@ func ncclWorld(t *testing.T, lib string, n int, timeoutMS int) []*comm {
 	comms := make([]*comm, n)
 	blobs := make([]string, n)
 	for r := range n {
-		cfg, err := parseConfig(`{"rank":` + itoa(r) + `,"world_size":` + itoa(n) + `,"transport":"nccl","nccl_lib":"` + lib +
-			`","timeout_ms":` + itoa(timeoutMS) + `,"name":"t"}`)
+		cfg, err := parseConfig(`{"rank":` + strconv.Itoa(r) + `,"world_size":` + strconv.Itoa(n) + `,"transport":"nccl","nccl_lib":"` + lib +
+			`","timeout_ms":` + strconv.Itoa(timeoutMS) + `,"name":"t"}`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,8 +70,6 @@ func ncclWorld(t *testing.T, lib string, n int, timeoutMS int) []*comm {
 	}
 	return comms
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
 
 func f32s(vals ...float32) []byte {
 	b := make([]byte, 4*len(vals))

@@ -8,11 +8,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/internal/leaktest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -26,34 +25,12 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	if code == 0 {
-		if err := checkLeaks(5 * time.Second); err != nil {
+		if err := leaktest.Check("ncclshim/host", 5*time.Second); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			code = 1
 		}
 	}
 	os.Exit(code)
-}
-
-// checkLeaks waits up to wait for every goroutine running this package's
-// code (other than TestMain's) to end.
-func checkLeaks(wait time.Duration) error {
-	var leaked []string
-	for end := time.Now().Add(wait); ; time.Sleep(20 * time.Millisecond) {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		leaked = leaked[:0]
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "ncclshim/host.") && !strings.Contains(g, "host.TestMain") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 {
-			return nil
-		}
-		if time.Now().After(end) {
-			return fmt.Errorf("%d goroutines leaked:\n%s", len(leaked), strings.Join(leaked, "\n\n"))
-		}
-	}
 }
 
 // helperRank is one rank in its own process. It prints its PeerInfo as a

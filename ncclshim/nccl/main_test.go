@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/internal/leaktest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
 )
 
@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	if code == 0 {
-		if err := checkLeaks(5 * time.Second); err != nil {
+		if err := leaktest.Check("ncclshim/nccl", 5*time.Second); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			code = 1
 		}
@@ -78,28 +78,6 @@ func helperLoad() int {
 	b, _ := json.Marshal(rep)
 	fmt.Printf("%s\n", b)
 	return 0
-}
-
-// checkLeaks waits up to wait for every goroutine running this package's
-// code (other than TestMain's) to end.
-func checkLeaks(wait time.Duration) error {
-	var leaked []string
-	for end := time.Now().Add(wait); ; time.Sleep(20 * time.Millisecond) {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		leaked = leaked[:0]
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "ncclshim/nccl.") && !strings.Contains(g, "nccl.TestMain") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 {
-			return nil
-		}
-		if time.Now().After(end) {
-			return fmt.Errorf("%d goroutines leaked:\n%s", len(leaked), strings.Join(leaked, "\n\n"))
-		}
-	}
 }
 
 // fake returns the fake NCCL's path, skipping the test without gcc.

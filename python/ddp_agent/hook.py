@@ -379,13 +379,11 @@ class Hook:
         """Has the shim enqueue an NCCL all-reduce of tensor; blocks until enqueued (at most the timeout)."""
         dtype, per_element = _DTYPES[tensor.dtype]
         try:
-            work = comm.allreduce(
+            # The NCCL transport fails the call itself when the enqueue fails;
+            # the work it returns is complete, so there is nothing to wait for.
+            comm.allreduce(
                 tensor.data_ptr(), tensor.numel() * per_element, dtype, op, stream=stream, step=step, bucket=index
-            )
-            try:
-                work.wait()  # complete already: this is the enqueue's status
-            finally:
-                work.free()
+            ).free()
         except ShimError as e:
             if note:
                 e = ShimError(e.code, f"{e.message} ({note})", e.call)

@@ -1,0 +1,35 @@
+// Package leaktest finds goroutines a test binary left running, for the
+// TestMain of packages whose tests start background goroutines.
+package leaktest
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// Check waits up to wait for every goroutine whose stack mentions pkg (a
+// package's import path, such as "ncclshim/host") to end, other than the
+// one running its TestMain, and returns an error listing those still
+// running.
+func Check(pkg string, wait time.Duration) error {
+	name := pkg[strings.LastIndexByte(pkg, '/')+1:]
+	var leaked []string
+	for end := time.Now().Add(wait); ; time.Sleep(20 * time.Millisecond) {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		leaked = leaked[:0]
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, pkg+".") && !strings.Contains(g, name+".TestMain") {
+				leaked = append(leaked, g)
+			}
+		}
+		if len(leaked) == 0 {
+			return nil
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("%d goroutines leaked:\n%s", len(leaked), strings.Join(leaked, "\n\n"))
+		}
+	}
+}
