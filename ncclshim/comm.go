@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
@@ -63,6 +64,8 @@ type comm struct {
 	ncLib *nccl.Lib
 	ncID  [nccl.UniqueIDBytes]byte
 	nc    *nccl.Comm
+	cu    *cuda.Lib // nil without a CUDA driver
+	watch *watchdog // from connect
 }
 
 // work is one all-reduce in flight.
@@ -402,6 +405,12 @@ func (c *comm) close() {
 		w.err = errClosed
 		close(w.done)
 	}
+	c.mu.Lock()
+	watch := c.watch
+	c.mu.Unlock()
+	if watch != nil {
+		watch.close() // its last look ships the events of what has completed
+	}
 	c.bgCancel() // the shipper's last flush includes the executor's last events
 	c.bg.Wait()
 	if tr != nil {
@@ -435,7 +444,7 @@ func (c *comm) describe() string {
 		info["connected"] = c.nc != nil
 		info["transport"] = "nccl"
 		info["nccl"] = map[string]any{"source": c.ncLib.Source(), "version": c.ncLib.Version().String(),
-			"nonblocking": c.nc != nil && c.nc.NonBlocking()}
+			"nonblocking": c.nc != nil && c.nc.NonBlocking(), "cuda": c.cu != nil}
 	}
 	c.mu.Unlock()
 	if c.events != nil {

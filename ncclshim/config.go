@@ -28,6 +28,7 @@ type config struct {
 	Name       string `json:"name"`
 	LogLevel   string `json:"log_level"`
 	NCCLLib    string `json:"nccl_lib"`
+	CUDALib    string `json:"cuda_lib"`
 }
 
 const (

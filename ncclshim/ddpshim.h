@@ -72,6 +72,10 @@ const char *ddpshim_last_error(void);
  *                          0's blob carries it
  *   nccl_lib               path of an NCCL library (default
  *                          $DDP_AGENT_NCCL_LIB)
+ *   cuda_lib               path of a CUDA driver, tried after the process's
+ *                          symbols and libcuda.so.1 (default
+ *                          $DDP_AGENT_CUDA_LIB); without one the nccl
+ *                          transport has no GPU-side timing or hang watch
  *   bootstrap              "agent": exchange addresses through the ddp-agent
  *                          control socket at "socket" (blocks until every
  *                          rank has opened, or timeout_ms); "external": the
@@ -119,7 +123,11 @@ int ddpshim_connect(int64_t comm, const char *peers);
  * timeout_ms) and the work is already complete: the stream orders the rest.
  * An NCCL failure fails this call with NCCL's message (and its
  * ncclGetLastError text) and aborts the communicator; avg and bfloat16 need
- * NCCL 2.10 (DDPSHIM_ERR_INVALID before).
+ * NCCL 2.10 (DDPSHIM_ERR_INVALID before). With a CUDA driver, CUDA events
+ * recorded before and after the collective on stream let a watchdog thread
+ * time it and see it finish: one not finished timeout_ms after its enqueue,
+ * or an asynchronous NCCL error, aborts the communicator, and the next call
+ * fails with DDPSHIM_ERR_ABORTED naming the cause (step and bucket).
  * step and bucket label the timing event sent to the agent. count may be 0.
  * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf with count > 0, null
  * work, negative count, unknown dtype or op, unknown handle, not
@@ -165,12 +173,16 @@ int ddpshim_close(int64_t comm);
  * $DDP_AGENT_NCCL_LIB): found, and then source ("process", "libnccl.so.2" or
  * the path), version ("2.20.5"), features (avg, bfloat16, nonblocking,
  * last_error, finalize); or found false and error, naming every place tried.
+ * Also "cuda": the CUDA driver the watchdog times collectives with (process
+ * symbols, libcuda.so.1, then $DDP_AGENT_CUDA_LIB): found, source, driver
+ * ("12.8"), or found false and error.
  * Returns DDPSHIM_OK or DDPSHIM_ERR_INVALID (null buf, too small). */
 int ddpshim_nccl_info(char *buf, size_t len);
 
 /* ddpshim_comm_info writes a NUL-terminated JSON object describing comm
  * into buf: rank, world_size, transport ("tcp", "shm" or "nccl", with an
- * "nccl" object: source, version, nonblocking), collectives,
+ * "nccl" object: source, version, nonblocking, cuda: whether the
+ * watchdog has a CUDA driver), collectives,
  * events_sent, events_dropped, agent (whether connected). Returns
  * DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf, too small, unknown handle),
  * DDPSHIM_ERR_CLOSED. */

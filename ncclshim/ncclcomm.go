@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 )
 
@@ -24,7 +25,7 @@ import (
 // Future on that stream right after, so the enqueue must have happened by
 // then, and NCCL takes the communicator's device from the calling thread
 // at init. The work handle is complete when ddpshim_allreduce returns; the
-// stream orders the rest.
+// stream orders the rest, and the watchdog (watchdog.go) watches it.
 
 // ncclIDPrefix marks rank 0's bootstrap blob: the NCCL unique id in hex.
 // The other ranks' blobs only say who they are.
@@ -127,7 +128,15 @@ func (c *comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 		return errClosed
 	}
 	c.nc = nc
-	c.log.Info("connected", "world_size", c.size, "transport", "nccl", "nonblocking", nc.NonBlocking())
+	cu, err := cuda.Load(c.cfg.cudaLib())
+	if err != nil {
+		c.log.Info("no CUDA driver: no GPU-side timing or hang detection", "err", err)
+		cu = nil
+	}
+	c.cu = cu
+	c.watch = newWatchdog(c, nc, cu)
+	c.log.Info("connected", "world_size", c.size, "transport", "nccl", "nonblocking", nc.NonBlocking(),
+		"cuda", cu != nil)
 	return nil
 }
 
@@ -136,7 +145,7 @@ func (c *comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 // one, and every later collective fails at once with the first cause.
 func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream unsafe.Pointer) error {
 	c.mu.Lock()
-	nc := c.nc
+	nc, cu, watch := c.nc, c.cu, c.watch
 	closed := c.closed
 	c.mu.Unlock()
 	switch {
@@ -148,26 +157,42 @@ func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream un
 	if err := context.Cause(c.ctx); err != nil {
 		return aborted(err)
 	}
-	f := c.ncLib.Features()
-	if (w.op == 4 && !f.Avg) || (w.dt == 9 && !f.BFloat16) {
+	feat := c.ncLib.Features()
+	if (w.op == 4 && !feat.Avg) || (w.dt == 9 && !feat.BFloat16) {
 		return errorf(rcInvalid, "NCCL %s has no %s (from 2.10); use sum after dividing, or float32/float16",
-			c.ncLib.Version(), map[bool]string{true: "avg", false: "bfloat16"}[w.op == 4 && !f.Avg])
+			c.ncLib.Version(), map[bool]string{true: "avg", false: "bfloat16"}[w.op == 4 && !feat.Avg])
+	}
+	ev, timed, err := watch.events(stream)
+	if err != nil {
+		c.abort(err)
+		return err
 	}
 	start := time.Now()
 	w.started.Store(start.UnixNano())
-	err := nc.AllReduce(ptr, count, int(w.dt), int(w.op), stream)
-	end := time.Now()
-	if err != nil {
-		err = errorf(nccl.Status(err), "all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
-		c.abort(err)
+	if timed {
+		err = cu.Record(ev.start, stream)
 	}
-	if c.events != nil {
-		// Host-side times of the enqueue; on a CUDA stream the collective
-		// itself runs later.
-		c.events.push(control.CollectiveEvent{
-			Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)), DType: uint8(w.dt),
-			Status: uint8(statusOf(err)), TArrive: w.arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
-		})
+	if err == nil {
+		err = nc.AllReduce(ptr, count, int(w.dt), int(w.op), stream)
+	}
+	if err == nil && timed {
+		err = cu.Record(ev.end, stream)
+	}
+	end := time.Now()
+	f := flight{ev: ev, step: w.step, bucket: w.bucket, bytes: uint64(len(w.buf)), dt: uint8(w.dt), arrive: w.arrive, enqueued: end}
+	switch {
+	case err != nil:
+		if timed {
+			watch.release(ev)
+		}
+		err = errorf(statusOfGPU(err), "all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
+		c.abort(err)
+		c.pushEvent(f, start, end, err)
+	case timed:
+		watch.add(f) // its event, with GPU times, once it has run
+	default:
+		// Host-side times of the enqueue; the collective itself runs later.
+		c.pushEvent(f, start, end, nil)
 	}
 	c.mu.Lock()
 	c.collected++
@@ -177,6 +202,24 @@ func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream un
 	}
 	close(w.done)
 	return nil
+}
+
+// statusOfGPU maps an NCCL or CUDA error to its C status code.
+func statusOfGPU(err error) int {
+	var ce *cuda.Error
+	if errors.As(err, &ce) {
+		return rcUnavailable
+	}
+	return nccl.Status(err)
+}
+
+// cudaLib is the explicit CUDA driver path: the config's, else
+// $DDP_AGENT_CUDA_LIB.
+func (c *config) cudaLib() string {
+	if c.CUDALib != "" {
+		return c.CUDALib
+	}
+	return getenv("DDP_AGENT_CUDA_LIB")
 }
 
 // ncclLib is the explicit NCCL library path: the config's, else
@@ -212,6 +255,12 @@ func ncclInfo() string {
 		info["version"] = lib.Version().String()
 		info["features"] = map[string]bool{"avg": f.Avg, "bfloat16": f.BFloat16, "nonblocking": f.NonBlocking,
 			"last_error": f.LastError, "finalize": f.Finalize}
+	}
+	// The driver the watchdog would time collectives with.
+	if cu, err := cuda.Load(getenv("DDP_AGENT_CUDA_LIB")); err != nil {
+		info["cuda"] = map[string]any{"found": false, "error": err.Error()}
+	} else {
+		info["cuda"] = map[string]any{"found": true, "source": cu.Source(), "driver": cu.DriverVersion()}
 	}
 	out, _ := json.Marshal(info)
 	return string(out)

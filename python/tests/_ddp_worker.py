@@ -383,14 +383,17 @@ def scenario_nccl_fail(args, keep: list) -> dict:
     hook = ddp_agent.register(ddp, transport=args.transport, compression=compression, timeout=args.timeout)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     out = {"error": None, "steps_done": 0}
-    for step in range(STEPS):
+    start = time.monotonic()
+    for step in range(args.steps):
+        time.sleep(args.step_sleep)
         opt.zero_grad(set_to_none=True)
         loss = ddp(make_batch("default", step, rank)).pow(2).mean()
         t0 = time.monotonic()
         try:
             loss.backward()
         except Exception as e:  # what a training script would see
-            out.update(error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0, step=step)
+            out.update(error=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0, step=step,
+                       since_start=time.monotonic() - start)
             break
         opt.step()
         out["steps_done"] = step + 1
@@ -425,6 +428,8 @@ def main() -> None:
     p.add_argument("--die-how", choices=["kill", "stop", "raise"], default="kill")
     p.add_argument("--transport", default="nccl")
     p.add_argument("--compressions", default="none", help="comma-separated: none, fp16, bf16")
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="nccl_fail: seconds between steps")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 

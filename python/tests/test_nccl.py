@@ -87,11 +87,14 @@ class FakeDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def fake_env(lib: pathlib.Path, fake_dir: str, **knobs: str) -> Dict[str, str]:
-    env = {"DDP_AGENT_NCCL_LIB": str(lib), "FAKE_NCCL_DIR": fake_dir}
-    for k in ("FAKE_NCCL_VERSION", "FAKE_NCCL_INPROGRESS", "FAKE_NCCL_FAIL", "FAKE_NCCL_HANG", "FAKE_NCCL_RECORD"):
+def fake_env(lib: pathlib.Path, fake_dir: str, cuda: bool = False, **knobs: str) -> Dict[str, str]:
+    """The fake NCCL's environment; with cuda, the same library is the CUDA driver too (the shim's watchdog records events)."""
+    env = {"DDP_AGENT_NCCL_LIB": str(lib), "FAKE_NCCL_DIR": fake_dir, "DDP_AGENT_CUDA_LIB": str(lib) if cuda else ""}
+    for k in ("FAKE_NCCL_VERSION", "FAKE_NCCL_INPROGRESS", "FAKE_NCCL_FAIL", "FAKE_NCCL_HANG", "FAKE_NCCL_RECORD",
+              "FAKE_CUDA_KERNEL_MS", "FAKE_CUDA_FAIL"):
         env[k] = ""  # none inherited from the caller's environment
-    env.update({f"FAKE_NCCL_{k.upper()}": v for k, v in knobs.items()})
+    for k, v in knobs.items():  # hang="stream" is FAKE_NCCL_HANG, cuda_kernel_ms="5" FAKE_CUDA_KERNEL_MS
+        env["FAKE_CUDA_" + k[5:].upper() if k.startswith("cuda_") else f"FAKE_NCCL_{k.upper()}"] = v
     return env
 
 
@@ -210,13 +213,14 @@ NCCL_SYSTEM_ERROR = "unhandled system error"  # ncclGetErrorString(ncclSystemErr
 
 
 def run_fail(tmp_path, fake_nccl, *, timeout: float = 30, compression: str = "none", world_size: int = 2,
-             per_rank_env=None, **knobs) -> List[dict]:
+             per_rank_env=None, cuda: bool = False, steps: int = 6, step_sleep: float = 0, **knobs) -> List[dict]:
     with FakeDir() as fake_dir:
         results = _world.run_world(
             tmp_path, world_size,
             ["nccl_fail", "--out", str(tmp_path), "--transport", "nccl", "--timeout", str(timeout),
-             "--compressions", compression],
-            timeout=timeout + 60, env=fake_env(fake_nccl, fake_dir, **knobs), per_rank_env=per_rank_env,
+             "--compressions", compression, "--steps", str(steps), "--step-sleep", str(step_sleep)],
+            timeout=timeout + steps * step_sleep + 60, env=fake_env(fake_nccl, fake_dir, cuda=cuda, **knobs),
+            per_rank_env=per_rank_env,
         )
     _world.check_ok(results)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)]
@@ -261,6 +265,33 @@ def test_hung_nccl_times_out(tmp_path, fake_nccl):
         assert timeout - 0.5 <= res["seconds"] <= timeout + 5, res
         assert res["later_code"] == "ABORTED" and res["later_seconds"] < 1, res
         assert res["close_seconds"] < 5, res
+
+
+def test_gpu_side_hang_aborts_at_the_timeout(tmp_path, fake_nccl):
+    """Each enqueue succeeds, but the first collective never completes on the
+    "GPU" (the fake driver's stream stays busy, as when a peer never joins):
+    the shim's watchdog aborts the communicator at the timeout, and the next
+    hook call raises, naming the step and bucket that hung."""
+    timeout, step_sleep = 1.0, 0.2
+    results = run_fail(tmp_path, fake_nccl, timeout=timeout, cuda=True, hang="stream", steps=40, step_sleep=step_sleep)
+    for rank, res in enumerate(results):
+        assert res["error"] is not None, f"rank {rank} trained on: {res}"
+        assert res["hook_error_code"] == "ABORTED", res
+        assert re.search(r"all-reduce of step 0 bucket \d+ .* has not completed on the GPU", res["error"]), res["error"]
+        assert f"(timeout {timeout:g}s)" in res["error"], res["error"]
+        # Aborted at the timeout (polled every millisecond), raised at the next bucket.
+        assert timeout <= res["since_start"] <= timeout + 2 * step_sleep + 1, res
+        assert res["later_code"] == "ABORTED" and res["later_seconds"] < 1, res
+        assert res["close_seconds"] < 5, res
+
+
+def test_gpu_timing_leaves_training_alone(tmp_path, fake_nccl):
+    """With the fake driver and collectives that take 5 ms on the "GPU", the
+    watchdog times every collective and training runs to the end."""
+    results = run_fail(tmp_path, fake_nccl, cuda=True, cuda_kernel_ms="5")
+    for rank, res in enumerate(results):
+        assert res["error"] is None and res["steps_done"] == 6, res
+        assert res["hook_error_code"] is None, res
 
 
 def test_no_nccl_anywhere(tmp_path, fake_nccl):

@@ -10,6 +10,15 @@ package nccltest
 // #define _GNU_SOURCE
 // #include <dlfcn.h>
 // #include <stdlib.h>
+// static long live_events(const char *path, const char **err) {
+//   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+//   if (h == NULL) { *err = dlerror(); return -1; }
+//   long (*f)(void) = (long (*)(void))dlsym(h, "fakeCudaLiveEvents");
+//   long n = f ? f() : -1;
+//   if (f == NULL) *err = "fakeCudaLiveEvents not found";
+//   dlclose(h);
+//   return n;
+// }
 // static const char *preload(const char *path) {
 //   dlerror();
 //   return dlopen(path, RTLD_NOW | RTLD_GLOBAL) ? NULL : dlerror();
@@ -89,4 +98,17 @@ func HostBuffer(n int) (buf []byte, free func()) {
 	}
 	p := C.calloc(C.size_t(n), 1)
 	return unsafe.Slice((*byte)(p), n), func() { C.free(p) }
+}
+
+// LiveEvents is how many CUDA events the fake driver at path (loaded in
+// this process) has made and not destroyed.
+func LiveEvents(path string) (int, error) {
+	cs := C.CString(path)
+	defer C.free(unsafe.Pointer(cs))
+	var e *C.char
+	n := C.live_events(cs, &e)
+	if n < 0 {
+		return 0, fmt.Errorf("nccltest: %s: %s", path, C.GoString(e))
+	}
+	return int(n), nil
 }

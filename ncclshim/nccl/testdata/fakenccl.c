@@ -38,6 +38,26 @@
  * communicator return ncclInternalError, the background thread is joined,
  * and only then is the communicator freed.
  *
+ * The same library is also a fake CUDA driver (libcuda.so.1: cuInit,
+ * contexts, streams, timing events), so that the shim's watchdog, which
+ * records events around each collective, runs here too: load it through
+ * DDP_AGENT_CUDA_LIB as well, and both share one state. Streams are just
+ * handles. Every allreduce enqueued on a stream keeps the stream busy for
+ * FAKE_CUDA_KERNEL_MS (default 0) after the later of now and its previous
+ * work; an event completes when the stream reaches it. More knobs:
+ *   FAKE_NCCL_HANG=stream    allreduce returns ncclSuccess at once but its
+ *                            "kernel" never ends: events recorded on the
+ *                            stream after it stay pending until
+ *                            ncclCommAbort, as with a peer that never joins
+ *   FAKE_NCCL_FAIL=async     the same, and 50 ms later the communicator's
+ *                            asynchronous error becomes ncclRemoteError,
+ *                            as when a peer dies mid-collective
+ *   FAKE_CUDA_FAIL=init      cuInit returns CUDA_ERROR_NO_DEVICE
+ * Event and stream calls need cuInit and a current context; the first
+ * cuCtxGetCurrent on a thread makes the primary context current there (as
+ * the CUDA runtime has done on PyTorch's threads), other threads must call
+ * cuCtxSetCurrent. fakeCudaLiveEvents() counts events not destroyed.
+ *
  * Types and values as NVIDIA/nccl src/nccl.h.in; the error strings as
  * src/init.cc's ncclGetErrorString (2.19+). ncclConfig_t is declared as NCCL
  * 2.27 does, larger than the shim's, and parsed as parseCommConfig does
@@ -152,6 +172,7 @@ struct ncclComm {
   int busy; /* API calls inside this comm */
   pthread_mutex_t mu;
   ncclResult_t async; /* ncclSuccess, ncclInProgress or a sticky error */
+  struct timespec fail_at; /* FAKE_NCCL_FAIL=async: when async turns to ncclRemoteError */
   /* the non-blocking operation under way */
   int op, want, reports, done;
   ncclResult_t result;
@@ -558,6 +579,14 @@ EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state) {
   if (c == NULL || state == NULL) return ncclInvalidArgument;
   enter(c);
   pthread_mutex_lock(&c->mu);
+  if (c->fail_at.tv_sec != 0 && c->async == ncclSuccess) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec > c->fail_at.tv_sec || (now.tv_sec == c->fail_at.tv_sec && now.tv_nsec >= c->fail_at.tv_nsec)) {
+      set_last("fake NCCL: rank %d lost a peer mid-collective (FAKE_NCCL_FAIL=async)", c->rank);
+      c->async = ncclRemoteError;
+    }
+  }
   if (c->async == ncclInProgress) {
     if (c->done && c->reports >= c->want) {
       c->async = c->result;
@@ -576,10 +605,28 @@ EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state) {
   return ncclSuccess;
 }
 
+static void stream_enqueued(cudaStream_t stream, ncclComm_t c);
+static void streams_release(ncclComm_t c);
+
 EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                                   ncclRedOp_t op, ncclComm_t c, cudaStream_t stream) {
-  (void)stream;
   if (c == NULL) return ncclInvalidArgument;
+  if (env_is("FAKE_NCCL_HANG", "stream") || env_is("FAKE_NCCL_FAIL", "async")) {
+    /* The kernel is "launched" and never ends; the host call succeeds. */
+    record("allreduce rank=%d count=%zu dtype=%d op=%d hang=stream", c->rank, count, datatype, op);
+    stream_enqueued(stream, c);
+    if (env_is("FAKE_NCCL_FAIL", "async")) {
+      pthread_mutex_lock(&c->mu);
+      clock_gettime(CLOCK_MONOTONIC, &c->fail_at);
+      c->fail_at.tv_nsec += 50000000;
+      if (c->fail_at.tv_nsec >= 1000000000) {
+        c->fail_at.tv_sec++;
+        c->fail_at.tv_nsec -= 1000000000;
+      }
+      pthread_mutex_unlock(&c->mu);
+    }
+    return ncclSuccess;
+  }
   if (dtype_size(datatype) == 0 || (op != ncclSum && op != ncclAvg)) {
     set_last("fake NCCL: unsupported data type %d or op %d", datatype, op);
     return ncclInvalidArgument;
@@ -623,6 +670,7 @@ EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t c
   }
   pthread_mutex_unlock(&c->mu);
   leave(c);
+  if (r == ncclSuccess || r == ncclInProgress) stream_enqueued(stream, NULL);
   return r;
 }
 
@@ -650,6 +698,7 @@ EXPORT ncclResult_t ncclCommAbort(ncclComm_t c) {
   __atomic_store_n(&c->aborted, 1, __ATOMIC_RELEASE);
   while (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE) > 0) sleep_ms(1);
   record("abort rank=%d", c->rank);
+  streams_release(c);
   free_comm(c);
   return ncclSuccess;
 }
@@ -681,3 +730,256 @@ EXPORT const char *ncclGetLastError(ncclComm_t comm) {
   (void)comm;
   return lasterr;
 }
+
+/* ---- the fake CUDA driver ---- */
+
+typedef int CUresult;
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_INVALID_HANDLE = 400,
+  CUDA_ERROR_NOT_READY = 600,
+};
+
+struct fstream {
+  cudaStream_t key; /* NULL: the legacy default stream */
+  uint64_t busy_until; /* CLOCK_MONOTONIC ns when its last work ends */
+  ncclComm_t stuck_by; /* FAKE_NCCL_HANG=stream: until this comm aborts */
+  int stuck;
+  uint64_t unstuck_at;
+  struct fstream *next;
+};
+
+struct CUevent_st {
+  int recorded, pending; /* pending: recorded behind a stuck kernel */
+  uint64_t t;            /* when the stream reaches it */
+  struct fstream *s;
+};
+
+static pthread_mutex_t cumu = PTHREAD_MUTEX_INITIALIZER;
+static struct fstream *streams;
+static int cu_inited;
+static long live_events;
+static char primary_ctx;
+static __thread void *cur_ctx;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* find_stream returns key's state, made on first use. cumu is held. */
+static struct fstream *find_stream(cudaStream_t key) {
+  for (struct fstream *s = streams; s != NULL; s = s->next)
+    if (s->key == key) return s;
+  struct fstream *s = calloc(1, sizeof *s);
+  s->key = key;
+  s->next = streams;
+  streams = s;
+  return s;
+}
+
+/* stream_enqueued accounts for a collective on stream; hung_by, when not
+ * NULL, is the communicator whose kernel never ends. */
+static void stream_enqueued(cudaStream_t stream, ncclComm_t hung_by) {
+  pthread_mutex_lock(&cumu);
+  struct fstream *s = find_stream(stream);
+  if (hung_by != NULL) {
+    s->stuck = 1;
+    s->stuck_by = hung_by;
+  } else {
+    uint64_t now = now_ns();
+    if (s->busy_until < now) s->busy_until = now;
+    s->busy_until += (uint64_t)env_int("FAKE_CUDA_KERNEL_MS", 0) * 1000000u;
+  }
+  pthread_mutex_unlock(&cumu);
+}
+
+/* streams_release ends the hung kernels of c: an abort makes them exit. */
+static void streams_release(ncclComm_t c) {
+  pthread_mutex_lock(&cumu);
+  uint64_t now = now_ns();
+  for (struct fstream *s = streams; s != NULL; s = s->next) {
+    if (s->stuck && s->stuck_by == c) {
+      s->stuck = 0;
+      s->stuck_by = NULL;
+      s->unstuck_at = now;
+      if (s->busy_until < now) s->busy_until = now;
+    }
+  }
+  pthread_mutex_unlock(&cumu);
+}
+
+static CUresult cu_ready(void) {
+  if (!__atomic_load_n(&cu_inited, __ATOMIC_ACQUIRE)) return CUDA_ERROR_NOT_INITIALIZED;
+  if (cur_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (env_is("FAKE_CUDA_FAIL", "init")) return CUDA_ERROR_NO_DEVICE;
+  __atomic_store_n(&cu_inited, 1, __ATOMIC_RELEASE);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) {
+  if (v == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *v = 12080;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(void **ctx) {
+  if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (!__atomic_load_n(&cu_inited, __ATOMIC_ACQUIRE)) return CUDA_ERROR_NOT_INITIALIZED;
+  if (cur_ctx == NULL) cur_ctx = &primary_ctx;
+  *ctx = cur_ctx;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(void *ctx) {
+  if (!__atomic_load_n(&cu_inited, __ATOMIC_ACQUIRE)) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ctx != NULL && ctx != &primary_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+  cur_ctx = ctx;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCtx(cudaStream_t s, void **ctx) {
+  (void)s;
+  if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *ctx = &primary_ctx;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(cudaStream_t *s, unsigned int flags) {
+  (void)flags;
+  CUresult r = cu_ready();
+  if (r != CUDA_SUCCESS) return r;
+  if (s == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *s = malloc(1); /* a unique handle */
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(cudaStream_t s) {
+  CUresult r = cu_ready();
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&cumu);
+  for (struct fstream **p = &streams; *p != NULL; p = &(*p)->next) {
+    if ((*p)->key == s) { /* events recorded on it keep a pointer: keep the state */
+      (*p)->key = (cudaStream_t)-1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&cumu);
+  free(s);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventCreate(struct CUevent_st **e, unsigned int flags) {
+  (void)flags;
+  CUresult r = cu_ready();
+  if (r != CUDA_SUCCESS) return r;
+  if (e == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *e = calloc(1, sizeof **e);
+  __atomic_add_fetch(&live_events, 1, __ATOMIC_ACQ_REL);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(struct CUevent_st *e) {
+  CUresult r = cu_ready();
+  if (r != CUDA_SUCCESS) return r;
+  if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  free(e);
+  __atomic_sub_fetch(&live_events, 1, __ATOMIC_ACQ_REL);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(struct CUevent_st *e, cudaStream_t stream) {
+  CUresult r = cu_ready();
+  if (r != CUDA_SUCCESS) return r;
+  if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&cumu);
+  struct fstream *s = find_stream(stream);
+  uint64_t now = now_ns();
+  e->recorded = 1;
+  e->s = s;
+  e->pending = s->stuck;
+  e->t = s->busy_until > now ? s->busy_until : now;
+  pthread_mutex_unlock(&cumu);
+  return CUDA_SUCCESS;
+}
+
+/* event_done reports whether e has completed. cumu is held. */
+static int event_done(struct CUevent_st *e) {
+  if (!e->recorded) return 1;
+  if (e->pending) {
+    if (e->s->stuck) return 0;
+    e->pending = 0;
+    if (e->t < e->s->unstuck_at) e->t = e->s->unstuck_at;
+  }
+  return now_ns() >= e->t;
+}
+
+EXPORT CUresult cuEventQuery(struct CUevent_st *e) {
+  CUresult r = cu_ready();
+  if (r != CUDA_SUCCESS) return r;
+  if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&cumu);
+  int done = event_done(e);
+  pthread_mutex_unlock(&cumu);
+  return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuEventSynchronize(struct CUevent_st *e) {
+  CUresult r;
+  while ((r = cuEventQuery(e)) == CUDA_ERROR_NOT_READY) sleep_ms(1);
+  return r;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, struct CUevent_st *a, struct CUevent_st *b) {
+  CUresult r = cu_ready();
+  if (r != CUDA_SUCCESS) return r;
+  if (ms == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (a == NULL || b == NULL || !a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&cumu);
+  int done = event_done(a) && event_done(b);
+  if (done) *ms = (float)((double)((int64_t)(b->t - a->t)) / 1e6);
+  pthread_mutex_unlock(&cumu);
+  return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult r, const char **s) {
+  if (s == NULL) return CUDA_ERROR_INVALID_VALUE;
+  switch (r) {
+    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
+    default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorString(CUresult r, const char **s) {
+  if (s == NULL) return CUDA_ERROR_INVALID_VALUE;
+  switch (r) {
+    case CUDA_SUCCESS: *s = "no error"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "invalid argument"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *s = "initialization error"; break;
+    case CUDA_ERROR_NO_DEVICE: *s = "no CUDA-capable device is detected"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *s = "invalid device context"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *s = "invalid resource handle"; break;
+    case CUDA_ERROR_NOT_READY: *s = "device not ready"; break;
+    default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+EXPORT long fakeCudaLiveEvents(void) { return __atomic_load_n(&live_events, __ATOMIC_ACQUIRE); }

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
+	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+)
+
+// gpuWorld is ncclWorld with the fake's CUDA driver too, so the watchdog
+// records events, and an event ring on each rank to read what it reports.
+// Each rank gets a stream of its own, as each GPU has.
+func gpuWorld(t *testing.T, knobs map[string]string, n, timeoutMS int) (string, []*comm, []unsafe.Pointer) {
+	t.Helper()
+	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
+		t.Skip("a real CUDA driver is here: the shim would take it before the fake")
+	}
+	lib := fakeNCCL(t, knobs)
+	t.Setenv("DDP_AGENT_CUDA_LIB", lib)
+	comms := ncclWorld(t, lib, n, timeoutMS)
+	for _, c := range comms {
+		if c.cu == nil {
+			t.Fatal("the fake CUDA driver was not loaded")
+		}
+		c.events = newEventRing()
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if _, err := comms[0].cu.Current(nil); err != nil {
+		t.Fatal(err)
+	}
+	streams := make([]unsafe.Pointer, n)
+	for r, c := range comms {
+		s, err := c.cu.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams[r] = s.Ptr()
+	}
+	return lib, comms, streams
+}
+
+// gpuAllreduce is allreduce on a locked thread per rank, as from the
+// Python thread that owns a CUDA context; it returns when every rank has
+// enqueued, not when the "GPU" is done.
+func gpuAllreduce(comms []*comm, streams []unsafe.Pointer, step uint64, bucket int32) []error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(comms))
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			buf, _ := nccltest.HostBuffer(8) // freed with the process: the fake may still read it
+			p := unsafe.Pointer(&buf[0])
+			w, err := c.newWork(p, 2, reduce.Float32, reduce.Sum, step, bucket)
+			if err == nil {
+				err = c.allreduceNCCL(w, p, 2, streams[r])
+			}
+			errs[r] = err
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// waitEvents takes events from c's ring until n have come or 5 s pass.
+func waitEvents(c *comm, n int) []control.CollectiveEvent {
+	var got []control.CollectiveEvent
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < n && time.Now().Before(deadline) {
+		got = append(got, c.events.take().Events...)
+		time.Sleep(5 * time.Millisecond)
+	}
+	return got
+}
+
+// TestWatchdogTimesOnTheGPU: the events a rank reports carry the GPU's
+// start and end of each collective (the fake "GPU" runs each for 60 ms,
+// one after the other on the stream), not the host's enqueue.
+func TestWatchdogTimesOnTheGPU(t *testing.T) {
+	lib, comms, streams := gpuWorld(t, map[string]string{"FAKE_CUDA_KERNEL_MS": "60"}, 2, 10000)
+	enqueued := time.Now()
+	for step := range uint64(3) {
+		for r, err := range gpuAllreduce(comms, streams, step, 1) {
+			if err != nil {
+				t.Fatalf("step %d rank %d: %v", step, r, err)
+			}
+		}
+	}
+	if took := time.Since(enqueued); took > 150*time.Millisecond {
+		t.Errorf("enqueueing 3 collectives took %v: the caller waited for the GPU", took)
+	}
+	for r, c := range comms {
+		evs := waitEvents(c, 3)
+		if len(evs) != 3 {
+			t.Fatalf("rank %d: %d events, want 3", r, len(evs))
+		}
+		for i, ev := range evs {
+			d := time.Duration(ev.TEnd - ev.TStart)
+			if ev.Step != uint64(i) || ev.Status != rcOK || d < 55*time.Millisecond || d > 90*time.Millisecond {
+				t.Errorf("rank %d event %d: step %d status %d GPU time %v, want step %d, ok, 60ms", r, i, ev.Step, ev.Status, d, i)
+			}
+			if i > 0 && ev.TStart < evs[i-1].TEnd-int64(2*time.Millisecond) {
+				t.Errorf("rank %d event %d starts %v before the previous one ends", r, i, time.Duration(evs[i-1].TEnd-ev.TStart))
+			}
+			// On the host clock: the third ends about 180 ms after the enqueue.
+			if off := time.Duration(ev.TEnd - enqueued.UnixNano()); off < time.Duration(i+1)*55*time.Millisecond || off > time.Duration(i+1)*60*time.Millisecond+100*time.Millisecond {
+				t.Errorf("rank %d event %d ends %v after the first enqueue", r, i, off)
+			}
+			if ev.TArrive > ev.TStart {
+				t.Errorf("rank %d event %d: arrived after it started on the GPU", r, i)
+			}
+		}
+	}
+	for _, c := range comms {
+		c.close()
+	}
+	if n, err := nccltest.LiveEvents(lib); err != nil || n != 0 {
+		t.Errorf("after close: %d CUDA events left (%v)", n, err)
+	}
+}
+
+// TestWatchdogAbortsAHungKernel: a collective that was enqueued but never
+// completes on the GPU aborts the communicator at the timeout; the next
+// call fails with the cause, and the agent is told.
+func TestWatchdogAbortsAHungKernel(t *testing.T) {
+	_, comms, streams := gpuWorld(t, map[string]string{"FAKE_NCCL_HANG": "stream"}, 2, 400)
+	start := time.Now()
+	for r, err := range gpuAllreduce(comms, streams, 812, 3) {
+		if err != nil {
+			t.Fatalf("rank %d: the enqueue failed: %v", r, err)
+		}
+	}
+	for r, c := range comms {
+		select {
+		case <-c.ctx.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("rank %d: not aborted 5s after the 400ms timeout", r)
+		}
+		if took := time.Since(start); took < 400*time.Millisecond || took > 1500*time.Millisecond {
+			t.Errorf("rank %d aborted after %v, want just after 400ms", r, took)
+		}
+	}
+	for r, err := range gpuAllreduce(comms, streams, 812, 4) {
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		if statusOf(err) != rcAborted || !strings.Contains(msg, "step 812 bucket 3") || !strings.Contains(msg, "has not completed on the GPU") {
+			t.Errorf("rank %d, next call: %v (status %d), want aborted naming step 812 bucket 3", r, err, statusOf(err))
+		}
+	}
+	for r, c := range comms {
+		evs := waitEvents(c, 1)
+		if len(evs) != 1 || evs[0].Step != 812 || evs[0].Bucket != 3 || evs[0].Status != rcTimeout {
+			t.Errorf("rank %d: events %+v, want step 812 bucket 3 with status timeout", r, evs)
+		}
+	}
+}
+
+// TestWatchdogAsyncError: a peer lost mid-collective (NCCL's asynchronous
+// error) aborts at once, long before the timeout, with NCCL's words.
+func TestWatchdogAsyncError(t *testing.T) {
+	_, comms, streams := gpuWorld(t, map[string]string{"FAKE_NCCL_FAIL": "async"}, 2, 60000)
+	start := time.Now()
+	for r, err := range gpuAllreduce(comms, streams, 5, 0) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r, c := range comms {
+		select {
+		case <-c.ctx.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("rank %d: the asynchronous error did not abort", r)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("rank %d aborted after %v", r, took)
+		}
+		cause := context.Cause(c.ctx).Error()
+		if !strings.Contains(cause, "asynchronous error") || !strings.Contains(cause, "remote process exited") {
+			t.Errorf("rank %d: cause %q", r, cause)
+		}
+		evs := waitEvents(c, 1)
+		if len(evs) != 1 || evs[0].Status != rcAborted {
+			t.Errorf("rank %d: events %+v, want the collective reported aborted", r, evs)
+		}
+	}
+}
