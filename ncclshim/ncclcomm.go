@@ -117,7 +117,20 @@ func (c *comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 		return errorf(rcInvalid, "communicator is already connected")
 	}
 	c.mu.Unlock()
-	nc, err := nccl.Open(c.ncLib, id, c.size, c.rank, c.cfg.timeout())
+	cu, err := cuda.Load(c.cfg.cudaLib())
+	if err != nil {
+		c.log.Info("no CUDA driver: no GPU-side timing or hang detection", "err", err)
+		cu = nil
+	}
+	var opts []nccl.Option
+	if cu != nil {
+		// A blocking init runs on a thread of its own: give it this
+		// thread's context, hence its device.
+		if ctx, err := cu.Current(nil); err == nil && ctx.Valid() {
+			opts = append(opts, nccl.WithThreadSetup(func() error { return cu.Bind(ctx) }))
+		}
+	}
+	nc, err := nccl.Open(c.ncLib, id, c.size, c.rank, c.cfg.timeout(), opts...)
 	if err != nil {
 		return errorf(nccl.Status(err), "transport nccl: %w", err)
 	}
@@ -128,11 +141,6 @@ func (c *comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 		return errClosed
 	}
 	c.nc = nc
-	cu, err := cuda.Load(c.cfg.cudaLib())
-	if err != nil {
-		c.log.Info("no CUDA driver: no GPU-side timing or hang detection", "err", err)
-		cu = nil
-	}
 	c.cu = cu
 	c.watch = newWatchdog(c, nc, cu)
 	c.log.Info("connected", "world_size", c.size, "transport", "nccl", "nonblocking", nc.NonBlocking(),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
@@ -195,5 +197,76 @@ func TestWatchdogAsyncError(t *testing.T) {
 		if len(evs) != 1 || evs[0].Status != rcAborted {
 			t.Errorf("rank %d: events %+v, want the collective reported aborted", r, evs)
 		}
+	}
+}
+
+// TestBlockingInitTakesTheCallersDevice: before NCCL 2.14 the init blocks,
+// so it runs on a thread of its own; NCCL takes the device from that
+// thread's CUDA context, which must be the caller's (the fake records
+// whether one was current). Threads get no context unless bound.
+func TestBlockingInitTakesTheCallersDevice(t *testing.T) {
+	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
+		t.Skip("a real CUDA driver is here")
+	}
+	record := t.TempDir() + "/record.txt"
+	lib := fakeNCCL(t, map[string]string{"FAKE_NCCL_VERSION": "21304", "FAKE_NCCL_RECORD": record, "FAKE_CUDA_AUTOCTX": "0"})
+	t.Setenv("DDP_AGENT_CUDA_LIB", lib)
+	comms := make([]*comm, 2)
+	blobs := make([]string, 2)
+	for r := range comms {
+		cfg, err := parseConfig(`{"rank":` + strconv.Itoa(r) + `,"world_size":2,"transport":"nccl","nccl_lib":"` + lib + `","name":"t"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if comms[r], err = openComm(cfg); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(comms[r].close)
+		blobs[r], _ = comms[r].info()
+	}
+	errs := make(chan error, 2)
+	for _, c := range comms {
+		go func() {
+			// The caller: a thread with the context current, as PyTorch's.
+			runtime.LockOSThread()
+			cu, err := cuda.Load(lib)
+			if err != nil {
+				errs <- err
+				return
+			}
+			var anyStream byte
+			ctx, err := cu.Current(unsafe.Pointer(&anyStream)) // none current: the stream's
+			if err == nil {
+				err = cu.Bind(ctx)
+			}
+			if err == nil {
+				err = c.connect(blobs)
+			}
+			errs <- err
+		}()
+	}
+	for range comms {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if comms[0].nc.NonBlocking() {
+		t.Fatal("2.13 gave a non-blocking communicator")
+	}
+	b, err := os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inits := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "init ") {
+			inits++
+			if !strings.Contains(line, "cuda_ctx=1") {
+				t.Errorf("init without the caller's CUDA context: %s", line)
+			}
+		}
+	}
+	if inits != 2 {
+		t.Errorf("%d inits recorded, want 2:\n%s", inits, b)
 	}
 }

@@ -7,6 +7,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,7 @@ type Comm struct {
 	rank, size  int
 	timeout     time.Duration
 	nonBlocking bool
+	threadSetup func() error // WithThreadSetup
 	// stop is C memory watched by the C wait loops: 1 once aborting, so a
 	// loop returns within a millisecond and Abort can free the communicator.
 	stop *C.int32_t
@@ -71,8 +73,11 @@ type Comm struct {
 // stays in NCCL until NCCL's bootstrap succeeds or gives up); a communicator
 // it returns late is aborted.
 //
-// The calling thread's CUDA device is the communicator's, as with NCCL.
-func Open(lib *Lib, uniqueID [UniqueIDBytes]byte, nranks, rank int, timeout time.Duration) (*Comm, error) {
+// The calling thread's CUDA device is the communicator's, as with NCCL;
+// the blocking init's own thread first runs the function of
+// WithThreadSetup, which should make the caller's CUDA context current
+// there.
+func Open(lib *Lib, uniqueID [UniqueIDBytes]byte, nranks, rank int, timeout time.Duration, opts ...Option) (*Comm, error) {
 	if nranks < 1 || rank < 0 || rank >= nranks {
 		return nil, fmt.Errorf("open rank %d of %d: %w: rank out of range", rank, nranks, ErrInvalid)
 	}
@@ -89,6 +94,9 @@ func Open(lib *Lib, uniqueID [UniqueIDBytes]byte, nranks, rank int, timeout time
 		abortDone:   make(chan struct{}),
 	}
 	c.idle.L = &c.mu
+	for _, o := range opts {
+		o(c)
+	}
 	var err error
 	if c.nonBlocking {
 		c.comm, err = c.initNonBlocking(uniqueID)
@@ -100,6 +108,16 @@ func Open(lib *Lib, uniqueID [UniqueIDBytes]byte, nranks, rank int, timeout time
 		return nil, fmt.Errorf("open rank %d of %d: %w", rank, nranks, err)
 	}
 	return c, nil
+}
+
+// Option configures Open.
+type Option func(*Comm)
+
+// WithThreadSetup has Open run setup on the thread of a blocking init
+// (NCCL before 2.14) before ncclCommInitRank, which takes the CUDA device
+// from that thread.
+func WithThreadSetup(setup func() error) Option {
+	return func(c *Comm) { c.threadSetup = setup }
 }
 
 func (c *Comm) initNonBlocking(id [UniqueIDBytes]byte) (C.ncclComm_t, error) {
@@ -132,6 +150,16 @@ func (c *Comm) initBlocking(id [UniqueIDBytes]byte) (C.ncclComm_t, error) {
 	done := make(chan result, 1)
 	go func() {
 		var res result
+		if c.threadSetup != nil {
+			// The thread may get a CUDA context bound: it stays locked,
+			// and Go ends it with the goroutine.
+			runtime.LockOSThread()
+			if err := c.threadSetup(); err != nil {
+				res.err = fmt.Errorf("%s: set up its thread: %w", name, err)
+				done <- res
+				return
+			}
+		}
 		r := C.ddpnccl_init_blocking(l.t, &res.comm, C.int(c.size), (*C.ncclUniqueId)(unsafe.Pointer(&id[0])), C.int(c.rank))
 		if r != C.ncclSuccess {
 			res.err = l.errorOf(name, r)

@@ -53,6 +53,7 @@
  *                            asynchronous error becomes ncclRemoteError,
  *                            as when a peer dies mid-collective
  *   FAKE_CUDA_FAIL=init      cuInit returns CUDA_ERROR_NO_DEVICE
+ *   FAKE_CUDA_AUTOCTX=0      cuCtxGetCurrent makes no context current
  * Event and stream calls need cuInit and a current context; the first
  * cuCtxGetCurrent on a thread makes the primary context current there (as
  * the CUDA runtime has done on PyTorch's threads), other threads must call
@@ -477,6 +478,8 @@ static void free_comm(ncclComm_t c) {
   free(c);
 }
 
+static int thread_has_ctx(void);
+
 /* ---- the API ---- */
 
 EXPORT ncclResult_t ncclGetVersion(int *version) {
@@ -518,7 +521,7 @@ static ncclResult_t check_init(ncclComm_t *comm, int nranks, int rank) {
 EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
   ncclResult_t r = check_init(comm, nranks, rank);
   if (r != ncclSuccess) return r;
-  record("init rank=%d nranks=%d api=ncclCommInitRank", rank, nranks);
+  record("init rank=%d nranks=%d api=ncclCommInitRank cuda_ctx=%d", rank, nranks, thread_has_ctx());
   ncclComm_t c = new_comm(nranks, &commId, rank, 1);
   r = do_init(c);
   if (r != ncclSuccess) {
@@ -606,6 +609,7 @@ EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state) {
 }
 
 static void stream_enqueued(cudaStream_t stream, ncclComm_t c);
+static int thread_has_ctx(void);
 static void streams_release(ncclComm_t c);
 
 EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
@@ -814,6 +818,10 @@ static void streams_release(ncclComm_t c) {
   pthread_mutex_unlock(&cumu);
 }
 
+/* thread_has_ctx: whether a CUDA context is current on this thread (NCCL
+ * takes the device from it at init). */
+static int thread_has_ctx(void) { return cur_ctx != NULL; }
+
 static CUresult cu_ready(void) {
   if (!__atomic_load_n(&cu_inited, __ATOMIC_ACQUIRE)) return CUDA_ERROR_NOT_INITIALIZED;
   if (cur_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
@@ -836,7 +844,7 @@ EXPORT CUresult cuDriverGetVersion(int *v) {
 EXPORT CUresult cuCtxGetCurrent(void **ctx) {
   if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
   if (!__atomic_load_n(&cu_inited, __ATOMIC_ACQUIRE)) return CUDA_ERROR_NOT_INITIALIZED;
-  if (cur_ctx == NULL) cur_ctx = &primary_ctx;
+  if (cur_ctx == NULL && !env_is("FAKE_CUDA_AUTOCTX", "0")) cur_ctx = &primary_ctx;
   *ctx = cur_ctx;
   return CUDA_SUCCESS;
 }
