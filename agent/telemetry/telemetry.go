@@ -1,0 +1,104 @@
+// Package telemetry holds what the agent learns from the workers'
+// collective events: one record per rank and collective, on the analyzing
+// agent's clock; the collectives they make up once every rank has
+// reported; stalls, their stragglers, and hangs. Package stall computes
+// them; package export turns them into OpenTelemetry traces and metrics,
+// a Prometheus endpoint, and a Perfetto trace file.
+package telemetry
+
+import (
+	"fmt"
+	"time"
+)
+
+// StatusInFlight marks a record of a collective that the rank has entered
+// and not finished: the shim reports one when a collective has been in
+// flight for a while, so that a hang shows who arrived. End is zero.
+const StatusInFlight = 255
+
+// Record is one rank's view of one collective. Times are on the clock of
+// the agent that analyzes them (the leader): records from other nodes are
+// corrected by the estimated offset before they get here.
+type Record struct {
+	Gen    uint64
+	Step   uint64
+	Bucket uint32
+	Rank   int
+	Bytes  uint64
+	DType  uint8
+	Status uint8 // the shim's status code (0 ok), or StatusInFlight
+
+	Arrive time.Time // the hook was called: the rank's gradients were ready
+	Start  time.Time // the collective started (the GPU's time with NCCL)
+	End    time.Time // it finished; zero while in flight
+}
+
+// Done reports whether r is a final record (the collective finished, well
+// or not), as opposed to an in-flight one.
+func (r Record) Done() bool { return r.Status != StatusInFlight }
+
+// Key identifies a collective within a job.
+type Key struct {
+	Gen    uint64
+	Step   uint64
+	Bucket uint32
+}
+
+func (k Key) String() string { return fmt.Sprintf("generation %d step %d bucket %d", k.Gen, k.Step, k.Bucket) }
+
+// Key is the collective r belongs to.
+func (r Record) Key() Key { return Key{Gen: r.Gen, Step: r.Step, Bucket: r.Bucket} }
+
+// Worker says where a rank runs, for reports and span attributes.
+type Worker struct {
+	Rank      int
+	LocalRank int
+	Host      string
+	PID       int
+	GPU       string // UUID; empty on a CPU-only node
+	GPUIndex  int    // index in CUDA order on its node; -1 without a GPU
+}
+
+// Collective is one all-reduce as every rank saw it.
+type Collective struct {
+	Key
+	Bytes   uint64
+	DType   uint8
+	Records []Record // one final record per rank, in rank order
+	Stall   *Stall   // nil unless the collective was slow
+}
+
+// Duration is the longest any rank spent in the collective (End-Start):
+// the ranks that came early spend their wait inside it.
+func (c Collective) Duration() time.Duration {
+	var d time.Duration
+	for _, r := range c.Records {
+		d = max(d, r.End.Sub(r.Start))
+	}
+	return d
+}
+
+// Stall describes a slow collective and who made it slow.
+type Stall struct {
+	Straggler int           // the rank that arrived last
+	Late      time.Duration // how long after the last of the others it arrived
+	Waiters   int           // the other ranks
+	Waited    time.Duration // their wait summed: Σ (straggler's arrival − theirs)
+	Threshold time.Duration // the duration above which a collective counts as a stall
+	Median    time.Duration // the bucket's rolling median duration it was judged against
+}
+
+// Hang is a collective that has not finished long after some rank arrived.
+type Hang struct {
+	Key
+	Since   time.Time // the first arrival
+	Waiting []int     // ranks inside the collective (in-flight records)
+	Missing []int     // ranks that never arrived
+}
+
+// Straggler is a rank that arrived last in most of the recent steps.
+type Straggler struct {
+	Rank  int
+	Last  int // steps in which it arrived last
+	Steps int // recent steps looked at
+}
