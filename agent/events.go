@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
 // eventTally counts the collective timing events that the workers' shims
@@ -28,7 +29,7 @@ func (t *eventTally) add(rank int, ev control.Events) {
 	t.received += uint64(len(ev.Events))
 	t.dropped += ev.Dropped
 	for _, e := range ev.Events {
-		if e.Status != 0 {
+		if e.Status != 0 && e.Status != telemetry.StatusInFlight {
 			t.failed++
 		}
 	}

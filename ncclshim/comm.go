@@ -54,6 +54,7 @@ type comm struct {
 	wake      chan struct{}
 	closed    bool
 	busy      bool   // the executor is running a collective
+	running   *work  // the one it runs
 	collected uint64 // collectives completed
 
 	agent  *control.Client // nil without ddp-agent
@@ -78,9 +79,10 @@ type work struct {
 	bucket int32
 	arrive time.Time
 
-	started atomic.Int64 // unix nanoseconds when the executor took it; 0 before
-	done    chan struct{}
-	err     error // set before done is closed
+	started  atomic.Int64 // unix nanoseconds when the executor took it; 0 before
+	reported bool         // an in-flight event was sent (c.mu)
+	done     chan struct{}
+	err      error // set before done is closed
 }
 
 // openComm validates cfg, listens, and under bootstrap "agent" also
@@ -154,7 +156,7 @@ func (c *comm) bootstrapAgent() error {
 	c.bg.Add(2)
 	go func() {
 		defer c.bg.Done()
-		c.events.ship(c.bgCtx, cl)
+		c.events.ship(c.bgCtx, cl, c.reportInFlight)
 	}()
 	go func() {
 		defer c.bg.Done()
@@ -296,6 +298,7 @@ func (c *comm) execute(tr allReducer) {
 			c.queue = c.queue[1:]
 		}
 		c.busy = w != nil
+		c.running = w
 		closed := c.closed
 		c.mu.Unlock()
 		if w == nil {
@@ -337,6 +340,7 @@ func (c *comm) run(tr allReducer, w *work) {
 	c.mu.Lock()
 	c.collected++
 	c.busy = false
+	c.running = nil
 	c.mu.Unlock()
 	w.err = err
 	close(w.done)

@@ -94,7 +94,8 @@ func (r *eventRing) stats() (sent, dropped uint64) {
 }
 
 // ship sends batches to sink until ctx is done, then flushes what is left.
-func (r *eventRing) ship(ctx context.Context, sink eventSink) {
+// tick, if not nil, runs before each timed flush (it may push events).
+func (r *eventRing) ship(ctx context.Context, sink eventSink, tick func()) {
 	t := time.NewTicker(eventFlushTick)
 	defer t.Stop()
 	flush := func() {
@@ -115,8 +116,53 @@ func (r *eventRing) ship(ctx context.Context, sink eventSink) {
 			flush()
 			return
 		case <-t.C:
+			if tick != nil {
+				tick()
+			}
 		case <-r.kick:
 		}
 		flush()
+	}
+}
+
+// statusInFlight marks an event of a collective that has not finished
+// (TEnd 0): sent once, when it has been in flight for inFlightAfter, so the
+// agent sees who has arrived at a collective that hangs. Collectives that
+// finish sooner cost nothing extra.
+const (
+	statusInFlight = 255
+	inFlightAfter  = time.Second
+)
+
+// reportInFlight pushes an in-flight event for each collective that has
+// been in flight for inFlightAfter and was not reported yet.
+func (c *comm) reportInFlight() {
+	if c.events == nil {
+		return
+	}
+	old := time.Now().Add(-inFlightAfter)
+	var evs []control.CollectiveEvent
+	c.mu.Lock()
+	works := c.queue
+	if c.running != nil {
+		works = append([]*work{c.running}, works...)
+	}
+	for _, w := range works {
+		if !w.reported && w.arrive.Before(old) {
+			w.reported = true
+			evs = append(evs, control.CollectiveEvent{Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)),
+				DType: uint8(w.dt), Status: statusInFlight, TArrive: w.arrive.UnixNano(), TStart: w.started.Load()})
+		}
+	}
+	watch := c.watch
+	c.mu.Unlock()
+	if watch != nil {
+		for _, f := range watch.unfinished(old) {
+			evs = append(evs, control.CollectiveEvent{Step: f.step, Bucket: uint32(f.bucket), Bytes: f.bytes,
+				DType: f.dt, Status: statusInFlight, TArrive: f.arrive.UnixNano(), TStart: f.enqueued.UnixNano()})
+		}
+	}
+	for _, ev := range evs {
+		c.events.push(ev)
 	}
 }

@@ -111,7 +111,7 @@ func TestEventRingShipsAndFlushes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		r.ship(ctx, sink)
+		r.ship(ctx, sink, nil)
 		close(done)
 	}()
 	for i := range 2500 {

@@ -41,6 +41,7 @@ type eventPair struct{ start, end cuda.Event }
 // flight is a collective enqueued on the GPU and not yet seen complete.
 type flight struct {
 	ev       eventPair
+	reported bool // an in-flight event was sent
 	step     uint64
 	bucket   int32
 	bytes    uint64
@@ -134,6 +135,21 @@ func (wd *watchdog) add(f flight) {
 	case wd.kick <- struct{}{}:
 	default:
 	}
+}
+
+// unfinished returns, once each, the collectives enqueued before old that
+// have not finished.
+func (wd *watchdog) unfinished(old time.Time) []flight {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	var out []flight
+	for i := range wd.inflight {
+		if f := &wd.inflight[i]; !f.reported && f.arrive.Before(old) {
+			f.reported = true
+			out = append(out, *f)
+		}
+	}
+	return out
 }
 
 // close stops the watchdog after a last look at what has completed, and

@@ -270,3 +270,27 @@ func TestBlockingInitTakesTheCallersDevice(t *testing.T) {
 		t.Errorf("%d inits recorded, want 2:\n%s", inits, b)
 	}
 }
+
+// TestInFlightEvents: a collective still unfinished a second after the
+// hook was called is reported once as in flight, so that the agent sees
+// which ranks arrived at a collective that hangs.
+func TestInFlightEvents(t *testing.T) {
+	_, comms, streams := gpuWorld(t, map[string]string{"FAKE_NCCL_HANG": "stream"}, 2, 30000)
+	for r, err := range gpuAllreduce(comms, streams, 9, 2) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	c := comms[1]
+	c.reportInFlight()
+	if evs := c.events.take().Events; len(evs) != 0 {
+		t.Fatalf("in-flight events before a second: %+v", evs)
+	}
+	time.Sleep(inFlightAfter + 50*time.Millisecond)
+	c.reportInFlight()
+	c.reportInFlight()
+	evs := c.events.take().Events
+	if len(evs) != 1 || evs[0].Status != statusInFlight || evs[0].Step != 9 || evs[0].Bucket != 2 || evs[0].TEnd != 0 || evs[0].TArrive == 0 {
+		t.Errorf("in-flight events %+v, want one for step 9 bucket 2", evs)
+	}
+}
