@@ -44,7 +44,9 @@ type Key struct {
 	Bucket uint32
 }
 
-func (k Key) String() string { return fmt.Sprintf("generation %d step %d bucket %d", k.Gen, k.Step, k.Bucket) }
+func (k Key) String() string {
+	return fmt.Sprintf("generation %d step %d bucket %d", k.Gen, k.Step, k.Bucket)
+}
 
 // Key is the collective r belongs to.
 func (r Record) Key() Key { return Key{Gen: r.Gen, Step: r.Step, Bucket: r.Bucket} }
