@@ -81,6 +81,12 @@ def parse_args():
     p.add_argument("--exit-code", type=int, default=None,
                    help="fail with os._exit(CODE) instead of raising RuntimeError")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds")
+    p.add_argument("--slow-rank", type=int, default=-1, help="rank made slow before its backward (default: none)")
+    p.add_argument("--slow-steps", default="", help="comma-separated steps at which --slow-rank is slow")
+    p.add_argument("--slow-seconds", type=float, default=0.5, help="how slow --slow-rank is")
+    p.add_argument("--hang-rank", type=int, default=-1, help="rank that hangs before its backward (default: none)")
+    p.add_argument("--hang-at-step", type=int, default=-1, help="step at which --hang-rank hangs (first attempt only)")
+    p.add_argument("--hang-seconds", type=float, default=3600.0, help="how long --hang-rank hangs")
     return p.parse_args()
 
 
@@ -190,6 +196,11 @@ def main():
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(ddp(x), y)
+        if rank == args.slow_rank and str(step) in args.slow_steps.split(","):
+            time.sleep(args.slow_seconds)  # a straggler: the others wait for it in the all-reduce
+        if rank == args.hang_rank and step == args.hang_at_step and restart_count == 0:
+            print(f"rank {rank} hangs at step {step} for {args.hang_seconds:g} s", flush=True)
+            time.sleep(args.hang_seconds)
         loss.backward()
         optimizer.step()
         if device.type == "cuda":

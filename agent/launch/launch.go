@@ -123,6 +123,12 @@ type Config struct {
 
 	LogLevel string // debug, info, warn, error
 
+	// Stalls and traces.
+	HangTimeout  time.Duration // a collective unfinished this long after the first rank arrived is a hang; 0: no hang detection
+	OTelEndpoint string        // OTLP collector; "" leaves it to the OTEL_* variables
+	TraceSample  float64       // share of normal steps traced; stalled steps always are
+	MetricsAddr  string        // Prometheus endpoint; "" none
+
 	Script     string
 	ScriptArgs []string
 }
@@ -195,6 +201,10 @@ var flagSpecs = []flagSpec{
 	{name: "start-method", def: "spawn", help: "accepted for torchrun compatibility: spawn, fork or forkserver"},
 	{name: "role", def: "default", help: "user-defined role of the workers"},
 	{name: "local-addr", help: "address other nodes reach this one at (default: the address this host uses to reach the rendezvous store)"},
+	{name: "hang-timeout", def: "60s", help: "a gradient all-reduce not finished this long after the first rank arrived is a hang: the agent reports who never arrived (with their Python stacks), aborts and restarts the job; 0 disables"},
+	{name: "otel-endpoint", help: "OpenTelemetry collector for traces and metrics (host:port for OTLP/gRPC, or an http:// URL for OTLP/HTTP); default: the OTEL_EXPORTER_OTLP_* variables; without one, a Perfetto trace file per generation in the log dir"},
+	{name: "trace-sample", def: "0.1", help: "share of normal training steps traced (0 to 1); steps with a stall or hang are always traced"},
+	{name: "metrics-addr", help: "serve Prometheus metrics at this address (e.g. :9464); default none"},
 	{name: "log-dir", help: "directory for per-rank stdout/stderr files, kept per attempt"},
 	{name: "redirects", short: "r", def: "0", help: "streams sent only to log files: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2 per local rank"},
 	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
@@ -360,6 +370,16 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	}
 	if c.MaxRestarts, err = r.int("max-restarts", 0); err != nil {
 		return err
+	}
+	if c.HangTimeout, err = r.seconds("hang-timeout"); err != nil {
+		return err
+	}
+	if c.HangTimeout > 0 && c.HangTimeout < time.Second {
+		return usagef("--hang-timeout %v is below a second: healthy collectives would look hung (0 disables it)", c.HangTimeout)
+	}
+	c.OTelEndpoint, c.MetricsAddr = r["otel-endpoint"], r["metrics-addr"]
+	if c.TraceSample, err = strconv.ParseFloat(r["trace-sample"], 64); err != nil || c.TraceSample < 0 || c.TraceSample > 1 {
+		return usagef("--trace-sample must be a number from 0 to 1, got %q", r["trace-sample"])
 	}
 	if c.MonitorInterval, err = r.seconds("monitor-interval"); err != nil {
 		return err

@@ -170,7 +170,7 @@ func TestParseTorchrunLines(t *testing.T) {
 			check: func(c *Config) string {
 				want := &Config{NProcPerNode: 1, NProcSpec: "1", NNodesMin: 1, NNodesMax: 1, RdzvBackend: "static",
 					MonitorInterval: 5 * time.Second, StopTimeout: 10 * time.Second, StartMethod: "spawn", Role: "default",
-					Python: "python3", LogLevel: "info", Script: "train.py", Rdzv: DefaultRdzvConf}
+					Python: "python3", LogLevel: "info", HangTimeout: time.Minute, TraceSample: 0.1, Script: "train.py", Rdzv: DefaultRdzvConf}
 				if !reflect.DeepEqual(c, want) {
 					return "the documented defaults"
 				}

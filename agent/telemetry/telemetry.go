@@ -94,7 +94,7 @@ type Stall struct {
 type Hang struct {
 	Key
 	Since   time.Time // the first arrival
-	Waiting []int     // ranks inside the collective (in-flight records)
+	Waiting []int     // ranks that arrived (in flight, or finished with an error)
 	Missing []int     // ranks that never arrived
 }
 

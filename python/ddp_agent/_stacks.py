@@ -1,0 +1,42 @@
+"""Python stacks on request, for the agent's hang reports.
+
+Under ``ddp-agent run`` each worker gets ``$DDP_AGENT_STACK_DIR``. When a
+collective hangs, the agent wants to show where the ranks that never
+arrived are stuck, so :func:`enable` (called by ``register``) registers
+:mod:`faulthandler` on SIGUSR2 to write every thread's stack into
+``$DDP_AGENT_STACK_DIR/rank<RANK>.txt``. The file exists from then on: it
+tells the agent that the signal is safe to send (SIGUSR2's default action
+would kill the process).
+"""
+
+import faulthandler
+import os
+import signal
+import threading
+from typing import IO, Optional
+
+ENV_STACK_DIR = "DDP_AGENT_STACK_DIR"
+STACK_SIGNAL = signal.SIGUSR2
+
+_lock = threading.Lock()
+_file: Optional[IO[str]] = None  # kept open: faulthandler writes to its descriptor from the signal handler
+
+
+def enable() -> Optional[str]:
+    """Registers the stack dump when running under ddp-agent; returns the file's path, or None."""
+    global _file
+    directory = os.environ.get(ENV_STACK_DIR)
+    rank = os.environ.get("RANK")
+    if not directory or rank is None:
+        return None
+    path = os.path.join(directory, f"rank{rank}.txt")
+    with _lock:
+        if _file is not None and _file.name == path:
+            return path
+        os.makedirs(directory, exist_ok=True)
+        f = open(path, "w")
+        faulthandler.register(STACK_SIGNAL, file=f, all_threads=True, chain=False)
+        if _file is not None:
+            _file.close()
+        _file = f
+    return path
