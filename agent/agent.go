@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -137,7 +138,23 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 
 	events := newEventTally()
-	srv, err := control.Listen(control.Config{JobID: runID, Authorize: a.authorize, OnEvents: events.add, Logger: a.log, KV: j.kv})
+	stalls := newStallWatch(a.log, cfg.HangTimeout)
+	exp, closeExp, err := a.openExporter(ctx, runID, runDir, keep, stalls.worker)
+	if err != nil {
+		return err
+	}
+	defer closeExp()
+	stalls.exp = exp
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		stalls.run(ctx)
+	}()
+	onEvents := func(rank int, ev control.Events) {
+		events.add(rank, ev)
+		stalls.add(rank, ev)
+	}
+	srv, err := control.Listen(control.Config{JobID: runID, Authorize: a.authorize, OnEvents: onEvents, Logger: a.log, KV: j.kv})
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
@@ -204,9 +221,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		gen := r.Generation
 		srv.SetGeneration(gen, r.WorldSize, nil)
+		attemptDir := filepath.Join(runDir, "attempt_"+strconv.Itoa(attempt))
+		stackDir := filepath.Join(attemptDir, "stacks")
 		spec := &supervisor.Spec{
 			Argv:          cfg.Command(),
-			BaseEnv:       a.baseEnv,
+			BaseEnv:       append(slices.Clip(a.baseEnv), "DDP_AGENT_STACK_DIR="+stackDir),
 			NProc:         cfg.NProcPerNode,
 			RankOffset:    r.RankOffset,
 			WorldSize:     r.WorldSize,
@@ -221,7 +240,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			Generation:    gen,
 			ControlSocket: srv.Path(),
 			Bootstrap:     bootstrap,
-			AttemptDir:    filepath.Join(runDir, "attempt_"+strconv.Itoa(attempt)),
+			AttemptDir:    attemptDir,
 			Place:         a.place(),
 			Streams:       a.streams(keep),
 			Stdout:        a.stdout,
@@ -235,6 +254,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			r.Stop()
 			return fmt.Errorf("attempt %d: %w", attempt, err)
 		}
+		stalls.start(gen, r.RankOffset, a.workers(g, r.RankOffset), stackDir)
 		mon.SetWorkers(g.PIDs())
 		mon.Sample() // a worker that dies at once still gets a line in the report
 		a.log.Info("workers started", "attempt", attempt, "generation", gen, "group_rank", r.GroupRank, "nnodes", r.NNodes,
@@ -255,6 +275,8 @@ func (a *Agent) Run(ctx context.Context) error {
 						continue
 					}
 					endRound(f)
+				case h := <-stalls.hangs:
+					endRound(h)
 				case <-rctx.Done():
 				}
 				return
@@ -262,6 +284,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 		err = g.Wait(rctx)
 		endRound(nil)
+		stalls.stop()
 		if err == nil {
 			r.Stop()
 			events.report(a.log, gen, srv.Conns)
@@ -275,6 +298,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		var failed *supervisor.WorkerExitError
 		var ended *errRoundEnded
 		var gpuFault *GPUFaultError
+		var hang *HangError
 		switch {
 		case errors.As(err, &failed):
 			mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
@@ -297,6 +321,19 @@ func (a *Agent) Run(ctx context.Context) error {
 			}, abort)
 			if noneLeft {
 				return drainOr(ctx, &JobFailedError{Attempts: attempt + 1, Reason: gpuFault.finding()})
+			}
+			if err != nil {
+				return err
+			}
+		case errors.As(context.Cause(rctx), &hang) && ctx.Err() == nil:
+			if exp != nil {
+				exp.Restart(gen, hang.Error())
+			}
+			noneLeft, err := a.failAttempt(ctx, j.rz, r, g, hang.Error(), func() {
+				a.dropGeneration(srv, srvCtx, events, gen)
+			}, abort)
+			if noneLeft {
+				return drainOr(ctx, &JobFailedError{Attempts: attempt + 1, Reason: hang.Error()})
 			}
 			if err != nil {
 				return err

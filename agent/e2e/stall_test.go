@@ -1,0 +1,157 @@
+package e2e
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/otlptest"
+)
+
+// TestHangReportedWithStackAndRestarted: rank 1 sleeps before its backward
+// in step 6 (hook step 5) on the first attempt while rank 0 waits in the
+// all-reduce. The agent reports the hang after --hang-timeout, naming rank
+// 1 as the rank that never arrived with its Python stack (the sleep in
+// train.py), aborts, restarts, and the job finishes.
+func TestHangReportedWithStackAndRestarted(t *testing.T) {
+	needTorch(t)
+	ckpt := t.TempDir()
+	const hangTimeout = 4 * time.Second
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", hangTimeout.String(),
+		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--ckpt-every", "3", "--log-every", "5", "--ckpt-dir", ckpt,
+		"--batch-size", "4", "--hang-rank", "1", "--hang-at-step", "6")
+	if code := r.wait(3 * time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
+	}
+	all := r.stdout.String() + r.stderr.String()
+	hungAt := regexp.MustCompile(`(?m)^.*rank 1 hangs at step 6.*$`)
+	if !hungAt.MatchString(all) {
+		t.Fatalf("rank 1 did not hang\n%s", r.logs())
+	}
+	report := regexp.MustCompile(`hang: step 5 bucket \d+ \(generation 0\) has not finished ([0-9.]+) s after the first rank arrived; waiting: rank 0; never arrived: rank 1 \([^)]*pid \d+\)`)
+	m := report.FindStringSubmatch(all)
+	if m == nil {
+		t.Fatalf("no hang report naming rank 1\n%s", r.logs())
+	}
+	for _, want := range []string{
+		"Python stack of rank 1:", // faulthandler's dump, through SIGUSR2
+		"train.py", "in main",
+		"resumed from step 3", "restart_count 1", "[rank0]:done: steps=10",
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("output lacks %q\n%s", want, r.logs())
+		}
+	}
+	var waited float64
+	if _, err := fmt.Sscan(m[1], &waited); err != nil || waited < hangTimeout.Seconds() || waited > hangTimeout.Seconds()+5 {
+		t.Errorf("reported after %s s, want within the timeout %v plus 5 s", m[1], hangTimeout)
+	}
+}
+
+// TestStallNamesStraggler: rank 1 is half a second late before its
+// backward in steps 8-10; the agent logs a stall naming rank 1 for those
+// steps only, and writes a Perfetto trace file with the collectives.
+func TestStallNamesStraggler(t *testing.T) {
+	needTorch(t)
+	logDir := t.TempDir()
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--log-dir", logDir, "--rdzv-id", "stalls", "--trace-sample", "1",
+		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "14", "--ckpt-every", "0", "--log-every", "7",
+		"--ckpt-dir", t.TempDir(), "--batch-size", "4", "--slow-rank", "1", "--slow-steps", "8,9,10", "--slow-seconds", "0.5")
+	if code := r.wait(3 * time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
+	}
+	all := r.stderr.String()
+	stall := regexp.MustCompile(`stall: step (\d+) bucket \d+: rank (\d+) \([^)]*\) arrived ([0-9.]+ ?m?s) after the others; 1 ranks waited`)
+	steps := map[string]bool{}
+	for _, m := range stall.FindAllStringSubmatch(all, -1) {
+		if m[2] != "1" {
+			t.Errorf("stall blames rank %s: %s", m[2], m[0])
+		}
+		steps[m[1]] = true
+	}
+	// Hook steps count from 0: train.py's steps 8-10 are hook steps 7-9.
+	for _, s := range []string{"7", "8", "9"} {
+		if !steps[s] {
+			t.Errorf("no stall reported in step %s (got %v)\n%s", s, steps, r.logs())
+		}
+	}
+	if len(steps) != 3 {
+		t.Errorf("stalls in steps %v, want exactly 7, 8, 9\n%s", steps, r.logs())
+	}
+	b, err := os.ReadFile(filepath.Join(logDir, "stalls", "trace-gen0.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []map[string]any
+	if err := json.Unmarshal(b, &events); err != nil {
+		t.Fatalf("trace file is not JSON: %v\n%.500s", err, b)
+	}
+	complete := 0
+	for _, ev := range events {
+		if ev["ph"] == "X" {
+			complete++
+		}
+	}
+	if complete < 2*14 {
+		t.Errorf("%d complete events in the trace, want at least one per rank and step", complete)
+	}
+}
+
+// TestTracesOverOTLP: the same straggler with --otel-endpoint pointing at
+// a real OTLP/gRPC receiver: the spans of a stalled step share one trace
+// id (the one derived from job, generation and step), a "stall: rank 1"
+// span names the straggler in steps 7-9 and in no other, and the
+// all-reduce spans carry their attributes.
+func TestTracesOverOTLP(t *testing.T) {
+	needTorch(t)
+	rcv := otlptest.Start(t)
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--rdzv-id", "otlp", "--trace-sample", "0",
+		"--otel-endpoint", rcv.Addr(),
+		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "14", "--ckpt-every", "0", "--log-every", "7",
+		"--ckpt-dir", t.TempDir(), "--batch-size", "4", "--slow-rank", "1", "--slow-steps", "8,9,10", "--slow-seconds", "0.5")
+	if code := r.wait(3 * time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
+	}
+	spans := rcv.Spans() // the agent flushed them at exit
+	stalled := map[uint64]bool{}
+	traces := map[string]uint64{} // trace id -> step
+	for _, sp := range spans {
+		step, _ := sp.Attr("ddp.step").(int64)
+		if strings.HasPrefix(sp.Name, "stall: ") {
+			if sp.Name != "stall: rank 1" {
+				t.Errorf("stall span %q", sp.Name)
+			}
+			stalled[uint64(step)] = true
+		}
+		if sp.Attr("ddp.step") != nil {
+			want := export.TraceID("otlp", 0, uint64(step))
+			if got := sp.TraceIDHex(); got != hex.EncodeToString(want[:]) {
+				t.Errorf("span %q of step %d has trace id %s, want %x", sp.Name, step, got, want)
+			}
+			traces[sp.TraceIDHex()] = uint64(step)
+		}
+		if strings.HasPrefix(sp.Name, "allreduce") {
+			for _, k := range []string{"ddp.rank", "ddp.bucket", "ddp.bytes", "ddp.dtype", "ddp.wait_ms", "ddp.busbw_gbps", "host.name"} {
+				if sp.Attr(k) == nil {
+					t.Errorf("span %q lacks %s", sp.Name, k)
+				}
+			}
+		}
+	}
+	if len(stalled) != 3 || !stalled[7] || !stalled[8] || !stalled[9] {
+		t.Errorf("stall spans in steps %v, want 7, 8 and 9\n%s", stalled, r.logs())
+	}
+	// --trace-sample 0 keeps only the stalled steps.
+	for _, step := range traces {
+		if !stalled[step] {
+			t.Errorf("step %d exported although only stalled steps are kept", step)
+		}
+	}
+}

@@ -1,0 +1,102 @@
+package export
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"math/rand/v2"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// TraceID is the trace id of a step: the first 16 bytes of
+// sha256(job || 0x00 || gen || step), gen and step as 8-byte big-endian
+// integers. Every agent and every re-export computes the same id, so the
+// spans of all ranks of one step land in one trace.
+func TraceID(job string, gen, step uint64) [16]byte {
+	return [16]byte(digest(job, gen, step))
+}
+
+func digest(job string, gen, step uint64) []byte {
+	h := sha256.New()
+	h.Write([]byte(job))
+	var b [17]byte
+	binary.BigEndian.PutUint64(b[1:9], gen)
+	binary.BigEndian.PutUint64(b[9:], step)
+	h.Write(b[:])
+	return h.Sum(nil)
+}
+
+// spanID derives a span id from a trace id and a name for the span within
+// the trace ("root", "rank 3 bucket 1", ...), so a re-export gives every
+// span the id it had.
+func spanID(tid trace.TraceID, name string) trace.SpanID {
+	h := sha256.New()
+	h.Write(tid[:])
+	h.Write([]byte(name))
+	sid := trace.SpanID(h.Sum(nil)[:8])
+	if !sid.IsValid() {
+		sid[7] = 1
+	}
+	return sid
+}
+
+// sampled reports whether a step with trace id tid is kept at ratio: the
+// last 8 bytes of the id, read as a fraction of 2^64, are below ratio. The
+// choice depends on the id alone, like the SDK's TraceIDRatioBased.
+func sampled(tid trace.TraceID, ratio float64) bool {
+	switch {
+	case ratio >= 1:
+		return true
+	case ratio <= 0:
+		return false
+	}
+	u := binary.BigEndian.Uint64(tid[8:]) >> 11
+	return float64(u)/(1<<53) < ratio
+}
+
+// wantIDs is what a context asks the next span started under it to get.
+type wantIDs struct {
+	trace trace.TraceID // for a root span
+	span  trace.SpanID
+}
+
+type idsKey struct{}
+
+func withIDs(ctx context.Context, tid trace.TraceID, sid trace.SpanID) context.Context {
+	return context.WithValue(ctx, idsKey{}, wantIDs{trace: tid, span: sid})
+}
+
+// idGenerator hands out the ids a context asks for (withIDs), random ones
+// otherwise.
+type idGenerator struct{}
+
+var _ sdktrace.IDGenerator = idGenerator{}
+
+func (idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	if w, ok := ctx.Value(idsKey{}).(wantIDs); ok && w.trace.IsValid() && w.span.IsValid() {
+		return w.trace, w.span
+	}
+	var tid trace.TraceID
+	for !tid.IsValid() {
+		binary.NativeEndian.PutUint64(tid[:8], rand.Uint64())
+		binary.NativeEndian.PutUint64(tid[8:], rand.Uint64())
+	}
+	return tid, randomSpanID()
+}
+
+func (idGenerator) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
+	if w, ok := ctx.Value(idsKey{}).(wantIDs); ok && w.span.IsValid() {
+		return w.span
+	}
+	return randomSpanID()
+}
+
+func randomSpanID() trace.SpanID {
+	var sid trace.SpanID
+	for !sid.IsValid() {
+		binary.NativeEndian.PutUint64(sid[:], rand.Uint64())
+	}
+	return sid
+}

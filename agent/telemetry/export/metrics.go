@@ -1,0 +1,70 @@
+package export
+
+import (
+	"fmt"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+)
+
+// instruments are the exporter's metrics. Their attributes stay few: the
+// bucket, the status, the straggler's rank.
+type instruments struct {
+	duration    metric.Float64Histogram // ddp.allreduce.duration, s, by bucket
+	busbw       metric.Float64Histogram // ddp.allreduce.busbw, GB/s, by bucket
+	collectives metric.Int64Counter     // ddp.collectives, by status
+	stalls      metric.Int64Counter     // ddp.stalls, by straggler rank
+	waited      metric.Float64Counter   // ddp.stall.waited, GPU-seconds
+	hangs       metric.Int64Counter     // ddp.hangs
+	restarts    metric.Int64Counter     // ddp.restarts
+}
+
+func newInstruments(m metric.Meter) (instruments, error) {
+	var in instruments
+	var errs [7]error
+	in.duration, errs[0] = m.Float64Histogram("ddp.allreduce.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time of a gradient all-reduce: the longest any rank spent in it, the early ranks waiting inside."),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+	in.busbw, errs[1] = m.Float64Histogram("ddp.allreduce.busbw", metric.WithUnit("GBy/s"),
+		metric.WithDescription("Bus bandwidth of a gradient all-reduce as nccl-tests computes it, from the fastest rank's time."),
+		metric.WithExplicitBucketBoundaries(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 200, 400, 800))
+	in.collectives, errs[2] = m.Int64Counter("ddp.collectives", metric.WithUnit("{collective}"),
+		metric.WithDescription("Gradient all-reduces finished on every rank."))
+	in.stalls, errs[3] = m.Int64Counter("ddp.stalls", metric.WithUnit("{stall}"),
+		metric.WithDescription("All-reduces slower than the stall threshold, by the rank that arrived last."))
+	in.waited, errs[4] = m.Float64Counter("ddp.stall.waited", metric.WithUnit("s"),
+		metric.WithDescription("GPU time the other ranks spent waiting for stragglers."))
+	in.hangs, errs[5] = m.Int64Counter("ddp.hangs", metric.WithUnit("{hang}"),
+		metric.WithDescription("Collectives not finished by the hang timeout."))
+	in.restarts, errs[6] = m.Int64Counter("ddp.restarts", metric.WithUnit("{restart}"),
+		metric.WithDescription("Restarts of the worker group."))
+	for _, err := range errs {
+		if err != nil {
+			return instruments{}, fmt.Errorf("metric instruments: %w", err)
+		}
+	}
+	return in, nil
+}
+
+// measure records c.
+func (e *Exporter) measure(c telemetry.Collective) {
+	bucket := metric.WithAttributeSet(attribute.NewSet(attribute.Int("ddp.bucket", int(c.Bucket))))
+	e.inst.duration.Record(e.ctx, c.Duration().Seconds(), bucket)
+	if bw := bandwidthOf(c); bw.busbw > 0 {
+		e.inst.busbw.Record(e.ctx, bw.busbw, bucket)
+	}
+	var status uint8
+	for _, r := range c.Records {
+		if r.Status != 0 {
+			status = r.Status
+			break
+		}
+	}
+	e.inst.collectives.Add(e.ctx, 1, metric.WithAttributes(attribute.String("ddp.status", statusName(status))))
+	if c.Stall != nil {
+		e.inst.stalls.Add(e.ctx, 1, metric.WithAttributes(attribute.Int("ddp.straggler.rank", c.Stall.Straggler)))
+		e.inst.waited.Add(e.ctx, c.Stall.Waited.Seconds())
+	}
+}

@@ -1,0 +1,222 @@
+package export
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// The OTLP protocols (OTEL_EXPORTER_OTLP_PROTOCOL).
+const (
+	ProtocolGRPC = "grpc"
+	ProtocolHTTP = "http/protobuf"
+)
+
+// endpoint is where one signal goes over OTLP.
+type endpoint struct {
+	protocol string
+	fromEnv  bool   // the exporter reads the OTEL_* variables itself
+	hostPort string // host:port
+	path     string // base path of an http/protobuf endpoint, without the /v1/<signal>
+	insecure bool
+}
+
+func (ep endpoint) String() string {
+	if ep.fromEnv {
+		return "OTEL_EXPORTER_OTLP_* (" + ep.protocol + ")"
+	}
+	scheme := "https"
+	if ep.insecure {
+		scheme = "http"
+	}
+	return ep.protocol + " " + scheme + "://" + ep.hostPort + ep.path
+}
+
+// otlpEndpoint says where signal ("traces" or "metrics") goes: to
+// cfgEndpoint when it is set (host:port, plaintext; or an http:// or
+// https:// URL, for http/protobuf the base that /v1/<signal> is appended
+// to), else where the OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT variables say. ok is false when
+// neither names one, or OTEL_SDK_DISABLED is true. protocol "" takes
+// OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL, then
+// grpc.
+func otlpEndpoint(cfgEndpoint, protocol, signal string) (ep endpoint, ok bool, err error) {
+	sig := strings.ToUpper(signal)
+	if protocol == "" {
+		protocol = firstEnv("OTEL_EXPORTER_OTLP_"+sig+"_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	switch protocol {
+	case "":
+		protocol = ProtocolGRPC
+	case ProtocolGRPC, ProtocolHTTP:
+	default:
+		return endpoint{}, false, fmt.Errorf("otlp protocol %q: want %s or %s", protocol, ProtocolGRPC, ProtocolHTTP)
+	}
+	ep.protocol = protocol
+	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
+		return endpoint{}, false, nil
+	}
+	if cfgEndpoint == "" {
+		if firstEnv("OTEL_EXPORTER_OTLP_"+sig+"_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
+			return endpoint{}, false, nil
+		}
+		ep.fromEnv = true
+		return ep, true, nil
+	}
+	if err := ep.parse(cfgEndpoint); err != nil {
+		return endpoint{}, false, fmt.Errorf("otel endpoint %q: %w", cfgEndpoint, err)
+	}
+	return ep, true, nil
+}
+
+func (ep *endpoint) parse(s string) error {
+	ep.insecure = true
+	if strings.Contains(s, "://") {
+		u, err := url.Parse(s)
+		if err != nil {
+			return err
+		}
+		switch u.Scheme {
+		case "http":
+		case "https":
+			ep.insecure = false
+		default:
+			return fmt.Errorf("scheme %q: want http or https, or host:port", u.Scheme)
+		}
+		if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return fmt.Errorf("want scheme://host:port[/path]")
+		}
+		s, ep.path = u.Host, strings.TrimSuffix(u.Path, "/")
+		if u.Port() == "" {
+			if ep.insecure {
+				s += ":80"
+			} else {
+				s += ":443"
+			}
+		}
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return err
+	}
+	if host == "" || port == "" {
+		return fmt.Errorf("want host:port")
+	}
+	ep.hostPort = s
+	return nil
+}
+
+func firstEnv(names ...string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func newSpanExporter(ctx context.Context, ep endpoint, timeout time.Duration) (sdktrace.SpanExporter, error) {
+	if ep.protocol == ProtocolHTTP {
+		opts := []otlptracehttp.Option{otlptracehttp.WithTimeout(timeout)}
+		if !ep.fromEnv {
+			opts = append(opts, otlptracehttp.WithEndpoint(ep.hostPort), otlptracehttp.WithURLPath(ep.path+"/v1/traces"))
+			if ep.insecure {
+				opts = append(opts, otlptracehttp.WithInsecure())
+			}
+		}
+		return otlptracehttp.New(ctx, opts...)
+	}
+	opts := []otlptracegrpc.Option{otlptracegrpc.WithTimeout(timeout)}
+	if !ep.fromEnv {
+		opts = append(opts, otlptracegrpc.WithEndpoint(ep.hostPort))
+		if ep.insecure {
+			opts = append(opts, otlptracegrpc.WithInsecure())
+		}
+	}
+	return otlptracegrpc.New(ctx, opts...)
+}
+
+func newMetricExporter(ctx context.Context, ep endpoint, timeout time.Duration) (sdkmetric.Exporter, error) {
+	if ep.protocol == ProtocolHTTP {
+		opts := []otlpmetrichttp.Option{otlpmetrichttp.WithTimeout(timeout)}
+		if !ep.fromEnv {
+			opts = append(opts, otlpmetrichttp.WithEndpoint(ep.hostPort), otlpmetrichttp.WithURLPath(ep.path+"/v1/metrics"))
+			if ep.insecure {
+				opts = append(opts, otlpmetrichttp.WithInsecure())
+			}
+		}
+		return otlpmetrichttp.New(ctx, opts...)
+	}
+	opts := []otlpmetricgrpc.Option{otlpmetricgrpc.WithTimeout(timeout)}
+	if !ep.fromEnv {
+		opts = append(opts, otlpmetricgrpc.WithEndpoint(ep.hostPort))
+		if ep.insecure {
+			opts = append(opts, otlpmetricgrpc.WithInsecure())
+		}
+	}
+	return otlpmetricgrpc.New(ctx, opts...)
+}
+
+// failureLog logs the first failed export as a warning and the recovery
+// after it, so an unreachable collector shows once in the agent's log
+// rather than through the SDK's global error handler, on every batch.
+type failureLog struct {
+	log     *slog.Logger
+	what    string // "spans", "metrics"
+	ep      endpoint
+	failing atomic.Bool
+}
+
+func (f *failureLog) result(n int, err error) {
+	switch {
+	case err != nil && !f.failing.Swap(true):
+		f.log.Warn("otlp export failed; dropping until the collector answers", "signal", f.what,
+			"endpoint", f.ep.String(), "dropped", n, "err", err)
+	case err != nil:
+		f.log.Debug("otlp export failed", "signal", f.what, "dropped", n, "err", err)
+	case f.failing.Swap(false):
+		f.log.Info("otlp export recovered", "signal", f.what, "endpoint", f.ep.String())
+	}
+}
+
+// loggedSpans is a span exporter whose failures go to the log.
+type loggedSpans struct {
+	sdktrace.SpanExporter
+	fail *failureLog
+}
+
+func (l loggedSpans) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	err := l.SpanExporter.ExportSpans(ctx, spans)
+	l.fail.result(len(spans), err)
+	return nil
+}
+
+// loggedMetrics is a metric exporter whose failures go to the log.
+type loggedMetrics struct {
+	sdkmetric.Exporter
+	fail *failureLog
+}
+
+func (l loggedMetrics) Export(ctx context.Context, rm *metricdata.ResourceMetrics) error {
+	err := l.Exporter.Export(ctx, rm)
+	n := 0
+	for _, sm := range rm.ScopeMetrics {
+		n += len(sm.Metrics)
+	}
+	l.fail.result(n, err)
+	return nil
+}
