@@ -1370,12 +1370,51 @@ func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Mem
 		}
 		for _, m := range members {
 			if !live[m.Node] && m.Node != e.node {
-				go e.bumpUntilMoved(ctx, r, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+				go func() {
+					if reason, fault, gone := e.departure(ctx, r, m); gone {
+						e.bumpUntilMoved(ctx, r, reason, fault)
+					}
+				}()
 				break
 			}
 		}
 	}
 	return resp.Header.Revision, false
+}
+
+// departure says how member m, whose node entry is already gone when the
+// round is first checked, went: a node that left or succeeded marked its
+// entry so before its lease was revoked, and the store's history since the
+// round started still has that last value. gone is false for a node that
+// succeeded (no new generation); without the history (compacted, or no
+// delete found in time) the node counts as lost.
+func (e *Etcd) departure(ctx context.Context, r *Round, m Member) (reason string, fault, gone bool) {
+	lost := fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank)
+	wctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	key := e.key(nodesDir) + m.Node
+	for resp := range e.cli.Watch(wctx, key, clientv3.WithRev(r.stateMod+1), clientv3.WithPrevKV()) {
+		if resp.Err() != nil || resp.Canceled {
+			break
+		}
+		for _, ev := range resp.Events {
+			if ev.Type != clientv3.EventTypeDelete {
+				continue
+			}
+			var prev NodeInfo
+			if ev.PrevKv != nil {
+				_ = decode(key, ev.PrevKv.Value, &prev)
+			}
+			switch prev.State {
+			case NodeSucceeded:
+				return "", false, false
+			case NodeLeft:
+				return fmt.Sprintf("node %s (%s, group rank %d) left: %s", m.Node, m.Host, m.GroupRank, prev.Reason), false, true
+			}
+			return lost, true, true
+		}
+	}
+	return lost, true, true
 }
 
 // followRound follows the watches of r's state and nodes from revision
