@@ -60,6 +60,13 @@ const (
 //	                        gpus: NodeGPUs, its GPUs and its workers'
 //	                        placement, absent on a node without NVML, ...)
 //	             join       its JoinInfo in the open round, if it joined
+//	             stalls     its NodeStalls (stalls/<node>), if its agent
+//	                        published any: updated, stalls (the last
+//	                        stall reports, one line each, newest last),
+//	                        stragglers ([{rank, host, gpu, last, steps}]:
+//	                        persistent stragglers, last in <last> of the
+//	                        last <steps> steps), hang (the first line of
+//	                        the last hang report, absent when none)
 //	             malformed  why its node entry did not parse
 //	malformed  every value that did not parse: [{"key", "error"}]
 type Status struct {
@@ -74,12 +81,13 @@ type Status struct {
 
 // NodeStatus is one node of a Status; see Status for its JSON form.
 type NodeStatus struct {
-	Node      string    `json:"node"`
-	Role      Role      `json:"role"`
-	Member    *Member   `json:"member,omitempty"`
-	Entry     *NodeInfo `json:"entry,omitempty"`
-	Join      *JoinInfo `json:"join,omitempty"`
-	Malformed string    `json:"malformed,omitempty"`
+	Node      string      `json:"node"`
+	Role      Role        `json:"role"`
+	Member    *Member     `json:"member,omitempty"`
+	Entry     *NodeInfo   `json:"entry,omitempty"`
+	Join      *JoinInfo   `json:"join,omitempty"`
+	Stalls    *NodeStalls `json:"stalls,omitempty"`
+	Malformed string      `json:"malformed,omitempty"`
 
 	joinRev int64 // create revision of its join key: the join order
 }
@@ -143,6 +151,7 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 		clientv3.OpGet(prefix+nodesDir, clientv3.WithPrefix()),
 		clientv3.OpGet(prefix+roundsDir, clientv3.WithPrefix()),
 		clientv3.OpGet(HostKey),
+		clientv3.OpGet(prefix+stallsDir, clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read job %q: %w", id, err)
@@ -152,6 +161,7 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 	nodeKVs := resp.Responses[2].GetResponseRange().Kvs
 	roundKVs := resp.Responses[3].GetResponseRange().Kvs
 	hostKVs := resp.Responses[4].GetResponseRange().Kvs
+	stallKVs := resp.Responses[5].GetResponseRange().Kvs
 	if len(jobKVs) == 0 && len(stateKVs) == 0 && len(nodeKVs) == 0 {
 		return nil, ErrNoJob
 	}
@@ -233,6 +243,22 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 			n := node(strings.TrimPrefix(key, open))
 			n.Join, n.joinRev = &j, kv.CreateRevision
 		}
+	}
+	// Stalls only add to a node known otherwise: they share the lease of
+	// its entry, so one alone was written by hand, and would make up a
+	// node that status would call lost or spare.
+	for _, kv := range stallKVs {
+		key := string(kv.Key)
+		n := byNode[strings.TrimPrefix(key, prefix+stallsDir)]
+		if n == nil {
+			continue
+		}
+		var st NodeStalls
+		if err := decode(key, kv.Value, &st); err != nil {
+			bad(key, err)
+			continue
+		}
+		n.Stalls = &st
 	}
 
 	for _, n := range byNode {

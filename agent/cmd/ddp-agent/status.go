@@ -20,7 +20,9 @@ const statusUsage = `Usage: ddp-agent status --rdzv-endpoint HOST:PORT[,HOST:POR
 
 Shows a job's rendezvous as the store holds it: its generation and phase,
 the nodes of the current round with their group ranks and ranks, spares,
-nodes lost, and who has joined an open round. It only reads the store.
+nodes lost, who has joined an open round, and the stalls, persistent
+stragglers and hangs the agents saw among their workers. It only reads
+the store.
 
 Flags (torchrun's underscore spelling works too: --rdzv_endpoint):
   --rdzv-endpoint LIST   the store: host:port of the agent that hosts it (c10d,
@@ -334,6 +336,7 @@ func renderStatus(w io.Writer, st *rdzv.Status, where string, now time.Time) {
 	}
 	tw.Flush()
 	renderGPUs(w, st)
+	renderStalls(w, st, now)
 }
 
 // renderGPUs lists what each node's agent found of its GPUs and how it
@@ -357,6 +360,52 @@ func renderGPUs(w io.Writer, st *rdzv.Status) {
 		fmt.Fprintf(tw, "%s\t%s\tCUDA order %s\tNUMA binding %s\n", n.Node, g.Summary, dash(strings.Join(ring, ",")), dash(g.Binding))
 	}
 	tw.Flush()
+}
+
+// stallLines is how many of a node's last stall reports the table shows;
+// --json has them all.
+const stallLines = 3
+
+// renderStalls lists, per node whose agent saw any, its persistent
+// stragglers, its last stall reports and its last hang.
+func renderStalls(w io.Writer, st *rdzv.Status, now time.Time) {
+	header := false
+	for _, n := range st.Nodes {
+		s := n.Stalls
+		if s == nil || len(s.Stalls) == 0 && len(s.Stragglers) == 0 && s.Hang == "" {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "\nSTALLS")
+			header = true
+		}
+		if s.Updated.IsZero() {
+			fmt.Fprintln(w, n.Node)
+		} else {
+			fmt.Fprintf(w, "%s  updated %s\n", n.Node, since(s.Updated, now))
+		}
+		for _, g := range s.Stragglers {
+			fmt.Fprintf(w, "  persistent straggler: rank %d", g.Rank)
+			if g.Host != "" {
+				fmt.Fprintf(w, " on %s", g.Host)
+			}
+			if g.GPU != "" {
+				fmt.Fprintf(w, " (GPU %s)", g.GPU)
+			}
+			fmt.Fprintf(w, ", last in %d of %d steps\n", g.Last, g.Steps)
+		}
+		lines := s.Stalls
+		if len(lines) > stallLines {
+			fmt.Fprintf(w, "  (%d earlier stalls in --json)\n", len(lines)-stallLines)
+			lines = lines[len(lines)-stallLines:]
+		}
+		for _, l := range lines {
+			fmt.Fprintf(w, "  stall: %s\n", l)
+		}
+		if s.Hang != "" {
+			fmt.Fprintf(w, "  hang: %s\n", s.Hang)
+		}
+	}
 }
 
 // renderJobList writes the jobs of a store that holds several.

@@ -168,6 +168,13 @@ func TestStatusJSON(t *testing.T) {
 	cfg.Hosted = true
 	a := openAgent(t, ep, cfg)
 	formRound(t, a)
+	stalls := rdzv.NodeStalls{
+		Stalls:     []string{"step 812 bucket 3: rank 1 (h, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds"},
+		Stragglers: []rdzv.StragglerInfo{{Rank: 1, Host: "h", GPU: "GPU-5c1e", Last: 15, Steps: 20}},
+	}
+	if err := a.PublishStalls(t.Context(), stalls); err != nil {
+		t.Fatal(err)
+	}
 
 	code, out, errOut := runCLI("status", "--rdzv-endpoint", ep, "--json")
 	if code != 0 || errOut != "" || strings.Count(out, "\n") != 1 {
@@ -199,6 +206,34 @@ func TestStatusJSON(t *testing.T) {
 	if len(got.Nodes) != 1 || got.Nodes[0].Node != a.Node() || got.Nodes[0].Role != rdzv.RoleRunning ||
 		got.Nodes[0].Member == nil || got.Nodes[0].Entry == nil || got.Nodes[0].Entry.PID != os.Getpid() {
 		t.Fatalf("nodes: %+v", got.Nodes)
+	}
+	var node struct {
+		Stalls map[string]json.RawMessage `json:"stalls"`
+	}
+	var nodes struct {
+		Nodes []json.RawMessage `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(out), &nodes); err != nil || json.Unmarshal(nodes.Nodes[0], &node) != nil {
+		t.Fatalf("nodes: %v: %s", err, out)
+	}
+	for _, k := range []string{"updated", "stalls", "stragglers"} {
+		if _, ok := node.Stalls[k]; !ok {
+			t.Fatalf("no %q in the node's stalls: %s", k, nodes.Nodes[0])
+		}
+	}
+	if s := got.Nodes[0].Stalls; s == nil || s.Updated.IsZero() || fmt.Sprint(s.Stalls, s.Stragglers) != fmt.Sprint(stalls.Stalls, stalls.Stragglers) || s.Hang != "" {
+		t.Fatalf("stalls %+v, want %+v", s, stalls)
+	}
+
+	code, out, errOut = runCLI("status", "--rdzv-endpoint", ep)
+	t.Logf("\n%s", out)
+	_, section, ok := strings.Cut(out, "\n\nSTALLS\n")
+	want := regexp.MustCompile(`^` + regexp.QuoteMeta(a.Node()) + `  updated \d\d:\d\d:\d\d \(\d+s\)
+  persistent straggler: rank 1 on h \(GPU GPU-5c1e\), last in 15 of 20 steps
+  stall: step 812 bucket 3: rank 1 \(h, GPU 1, pid 4411\) arrived 2\.31 s after the others; 1 ranks waited 2\.3 GPU-seconds
+$`)
+	if code != 0 || errOut != "" || !ok || !want.MatchString(section) {
+		t.Fatalf("exit %d, stderr %q, stalls section %q", code, errOut, section)
 	}
 }
 
@@ -371,6 +406,19 @@ func TestRenderStatus(t *testing.T) {
 	}
 	st.Nodes[0].Entry.GPUs = &rdzv.NodeGPUs{Summary: "2× NVIDIA A40, PCIe only, up to PIX, driver 535.183.01, CUDA 12.2", Binding: "node", Ring: []int{1, 0}}
 	st.Nodes[2].Entry.GPUs = &rdzv.NodeGPUs{Summary: "2× NVIDIA H100 80GB HBM3, NVLink between all pairs (NV18 or more)", Binding: "exclusive", Ring: []int{0, 1}}
+	st.Nodes[0].Stalls = &rdzv.NodeStalls{Updated: now.Add(-time.Minute), Stalls: []string{}, Stragglers: []rdzv.StragglerInfo{}} // nothing to show
+	st.Nodes[2].Stalls = &rdzv.NodeStalls{
+		Updated: now.Add(-12 * time.Second),
+		Stalls: []string{
+			"step 808 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.12 s after the others; 1 ranks waited 2.1 GPU-seconds",
+			"step 809 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.20 s after the others; 1 ranks waited 2.2 GPU-seconds",
+			"step 810 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.25 s after the others; 1 ranks waited 2.3 GPU-seconds",
+			"step 811 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.28 s after the others; 1 ranks waited 2.3 GPU-seconds",
+			"step 812 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds",
+		},
+		Stragglers: []rdzv.StragglerInfo{{Rank: 5, Host: "vm3", GPU: "GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c", Last: 15, Steps: 20}, {Rank: 4, Last: 6, Steps: 20}},
+		Hang:       "step 813 bucket 0 (generation 3) has not finished 30.00 s after the first rank arrived; waiting: rank 4; never arrived: rank 5 (vm3, GPU 1, pid 4411). Aborting the communicators and restarting the job.",
+	}
 	var b strings.Builder
 	renderStatus(&b, st, "127.0.0.1:29400", now)
 	want := `job t1 (store 127.0.0.1:29400)   generation 3   running since 10:15:03 (2m10s)
@@ -386,6 +434,16 @@ GROUP RANK  NODE            HOST  ADDR      RANKS  PID   STATE
 GPUS
 vm-1450-2b43cd  2× NVIDIA A40, PCIe only, up to PIX, driver 535.183.01, CUDA 12.2  CUDA order 1,0  NUMA binding node
 vm3-12-ffee01   2× NVIDIA H100 80GB HBM3, NVLink between all pairs (NV18 or more)  CUDA order 0,1  NUMA binding exclusive
+
+STALLS
+vm3-12-ffee01  updated 10:17:01 (12s)
+  persistent straggler: rank 5 on vm3 (GPU GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c), last in 15 of 20 steps
+  persistent straggler: rank 4, last in 6 of 20 steps
+  (2 earlier stalls in --json)
+  stall: step 810 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.25 s after the others; 1 ranks waited 2.3 GPU-seconds
+  stall: step 811 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.28 s after the others; 1 ranks waited 2.3 GPU-seconds
+  stall: step 812 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds
+  hang: step 813 bucket 0 (generation 3) has not finished 30.00 s after the first rank arrived; waiting: rank 4; never arrived: rank 5 (vm3, GPU 1, pid 4411). Aborting the communicators and restarting the job.
 `
 	if b.String() != want {
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)
