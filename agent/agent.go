@@ -145,6 +145,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer closeExp()
 	stalls.exp = exp
+	if pub, ok := j.rz.(stallPublisher); ok {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			stalls.publish(ctx, pub)
+		}()
+	}
 	bg.Add(1)
 	go func() {
 		defer bg.Done()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
@@ -67,6 +68,72 @@ type stallWatch struct {
 	stackDir string
 	hung     bool // this attempt's hang was reported
 	stalls   []string
+	lastHang string
+	known    map[int]bool // persistent stragglers already logged, this attempt
+	dirty    bool         // something to publish
+}
+
+// stallPublisher is the rendezvous when it has a store for status.
+type stallPublisher interface {
+	PublishStalls(context.Context, rdzv.NodeStalls) error
+}
+
+// publish puts what status shows into the store every 2 s while there is
+// something new, until ctx ends; it never holds up the analysis.
+func (s *stallWatch) publish(ctx context.Context, pub stallPublisher) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.noteStragglers()
+		s.mu.Lock()
+		if !s.dirty {
+			s.mu.Unlock()
+			continue
+		}
+		s.dirty = false
+		ns := rdzv.NodeStalls{Stalls: slices.Clone(s.stalls), Hang: s.lastHang}
+		an, offset := s.an, s.offset
+		s.mu.Unlock()
+		if an != nil {
+			for _, st := range an.Stragglers() {
+				w := s.worker(st.Rank + offset)
+				ns.Stragglers = append(ns.Stragglers, rdzv.StragglerInfo{Rank: st.Rank + offset, Last: st.Last, Steps: st.Steps, Host: w.Host, GPU: w.GPU})
+			}
+		}
+		if err := pub.PublishStalls(ctx, ns); err != nil {
+			s.log.Debug("publish stalls for status", "err", err)
+		}
+	}
+}
+
+// noteStragglers logs each new persistent straggler of the attempt once.
+func (s *stallWatch) noteStragglers() {
+	s.mu.Lock()
+	an, offset := s.an, s.offset
+	s.mu.Unlock()
+	if an == nil {
+		return
+	}
+	for _, st := range an.Stragglers() {
+		rank := st.Rank + offset
+		s.mu.Lock()
+		seen := s.known[rank]
+		if s.known == nil {
+			s.known = map[int]bool{}
+		}
+		s.known[rank] = true
+		s.dirty = s.dirty || !seen
+		s.mu.Unlock()
+		if !seen {
+			s.log.Warn(fmt.Sprintf("persistent straggler: rank %s arrived last in %d of the last %d steps", s.describe(rank), st.Last, st.Steps),
+				"rank", rank, "gpu", s.worker(rank).GPU)
+		}
+	}
 }
 
 func newStallWatch(log *slog.Logger, hangTimeout time.Duration) *stallWatch {
@@ -80,7 +147,7 @@ func (s *stallWatch) start(gen uint64, offset int, workers []telemetry.Worker, s
 		s.log.Warn("stall analysis off", "err", err)
 	}
 	s.mu.Lock()
-	s.an, s.gen, s.offset, s.workers, s.stackDir, s.hung = an, gen, offset, workers, stackDir, false
+	s.an, s.gen, s.offset, s.workers, s.stackDir, s.hung, s.known = an, gen, offset, workers, stackDir, false, nil
 	s.mu.Unlock()
 	if s.exp != nil {
 		s.exp.Generation(gen)
@@ -157,9 +224,10 @@ func (s *stallWatch) reportStall(c telemetry.Collective) {
 		"duration", c.Duration().Round(time.Millisecond), "threshold", st.Threshold.Round(time.Millisecond))
 	s.mu.Lock()
 	s.stalls = append(s.stalls, msg)
-	if len(s.stalls) > 20 {
-		s.stalls = s.stalls[len(s.stalls)-20:]
+	if len(s.stalls) > rdzv.MaxStallLines {
+		s.stalls = s.stalls[len(s.stalls)-rdzv.MaxStallLines:]
 	}
+	s.dirty = true
 	s.mu.Unlock()
 }
 
@@ -233,6 +301,9 @@ func (s *stallWatch) checkHang(ctx context.Context, now time.Time) {
 	stacks := s.stacks(ctx, h.Missing)
 	report := s.hangReport(*h, now, stacks)
 	s.log.Error("hang: " + report)
+	s.mu.Lock()
+	s.lastHang, s.dirty = "hang: "+report, true
+	s.mu.Unlock()
 	if s.exp != nil {
 		s.exp.Hang(*h, stacks)
 	}

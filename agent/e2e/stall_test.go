@@ -61,9 +61,24 @@ func TestHangReportedWithStackAndRestarted(t *testing.T) {
 func TestStallNamesStraggler(t *testing.T) {
 	needTorch(t)
 	logDir := t.TempDir()
-	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--log-dir", logDir, "--rdzv-id", "stalls", "--trace-sample", "1",
-		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "14", "--ckpt-every", "0", "--log-every", "7",
-		"--ckpt-dir", t.TempDir(), "--batch-size", "4", "--slow-rank", "1", "--slow-steps", "8,9,10", "--slow-seconds", "0.5")
+	ep := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	r := startAgent(t, nil, "--rdzv-backend", "c10d", "--rdzv-endpoint", ep, "--nproc-per-node", "2", "--log-dir", logDir,
+		"--rdzv-id", "stalls", "--trace-sample", "1",
+		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "40", "--ckpt-every", "0", "--log-every", "10",
+		"--ckpt-dir", t.TempDir(), "--batch-size", "4", "--slow-rank", "1", "--slow-steps", "8,9,10", "--slow-seconds", "0.5",
+		"--sleep-per-step", "0.1")
+	// While the job runs, `ddp-agent status` lists the stalls.
+	waitFor(t, 2*time.Minute, func() bool {
+		return strings.Contains(r.stderr.String(), "stall: step 9 ")
+	}, r.logs)
+	var st string
+	waitFor(t, 10*time.Second, func() bool {
+		st = agentOutput(t, "status", "--rdzv-endpoint", ep)
+		return strings.Contains(st, "stall: step 9 ")
+	}, func() string { return st + "\n" + r.logs() })
+	if !strings.Contains(st, "STALLS\n") || !strings.Contains(st, "stall: step 8 bucket") || !strings.Contains(st, "arrived") {
+		t.Errorf("status lacks the stalls:\n%s", st)
+	}
 	if code := r.wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
 	}
@@ -99,7 +114,7 @@ func TestStallNamesStraggler(t *testing.T) {
 			complete++
 		}
 	}
-	if complete < 2*14 {
+	if complete < 2*40 {
 		t.Errorf("%d complete events in the trace, want at least one per rank and step", complete)
 	}
 }
