@@ -139,6 +139,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	events := newEventTally()
 	stalls := newStallWatch(a.log, cfg.HangTimeout)
+	stalls.rankOf = a.authorize
 	exp, closeExp, err := a.openExporter(ctx, runID, runDir, keep, stalls.worker)
 	if err != nil {
 		return err
@@ -261,7 +262,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			r.Stop()
 			return fmt.Errorf("attempt %d: %w", attempt, err)
 		}
-		stalls.start(gen, r.RankOffset, a.workers(g, r.RankOffset), stackDir)
+		stalls.start(gen, r.RankOffset, cfg.NProcPerNode, a.workers(g, r.RankOffset), r.RankOffset, stackDir, nil, nil)
 		mon.SetWorkers(g.PIDs())
 		mon.Sample() // a worker that dies at once still gets a line in the report
 		a.log.Info("workers started", "attempt", attempt, "generation", gen, "group_rank", r.GroupRank, "nnodes", r.NNodes,
@@ -283,6 +284,9 @@ func (a *Agent) Run(ctx context.Context) error {
 					}
 					endRound(f)
 				case h := <-stalls.hangs:
+					if h.Hang.Gen != gen {
+						continue // the last attempt's
+					}
 					endRound(h)
 				case <-rctx.Done():
 				}

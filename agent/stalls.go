@@ -41,6 +41,19 @@ type exporter interface {
 	Generation(gen uint64)
 }
 
+// forwarder carries a follower's records to the leader (relay.Client).
+type forwarder interface {
+	Send([]telemetry.Record)
+	SendWorkers([]telemetry.Worker)
+	SendStacks(map[int]string)
+	Hangs() <-chan telemetry.Hang
+}
+
+// stackAsker makes the followers collect their ranks' stacks (relay.Server).
+type stackAsker interface {
+	RequestStacks(telemetry.Hang)
+}
+
 // HangError ends an attempt whose collective hung.
 type HangError struct {
 	Hang   telemetry.Hang
@@ -51,26 +64,185 @@ func (e *HangError) Error() string {
 	return fmt.Sprintf("collective hung in step %d bucket %d: %s never arrived", e.Hang.Step, e.Hang.Bucket, rankList(e.Hang.Missing))
 }
 
-// stackWait is how long a rank gets to write its stacks after SIGUSR2.
+// stackWait is how long a rank gets to write its stacks after SIGUSR2;
+// remote ranks get another second for the trip.
 const stackWait = time.Second
+
+// attempt is what the stall watch knows of the current attempt.
+type attempt struct {
+	gen      uint64
+	an       *stall.Analyzer // nil on a follower
+	base     int             // the global rank of the analyzer's rank 0
+	local    []telemetry.Worker
+	offset   int // global rank of local rank 0
+	fwd      forwarder
+	asker    stackAsker
+	stackDir string
+}
 
 type stallWatch struct {
 	log         *slog.Logger
 	hangTimeout time.Duration
 	exp         exporter // set before the first attempt
 	hangs       chan *HangError
+	remote      chan map[int]string        // stacks from followers
+	rankOf      func(pid int) (int, error) // the rank of a worker or its descendant
 
 	mu       sync.Mutex
-	an       *stall.Analyzer // nil between attempts
-	gen      uint64
-	offset   int // global rank of local rank 0: the analyzer sees local ranks
-	workers  []telemetry.Worker
-	stackDir string
+	at       *attempt // nil between attempts
+	workers  map[int]telemetry.Worker
 	hung     bool // this attempt's hang was reported
 	stalls   []string
 	lastHang string
 	known    map[int]bool // persistent stragglers already logged, this attempt
 	dirty    bool         // something to publish
+}
+
+func newStallWatch(log *slog.Logger, hangTimeout time.Duration) *stallWatch {
+	return &stallWatch{log: log, hangTimeout: hangTimeout, hangs: make(chan *HangError, 1), remote: make(chan map[int]string, 16)}
+}
+
+// start begins an attempt. Its analysis covers ranks [base, base+size):
+// all of them on the leader (or a single node), this node's when the
+// records cannot be gathered. A follower (fwd not nil) forwards instead.
+func (s *stallWatch) start(gen uint64, base, size int, local []telemetry.Worker, offset int, stackDir string, fwd forwarder, asker stackAsker) {
+	at := &attempt{gen: gen, base: base, local: local, offset: offset, fwd: fwd, asker: asker, stackDir: stackDir}
+	if fwd == nil {
+		an, err := stall.New(stall.Config{WorldSize: size})
+		if err != nil { // only an empty world fails, and then there is nothing to watch
+			s.log.Warn("stall analysis off", "err", err)
+		}
+		at.an = an
+	}
+	s.mu.Lock()
+	s.at, s.hung, s.known = at, false, nil
+	select { // a hang of the last attempt that nobody took
+	case <-s.hangs:
+	default:
+	}
+	s.workers = map[int]telemetry.Worker{}
+	for _, w := range local {
+		s.workers[w.Rank] = w
+	}
+	s.mu.Unlock()
+	if fwd != nil {
+		fwd.SendWorkers(local)
+	}
+	if s.exp != nil {
+		s.exp.Generation(gen)
+	}
+}
+
+// stop ends the attempt: late events are ignored.
+func (s *stallWatch) stop() {
+	s.mu.Lock()
+	s.at = nil
+	s.mu.Unlock()
+	for { // stacks that came too late for the last hang
+		select {
+		case <-s.remote:
+		default:
+			return
+		}
+	}
+}
+
+func (s *stallWatch) current() *attempt {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.at
+}
+
+// worker is the Worker of a global rank (the exporter's Config.Worker).
+func (s *stallWatch) worker(rank int) telemetry.Worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w, ok := s.workers[rank]; ok {
+		return w
+	}
+	return telemetry.Worker{Rank: rank, LocalRank: -1, GPUIndex: -1}
+}
+
+// add is the control server's OnEvents: a batch from the worker of rank.
+func (s *stallWatch) add(rank int, ev control.Events) {
+	at := s.current()
+	if at == nil {
+		return
+	}
+	recs := make([]telemetry.Record, len(ev.Events))
+	for i, e := range ev.Events {
+		recs[i] = telemetry.Record{Gen: at.gen, Step: e.Step, Bucket: e.Bucket, Rank: rank, Bytes: e.Bytes, DType: e.DType,
+			Status: e.Status, Arrive: unixNano(e.TArrive), Start: unixNano(e.TStart), End: unixNano(e.TEnd)}
+	}
+	if at.fwd != nil {
+		at.fwd.Send(recs)
+		return
+	}
+	s.analyze(at, recs)
+}
+
+// Records, Workers and Stacks are the leader's relay.Handler: what the
+// followers send.
+func (s *stallWatch) Records(node string, recs []telemetry.Record) {
+	if at := s.current(); at != nil && at.an != nil {
+		s.analyze(at, recs)
+	}
+}
+
+func (s *stallWatch) Workers(node string, ws []telemetry.Worker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range ws {
+		if s.workers != nil {
+			s.workers[w.Rank] = w
+		}
+	}
+}
+
+func (s *stallWatch) Stacks(node string, stacks map[int]string) {
+	select {
+	case s.remote <- stacks:
+	default:
+		s.log.Warn("Python stacks from another node dropped: too many at once", "node", node)
+	}
+}
+
+// analyze feeds global-rank records of at to its analyzer.
+func (s *stallWatch) analyze(at *attempt, recs []telemetry.Record) {
+	if at.an == nil {
+		return
+	}
+	var done []telemetry.Collective
+	for _, r := range recs {
+		if r.Gen != at.gen {
+			continue
+		}
+		r.Rank -= at.base
+		done = append(done, at.an.Add(r)...)
+	}
+	if len(done) == 0 {
+		return
+	}
+	for i := range done { // back to global ranks for reports and spans
+		c := &done[i]
+		for j := range c.Records {
+			c.Records[j].Rank += at.base
+		}
+		if c.Stall != nil {
+			c.Stall.Straggler += at.base
+			s.reportStall(*c)
+		}
+	}
+	if s.exp != nil {
+		s.exp.Collectives(done)
+	}
+}
+
+func unixNano(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }
 
 // stallPublisher is the rendezvous when it has a store for status.
@@ -89,7 +261,7 @@ func (s *stallWatch) publish(ctx context.Context, pub stallPublisher) {
 			return
 		case <-t.C:
 		}
-		s.noteStragglers()
+		stragglers := s.noteStragglers()
 		s.mu.Lock()
 		if !s.dirty {
 			s.mu.Unlock()
@@ -97,30 +269,31 @@ func (s *stallWatch) publish(ctx context.Context, pub stallPublisher) {
 		}
 		s.dirty = false
 		ns := rdzv.NodeStalls{Stalls: slices.Clone(s.stalls), Hang: s.lastHang}
-		an, offset := s.an, s.offset
 		s.mu.Unlock()
-		if an != nil {
-			for _, st := range an.Stragglers() {
-				w := s.worker(st.Rank + offset)
-				ns.Stragglers = append(ns.Stragglers, rdzv.StragglerInfo{Rank: st.Rank + offset, Last: st.Last, Steps: st.Steps, Host: w.Host, GPU: w.GPU})
-			}
+		for _, st := range stragglers {
+			w := s.worker(st.Rank)
+			ns.Stragglers = append(ns.Stragglers, rdzv.StragglerInfo{Rank: st.Rank, Last: st.Last, Steps: st.Steps, Host: w.Host, GPU: w.GPU})
 		}
 		if err := pub.PublishStalls(ctx, ns); err != nil {
 			s.log.Debug("publish stalls for status", "err", err)
+			s.mu.Lock()
+			s.dirty = true // again at the next tick
+			s.mu.Unlock()
 		}
 	}
 }
 
-// noteStragglers logs each new persistent straggler of the attempt once.
-func (s *stallWatch) noteStragglers() {
-	s.mu.Lock()
-	an, offset := s.an, s.offset
-	s.mu.Unlock()
-	if an == nil {
-		return
+// noteStragglers logs each new persistent straggler of the attempt once
+// and returns them all, by global rank.
+func (s *stallWatch) noteStragglers() []telemetry.Straggler {
+	at := s.current()
+	if at == nil || at.an == nil {
+		return nil
 	}
-	for _, st := range an.Stragglers() {
-		rank := st.Rank + offset
+	all := at.an.Stragglers()
+	for i := range all {
+		all[i].Rank += at.base
+		rank := all[i].Rank
 		s.mu.Lock()
 		seen := s.known[rank]
 		if s.known == nil {
@@ -130,84 +303,11 @@ func (s *stallWatch) noteStragglers() {
 		s.dirty = s.dirty || !seen
 		s.mu.Unlock()
 		if !seen {
-			s.log.Warn(fmt.Sprintf("persistent straggler: rank %s arrived last in %d of the last %d steps", s.describe(rank), st.Last, st.Steps),
+			s.log.Warn(fmt.Sprintf("persistent straggler: rank %s arrived last in %d of the last %d steps", s.describe(rank), all[i].Last, all[i].Steps),
 				"rank", rank, "gpu", s.worker(rank).GPU)
 		}
 	}
-}
-
-func newStallWatch(log *slog.Logger, hangTimeout time.Duration) *stallWatch {
-	return &stallWatch{log: log, hangTimeout: hangTimeout, hangs: make(chan *HangError, 1)}
-}
-
-// start begins an attempt: workers by local rank, their stack directory.
-func (s *stallWatch) start(gen uint64, offset int, workers []telemetry.Worker, stackDir string) {
-	an, err := stall.New(stall.Config{WorldSize: len(workers)})
-	if err != nil { // only a zero world size fails, and then there is nothing to watch
-		s.log.Warn("stall analysis off", "err", err)
-	}
-	s.mu.Lock()
-	s.an, s.gen, s.offset, s.workers, s.stackDir, s.hung, s.known = an, gen, offset, workers, stackDir, false, nil
-	s.mu.Unlock()
-	if s.exp != nil {
-		s.exp.Generation(gen)
-	}
-}
-
-// stop ends the attempt: late events are ignored.
-func (s *stallWatch) stop() {
-	s.mu.Lock()
-	s.an = nil
-	s.mu.Unlock()
-}
-
-// worker is the Worker of a global rank (the exporter's Config.Worker).
-func (s *stallWatch) worker(rank int) telemetry.Worker {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if lr := rank - s.offset; lr >= 0 && lr < len(s.workers) {
-		return s.workers[lr]
-	}
-	return telemetry.Worker{Rank: rank, LocalRank: -1, GPUIndex: -1}
-}
-
-// add is the control server's OnEvents: a batch from the worker of rank.
-func (s *stallWatch) add(rank int, ev control.Events) {
-	s.mu.Lock()
-	an, gen, lr := s.an, s.gen, rank-s.offset
-	s.mu.Unlock()
-	if an == nil || lr < 0 {
-		return
-	}
-	var done []telemetry.Collective
-	for _, e := range ev.Events {
-		r := telemetry.Record{Gen: gen, Step: e.Step, Bucket: e.Bucket, Rank: lr, Bytes: e.Bytes, DType: e.DType,
-			Status: e.Status, Arrive: unixNano(e.TArrive), Start: unixNano(e.TStart), End: unixNano(e.TEnd)}
-		done = append(done, an.Add(r)...)
-	}
-	if len(done) == 0 {
-		return
-	}
-	for i := range done { // back to global ranks for reports and spans
-		c := &done[i]
-		for j := range c.Records {
-			c.Records[j].Rank += s.offset
-		}
-		if c.Stall != nil {
-			c.Stall.Straggler += s.offset
-			s.reportStall(*c)
-		}
-	}
-	if s.exp != nil {
-		s.exp.Collectives(done)
-	}
-}
-
-func unixNano(ns int64) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns)
+	return all
 }
 
 // reportStall logs the paragraph a person can act on.
@@ -257,11 +357,9 @@ func seconds(d time.Duration) string {
 	return fmt.Sprintf("%.2f s", d.Seconds())
 }
 
-// run checks for hangs once a second until ctx ends.
+// run checks for hangs and new persistent stragglers once a second
+// until ctx ends.
 func (s *stallWatch) run(ctx context.Context) {
-	if s.hangTimeout <= 0 {
-		return
-	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -269,36 +367,85 @@ func (s *stallWatch) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			s.checkHang(ctx, now)
+			if s.hangTimeout > 0 {
+				s.checkHang(ctx, now)
+			}
+			s.noteStragglers()
+		}
+	}
+}
+
+// answerHangs is a follower's side of a hang: the leader asks for the
+// stacks of its missing ranks, this node sends those of its own.
+func (s *stallWatch) answerHangs(ctx context.Context, fwd forwarder) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case h, ok := <-fwd.Hangs():
+			if !ok {
+				return
+			}
+			at := s.current()
+			if at == nil || at.gen != h.Gen {
+				continue
+			}
+			fwd.SendStacks(s.stacks(ctx, at, h.Missing))
 		}
 	}
 }
 
 func (s *stallWatch) checkHang(ctx context.Context, now time.Time) {
-	s.mu.Lock()
-	an, hung, offset := s.an, s.hung, s.offset
-	s.mu.Unlock()
-	if an == nil || hung {
+	at := s.current()
+	if at == nil || at.an == nil {
 		return
 	}
-	h := an.Hang(now, s.hangTimeout)
+	h := at.an.Hang(now, s.hangTimeout)
 	if h == nil {
 		return
 	}
 	s.mu.Lock()
-	if s.an != an || s.hung { // the attempt ended meanwhile
+	if s.at != at || s.hung { // the attempt ended meanwhile, or its hang is out
 		s.mu.Unlock()
 		return
 	}
 	s.hung = true
 	s.mu.Unlock()
 	for i := range h.Waiting {
-		h.Waiting[i] += offset
+		h.Waiting[i] += at.base
 	}
 	for i := range h.Missing {
-		h.Missing[i] += offset
+		h.Missing[i] += at.base
 	}
-	stacks := s.stacks(ctx, h.Missing)
+	remote := 0
+	for _, r := range h.Missing {
+		if r < at.offset || r >= at.offset+len(at.local) {
+			remote++
+		}
+	}
+	if remote > 0 && at.asker != nil {
+		at.asker.RequestStacks(*h)
+	}
+	stacks := s.stacks(ctx, at, h.Missing)
+	if remote > 0 && at.asker != nil {
+		deadline := time.After(stackWait + time.Second)
+	wait:
+		for got := 0; got < remote; {
+			select {
+			case st := <-s.remote:
+				for r, text := range st {
+					if _, dup := stacks[r]; !dup && slices.Contains(h.Missing, r) {
+						stacks[r] = text
+						got++
+					}
+				}
+			case <-deadline:
+				break wait
+			case <-ctx.Done():
+				break wait
+			}
+		}
+	}
 	report := s.hangReport(*h, now, stacks)
 	s.log.Error("hang: " + report)
 	s.mu.Lock()
@@ -306,6 +453,11 @@ func (s *stallWatch) checkHang(ctx context.Context, now time.Time) {
 	s.mu.Unlock()
 	if s.exp != nil {
 		s.exp.Hang(*h, stacks)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.at != at { // the attempt ended while the stacks were collected: nothing to end
+		return
 	}
 	select {
 	case s.hangs <- &HangError{Hang: *h, Report: report}:
@@ -319,7 +471,7 @@ func (s *stallWatch) hangReport(h telemetry.Hang, now time.Time, stacks map[int]
 		h.Step, h.Bucket, h.Gen, seconds(now.Sub(h.Since)))
 	fmt.Fprintf(&b, "waiting: %s; ", rankList(h.Waiting))
 	if len(h.Missing) == 0 {
-		b.WriteString("every rank of this node arrived: the missing ranks are on other nodes")
+		b.WriteString("every rank analyzed here arrived: the missing ranks are on other nodes")
 	} else {
 		descs := make([]string, len(h.Missing))
 		for i, r := range h.Missing {
@@ -332,61 +484,73 @@ func (s *stallWatch) hangReport(h telemetry.Hang, now time.Time, stacks map[int]
 		if st, ok := stacks[r]; ok {
 			fmt.Fprintf(&b, "\nPython stack of rank %d:\n%s", r, strings.TrimRight(st, "\n"))
 		} else {
-			fmt.Fprintf(&b, "\nno Python stack from rank %d (it did not register ddp_agent's hook, or did not answer within %v)", r, stackWait)
+			fmt.Fprintf(&b, "\nno Python stack from rank %d (it did not register ddp_agent's hook, or did not answer in time)", r)
 		}
 	}
 	return b.String()
 }
 
-// stacks asks the local ranks among ranks for their Python stacks: the
-// ddp_agent package registered faulthandler on SIGUSR2 and created its
-// stack file (the signal is sent only then: its default action kills).
-func (s *stallWatch) stacks(ctx context.Context, ranks []int) map[int]string {
-	s.mu.Lock()
-	dir, offset, workers := s.stackDir, s.offset, s.workers
-	s.mu.Unlock()
+// stacks asks the ranks among ranks that run on this node for their
+// Python stacks: the ddp_agent package registered faulthandler on SIGUSR2
+// and created its stack file (the signal is sent only then: its default
+// action kills).
+func (s *stallWatch) stacks(ctx context.Context, at *attempt, ranks []int) map[int]string {
 	out := map[int]string{}
-	if dir == "" {
+	if at.stackDir == "" {
 		return out
 	}
 	asked := map[int]string{}
 	for _, r := range ranks {
-		lr := r - offset
-		if lr < 0 || lr >= len(workers) || workers[lr].PID == 0 {
+		if lr := r - at.offset; lr < 0 || lr >= len(at.local) {
 			continue
 		}
-		path := filepath.Join(dir, fmt.Sprintf("rank%d.txt", r))
-		if _, err := os.Stat(path); err != nil {
-			continue
+		// The package names its file after the process that registered
+		// the handler: the worker, or a process a wrapper script started.
+		// Only that one may get the signal (its default action kills), and
+		// only if it is this rank's worker or one of its descendants.
+		paths, _ := filepath.Glob(filepath.Join(at.stackDir, fmt.Sprintf("rank%d-pid*.txt", r)))
+		for _, path := range paths {
+			var pid int
+			if _, err := fmt.Sscanf(filepath.Base(path), fmt.Sprintf("rank%d-pid%%d.txt", r), &pid); err != nil || pid <= 0 {
+				continue
+			}
+			if s.rankOf == nil {
+				continue
+			}
+			if got, err := s.rankOf(pid); err != nil || got != r {
+				continue
+			}
+			if err := syscall.Kill(pid, syscall.SIGUSR2); err != nil {
+				s.log.Warn("ask for a Python stack", "rank", r, "pid", pid, "err", err)
+				continue
+			}
+			asked[r] = path
 		}
-		if err := syscall.Kill(workers[lr].PID, syscall.SIGUSR2); err != nil {
-			s.log.Warn("ask for a Python stack", "rank", r, "pid", workers[lr].PID, "err", err)
-			continue
-		}
-		asked[r] = path
 	}
 	if len(asked) == 0 {
 		return out
 	}
 	// faulthandler writes from the signal handler at once; give the
 	// process a moment to be scheduled.
+	// process a moment to be scheduled, and take a dump once it stopped
+	// growing.
 	deadline := time.Now().Add(stackWait)
-	for len(out) < len(asked) && time.Now().Before(deadline) && ctx.Err() == nil {
+	settled := map[int]bool{}
+	for len(settled) < len(asked) && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
 		for r, path := range asked {
-			if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
-				out[r] = string(b)
+			b, err := os.ReadFile(path)
+			if err != nil || len(b) == 0 {
+				continue
+			}
+			settled[r] = out[r] == string(b)
+			out[r] = string(b)
+			if !settled[r] {
+				delete(settled, r)
 			}
 		}
 	}
 	return out
-}
-
-// recentStalls are the last stall paragraphs, oldest first.
-func (s *stallWatch) recentStalls() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.stalls)
 }
 
 func rankList(ranks []int) string {

@@ -413,6 +413,7 @@ func (c *comm) close() {
 	watch := c.watch
 	c.mu.Unlock()
 	if watch != nil {
+		watch.settle()
 		watch.close() // its last look ships the events of what has completed
 	}
 	c.bgCancel() // the shipper's last flush includes the executor's last events

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"runtime"
 	"sync"
@@ -159,6 +160,27 @@ func (wd *watchdog) close() {
 	<-wd.done
 }
 
+// settle waits until the collectives in flight have finished on the GPU
+// (their events then reach the agent, which would otherwise wait for them
+// and see a hang) or were given up: failed, aborted, or past the timeout,
+// which the watchdog enforces meanwhile. NCCL's destroy would wait for
+// them anyway, and with no watchdog left, for ever.
+func (wd *watchdog) settle() {
+	for {
+		wd.mu.Lock()
+		n, failed := len(wd.inflight), wd.failed
+		wd.mu.Unlock()
+		if n == 0 || failed {
+			return
+		}
+		select {
+		case <-wd.done:
+			return
+		case <-time.After(pollBusy):
+		}
+	}
+}
+
 func (wd *watchdog) run() {
 	defer close(wd.done)
 	// The thread gets a CUDA context bound: it stays locked, and Go ends
@@ -225,7 +247,15 @@ func (wd *watchdog) poll(clk *clock, enforce bool) bool {
 	}
 	// At close the communicator may be gone: only collect what completed.
 	if err := wd.nc.AsyncError(); enforce && err != nil {
-		if !errors.Is(err, nccl.ErrAborted) && !errors.Is(err, nccl.ErrClosed) {
+		if errors.Is(err, nccl.ErrAborted) || errors.Is(err, nccl.ErrClosed) {
+			// Aborted by someone else (the agent, ddpshim_abort): what is
+			// in flight will not finish.
+			cause := context.Cause(wd.c.ctx)
+			if cause == nil {
+				cause = err
+			}
+			wd.drop(aborted(cause), nil)
+		} else {
 			wd.fail(errorf(nccl.Status(err), "NCCL reported an asynchronous error: %w", err), nil)
 		}
 		return false
@@ -274,6 +304,17 @@ func (wd *watchdog) poll(clk *clock, enforce bool) bool {
 // fail aborts the communicator with cause and reports the collective that
 // failed (f, if any) and the rest in flight.
 func (wd *watchdog) fail(cause error, f *flight) {
+	if wd.hasFailed() {
+		return
+	}
+	wd.c.log.Error("aborting the NCCL communicator", "err", cause)
+	wd.c.abort(cause)
+	wd.drop(cause, f)
+}
+
+// drop gives up the collectives in flight and reports them: f with cause,
+// the others as aborted by it. The watchdog watches nothing after.
+func (wd *watchdog) drop(cause error, f *flight) {
 	wd.mu.Lock()
 	if wd.failed {
 		wd.mu.Unlock()
@@ -286,8 +327,6 @@ func (wd *watchdog) fail(cause error, f *flight) {
 		wd.free = append(wd.free, g.ev)
 	}
 	wd.mu.Unlock()
-	wd.c.log.Error("aborting the NCCL communicator", "err", cause)
-	wd.c.abort(cause)
 	now := time.Now()
 	for _, g := range rest {
 		err := error(aborted(cause))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"runtime"
 	"strconv"
@@ -292,5 +293,31 @@ func TestInFlightEvents(t *testing.T) {
 	evs := c.events.take().Events
 	if len(evs) != 1 || evs[0].Status != statusInFlight || evs[0].Step != 9 || evs[0].Bucket != 2 || evs[0].TEnd != 0 || evs[0].TArrive == 0 {
 		t.Errorf("in-flight events %+v, want one for step 9 bucket 2", evs)
+	}
+	for _, c := range comms { // else close waits the 30 s timeout for the hung kernel
+		c.abort(errors.New("test over"))
+	}
+}
+
+// TestCloseWaitsForTheGPU: a comm closed right after its last enqueue
+// (hook.close() does not synchronize) still reports that collective once
+// it has run, instead of leaving the agent waiting for it.
+func TestCloseWaitsForTheGPU(t *testing.T) {
+	_, comms, streams := gpuWorld(t, map[string]string{"FAKE_CUDA_KERNEL_MS": "300"}, 2, 10000)
+	for r, err := range gpuAllreduce(comms, streams, 4, 1) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r, c := range comms {
+		start := time.Now()
+		c.close()
+		evs := c.events.take().Events
+		if len(evs) != 1 || evs[0].Status != rcOK || evs[0].Step != 4 {
+			t.Errorf("rank %d: events after close %+v, want step 4 finished", r, evs)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("rank %d: close took %v", r, took)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -83,9 +84,19 @@ func TestStallNamesStraggler(t *testing.T) {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
 	}
 	all := r.stderr.String()
-	stall := regexp.MustCompile(`stall: step (\d+) bucket \d+: rank (\d+) \([^)]*\) arrived ([0-9.]+ ?m?s) after the others; 1 ranks waited`)
+	// On a loaded 2-core machine a rank can be a couple of hundred
+	// milliseconds late on its own, and that is a stall too; the injected
+	// half second is told apart by its size.
+	stall := regexp.MustCompile(`stall: step (\d+) bucket \d+: rank (\d+) \([^)]*\) arrived ([0-9.]+)( s|ms) after the others; 1 ranks waited`)
 	steps := map[string]bool{}
 	for _, m := range stall.FindAllStringSubmatch(all, -1) {
+		late, _ := strconv.ParseFloat(m[3], 64)
+		if m[4] == " s" {
+			late *= 1000
+		}
+		if late < 400 {
+			continue
+		}
 		if m[2] != "1" {
 			t.Errorf("stall blames rank %s: %s", m[2], m[0])
 		}
@@ -98,7 +109,7 @@ func TestStallNamesStraggler(t *testing.T) {
 		}
 	}
 	if len(steps) != 3 {
-		t.Errorf("stalls in steps %v, want exactly 7, 8, 9\n%s", steps, r.logs())
+		t.Errorf("half-second stalls in steps %v, want exactly 7, 8, 9\n%s", steps, r.logs())
 	}
 	b, err := os.ReadFile(filepath.Join(logDir, "stalls", "trace-gen0.json"))
 	if err != nil {
@@ -134,16 +145,22 @@ func TestTracesOverOTLP(t *testing.T) {
 	if code := r.wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
 	}
-	spans := rcv.Spans() // the agent flushed them at exit
-	stalled := map[uint64]bool{}
+	spans := rcv.Spans()         // the agent flushed them at exit
+	stalled := map[uint64]bool{} // steps with any stall: --trace-sample 0 keeps exactly these
+	injected := map[uint64]bool{}
 	traces := map[string]uint64{} // trace id -> step
 	for _, sp := range spans {
 		step, _ := sp.Attr("ddp.step").(int64)
 		if strings.HasPrefix(sp.Name, "stall: ") {
-			if sp.Name != "stall: rank 1" {
-				t.Errorf("stall span %q", sp.Name)
-			}
 			stalled[uint64(step)] = true
+			// A loaded machine makes small stalls of its own (see
+			// TestStallNamesStraggler); the injected ones are half a second.
+			if late, _ := sp.Attr("ddp.late_ms").(float64); late >= 400 {
+				if sp.Name != "stall: rank 1" {
+					t.Errorf("stall span %q", sp.Name)
+				}
+				injected[uint64(step)] = true
+			}
 		}
 		if sp.Attr("ddp.step") != nil {
 			want := export.TraceID("otlp", 0, uint64(step))
@@ -160,8 +177,8 @@ func TestTracesOverOTLP(t *testing.T) {
 			}
 		}
 	}
-	if len(stalled) != 3 || !stalled[7] || !stalled[8] || !stalled[9] {
-		t.Errorf("stall spans in steps %v, want 7, 8 and 9\n%s", stalled, r.logs())
+	if len(injected) != 3 || !injected[7] || !injected[8] || !injected[9] {
+		t.Errorf("half-second stall spans in steps %v, want 7, 8 and 9\n%s", injected, r.logs())
 	}
 	// --trace-sample 0 keeps only the stalled steps.
 	for _, step := range traces {

@@ -1368,15 +1368,22 @@ func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Mem
 		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 			live[strings.TrimPrefix(string(kv.Key), e.key(nodesDir))] = true
 		}
+		var missing []Member
 		for _, m := range members {
 			if !live[m.Node] && m.Node != e.node {
-				go func() {
+				missing = append(missing, m)
+			}
+		}
+		if len(missing) > 0 {
+			go func() {
+				// One that succeeded moves nothing: look on to the next.
+				for _, m := range missing {
 					if reason, fault, gone := e.departure(ctx, r, m); gone {
 						e.bumpUntilMoved(ctx, r, reason, fault)
+						return
 					}
-				}()
-				break
-			}
+				}
+			}()
 		}
 	}
 	return resp.Header.Revision, false

@@ -4,12 +4,13 @@ Under ``ddp-agent run`` each worker gets ``$DDP_AGENT_STACK_DIR``. When a
 collective hangs, the agent wants to show where the ranks that never
 arrived are stuck, so :func:`enable` (called by ``register``) registers
 :mod:`faulthandler` on SIGUSR2 to write every thread's stack into
-``$DDP_AGENT_STACK_DIR/rank<RANK>.txt``. The file exists from then on: it
+``$DDP_AGENT_STACK_DIR/rank<RANK>-pid<PID>.txt``. The file exists from then on: it
 tells the agent that the signal is safe to send (SIGUSR2's default action
 would kill the process).
 """
 
 import faulthandler
+import logging
 import os
 import signal
 import threading
@@ -20,23 +21,34 @@ STACK_SIGNAL = signal.SIGUSR2
 
 _lock = threading.Lock()
 _file: Optional[IO[str]] = None  # kept open: faulthandler writes to its descriptor from the signal handler
+_path: Optional[str] = None
 
 
 def enable() -> Optional[str]:
     """Registers the stack dump when running under ddp-agent; returns the file's path, or None."""
-    global _file
+    global _file, _path
     directory = os.environ.get(ENV_STACK_DIR)
     rank = os.environ.get("RANK")
     if not directory or rank is None:
         return None
-    path = os.path.join(directory, f"rank{rank}.txt")
+    # Named after this process: the agent signals exactly the process that
+    # registered (a wrapper script's child, say), after checking it is one
+    # of the rank's worker processes.
+    path = os.path.join(directory, f"rank{rank}-pid{os.getpid()}.txt")
     with _lock:
-        if _file is not None and _file.name == path:
+        if _path == path:
             return path
-        os.makedirs(directory, exist_ok=True)
-        f = open(path, "w")
-        faulthandler.register(STACK_SIGNAL, file=f, all_threads=True, chain=False)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            # Registered on a temporary name, renamed after: the file
+            # exists only once the signal is safe to send.
+            f = open(path + ".tmp", "w")
+            faulthandler.register(STACK_SIGNAL, file=f, all_threads=True, chain=False)
+            os.rename(path + ".tmp", path)
+        except OSError as e:  # a diagnostic aid must never stop training
+            logging.getLogger("ddp_agent").warning("no Python stacks for hang reports: %s", e)
+            return None
         if _file is not None:
             _file.close()
-        _file = f
+        _file, _path = f, path
     return path

@@ -279,8 +279,9 @@ def test_gpu_side_hang_aborts_at_the_timeout(tmp_path, fake_nccl):
         assert res["hook_error_code"] == "ABORTED", res
         assert re.search(r"all-reduce of step 0 bucket \d+ .* has not completed on the GPU", res["error"]), res["error"]
         assert f"(timeout {timeout:g}s)" in res["error"], res["error"]
-        # Aborted at the timeout (polled every millisecond), raised at the next bucket.
-        assert timeout <= res["since_start"] <= timeout + 2 * step_sleep + 1, res
+        # Aborted at the timeout (polled every millisecond), raised at the next
+        # bucket; the slack is for a loaded 2-core machine, not for the watchdog.
+        assert timeout <= res["since_start"] <= timeout + 2 * step_sleep + 4, res
         assert res["later_code"] == "ABORTED" and res["later_seconds"] < 1, res
         assert res["close_seconds"] < 5, res
 
