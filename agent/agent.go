@@ -140,6 +140,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	events := newEventTally()
 	stalls := newStallWatch(a.log, cfg.HangTimeout)
 	stalls.rankOf = a.authorize
+	relays := &leaderRelay{}
+	defer relays.close()
 	exp, closeExp, err := a.openExporter(ctx, runID, runDir, keep, stalls.worker)
 	if err != nil {
 		return err
@@ -262,7 +264,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			r.Stop()
 			return fmt.Errorf("attempt %d: %w", attempt, err)
 		}
-		stalls.start(gen, r.RankOffset, cfg.NProcPerNode, a.workers(g, r.RankOffset), r.RankOffset, stackDir, nil, nil)
+		plan := a.planAnalysis(ctx, j, r, runID, stalls, relays)
+		stalls.start(gen, plan.base, plan.size, a.workers(g, r.RankOffset), r.RankOffset, stackDir, plan.fwd, plan.asker)
 		mon.SetWorkers(g.PIDs())
 		mon.Sample() // a worker that dies at once still gets a line in the report
 		a.log.Info("workers started", "attempt", attempt, "generation", gen, "group_rank", r.GroupRank, "nnodes", r.NNodes,
@@ -296,6 +299,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		err = g.Wait(rctx)
 		endRound(nil)
 		stalls.stop()
+		plan.done()
 		if err == nil {
 			r.Stop()
 			events.report(a.log, gen, srv.Conns)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +19,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/relay"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/stall"
 )
 
@@ -27,11 +30,9 @@ import (
 // ends the attempt with a report naming the ranks that never arrived and
 // their Python stacks.
 //
-// Each agent analyzes its own node's ranks. Across nodes a collective is
-// complete only when every node's ranks have reported, which needs the
-// records of the other nodes; until they are forwarded, a multi-node job
-// gets each node's view (stragglers among its own ranks, hangs in which
-// all of them wait for ranks elsewhere).
+// Across nodes a collective is complete only when every node's ranks have
+// reported: the agent of group rank 0 analyzes the whole job, the others
+// forward their records to it with their clocks corrected (planAnalysis).
 
 // exporter is what the stall watch feeds: package export's Exporter.
 type exporter interface {
@@ -616,4 +617,91 @@ func (a *Agent) openExporter(ctx context.Context, runID, runDir string, keep boo
 			a.log.Warn("telemetry shutdown", "err", err)
 		}
 	}, nil
+}
+
+// relayWait bounds a follower's wait for the leader's relay address; past
+// it, the node analyzes its own ranks.
+const relayWait = 10 * time.Second
+
+// analysis decides, at the start of an attempt, who analyzes what: on a
+// single node, or without a job-wide store, this agent its own ranks; with
+// several nodes, the agent of group rank 0 (the leader) all of them, the
+// others forwarding their records to it through package relay. It returns
+// what stallWatch.start needs and a func that ends the attempt's part.
+type analysis struct {
+	base, size int
+	fwd        forwarder
+	asker      stackAsker
+	done       func()
+}
+
+// leaderRelay is the leader's relay server, started on first need and
+// kept for the agent's life (the leader may change between generations).
+type leaderRelay struct {
+	mu  sync.Mutex
+	srv *relay.Server
+}
+
+func (l *leaderRelay) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.srv != nil {
+		l.srv.Close()
+	}
+}
+
+func (a *Agent) planAnalysis(ctx context.Context, j *joined, r *rdzv.Round, runID string, stalls *stallWatch, lr *leaderRelay) analysis {
+	local := analysis{base: r.RankOffset, size: a.cfg.NProcPerNode, done: func() {}}
+	if r.NNodes <= 1 || j.kv == nil {
+		return local
+	}
+	token := relay.JobToken(runID, a.cfg.RdzvToken)
+	key := runID + "/" + strconv.FormatUint(r.Generation, 10) + "/ddp-agent/telemetry-leader"
+	if r.GroupRank == 0 {
+		lr.mu.Lock()
+		srv := lr.srv
+		if srv == nil {
+			var err error
+			if srv, err = relay.Listen(net.JoinHostPort("", "0"), token, stalls, a.log); err != nil {
+				lr.mu.Unlock()
+				a.log.Warn("stall analysis of this node's ranks only: cannot listen for the other nodes' records", "err", err)
+				return local
+			}
+			lr.srv = srv
+		}
+		lr.mu.Unlock()
+		_, port, _ := net.SplitHostPort(srv.Addr())
+		addr := net.JoinHostPort(r.MasterAddr, port)
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := j.kv.Set(sctx, key, []byte(addr)); err != nil {
+			a.log.Warn("stall analysis of this node's ranks only: cannot publish the relay address", "err", err)
+			return local
+		}
+		return analysis{base: 0, size: r.WorldSize, asker: srv, done: func() {}}
+	}
+	gctx, cancel := context.WithTimeout(ctx, relayWait)
+	defer cancel()
+	addr, err := j.kv.Get(gctx, key)
+	if err != nil {
+		a.log.Warn("stall analysis of this node's ranks only: no relay address from the leader", "err", err)
+		return local
+	}
+	host, _ := os.Hostname()
+	cl, err := relay.Dial(gctx, relay.ClientConfig{Addr: string(addr), Node: relayNode(host, r), Token: token, Log: a.log})
+	if err != nil {
+		a.log.Warn("stall analysis of this node's ranks only: cannot reach the leader's relay", "addr", string(addr), "err", err)
+		return local
+	}
+	hctx, stop := context.WithCancel(ctx)
+	go stalls.answerHangs(hctx, cl)
+	return analysis{fwd: cl, done: func() { stop(); cl.Close() }}
+}
+
+// relayNode names this node to the leader.
+func relayNode(host string, r *rdzv.Round) string {
+	if host == "" {
+		host = "node"
+	}
+	return fmt.Sprintf("%s-g%d", host, r.GroupRank)
 }
