@@ -140,6 +140,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	events := newEventTally()
 	stalls := newStallWatch(a.log, cfg.HangTimeout)
 	stalls.rankOf = a.authorize
+	stalls.hangAuto = cfg.HangAuto
 	relays := &leaderRelay{}
 	defer relays.close()
 	exp, closeExp, err := a.openExporter(ctx, runID, runDir, keep, stalls.worker)

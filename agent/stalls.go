@@ -84,6 +84,7 @@ type attempt struct {
 type stallWatch struct {
 	log         *slog.Logger
 	hangTimeout time.Duration
+	hangAuto    bool     // the timeout grows to 10 × the median step time
 	exp         exporter // set before the first attempt
 	hangs       chan *HangError
 	remote      chan map[int]string        // stacks from followers
@@ -97,6 +98,51 @@ type stallWatch struct {
 	lastHang string
 	known    map[int]bool // persistent stragglers already logged, this attempt
 	dirty    bool         // something to publish
+	steps    stepClock
+}
+
+// stepClock estimates the step time from when bucket 0's all-reduce
+// begins (its first arrival) in consecutive steps.
+type stepClock struct {
+	last      uint64
+	lastStart time.Time
+	intervals []time.Duration // the most recent, at most stepWindow
+}
+
+const stepWindow = 20
+
+func (c *stepClock) observe(step uint64, start time.Time) {
+	if !c.lastStart.IsZero() && step == c.last+1 && start.After(c.lastStart) {
+		c.intervals = append(c.intervals, start.Sub(c.lastStart))
+		if len(c.intervals) > stepWindow {
+			c.intervals = c.intervals[1:]
+		}
+	}
+	if c.lastStart.IsZero() || step > c.last {
+		c.last, c.lastStart = step, start
+	}
+}
+
+// median is the median step time, 0 before five steps.
+func (c *stepClock) median() time.Duration {
+	if len(c.intervals) < 5 {
+		return 0
+	}
+	s := slices.Clone(c.intervals)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// timeout is the hang timeout now: the flag's, or with auto the longer of
+// it and 10 × the median step time (a job whose steps take minutes must
+// not look hung at 60 s).
+func (s *stallWatch) timeout() time.Duration {
+	if !s.hangAuto {
+		return s.hangTimeout
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.hangTimeout, 10*s.steps.median())
 }
 
 func newStallWatch(log *slog.Logger, hangTimeout time.Duration) *stallWatch {
@@ -116,7 +162,7 @@ func (s *stallWatch) start(gen uint64, base, size int, local []telemetry.Worker,
 		at.an = an
 	}
 	s.mu.Lock()
-	s.at, s.hung, s.known = at, false, nil
+	s.at, s.hung, s.known, s.steps = at, false, nil, stepClock{}
 	select { // a hang of the last attempt that nobody took
 	case <-s.hangs:
 	default:
@@ -228,6 +274,17 @@ func (s *stallWatch) analyze(at *attempt, recs []telemetry.Record) {
 		c := &done[i]
 		for j := range c.Records {
 			c.Records[j].Rank += at.base
+		}
+		if c.Bucket == 0 && len(c.Records) > 0 {
+			first := c.Records[0].Arrive
+			for _, r := range c.Records {
+				if r.Arrive.Before(first) {
+					first = r.Arrive
+				}
+			}
+			s.mu.Lock()
+			s.steps.observe(c.Step, first)
+			s.mu.Unlock()
 		}
 		if c.Stall != nil {
 			c.Stall.Straggler += at.base
@@ -401,7 +458,7 @@ func (s *stallWatch) checkHang(ctx context.Context, now time.Time) {
 	if at == nil || at.an == nil {
 		return
 	}
-	h := at.an.Hang(now, s.hangTimeout)
+	h := at.an.Hang(now, s.timeout())
 	if h == nil {
 		return
 	}

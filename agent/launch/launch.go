@@ -125,6 +125,7 @@ type Config struct {
 
 	// Stalls and traces.
 	HangTimeout  time.Duration // a collective unfinished this long after the first rank arrived is a hang; 0: no hang detection
+	HangAuto     bool          // --hang-timeout auto: HangTimeout, or 10 × the median step time when longer
 	OTelEndpoint string        // OTLP collector; "" leaves it to the OTEL_* variables
 	TraceSample  float64       // share of normal steps traced; stalled steps always are
 	MetricsAddr  string        // Prometheus endpoint; "" none
@@ -201,7 +202,7 @@ var flagSpecs = []flagSpec{
 	{name: "start-method", def: "spawn", help: "accepted for torchrun compatibility: spawn, fork or forkserver"},
 	{name: "role", def: "default", help: "user-defined role of the workers"},
 	{name: "local-addr", help: "address other nodes reach this one at (default: the address this host uses to reach the rendezvous store)"},
-	{name: "hang-timeout", def: "60s", help: "a gradient all-reduce not finished this long after the first rank arrived is a hang: the agent reports who never arrived (with their Python stacks), aborts and restarts the job; 0 disables"},
+	{name: "hang-timeout", def: "60s", help: "a gradient all-reduce not finished this long after the first rank arrived is a hang: the agent reports who never arrived (with their Python stacks), aborts and restarts the job; auto: 60s, or 10 times the median step time when that is longer; 0 disables"},
 	{name: "otel-endpoint", help: "OpenTelemetry collector for traces and metrics (host:port for OTLP/gRPC, or an http:// URL for OTLP/HTTP); default: the OTEL_EXPORTER_OTLP_* variables; without one, a Perfetto trace file per generation in the log dir"},
 	{name: "trace-sample", def: "0.1", help: "share of normal training steps traced (0 to 1); steps with a stall or hang are always traced"},
 	{name: "metrics-addr", help: "serve Prometheus metrics at this address (e.g. :9464); default none"},
@@ -371,7 +372,9 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.MaxRestarts, err = r.int("max-restarts", 0); err != nil {
 		return err
 	}
-	if c.HangTimeout, err = r.seconds("hang-timeout"); err != nil {
+	if r["hang-timeout"] == "auto" {
+		c.HangTimeout, c.HangAuto = time.Minute, true
+	} else if c.HangTimeout, err = r.seconds("hang-timeout"); err != nil {
 		return err
 	}
 	if c.HangTimeout > 0 && c.HangTimeout < time.Second {

@@ -231,6 +231,10 @@ func TestParseErrors(t *testing.T) {
 		{"bad backend", "--rdzv-backend zk train.py", "--rdzv-backend"},
 		{"bad log level", "--log-level loud train.py", "--log-level"},
 		{"bad numa binding", "--numa-binding socket train.py", "--numa-binding \"socket\" is not one of none, node, exclusive"},
+		{"hang timeout below a second", "--hang-timeout 200ms train.py", "--hang-timeout 200ms is below a second"},
+		{"bad hang timeout", "--hang-timeout soon train.py", "--hang-timeout must be a duration (seconds, or like 500ms), got \"soon\""},
+		{"trace sample above 1", "--trace-sample 1.5 train.py", "--trace-sample must be a number from 0 to 1"},
+		{"trace sample not a number", "--trace-sample all train.py", "--trace-sample must be a number from 0 to 1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
