@@ -141,6 +141,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	stalls := newStallWatch(a.log, cfg.HangTimeout)
 	stalls.rankOf = a.authorize
 	stalls.hangAuto = cfg.HangAuto
+	if a.gpus != nil {
+		stalls.readGPU = a.gpus.State
+	}
 	relays := &leaderRelay{}
 	defer relays.close()
 	exp, closeExp, err := a.openExporter(ctx, runID, runDir, keep, stalls.worker)

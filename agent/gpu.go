@@ -27,6 +27,9 @@ type GPUs struct {
 	// node's NVML (which the caller shuts down after Run). Nil with a saved
 	// topology (DDP_AGENT_TOPOLOGY): nothing to watch.
 	Watch func(devs []nvml.HealthDevice, opts ...nvml.HealthOption) *nvml.HealthWatcher
+	// State, when set, reads a GPU's state now (temperature, clocks,
+	// throttling), for the report of a persistent straggler.
+	State func(uuid string) (nvml.GPUState, error)
 }
 
 // SetGPUs gives the agent this node's GPUs; call it before Run.

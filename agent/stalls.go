@@ -21,6 +21,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/relay"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/stall"
+	"github.com/ddp-agent/ddp-agent/nvml"
 )
 
 // The agent's view of its workers' collectives: each event the shims send
@@ -89,6 +90,7 @@ type stallWatch struct {
 	hangs       chan *HangError
 	remote      chan map[int]string        // stacks from followers
 	rankOf      func(pid int) (int, error) // the rank of a worker or its descendant
+	readGPU     func(uuid string) (nvml.GPUState, error)
 
 	mu       sync.Mutex
 	at       *attempt // nil between attempts
@@ -361,11 +363,31 @@ func (s *stallWatch) noteStragglers() []telemetry.Straggler {
 		s.dirty = s.dirty || !seen
 		s.mu.Unlock()
 		if !seen {
-			s.log.Warn(fmt.Sprintf("persistent straggler: rank %s arrived last in %d of the last %d steps", s.describe(rank), all[i].Last, all[i].Steps),
-				"rank", rank, "gpu", s.worker(rank).GPU)
+			w := s.worker(rank)
+			msg := fmt.Sprintf("persistent straggler: rank %s arrived last in %d of the last %d steps", s.describe(rank), all[i].Last, all[i].Steps)
+			if st := s.gpuState(w); st != "" {
+				msg += "; its GPU " + w.GPU + ": " + st
+			}
+			s.log.Warn(msg, "rank", rank, "gpu", w.GPU)
 		}
 	}
 	return all
+}
+
+// gpuState is what NVML says of w's GPU now, when it is on this node.
+func (s *stallWatch) gpuState(w telemetry.Worker) string {
+	if w.GPU == "" || s.readGPU == nil {
+		return ""
+	}
+	at := s.current()
+	if at == nil || w.Rank < at.offset || w.Rank >= at.offset+len(at.local) {
+		return "" // on another node: its NVML is not ours
+	}
+	st, err := s.readGPU(w.GPU)
+	if err != nil {
+		return "state unknown (" + err.Error() + ")"
+	}
+	return st.String()
 }
 
 // reportStall logs the paragraph a person can act on.

@@ -2,8 +2,15 @@ package agent
 
 import (
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/nvml"
+	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
 
 // TestHangTimeoutAuto: with --hang-timeout auto the timeout is 60 s until
@@ -37,5 +44,46 @@ func TestHangTimeoutAuto(t *testing.T) {
 				t.Errorf("without auto: %v, want the flag's 1m", got)
 			}
 		})
+	}
+}
+
+// TestPersistentStragglerNamesItsGPUState: a rank last in every step is
+// logged once as a persistent straggler, with what NVML says of its GPU
+// (here throttled for power).
+func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
+	srv := nvmltest.DGXA100(false)
+	nvmltest.QuietPolls(srv)
+	tel := nvmltest.NewTelemetry(srv)
+	tel.SetThrottle(1, gonvml.ClocksThrottleReasonSwPowerCap)
+	dev, _ := srv.DeviceGetHandleByIndex(1)
+	uuid, _ := dev.GetUUID()
+
+	var logs strings.Builder
+	s := newStallWatch(slog.New(slog.NewTextHandler(&logs, nil)), time.Minute)
+	s.readGPU = func(u string) (nvml.GPUState, error) { return nvml.ReadGPUState(srv, u) }
+	local := []telemetry.Worker{
+		{Rank: 0, LocalRank: 0, Host: "node-a", PID: 100, GPU: "GPU-other", GPUIndex: 0},
+		{Rank: 1, LocalRank: 1, Host: "node-a", PID: 101, GPU: uuid, GPUIndex: 1},
+	}
+	s.start(0, 0, 2, local, 0, "", nil, nil)
+	base := time.Unix(1_700_000_000, 0)
+	for step := range uint64(20) {
+		t0 := base.Add(time.Duration(step) * time.Second)
+		for rank, late := range []time.Duration{0, 50 * time.Millisecond} {
+			arrive := t0.Add(late)
+			s.analyze(s.current(), []telemetry.Record{{Gen: 0, Step: step, Bucket: 0, Rank: rank, Bytes: 1 << 20, DType: 7,
+				Arrive: arrive, Start: arrive, End: t0.Add(60 * time.Millisecond)}})
+		}
+	}
+	s.noteStragglers()
+	s.noteStragglers() // once
+	out := logs.String()
+	if n := strings.Count(out, "persistent straggler"); n != 1 {
+		t.Fatalf("%d persistent straggler lines, want 1:\n%s", n, out)
+	}
+	for _, want := range []string{"rank 1 (node-a, GPU 1, pid 101) arrived last in", "its GPU " + uuid, "throttled: sw power cap"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
 	}
 }

@@ -53,9 +53,9 @@ func dgxSwitchBus(s int) string { return fmt.Sprintf("0000:%02x:00.0", 0xc0+s) }
 //
 // remoteType says whether the library has
 // nvmlDeviceGetNvLinkRemoteDeviceType (older drivers lack it); every other
-// symbol is found. The polled health checks and the event calls are left
-// as dgxa100 has them (unset: calling them panics); see QuietPolls and
-// NewEvents.
+// symbol is found. The polled health checks, the event calls and the
+// telemetry calls are left as dgxa100 has them (unset: calling them
+// panics); see QuietPolls, NewEvents and NewTelemetry.
 func DGXA100(remoteType bool) *dgxa100.Server {
 	s := dgxa100.New()
 	s.LookupSymbolFunc = func(sym string) error {

@@ -1,8 +1,9 @@
 // Package nvmltest gives go-nvml mocks of real machines for tests: a DGX
 // A100 (go-nvml's mock/dgxa100 with the topology calls that mock leaves
 // out), a four-GPU PCIe-only two-socket server built from mock.Interface,
-// the /sys trees that go with them, and an NVML event set that a test
-// feeds one event at a time. The tests of package nvml and of the packages
+// the /sys trees that go with them, an NVML event set that a test feeds
+// one event at a time, and GPU telemetry (temperature, clocks, power,
+// utilization, clock event reasons, processes) that a test turns. The tests of package nvml and of the packages
 // that use it (the agent) drive the same machines through it.
 //
 // It does not import package nvml, whose own tests import it: CPU lists

@@ -183,6 +183,7 @@ func (n *gpuNode) place(cfg *launch.Config, log *slog.Logger) (*agent.GPUs, erro
 		g.Watch = func(devs []nvml.HealthDevice, opts ...nvml.HealthOption) *nvml.HealthWatcher {
 			return nvml.NewHealthWatcher(lib, devs, opts...)
 		}
+		g.State = func(uuid string) (nvml.GPUState, error) { return nvml.ReadGPUState(lib, uuid) }
 	}
 	return g, nil
 }
