@@ -228,7 +228,17 @@ func TestStallsAcrossNodes(t *testing.T) {
 		t.Errorf("one-second stalls across nodes in steps %v, want 7, 8, 9\n%s\n%s", steps, a.logs(), b.logs())
 	}
 	ranksInStep := map[int64]map[int64]bool{}
+	injected := map[int64]bool{}
 	for _, sp := range rcv.Spans() {
+		if strings.HasPrefix(sp.Name, "stall: ") {
+			if late, _ := sp.Attr("ddp.late_ms").(float64); late >= 500 {
+				step, _ := sp.Attr("ddp.step").(int64)
+				if sp.Name != "stall: rank 3" {
+					t.Errorf("step %d: stall span %q, want rank 3", step, sp.Name)
+				}
+				injected[step] = true
+			}
+		}
 		if !strings.HasPrefix(sp.Name, "allreduce") {
 			continue
 		}
@@ -242,6 +252,9 @@ func TestStallsAcrossNodes(t *testing.T) {
 			ranksInStep[step] = map[int64]bool{}
 		}
 		ranksInStep[step][rank] = true
+	}
+	if len(injected) != 3 || !injected[7] || !injected[8] || !injected[9] {
+		t.Errorf("stall spans naming rank 3 in steps %v, want 7, 8 and 9", injected)
 	}
 	for _, step := range []int64{7, 8, 9} {
 		if len(ranksInStep[step]) != 4 {
