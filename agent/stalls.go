@@ -682,6 +682,13 @@ func (a *Agent) openExporter(ctx context.Context, runID, runDir string, keep boo
 		Endpoint: cfg.OTelEndpoint, SampleRatio: cfg.TraceSample, TraceDir: traceDir, MetricsAddr: cfg.MetricsAddr,
 		Worker: worker, Logger: a.log,
 	}
+	// An http(s):// endpoint means OTLP/HTTP, as the flag's help says,
+	// unless the standard variables ask for gRPC.
+	if strings.HasPrefix(cfg.OTelEndpoint, "http://") || strings.HasPrefix(cfg.OTelEndpoint, "https://") {
+		if os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL") == "" && os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") == "" {
+			ec.Protocol = export.ProtocolHTTP
+		}
+	}
 	exp, err := export.New(ctx, ec)
 	if err != nil {
 		return nil, func() {}, fmt.Errorf("telemetry: %w", err)
