@@ -268,7 +268,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			r.Stop()
 			return fmt.Errorf("attempt %d: %w", attempt, err)
 		}
-		plan := a.planAnalysis(ctx, j, r, runID, stalls, relays)
+		plan := a.planAnalysis(ctx, j, r, g, runID, stalls, relays)
 		stalls.start(gen, plan.base, plan.size, a.workers(g, r.RankOffset), r.RankOffset, stackDir, plan.fwd, plan.asker)
 		mon.SetWorkers(g.PIDs())
 		mon.Sample() // a worker that dies at once still gets a line in the report

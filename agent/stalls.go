@@ -381,7 +381,7 @@ func (s *stallWatch) gpuState(w telemetry.Worker) string {
 	}
 	at := s.current()
 	if at == nil || w.Rank < at.offset || w.Rank >= at.offset+len(at.local) {
-		return "" // on another node: its NVML is not ours
+		return w.GPUState // on another node: as its agent last read it
 	}
 	st, err := s.readGPU(w.GPU)
 	if err != nil {
@@ -452,6 +452,37 @@ func (s *stallWatch) run(ctx context.Context) {
 			}
 			s.noteStragglers()
 		}
+	}
+}
+
+// gpuStateEvery is how often a follower sends its workers' GPU states.
+const gpuStateEvery = 10 * time.Second
+
+// sendGPUStates is a follower's side of persistent stragglers: the leader
+// cannot read this node's NVML, so the workers go to it again every
+// gpuStateEvery with their GPUs' states, until ctx ends.
+func (s *stallWatch) sendGPUStates(ctx context.Context, fwd forwarder, local []telemetry.Worker) {
+	if s.readGPU == nil {
+		return
+	}
+	t := time.NewTicker(gpuStateEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ws := slices.Clone(local)
+		for i := range ws {
+			if ws[i].GPU == "" {
+				continue
+			}
+			if st, err := s.readGPU(ws[i].GPU); err == nil {
+				ws[i].GPUState = st.String()
+			}
+		}
+		fwd.SendWorkers(ws)
 	}
 }
 
@@ -736,7 +767,7 @@ func (l *leaderRelay) close() {
 	}
 }
 
-func (a *Agent) planAnalysis(ctx context.Context, j *joined, r *rdzv.Round, runID string, stalls *stallWatch, lr *leaderRelay) analysis {
+func (a *Agent) planAnalysis(ctx context.Context, j *joined, r *rdzv.Round, g *supervisor.Group, runID string, stalls *stallWatch, lr *leaderRelay) analysis {
 	local := analysis{base: r.RankOffset, size: a.cfg.NProcPerNode, done: func() {}}
 	if r.NNodes <= 1 || j.kv == nil {
 		return local
@@ -781,6 +812,7 @@ func (a *Agent) planAnalysis(ctx context.Context, j *joined, r *rdzv.Round, runI
 	}
 	hctx, stop := context.WithCancel(ctx)
 	go stalls.answerHangs(hctx, cl)
+	go stalls.sendGPUStates(hctx, cl, a.workers(g, r.RankOffset))
 	return analysis{fwd: cl, done: func() { stop(); cl.Close() }}
 }
 

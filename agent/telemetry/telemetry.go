@@ -59,6 +59,10 @@ type Worker struct {
 	PID       int
 	GPU       string // UUID; empty on a CPU-only node
 	GPUIndex  int    // index in CUDA order on its node; -1 without a GPU
+	// GPUState is NVML's view of the GPU as its node's agent last read it
+	// (nvml.GPUState.String), so the leader can report on other nodes'
+	// GPUs; empty when unknown.
+	GPUState string
 }
 
 // Collective is one all-reduce as every rank saw it.

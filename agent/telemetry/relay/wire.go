@@ -120,6 +120,7 @@ type workerJSON struct {
 	PID       int    `json:"pid,omitempty"`
 	GPU       string `json:"gpu,omitempty"`
 	GPUIndex  int    `json:"gpu_index"`
+	GPUState  string `json:"gpu_state,omitempty"`
 }
 
 type workersMsg struct {
@@ -151,7 +152,8 @@ const maxText = 1024
 func encodeWorkers(ws []telemetry.Worker) ([]byte, error) {
 	m := workersMsg{Workers: make([]workerJSON, len(ws))}
 	for i, w := range ws {
-		m.Workers[i] = workerJSON{Rank: w.Rank, LocalRank: w.LocalRank, Host: w.Host, PID: w.PID, GPU: w.GPU, GPUIndex: w.GPUIndex}
+		m.Workers[i] = workerJSON{Rank: w.Rank, LocalRank: w.LocalRank, Host: w.Host, PID: w.PID, GPU: w.GPU, GPUIndex: w.GPUIndex,
+			GPUState: w.GPUState}
 	}
 	return json.Marshal(m)
 }
@@ -169,10 +171,11 @@ func decodeWorkers(b []byte) ([]telemetry.Worker, error) {
 		if !validRank(w.Rank) {
 			return nil, fmt.Errorf("workers: rank %d out of range", w.Rank)
 		}
-		if len(w.Host) > maxText || len(w.GPU) > maxText {
-			return nil, fmt.Errorf("workers: rank %d: host or GPU longer than %d bytes", w.Rank, maxText)
+		if len(w.Host) > maxText || len(w.GPU) > maxText || len(w.GPUState) > maxText {
+			return nil, fmt.Errorf("workers: rank %d: host, GPU or GPU state longer than %d bytes", w.Rank, maxText)
 		}
-		ws[i] = telemetry.Worker{Rank: w.Rank, LocalRank: w.LocalRank, Host: w.Host, PID: w.PID, GPU: w.GPU, GPUIndex: w.GPUIndex}
+		ws[i] = telemetry.Worker{Rank: w.Rank, LocalRank: w.LocalRank, Host: w.Host, PID: w.PID, GPU: w.GPU, GPUIndex: w.GPUIndex,
+			GPUState: w.GPUState}
 	}
 	return ws, nil
 }

@@ -227,3 +227,20 @@ func TestJobToken(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkersRoundTrip: every field of a worker, its GPU state included,
+// reaches the leader as sent.
+func TestWorkersRoundTrip(t *testing.T) {
+	ws := []telemetry.Worker{
+		{Rank: 5, LocalRank: 1, Host: "node-b", PID: 4411, GPU: "GPU-5c1e", GPUIndex: 1, GPUState: "83°C, SM 1200/1410 MHz, throttled: sw power cap"},
+		{Rank: 4, LocalRank: 0, Host: "node-b", PID: 4410, GPUIndex: -1},
+	}
+	b, err := encodeWorkers(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeWorkers(b)
+	if err != nil || !reflect.DeepEqual(got, ws) {
+		t.Errorf("round trip: %+v, %v; want %+v", got, err, ws)
+	}
+}
