@@ -321,6 +321,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		switch {
 		case errors.As(err, &failed):
 			mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
+			exp.Restart(gen, failed.Error())
 			noneLeft, err := a.failAttempt(ctx, j.rz, r, g, failed.Error(), func() {
 				a.dropGeneration(srv, srvCtx, events, gen)
 				a.report(failed, r.Restarts, time.Since(started), g.PIDs(), mon)
@@ -335,6 +336,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			f := gpuFault.Findings[0]
 			a.log.Error("GPU fault: restarting the job's workers", "gpu", f.GPU, "uuid", f.UUID, "ranks", f.Ranks,
 				"kind", string(f.Kind), "xid", f.XID, "finding", f.Message, "count", f.Count)
+			exp.Restart(gen, gpuFault.finding())
 			noneLeft, err := a.failAttempt(ctx, j.rz, r, g, gpuFault.finding(), func() {
 				a.dropGeneration(srv, srvCtx, events, gen)
 			}, abort)
@@ -345,9 +347,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				return err
 			}
 		case errors.As(context.Cause(rctx), &hang) && ctx.Err() == nil:
-			if exp != nil {
-				exp.Restart(gen, hang.Error())
-			}
+			exp.Restart(gen, hang.Error())
 			noneLeft, err := a.failAttempt(ctx, j.rz, r, g, hang.Error(), func() {
 				a.dropGeneration(srv, srvCtx, events, gen)
 			}, abort)
