@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/ncclshim/internal/leaktest"
+	"github.com/ddp-agent/ddp-agent/internal/leaktest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 

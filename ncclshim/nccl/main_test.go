@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/ncclshim/internal/leaktest"
+	"github.com/ddp-agent/ddp-agent/internal/leaktest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
 )
 

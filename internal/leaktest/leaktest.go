@@ -10,10 +10,10 @@ import (
 )
 
 // Check waits up to wait for every goroutine whose stack mentions pkg (a
-// package's import path, such as "ncclshim/host") to end, other than the
-// one running its TestMain, and returns an error listing those still
-// running.
-func Check(pkg string, wait time.Duration) error {
+// package's import path, such as "ncclshim/host") or one of also (more
+// import paths, such as "net/http") to end, other than the one running
+// pkg's TestMain, and returns an error listing those still running.
+func Check(pkg string, wait time.Duration, also ...string) error {
 	name := pkg[strings.LastIndexByte(pkg, '/')+1:]
 	var leaked []string
 	for end := time.Now().Add(wait); ; time.Sleep(20 * time.Millisecond) {
@@ -21,8 +21,14 @@ func Check(pkg string, wait time.Duration) error {
 		buf = buf[:runtime.Stack(buf, true)]
 		leaked = leaked[:0]
 		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, pkg+".") && !strings.Contains(g, name+".TestMain") {
-				leaked = append(leaked, g)
+			if strings.Contains(g, name+".TestMain") || strings.Contains(g, "leaktest.Check") {
+				continue
+			}
+			for _, p := range append([]string{pkg}, also...) {
+				if strings.Contains(g, p+".") {
+					leaked = append(leaked, g)
+					break
+				}
 			}
 		}
 		if len(leaked) == 0 {
