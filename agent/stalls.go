@@ -430,9 +430,11 @@ func (s *stallWatch) describe(rank int) string {
 	return fmt.Sprintf("%d (%s)", rank, strings.Join(parts, ", "))
 }
 
+// seconds is "502ms" below a second, "2.31 s" from there (rounding
+// first, so 999.6ms is "1.00 s", not "1s").
 func seconds(d time.Duration) string {
-	if d < time.Second {
-		return d.Round(time.Millisecond).String()
+	if d = d.Round(time.Millisecond); d < time.Second {
+		return d.String()
 	}
 	return fmt.Sprintf("%.2f s", d.Seconds())
 }

@@ -87,3 +87,18 @@ func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 		}
 	}
 }
+
+func TestSeconds(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		502 * time.Millisecond:             "502ms",
+		999600 * time.Microsecond:          "1.00 s",
+		2310 * time.Millisecond:            "2.31 s",
+		400 * time.Microsecond:             "0s",
+		999400 * time.Microsecond:          "999ms",
+		time.Minute + 500*time.Millisecond: "60.50 s",
+	} {
+		if got := seconds(d); got != want {
+			t.Errorf("seconds(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
