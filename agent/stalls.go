@@ -101,6 +101,10 @@ type stallWatch struct {
 	known    map[int]bool // persistent stragglers already logged, this attempt
 	dirty    bool         // something to publish
 	steps    stepClock
+	// progress is when a collective last completed, on this agent's
+	// monotonic clock: the workers' arrival times are wall-clock times,
+	// and a clock step must not look like a hang.
+	progress time.Time
 }
 
 // stepClock estimates the step time from when bucket 0's all-reduce
@@ -164,7 +168,7 @@ func (s *stallWatch) start(gen uint64, base, size int, local []telemetry.Worker,
 		at.an = an
 	}
 	s.mu.Lock()
-	s.at, s.hung, s.known, s.steps = at, false, nil, stepClock{}
+	s.at, s.hung, s.known, s.steps, s.progress = at, false, nil, stepClock{}, time.Now()
 	select { // a hang of the last attempt that nobody took
 	case <-s.hangs:
 	default:
@@ -272,6 +276,9 @@ func (s *stallWatch) analyze(at *attempt, recs []telemetry.Record) {
 	if len(done) == 0 {
 		return
 	}
+	s.mu.Lock()
+	s.progress = time.Now()
+	s.mu.Unlock()
 	for i := range done { // back to global ranks for reports and spans
 		c := &done[i]
 		for j := range c.Records {
@@ -513,7 +520,14 @@ func (s *stallWatch) checkHang(ctx context.Context, now time.Time) {
 	if at == nil || at.an == nil {
 		return
 	}
-	h := at.an.Hang(now, s.timeout())
+	timeout := s.timeout()
+	s.mu.Lock()
+	quiet := time.Since(s.progress)
+	s.mu.Unlock()
+	if quiet < timeout { // in a hang nothing completes: DDP's ranks move in step
+		return
+	}
+	h := at.an.Hang(now, timeout)
 	if h == nil {
 		return
 	}

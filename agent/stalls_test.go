@@ -102,3 +102,39 @@ func TestSeconds(t *testing.T) {
 		}
 	}
 }
+
+// TestHangNeedsQuiet: a pending collective whose arrival looks older than
+// the timeout (the wall clock jumped ahead) is no hang while collectives
+// keep completing; once nothing has completed for the timeout, it is.
+func TestHangNeedsQuiet(t *testing.T) {
+	s := newStallWatch(slog.New(slog.DiscardHandler), 2*time.Second)
+	s.start(0, 0, 2, []telemetry.Worker{{Rank: 0}, {Rank: 1, LocalRank: 1}}, 0, "", nil, nil)
+	at := s.current()
+	now := time.Now()
+	done := func(step uint64) {
+		for r := range 2 {
+			s.analyze(at, []telemetry.Record{{Step: step, Rank: r, Arrive: now, Start: now, End: now.Add(time.Millisecond)}})
+		}
+	}
+	done(0)
+	// Rank 0 is in step 1 "an hour ago": the wall clock stepped.
+	s.analyze(at, []telemetry.Record{{Step: 1, Rank: 0, Status: telemetry.StatusInFlight, Arrive: now.Add(-time.Hour)}})
+	s.checkHang(t.Context(), now)
+	select {
+	case h := <-s.hangs:
+		t.Fatalf("hang while collectives complete: %v", h)
+	default:
+	}
+	s.mu.Lock()
+	s.progress = time.Now().Add(-3 * time.Second) // nothing completed since
+	s.mu.Unlock()
+	s.checkHang(t.Context(), now)
+	select {
+	case h := <-s.hangs:
+		if len(h.Hang.Missing) != 1 || h.Hang.Missing[0] != 1 {
+			t.Errorf("hang %+v, want rank 1 missing", h.Hang)
+		}
+	default:
+		t.Fatal("no hang after the timeout without progress")
+	}
+}
