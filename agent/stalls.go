@@ -813,8 +813,17 @@ func (a *Agent) planAnalysis(ctx context.Context, j *joined, r *rdzv.Round, g *s
 		}
 		return analysis{base: 0, size: r.WorldSize, asker: srv, done: func() {}}
 	}
+	// Bounded, and cut short when the round ends (the leader failed to
+	// start its workers, say): the caller has yet to watch the round.
 	gctx, cancel := context.WithTimeout(ctx, relayWait)
 	defer cancel()
+	go func() {
+		select {
+		case <-r.Done():
+			cancel()
+		case <-gctx.Done():
+		}
+	}()
 	addr, err := j.kv.Get(gctx, key)
 	if err != nil {
 		a.log.Warn("stall analysis of this node's ranks only: no relay address from the leader", "err", err)
