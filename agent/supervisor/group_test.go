@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/leaktest"
 )
 
 // TestMain doubles as the worker program: with SUPERVISOR_HELPER set, the
@@ -31,13 +33,8 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
 		// Every group in the tests has been stopped: nothing may still run.
-		deadline := time.Now().Add(2 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if n := runtime.NumGoroutine(); n > before {
-			buf := make([]byte, 1<<16)
-			fmt.Fprintf(os.Stderr, "leaked goroutines: %d > %d\n%s\n", n, before, buf[:runtime.Stack(buf, true)])
+		if err := leaktest.CheckCount(before, 2*time.Second); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			code = 1
 		}
 	}

@@ -39,3 +39,18 @@ func Check(pkg string, wait time.Duration, also ...string) error {
 		}
 	}
 }
+
+// CheckCount waits up to wait for the number of goroutines to fall back
+// to before (runtime.NumGoroutine at the start of TestMain), and returns
+// an error with every goroutine's stack if it does not: for packages whose
+// leaks would be in other packages' code (an SDK's, the runtime's).
+func CheckCount(before int, wait time.Duration) error {
+	for deadline := time.Now().Add(wait); runtime.NumGoroutine() > before && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		buf := make([]byte, 1<<16)
+		return fmt.Errorf("leaked goroutines: %d > %d\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+	return nil
+}

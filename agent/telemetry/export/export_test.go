@@ -26,6 +26,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/otlptest"
+	"github.com/ddp-agent/ddp-agent/internal/leaktest"
 )
 
 func TestMain(m *testing.M) {
@@ -34,13 +35,8 @@ func TestMain(m *testing.M) {
 	if code == 0 {
 		// Every exporter and receiver has been shut down; the OTLP clients'
 		// goroutines end within their export timeout.
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if n := runtime.NumGoroutine(); n > before {
-			buf := make([]byte, 1<<16)
-			fmt.Fprintf(os.Stderr, "leaked goroutines: %d > %d\n%s\n", n, before, buf[:runtime.Stack(buf, true)])
+		if err := leaktest.CheckCount(before, 5*time.Second); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			code = 1
 		}
 	}

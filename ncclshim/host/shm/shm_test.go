@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/internal/leaktest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -30,13 +31,8 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
 		// Every rank goroutine has returned and every helper was waited for.
-		deadline := time.Now().Add(2 * time.Second)
-		for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if n := runtime.NumGoroutine(); n > before {
-			buf := make([]byte, 1<<16)
-			fmt.Fprintf(os.Stderr, "leaked goroutines: %d > %d\n%s\n", n, before, buf[:runtime.Stack(buf, true)])
+		if err := leaktest.CheckCount(before, 2*time.Second); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			code = 1
 		}
 	}
