@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
-	"github.com/ddp-agent/ddp-agent/agent/health"
+	"github.com/ddp-agent/ddp-agent/agent/hostmon"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
@@ -193,7 +193,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			srv.Abort(reason)
 		}()
 	}
-	mon := health.NewMonitor(a.log)
+	mon := hostmon.NewMonitor(a.log)
 	bg.Add(1)
 	go func() {
 		defer bg.Done()

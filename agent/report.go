@@ -6,20 +6,20 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/health"
+	"github.com/ddp-agent/ddp-agent/agent/hostmon"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
 // report writes the root cause of a failed attempt to the agent's stderr as
 // one block a person can act on: who failed and how, what it said last, and
 // the state of every worker and of the node when it happened.
-func (a *Agent) report(e *supervisor.WorkerExitError, attempt int, ran time.Duration, pids map[int]int, mon *health.Monitor) {
+func (a *Agent) report(e *supervisor.WorkerExitError, attempt int, ran time.Duration, pids map[int]int, mon *hostmon.Monitor) {
 	a.log.Error("worker failed", "rank", e.Rank, "local_rank", e.LocalRank, "pid", e.PID,
 		"exit_code", e.Code, "signal", signalName(e), "attempt", attempt, "after", ran.Round(time.Millisecond))
 	a.stderr.Write([]byte(formatReport(e, attempt, a.cfg.MaxRestarts, ran, pids, mon)))
 }
 
-func formatReport(e *supervisor.WorkerExitError, attempt, maxRestarts int, ran time.Duration, pids map[int]int, mon *health.Monitor) string {
+func formatReport(e *supervisor.WorkerExitError, attempt, maxRestarts int, ran time.Duration, pids map[int]int, mon *hostmon.Monitor) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "==== ddp-agent: root cause (attempt %d, restarts used %d of %d) ====\n", attempt, attempt, maxRestarts)
 	fmt.Fprintf(&b, "  %v, %s after start\n", e, ran.Round(time.Millisecond))

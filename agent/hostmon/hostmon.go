@@ -1,8 +1,8 @@
-// Package health samples the node and the process trees of the workers so
+// Package hostmon samples the node and the process trees of the workers so
 // that, when a worker dies, the agent can say what it looked like just before:
 // its memory, CPU, state and number of processes, and how much memory the
 // node had left.
-package health
+package hostmon
 
 import (
 	"bytes"
