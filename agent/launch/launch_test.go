@@ -12,173 +12,179 @@ func noEnv(string) string { return "" }
 
 var fourCPUs = Host{CPUs: 4, GPUs: func() (int, error) { return 0, errors.New("no driver") }}
 
+// torchrunLine is a torchrun command line and what it must mean: the worker
+// command, and a check that returns what it wanted when the Config is wrong.
+type torchrunLine struct {
+	name    string
+	args    string
+	check   func(*Config) string
+	command []string
+}
+
+// torchrunLines are command lines from torchrun's documentation and habits.
+var torchrunLines = []torchrunLine{
+	{
+		name:    "docs single node",
+		args:    "--standalone --nnodes=1 --nproc-per-node=2 train.py --arg1 x",
+		command: []string{"python3", "-u", "train.py", "--arg1", "x"},
+		check: func(c *Config) string {
+			if !c.Standalone || c.NProcPerNode != 2 || c.NNodesMin != 1 || c.NNodesMax != 1 {
+				return "standalone 2 procs 1 node"
+			}
+			return ""
+		},
+	},
+	{
+		name:    "underscore spellings",
+		args:    "--nnodes 1 --nproc_per_node 3 --max_restarts 2 --node_rank 0 --master_addr 10.0.0.1 --master_port 29500 train.py",
+		command: []string{"python3", "-u", "train.py"},
+		check: func(c *Config) string {
+			if c.NProcPerNode != 3 || c.MaxRestarts != 2 || c.MasterAddr != "10.0.0.1" || c.MasterPort != 29500 {
+				return "3 procs, 2 restarts, master 10.0.0.1:29500"
+			}
+			return ""
+		},
+	},
+	{
+		name:    "module",
+		args:    "--nproc-per-node=4 -m pkg.train --epochs 3",
+		command: []string{"python3", "-u", "-m", "pkg.train", "--epochs", "3"},
+	},
+	{
+		name:    "no python",
+		args:    "--no-python --nproc-per-node 2 ./run.sh a b",
+		command: []string{"./run.sh", "a", "b"},
+	},
+	{
+		name:    "script flags are the script's",
+		args:    "--nproc-per-node 1 train.py --nproc-per-node 5 --bogus",
+		command: []string{"python3", "-u", "train.py", "--nproc-per-node", "5", "--bogus"},
+	},
+	{
+		name:    "double dash",
+		args:    "--nproc-per-node 1 -- -weird-name.py x",
+		command: []string{"python3", "-u", "-weird-name.py", "x"},
+	},
+	{
+		name: "rendezvous flags",
+		args: "--nnodes=1:1 --rdzv-backend=c10d --rdzv-endpoint=localhost:29400 --rdzv-id=job7 --rdzv-conf=timeout=60 train.py",
+		check: func(c *Config) string {
+			if c.RdzvBackend != "c10d" || c.RdzvEndpoint != "localhost:29400" || c.RdzvID != "job7" || c.RdzvConf != "timeout=60" {
+				return "c10d localhost:29400 job7"
+			}
+			if c.Rdzv.JoinTimeout != time.Minute || !c.Dynamic() {
+				return "timeout=60 as the join timeout, a dynamic rendezvous"
+			}
+			return ""
+		},
+	},
+	{
+		name: "elastic job",
+		args: "--nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint node0 --rdzv-conf join_timeout=30,last_call_timeout=0.5,keep_alive_interval=2,keep_alive_max_attempt=4,is_host=false train.py",
+		check: func(c *Config) string {
+			r := c.Rdzv
+			if c.NNodesMin != 2 || c.NNodesMax != 4 || !c.Dynamic() || c.ExternalStore() || c.RdzvID != "none" {
+				return "nnodes 2:4, dynamic, hosted store, run id none"
+			}
+			if r.JoinTimeout != 30*time.Second || r.LastCall != 500*time.Millisecond || r.TTL() != 8*time.Second || r.IsHost == nil || *r.IsHost {
+				return "join 30s, last call 0.5s, TTL 8s, is_host false"
+			}
+			if eps := c.Endpoints(); len(eps) != 1 || eps[0] != "node0:29400" {
+				return "endpoint node0:29400"
+			}
+			return ""
+		},
+	},
+	{
+		name: "etcd cluster",
+		args: "--nnodes 3 --rdzv-backend etcd --rdzv-endpoint 10.0.0.1,10.0.0.2:2381,https://e3:2379 --rdzv-token s3cret train.py",
+		check: func(c *Config) string {
+			eps := c.Endpoints()
+			if !c.ExternalStore() || len(eps) != 3 || eps[0] != "10.0.0.1:2379" || eps[1] != "10.0.0.2:2381" || eps[2] != "https://e3:2379" || c.RdzvToken != "s3cret" {
+				return "three etcd endpoints with default ports, the token"
+			}
+			return ""
+		},
+	},
+	{
+		name: "static multi-node",
+		args: "--nnodes 2 --node-rank 1 --master-addr 10.0.0.1 train.py",
+		check: func(c *Config) string {
+			if c.Dynamic() || c.NodeRank != 1 || c.MasterPort != 29500 {
+				return "static, node rank 1, master port 29500 as torchrun"
+			}
+			return ""
+		},
+	},
+	{
+		name: "logs",
+		args: "--log-dir /tmp/logs -r 3 -t 0:1,1:2 --role trainer --run-id r1 train.py",
+		check: func(c *Config) string {
+			if c.LogDir != "/tmp/logs" || c.Redirects.For(0) != StdAll || c.Tee.For(0) != StdOut || c.Tee.For(1) != StdErr || c.Tee.For(2) != StdNone || c.Role != "trainer" || c.RdzvID != "r1" {
+				return "log dir, redirects 3, tee per rank, role, run id"
+			}
+			return ""
+		},
+	},
+	{
+		name: "numa binding",
+		args: "--numa_binding exclusive train.py",
+		check: func(c *Config) string {
+			if c.NUMABinding != "exclusive" {
+				return "numa binding exclusive"
+			}
+			return ""
+		},
+	},
+	{
+		name: "durations",
+		args: "--monitor-interval 0.5 --stop-timeout 3 train.py",
+		check: func(c *Config) string {
+			if c.MonitorInterval != 500*time.Millisecond || c.StopTimeout != 3*time.Second {
+				return "monitor 500ms, stop 3s"
+			}
+			return ""
+		},
+	},
+	{
+		name: "nproc cpu and auto without GPUs",
+		args: "--nproc-per-node auto train.py",
+		check: func(c *Config) string {
+			if c.NProcPerNode != 4 {
+				return "4 workers (one per CPU)"
+			}
+			return ""
+		},
+	},
+	{
+		name: "argparse habits: last wins, prefixes, attached short values",
+		args: "--nproc 1 --nproc_per_node=3 -r3 -t0:1 --max_r 2 --run_path train.py",
+		check: func(c *Config) string {
+			if c.NProcPerNode != 3 || c.Redirects.All != StdAll || c.Tee.For(0) != StdOut || c.MaxRestarts != 2 {
+				return "3 procs (last wins), redirects 3, tee 0:1, 2 restarts"
+			}
+			return ""
+		},
+	},
+	{
+		name: "defaults",
+		args: "train.py",
+		check: func(c *Config) string {
+			want := &Config{NProcPerNode: 1, NProcSpec: "1", NNodesMin: 1, NNodesMax: 1, RdzvBackend: "static",
+				MonitorInterval: 5 * time.Second, StopTimeout: 10 * time.Second, StartMethod: "spawn", Role: "default",
+				Python: "python3", LogLevel: "info", HangTimeout: time.Minute, TraceSample: 0.1, Script: "train.py", Rdzv: DefaultRdzvConf}
+			if !reflect.DeepEqual(c, want) {
+				return "the documented defaults"
+			}
+			return ""
+		},
+	},
+}
+
 // TestParseTorchrunLines checks that command lines from torchrun's
 // documentation mean the same thing to ddp-agent.
 func TestParseTorchrunLines(t *testing.T) {
-	tests := []struct {
-		name    string
-		args    string
-		check   func(*Config) string
-		command []string
-	}{
-		{
-			name:    "docs single node",
-			args:    "--standalone --nnodes=1 --nproc-per-node=2 train.py --arg1 x",
-			command: []string{"python3", "-u", "train.py", "--arg1", "x"},
-			check: func(c *Config) string {
-				if !c.Standalone || c.NProcPerNode != 2 || c.NNodesMin != 1 || c.NNodesMax != 1 {
-					return "standalone 2 procs 1 node"
-				}
-				return ""
-			},
-		},
-		{
-			name:    "underscore spellings",
-			args:    "--nnodes 1 --nproc_per_node 3 --max_restarts 2 --node_rank 0 --master_addr 10.0.0.1 --master_port 29500 train.py",
-			command: []string{"python3", "-u", "train.py"},
-			check: func(c *Config) string {
-				if c.NProcPerNode != 3 || c.MaxRestarts != 2 || c.MasterAddr != "10.0.0.1" || c.MasterPort != 29500 {
-					return "3 procs, 2 restarts, master 10.0.0.1:29500"
-				}
-				return ""
-			},
-		},
-		{
-			name:    "module",
-			args:    "--nproc-per-node=4 -m pkg.train --epochs 3",
-			command: []string{"python3", "-u", "-m", "pkg.train", "--epochs", "3"},
-		},
-		{
-			name:    "no python",
-			args:    "--no-python --nproc-per-node 2 ./run.sh a b",
-			command: []string{"./run.sh", "a", "b"},
-		},
-		{
-			name:    "script flags are the script's",
-			args:    "--nproc-per-node 1 train.py --nproc-per-node 5 --bogus",
-			command: []string{"python3", "-u", "train.py", "--nproc-per-node", "5", "--bogus"},
-		},
-		{
-			name:    "double dash",
-			args:    "--nproc-per-node 1 -- -weird-name.py x",
-			command: []string{"python3", "-u", "-weird-name.py", "x"},
-		},
-		{
-			name: "rendezvous flags",
-			args: "--nnodes=1:1 --rdzv-backend=c10d --rdzv-endpoint=localhost:29400 --rdzv-id=job7 --rdzv-conf=timeout=60 train.py",
-			check: func(c *Config) string {
-				if c.RdzvBackend != "c10d" || c.RdzvEndpoint != "localhost:29400" || c.RdzvID != "job7" || c.RdzvConf != "timeout=60" {
-					return "c10d localhost:29400 job7"
-				}
-				if c.Rdzv.JoinTimeout != time.Minute || !c.Dynamic() {
-					return "timeout=60 as the join timeout, a dynamic rendezvous"
-				}
-				return ""
-			},
-		},
-		{
-			name: "elastic job",
-			args: "--nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint node0 --rdzv-conf join_timeout=30,last_call_timeout=0.5,keep_alive_interval=2,keep_alive_max_attempt=4,is_host=false train.py",
-			check: func(c *Config) string {
-				r := c.Rdzv
-				if c.NNodesMin != 2 || c.NNodesMax != 4 || !c.Dynamic() || c.ExternalStore() || c.RdzvID != "none" {
-					return "nnodes 2:4, dynamic, hosted store, run id none"
-				}
-				if r.JoinTimeout != 30*time.Second || r.LastCall != 500*time.Millisecond || r.TTL() != 8*time.Second || r.IsHost == nil || *r.IsHost {
-					return "join 30s, last call 0.5s, TTL 8s, is_host false"
-				}
-				if eps := c.Endpoints(); len(eps) != 1 || eps[0] != "node0:29400" {
-					return "endpoint node0:29400"
-				}
-				return ""
-			},
-		},
-		{
-			name: "etcd cluster",
-			args: "--nnodes 3 --rdzv-backend etcd --rdzv-endpoint 10.0.0.1,10.0.0.2:2381,https://e3:2379 --rdzv-token s3cret train.py",
-			check: func(c *Config) string {
-				eps := c.Endpoints()
-				if !c.ExternalStore() || len(eps) != 3 || eps[0] != "10.0.0.1:2379" || eps[1] != "10.0.0.2:2381" || eps[2] != "https://e3:2379" || c.RdzvToken != "s3cret" {
-					return "three etcd endpoints with default ports, the token"
-				}
-				return ""
-			},
-		},
-		{
-			name: "static multi-node",
-			args: "--nnodes 2 --node-rank 1 --master-addr 10.0.0.1 train.py",
-			check: func(c *Config) string {
-				if c.Dynamic() || c.NodeRank != 1 || c.MasterPort != 29500 {
-					return "static, node rank 1, master port 29500 as torchrun"
-				}
-				return ""
-			},
-		},
-		{
-			name: "logs",
-			args: "--log-dir /tmp/logs -r 3 -t 0:1,1:2 --role trainer --run-id r1 train.py",
-			check: func(c *Config) string {
-				if c.LogDir != "/tmp/logs" || c.Redirects.For(0) != StdAll || c.Tee.For(0) != StdOut || c.Tee.For(1) != StdErr || c.Tee.For(2) != StdNone || c.Role != "trainer" || c.RdzvID != "r1" {
-					return "log dir, redirects 3, tee per rank, role, run id"
-				}
-				return ""
-			},
-		},
-		{
-			name: "numa binding",
-			args: "--numa_binding exclusive train.py",
-			check: func(c *Config) string {
-				if c.NUMABinding != "exclusive" {
-					return "numa binding exclusive"
-				}
-				return ""
-			},
-		},
-		{
-			name: "durations",
-			args: "--monitor-interval 0.5 --stop-timeout 3 train.py",
-			check: func(c *Config) string {
-				if c.MonitorInterval != 500*time.Millisecond || c.StopTimeout != 3*time.Second {
-					return "monitor 500ms, stop 3s"
-				}
-				return ""
-			},
-		},
-		{
-			name: "nproc cpu and auto without GPUs",
-			args: "--nproc-per-node auto train.py",
-			check: func(c *Config) string {
-				if c.NProcPerNode != 4 {
-					return "4 workers (one per CPU)"
-				}
-				return ""
-			},
-		},
-		{
-			name: "argparse habits: last wins, prefixes, attached short values",
-			args: "--nproc 1 --nproc_per_node=3 -r3 -t0:1 --max_r 2 --run_path train.py",
-			check: func(c *Config) string {
-				if c.NProcPerNode != 3 || c.Redirects.All != StdAll || c.Tee.For(0) != StdOut || c.MaxRestarts != 2 {
-					return "3 procs (last wins), redirects 3, tee 0:1, 2 restarts"
-				}
-				return ""
-			},
-		},
-		{
-			name: "defaults",
-			args: "train.py",
-			check: func(c *Config) string {
-				want := &Config{NProcPerNode: 1, NProcSpec: "1", NNodesMin: 1, NNodesMax: 1, RdzvBackend: "static",
-					MonitorInterval: 5 * time.Second, StopTimeout: 10 * time.Second, StartMethod: "spawn", Role: "default",
-					Python: "python3", LogLevel: "info", HangTimeout: time.Minute, TraceSample: 0.1, Script: "train.py", Rdzv: DefaultRdzvConf}
-				if !reflect.DeepEqual(c, want) {
-					return "the documented defaults"
-				}
-				return ""
-			},
-		},
-	}
-	for _, tc := range tests {
+	for _, tc := range torchrunLines {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse(strings.Fields(tc.args), noEnv, fourCPUs)
 			if err != nil {
