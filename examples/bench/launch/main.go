@@ -5,7 +5,7 @@
 // idle workers. It prints a Markdown table with the ratios.
 //
 //	go run ./examples/bench/launch -agent bin/ddp-agent -python /usr/bin/python3 \
-//	    -torchrun-compat ../shared/tools/torchrun_compat.py
+//	    -torchrun-compat scripts/torchrun_compat.py
 package main
 
 import (
@@ -38,7 +38,7 @@ type result struct {
 func main() {
 	agent := flag.String("agent", "bin/ddp-agent", "ddp-agent binary")
 	python := flag.String("python", "/usr/bin/python3", "Python with PyTorch")
-	compat := flag.String("torchrun-compat", "../shared/tools/torchrun_compat.py", "torchrun wrapper that works on Python 3.11")
+	compat := flag.String("torchrun-compat", "scripts/torchrun_compat.py", "torchrun wrapper that works on Python 3.11")
 	runs := flag.Int("runs", 5, "runs per launcher (medians are reported)")
 	nproc := flag.Int("nproc", 2, "workers per launcher")
 	window := flag.Duration("window", 5*time.Second, "how long to sample the idle launcher's CPU")

@@ -13,7 +13,7 @@
 // max), start-up, the ratio ddp-agent/torchrun, and where the time goes.
 //
 //	go run ./examples/bench/recovery -agent bin/ddp-agent -python /usr/bin/python3 \
-//	    -torchrun-compat ../shared/tools/torchrun_compat.py -nodes 3 -nproc 1 -runs 3
+//	    -torchrun-compat scripts/torchrun_compat.py -nodes 3 -nproc 1 -runs 3
 //
 // Where the time goes comes from three sources: worker.py's own lines
 // (collective failed, replacement started, world re-formed), the launchers'
@@ -90,7 +90,7 @@ func main() {
 	var c config
 	flag.StringVar(&c.agent, "agent", "bin/ddp-agent", "ddp-agent binary")
 	flag.StringVar(&c.python, "python", "/usr/bin/python3", "Python with PyTorch (workers, and torchrun itself)")
-	flag.StringVar(&c.compat, "torchrun-compat", "../shared/tools/torchrun_compat.py", "torchrun wrapper that works on Python 3.11")
+	flag.StringVar(&c.compat, "torchrun-compat", "scripts/torchrun_compat.py", "torchrun wrapper that works on Python 3.11")
 	flag.IntVar(&c.nodes, "nodes", 3, "launcher processes (\"nodes\") per job; one of them is killed")
 	flag.IntVar(&c.nproc, "nproc", 1, "workers per node")
 	flag.IntVar(&c.minNodes, "min-nodes", 2, "MIN of --nnodes MIN:<nodes>; must be at most nodes-1 so the job survives the loss")
