@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/ddp-agent/ddp-agent/nvml/internal/nvmlapi"
 )
 
 // GPUState is what NVML says about one GPU right now, for telling why a
@@ -99,7 +101,7 @@ func ReadGPUState(lib gonvml.Interface, uuid string) (GPUState, error) {
 	if lib == nil {
 		return GPUState{}, errors.New("read GPU state: no NVML library")
 	}
-	dev, ret := guard(func() (gonvml.Device, gonvml.Return) { return lib.DeviceGetHandleByUUID(uuid) })
+	dev, ret := nvmlapi.Call(func() (gonvml.Device, gonvml.Return) { return lib.DeviceGetHandleByUUID(uuid) })
 	if ret == gonvml.SUCCESS && dev == nil {
 		ret = gonvml.ERROR_NOT_FOUND
 	}
@@ -115,32 +117,32 @@ func ReadGPUState(lib gonvml.Interface, uuid string) (GPUState, error) {
 		}
 		return true
 	}
-	if v, ret := guard(func() (uint32, gonvml.Return) { return dev.GetTemperature(gonvml.TEMPERATURE_GPU) }); ok(stateTemperature, ret) {
+	if v, ret := nvmlapi.Call(func() (uint32, gonvml.Return) { return dev.GetTemperature(gonvml.TEMPERATURE_GPU) }); ok(stateTemperature, ret) {
 		s.TemperatureC = v
 	}
-	if v, ret := guard(func() (uint32, gonvml.Return) { return dev.GetClockInfo(gonvml.CLOCK_SM) }); ok(stateSMClock, ret) {
+	if v, ret := nvmlapi.Call(func() (uint32, gonvml.Return) { return dev.GetClockInfo(gonvml.CLOCK_SM) }); ok(stateSMClock, ret) {
 		s.SMClockMHz = v
 	}
-	if v, ret := guard(func() (uint32, gonvml.Return) { return dev.GetMaxClockInfo(gonvml.CLOCK_SM) }); ok(stateMaxSMClock, ret) {
+	if v, ret := nvmlapi.Call(func() (uint32, gonvml.Return) { return dev.GetMaxClockInfo(gonvml.CLOCK_SM) }); ok(stateMaxSMClock, ret) {
 		s.MaxSMClockMHz = v
 	}
-	if mw, ret := guard(dev.GetPowerUsage); ok(statePower, ret) {
+	if mw, ret := nvmlapi.Call(dev.GetPowerUsage); ok(statePower, ret) {
 		s.PowerW = float64(mw) / 1000
 	}
-	mw, ret := guard(dev.GetEnforcedPowerLimit)
+	mw, ret := nvmlapi.Call(dev.GetEnforcedPowerLimit)
 	if ret != gonvml.SUCCESS {
-		mw, ret = guard(dev.GetPowerManagementLimit)
+		mw, ret = nvmlapi.Call(dev.GetPowerManagementLimit)
 	}
 	if ok(statePowerLimit, ret) {
 		s.PowerLimitW = float64(mw) / 1000
 	}
-	if u, ret := guard(dev.GetUtilizationRates); ok(stateUtilization, ret) {
+	if u, ret := nvmlapi.Call(dev.GetUtilizationRates); ok(stateUtilization, ret) {
 		s.UtilizationGPU = u.Gpu
 	}
 	if mask, ret := clockEventReasons(lib, dev); ok(stateThrottle, ret) {
 		s.ThrottleReasons = throttleNames(mask)
 	}
-	if ps, ret := guard(dev.GetComputeRunningProcesses); ok(stateProcesses, ret) {
+	if ps, ret := nvmlapi.Call(dev.GetComputeRunningProcesses); ok(stateProcesses, ret) {
 		s.Processes = len(ps)
 	}
 	return s, nil
@@ -148,32 +150,16 @@ func ReadGPUState(lib gonvml.Interface, uuid string) (GPUState, error) {
 
 // clockEventReasons reads the active clock event reasons under the name
 // the driver has: calling a function the loaded library lacks would kill
-// the process (see HealthWatcher.hasSymbol).
+// the process (see nvmlapi.HasSymbol).
 func clockEventReasons(lib gonvml.Interface, dev gonvml.Device) (uint64, gonvml.Return) {
 	mask, ret := uint64(0), gonvml.ERROR_FUNCTION_NOT_FOUND
-	if libHasSymbol(lib, symClocksEvent) {
-		mask, ret = guard(dev.GetCurrentClocksEventReasons)
+	if nvmlapi.HasSymbol(lib, symClocksEvent) {
+		mask, ret = nvmlapi.Call(dev.GetCurrentClocksEventReasons)
 	}
-	if ret == gonvml.ERROR_FUNCTION_NOT_FOUND && libHasSymbol(lib, symClocksThrottle) {
-		mask, ret = guard(dev.GetCurrentClocksThrottleReasons)
+	if ret == gonvml.ERROR_FUNCTION_NOT_FOUND && nvmlapi.HasSymbol(lib, symClocksThrottle) {
+		mask, ret = nvmlapi.Call(dev.GetCurrentClocksThrottleReasons)
 	}
 	return mask, ret
-}
-
-// libHasSymbol reports whether lib has the NVML function name; without an
-// answer (a mock without extensions) it assumes yes, as
-// HealthWatcher.hasSymbol does.
-func libHasSymbol(lib gonvml.Interface, name string) (ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = true
-		}
-	}()
-	ext := lib.Extensions()
-	if ext == nil {
-		return true
-	}
-	return ext.LookupSymbol(name) == nil
 }
 
 // String is s in one short line for a report: "64°C, SM 1410/1410 MHz,

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/ddp-agent/ddp-agent/nvml/internal/nvmlapi"
 )
 
 // HealthDevice names a GPU for the HealthWatcher: its NVML index and UUID.
@@ -319,7 +321,7 @@ func (w *HealthWatcher) Run(ctx context.Context) error {
 func (w *HealthWatcher) watch(ctx context.Context) {
 	w.symbols = map[string]bool{}
 	for _, s := range healthSymbols {
-		if !w.hasSymbol(s) {
+		if !nvmlapi.HasSymbol(w.lib, s) {
 			w.symbols[s] = false
 		}
 	}
@@ -344,7 +346,7 @@ func (w *HealthWatcher) watch(ctx context.Context) {
 func (w *HealthWatcher) resolve() []*healthGPU {
 	devs := w.devices
 	if len(devs) == 0 {
-		n, ret := guard(w.lib.DeviceGetCount)
+		n, ret := nvmlapi.Call(w.lib.DeviceGetCount)
 		if ret != gonvml.SUCCESS {
 			w.logger.Error("GPU health watcher: count GPUs", "err", ret.Error())
 			return nil
@@ -358,11 +360,11 @@ func (w *HealthWatcher) resolve() []*healthGPU {
 		var dev gonvml.Device
 		var ret gonvml.Return
 		if d.UUID != "" {
-			dev, ret = guard(func() (gonvml.Device, gonvml.Return) { return w.lib.DeviceGetHandleByUUID(d.UUID) })
+			dev, ret = nvmlapi.Call(func() (gonvml.Device, gonvml.Return) { return w.lib.DeviceGetHandleByUUID(d.UUID) })
 		} else {
-			dev, ret = guard(func() (gonvml.Device, gonvml.Return) { return w.lib.DeviceGetHandleByIndex(d.Index) })
+			dev, ret = nvmlapi.Call(func() (gonvml.Device, gonvml.Return) { return w.lib.DeviceGetHandleByIndex(d.Index) })
 			if ret == gonvml.SUCCESS && dev != nil {
-				d.UUID, _ = guard(dev.GetUUID)
+				d.UUID, _ = nvmlapi.Call(dev.GetUUID)
 			}
 		}
 		if ret != gonvml.SUCCESS || dev == nil {
@@ -418,7 +420,7 @@ func eventNames(mask uint64) string {
 // register makes the event set and registers every GPU's events, skipping
 // what a GPU does not support. It returns nil when no GPU has any event.
 func (w *HealthWatcher) register(gpus []*healthGPU) gonvml.EventSet {
-	set, ret := guard(w.lib.EventSetCreate)
+	set, ret := nvmlapi.Call(w.lib.EventSetCreate)
 	if ret != gonvml.SUCCESS || set == nil {
 		w.logger.Warn("GPU health watcher: NVML events unavailable; polling only", "err", ret.Error())
 		return nil
@@ -426,7 +428,7 @@ func (w *HealthWatcher) register(gpus []*healthGPU) gonvml.EventSet {
 	anyEvents := false
 	for _, g := range gpus {
 		want := healthEventMask
-		if sup, ret := guard(g.dev.GetSupportedEventTypes); ret == gonvml.SUCCESS {
+		if sup, ret := nvmlapi.Call(g.dev.GetSupportedEventTypes); ret == gonvml.SUCCESS {
 			want &= sup
 		}
 		got := w.registerGPU(g, set, want)
@@ -438,7 +440,7 @@ func (w *HealthWatcher) register(gpus []*healthGPU) gonvml.EventSet {
 	}
 	if !anyEvents {
 		w.logger.Warn("GPU health watcher: no GPU supports the NVML events; polling only")
-		guardRet(set.Free)
+		nvmlapi.CallRet(set.Free)
 		return nil
 	}
 	return set
@@ -451,7 +453,7 @@ func (w *HealthWatcher) registerGPU(g *healthGPU, set gonvml.EventSet, want uint
 	if want == 0 {
 		return 0
 	}
-	ret := guardRet(func() gonvml.Return { return g.dev.RegisterEvents(want, set) })
+	ret := nvmlapi.CallRet(func() gonvml.Return { return g.dev.RegisterEvents(want, set) })
 	switch ret {
 	case gonvml.SUCCESS:
 		return want
@@ -466,7 +468,7 @@ func (w *HealthWatcher) registerGPU(g *healthGPU, set gonvml.EventSet, want uint
 	var got uint64
 	for m := want; m != 0; m &= m - 1 {
 		bit := m & -m
-		ret := guardRet(func() gonvml.Return { return g.dev.RegisterEvents(bit, set) })
+		ret := nvmlapi.CallRet(func() gonvml.Return { return g.dev.RegisterEvents(bit, set) })
 		switch ret {
 		case gonvml.SUCCESS:
 			got |= bit
@@ -484,7 +486,7 @@ func (w *HealthWatcher) registerGPU(g *healthGPU, set gonvml.EventSet, want uint
 // of the same error.
 func (w *HealthWatcher) eventLoop(ctx context.Context, set gonvml.EventSet, gpus []*healthGPU) {
 	defer func() {
-		if ret := guardRet(set.Free); ret != gonvml.SUCCESS {
+		if ret := nvmlapi.CallRet(set.Free); ret != gonvml.SUCCESS {
 			w.logger.Warn("GPU health watcher: free NVML event set", "err", ret.Error())
 		}
 	}()
@@ -492,7 +494,7 @@ func (w *HealthWatcher) eventLoop(ctx context.Context, set gonvml.EventSet, gpus
 	lastErr := gonvml.SUCCESS
 	var backoff time.Duration
 	for ctx.Err() == nil {
-		data, ret := guard(func() (gonvml.EventData, gonvml.Return) { return set.Wait(ms) })
+		data, ret := nvmlapi.Call(func() (gonvml.EventData, gonvml.Return) { return set.Wait(ms) })
 		switch ret {
 		case gonvml.SUCCESS, gonvml.ERROR_TIMEOUT:
 			if lastErr != gonvml.SUCCESS {
@@ -589,7 +591,7 @@ func (w *HealthWatcher) gpuOf(dev gonvml.Device, gpus []*healthGPU) *healthGPU {
 			return g
 		}
 	}
-	uuid, _ := guard(dev.GetUUID)
+	uuid, _ := nvmlapi.Call(dev.GetUUID)
 	for _, g := range gpus {
 		if uuid != "" && g.UUID == uuid {
 			return g
@@ -680,44 +682,6 @@ func (w *HealthWatcher) record(g *healthGPU, kind HealthKind, xid uint64, action
 	case w.ready <- struct{}{}:
 	default:
 	}
-}
-
-// guard calls an NVML binding and turns a panic (an incomplete mock, a
-// binding missing from this driver) into ERROR_FUNCTION_NOT_FOUND.
-func guard[T any](f func() (T, gonvml.Return)) (v T, ret gonvml.Return) {
-	defer func() {
-		if recover() != nil {
-			ret = gonvml.ERROR_FUNCTION_NOT_FOUND
-		}
-	}()
-	return f()
-}
-
-// guardRet is guard for bindings that return only a Return.
-func guardRet(f func() gonvml.Return) (ret gonvml.Return) {
-	defer func() {
-		if recover() != nil {
-			ret = gonvml.ERROR_FUNCTION_NOT_FOUND
-		}
-	}()
-	return f()
-}
-
-// hasSymbol reports whether the loaded NVML has the function name. go-nvml
-// loads libnvidia-ml lazily, and calling a function the driver lacks kills
-// the process, so the watcher asks before calling the newer ones. Without
-// an answer (a mock without extensions) it assumes yes.
-func (w *HealthWatcher) hasSymbol(name string) (ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = true
-		}
-	}()
-	ext := w.lib.Extensions()
-	if ext == nil {
-		return true
-	}
-	return ext.LookupSymbol(name) == nil
 }
 
 // have reports whether the driver has the NVML function name.

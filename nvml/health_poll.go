@@ -9,6 +9,8 @@ import (
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/ddp-agent/ddp-agent/nvml/internal/nvmlapi"
 )
 
 // The polled checks, by name. Each is dropped for a GPU the first time NVML
@@ -24,7 +26,7 @@ const (
 )
 
 // NVML functions newer than the oldest drivers; the watcher asks the loaded
-// library for them before it calls them (see hasSymbol).
+// library for them before it calls them (see nvmlapi.HasSymbol).
 const (
 	symFieldValues       = "nvmlDeviceGetFieldValues"
 	symRetiredPending    = "nvmlDeviceGetRetiredPagesPendingStatus"
@@ -189,7 +191,7 @@ func (w *HealthWatcher) readRecovery(g *healthGPU) (a HealthAction, desc string,
 // recoveryValue reads NVML_FI_DEV_GET_GPU_RECOVERY_ACTION.
 func (w *HealthWatcher) recoveryValue(g *healthGPU) (uint64, gonvml.Return) {
 	vals := []gonvml.FieldValue{{FieldId: gonvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
-	if ret := guardRet(func() gonvml.Return { return g.dev.GetFieldValues(vals) }); ret != gonvml.SUCCESS {
+	if ret := nvmlapi.CallRet(func() gonvml.Return { return g.dev.GetFieldValues(vals) }); ret != gonvml.SUCCESS {
 		return 0, ret
 	}
 	if ret := gonvml.Return(vals[0].NvmlReturn); ret != gonvml.SUCCESS {
@@ -245,7 +247,7 @@ func (w *HealthWatcher) pollRetiredPages(g *healthGPU) {
 		w.drop(g, checkRetiredPages, symRetiredPending+" not in this driver")
 		return
 	}
-	st, ret := guard(g.dev.GetRetiredPagesPendingStatus)
+	st, ret := nvmlapi.Call(g.dev.GetRetiredPagesPendingStatus)
 	if !w.ok(g, checkRetiredPages, ret) {
 		return
 	}
@@ -270,7 +272,7 @@ func (w *HealthWatcher) pollRemappedRows(g *healthGPU) {
 		corr, unc        int
 		pending, failure bool
 	}
-	r, ret := guard(func() (rows, gonvml.Return) {
+	r, ret := nvmlapi.Call(func() (rows, gonvml.Return) {
 		c, u, p, f, ret := g.dev.GetRemappedRows()
 		return rows{c, u, p, f}, ret
 	})
@@ -316,7 +318,7 @@ func (w *HealthWatcher) pollClocks(g *healthGPU) {
 		}
 		read = g.dev.GetCurrentClocksThrottleReasons
 	}
-	reasons, ret := guard(read)
+	reasons, ret := nvmlapi.Call(read)
 	if !w.ok(g, checkClocks, ret) {
 		return
 	}
@@ -344,7 +346,7 @@ func (w *HealthWatcher) pollTemperature(g *healthGPU) {
 	if p.tempLimit == 0 {
 		p.tempLimit = w.tempLimit
 		if p.tempLimit == 0 && w.have(symTempThreshold) {
-			t, ret := guard(func() (uint32, gonvml.Return) {
+			t, ret := nvmlapi.Call(func() (uint32, gonvml.Return) {
 				return g.dev.GetTemperatureThreshold(gonvml.TEMPERATURE_THRESHOLD_SLOWDOWN)
 			})
 			if ret == gonvml.SUCCESS && t > 5 {
@@ -355,7 +357,7 @@ func (w *HealthWatcher) pollTemperature(g *healthGPU) {
 			p.tempLimit = 85
 		}
 	}
-	t, ret := guard(func() (uint32, gonvml.Return) { return g.dev.GetTemperature(gonvml.TEMPERATURE_GPU) })
+	t, ret := nvmlapi.Call(func() (uint32, gonvml.Return) { return g.dev.GetTemperature(gonvml.TEMPERATURE_GPU) })
 	if !w.ok(g, checkTemperature, ret) {
 		return
 	}
@@ -380,7 +382,7 @@ func (w *HealthWatcher) pollNVLink(g *healthGPU) {
 	p := &g.poll
 	if p.links == nil {
 		for n := range gonvml.NVLINK_MAX_LINKS {
-			st, ret := guard(func() (gonvml.EnableState, gonvml.Return) { return g.dev.GetNvLinkState(n) })
+			st, ret := nvmlapi.Call(func() (gonvml.EnableState, gonvml.Return) { return g.dev.GetNvLinkState(n) })
 			if ret == gonvml.ERROR_GPU_IS_LOST {
 				w.markLost(g, checkNVLink)
 				return
@@ -400,7 +402,7 @@ func (w *HealthWatcher) pollNVLink(g *healthGPU) {
 	failed := gonvml.SUCCESS // the first error of this poll, reported once below
 	for i := range p.links {
 		l := &p.links[i]
-		st, ret := guard(func() (gonvml.EnableState, gonvml.Return) { return g.dev.GetNvLinkState(l.n) })
+		st, ret := nvmlapi.Call(func() (gonvml.EnableState, gonvml.Return) { return g.dev.GetNvLinkState(l.n) })
 		if ret == gonvml.ERROR_GPU_IS_LOST {
 			w.markLost(g, checkNVLink)
 			return
@@ -424,7 +426,7 @@ func (w *HealthWatcher) pollNVLink(g *healthGPU) {
 			if l.unsupported[c] {
 				continue
 			}
-			v, ret := guard(func() (uint64, gonvml.Return) { return g.dev.GetNvLinkErrorCounter(l.n, c) })
+			v, ret := nvmlapi.Call(func() (uint64, gonvml.Return) { return g.dev.GetNvLinkErrorCounter(l.n, c) })
 			switch ret {
 			case gonvml.SUCCESS:
 			case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND, gonvml.ERROR_INVALID_ARGUMENT:
@@ -477,7 +479,7 @@ func (w *HealthWatcher) pollPCIe(g *healthGPU) {
 		w.drop(g, checkPCIe, symPcieReplay+" not in this driver")
 		return
 	}
-	v, ret := guard(g.dev.GetPcieReplayCounter)
+	v, ret := nvmlapi.Call(g.dev.GetPcieReplayCounter)
 	if !w.ok(g, checkPCIe, ret) {
 		return
 	}
