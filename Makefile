@@ -4,7 +4,7 @@ PYTHON  ?= /usr/bin/python3
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 DEMO_DIR ?= /tmp/ddp-agent-demo
-TORCHRUN_COMPAT ?= $(abspath ../shared/tools/torchrun_compat.py)
+TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py
 
 .PHONY: build test demo demo-fault bench lint fuzz clean
 

@@ -34,10 +34,10 @@ func TestEnvMatchesTorchrun(t *testing.T) {
 	needTorch(t)
 	compat := os.Getenv("DDP_AGENT_TORCHRUN_COMPAT")
 	if compat == "" {
-		compat = filepath.Join(repoRoot, "..", "shared", "tools", "torchrun_compat.py")
+		compat = filepath.Join(repoRoot, "scripts", "torchrun_compat.py")
 	}
 	if _, err := os.Stat(compat); err != nil {
-		t.Skipf("torchrun_compat.py not found (%v); set DDP_AGENT_TORCHRUN_COMPAT", err)
+		t.Fatalf("torchrun wrapper: %v (scripts/torchrun_compat.py, or DDP_AGENT_TORCHRUN_COMPAT)", err)
 	}
 	script := filepath.Join(repoRoot, "agent", "e2e", "testdata", "dumpenv.py")
 	torchOut := t.TempDir()

@@ -8,7 +8,7 @@ groups, die with the agent through PR_SET_PDEATHSIG).
 
 DDP_AGENT_BIN overrides <repo>/bin/ddp-agent; DDP_AGENT_PYTHON the workers'
 interpreter (default /usr/bin/python3); DDP_AGENT_TORCHRUN_COMPAT the torchrun
-wrapper (default <repo>/../shared/tools/torchrun_compat.py).
+wrapper (default <repo>/scripts/torchrun_compat.py).
 """
 
 import os
@@ -47,8 +47,7 @@ def shim_path(agent_bin):
 
 @pytest.fixture(scope="session")
 def torchrun_compat():
-    path = os.environ.get("DDP_AGENT_TORCHRUN_COMPAT") or os.path.join(REPO, "..", "shared", "tools",
-                                                                        "torchrun_compat.py")
+    path = os.environ.get("DDP_AGENT_TORCHRUN_COMPAT") or os.path.join(REPO, "scripts", "torchrun_compat.py")
     if not os.path.exists(path):
-        pytest.skip("torchrun wrapper %s not found (set DDP_AGENT_TORCHRUN_COMPAT)" % path)
+        pytest.fail("torchrun wrapper %s not found (set DDP_AGENT_TORCHRUN_COMPAT)" % path)
     return os.path.abspath(path)
