@@ -1,0 +1,123 @@
+package rdzv
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Fail reports that round r failed here (a worker failed): the job moves
+// to a new generation, which counts against --max-restarts. It returns
+// *JobFailedError when no restarts were left. When the job already moved
+// on (another node's fault came first), nothing more is counted.
+func (e *Etcd) Fail(ctx context.Context, r *Round, reason string) error {
+	st, err := e.bump(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d): %s", e.node, e.cfg.Host, r.GroupRank, reason), true)
+	if err != nil {
+		return err
+	}
+	if st.Phase == Failed {
+		return &JobFailedError{Reason: st.Reason}
+	}
+	return nil
+}
+
+// bump moves the job from running generation gen to the next one, unless
+// someone already did. A fault counts against the job's restarts; when
+// none are left the job fails instead.
+func (e *Etcd) bump(ctx context.Context, gen uint64, reason string, fault bool) (*State, error) {
+	for {
+		st, rev, _, err := e.readState(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if st.Generation != gen || st.Phase != Running {
+			return st, nil
+		}
+		next, ok, err := e.bumpFrom(ctx, st, rev, reason, fault)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return next, nil
+		}
+	}
+}
+
+// bumpFrom moves the job on from st, whose mod revision is rev, in one
+// compare-and-swap without reading anything: when a lost member is seen
+// by every other member at once, none of them reads the state first, and
+// all but one fail the compare. It reports whether this call moved the job.
+func (e *Etcd) bumpFrom(ctx context.Context, st *State, rev int64, reason string, fault bool) (*State, bool, error) {
+	next := *st
+	next.Generation++
+	next.Phase = Joining
+	next.Reason = reason
+	next.Since = time.Now()
+	next.WorldSize, next.MasterAddr, next.MasterPort = 0, "", 0
+	if fault {
+		next.Failures++
+		if next.Failures > st.MaxRestarts {
+			next.Phase = Failed
+			next.Reason = fmt.Sprintf("%s; no restarts left (--max-restarts %d)", reason, st.MaxRestarts)
+		}
+	}
+	ok, err := e.swapState(ctx, rev, &next)
+	if err != nil {
+		return nil, false, fmt.Errorf("rendezvous store at %s: new generation: %w", e.cfg.Endpoint, err)
+	}
+	if ok {
+		e.log.Info("new generation", "generation", next.Generation, "phase", next.Phase, "reason", next.Reason,
+			"failures", next.Failures, "max_restarts", next.MaxRestarts)
+	}
+	return &next, ok, nil
+}
+
+// bumpUntilMoved retries bump through store errors (a leader election in
+// an etcd cluster) until the job left generation gen or ctx ends: a lost
+// member noticed only by this node must not be forgotten.
+func (e *Etcd) bumpUntilMoved(ctx context.Context, r *Round, reason string, fault bool) {
+	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		_, _, err := e.bumpFrom(ctx, r.state, r.stateMod, reason, fault)
+		if err == nil {
+			return // moved by this call, or by someone else first
+		}
+		e.log.Warn("move the job to a new generation; retrying", "reason", reason, "err", err)
+		select {
+		case <-r.done:
+			return
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// restartEndedJob starts a new run of a job that succeeded or failed,
+// when no other agent of it is left: the id is being reused. It reports
+// whether it did.
+func (e *Etcd) restartEndedJob(ctx context.Context, st *State, rev int64) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.key(nodesDir), clientv3.WithPrefix())
+	if err != nil {
+		return false, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	for _, kv := range resp.Kvs {
+		var n NodeInfo
+		if string(kv.Key) != e.key(nodesDir+e.node) && decode(string(kv.Key), kv.Value, &n) == nil && n.State == NodeActive {
+			return false, nil // an agent of the ended run is still leaving
+		}
+	}
+	next := State{Generation: uint64(resp.Header.Revision) + 1, Phase: Joining, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts,
+		Reason: fmt.Sprintf("new run of job %s (the last one %s: %s)", e.cfg.JobID, st.Phase, st.Reason)}
+	ok, err := e.swapState(ctx, rev, &next)
+	if err != nil {
+		return false, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	if ok {
+		e.log.Info("starting a new run of an ended job", "job", e.cfg.JobID, "last", st.Phase)
+	}
+	return true, nil
+}

@@ -1,0 +1,142 @@
+package rdzv
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Succeed records that this node's workers of round r all finished. The
+// last member to finish marks the job succeeded. When this agent hosts the
+// store it then waits, as torchrun's exit barrier does, until the other
+// agents are gone or done, since they still need the store.
+func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
+	e.mu.Lock()
+	e.state = NodeSucceeded
+	e.mu.Unlock()
+	octx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := e.putNode(octx, NodeSucceeded, ""); err != nil {
+		return err
+	}
+	doneDir := e.key(doneDir + genKey(r.Generation) + "/")
+	if _, err := e.cli.Put(octx, doneDir+e.node, time.Now().Format(time.RFC3339Nano)); err != nil {
+		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	resp, err := e.cli.Get(octx, doneDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
+	}
+	if int(resp.Count) >= r.NNodes {
+		// From the round's own state: if the job moved on meanwhile, the
+		// compare fails and nothing is marked.
+		next := *r.state
+		next.Phase = Succeeded
+		next.Reason = fmt.Sprintf("all %d nodes' workers finished", r.NNodes)
+		next.Since = time.Now()
+		if _, err := e.swapState(octx, r.stateMod, &next); err != nil {
+			e.log.Warn("mark the job succeeded", "err", err)
+		}
+	}
+	if e.cfg.Hosted {
+		e.waitOthersGone(ctx, false)
+	}
+	return nil
+}
+
+// Drain, in the agent that hosts the store, waits a few seconds for the
+// other agents to see that the job is over (failed) and leave, so none of
+// them is left waiting on a store that vanished. It returns at once when
+// this agent does not host the store or the job is not over.
+func (e *Etcd) Drain(ctx context.Context) {
+	if e.cfg.Hosted {
+		e.waitOthersGone(ctx, true)
+	}
+}
+
+// waitOthersGone blocks while other agents are registered and the job is
+// not over for them, polling twice a second; it returns when ctx is done.
+// With onlyIfOver it returns at once unless the job is over.
+func (e *Etcd) waitOthersGone(ctx context.Context, onlyIfOver bool) {
+	logged := false
+	var overSince time.Time
+	for {
+		gctx, cancel := context.WithTimeout(ctx, opTimeout)
+		resp, err := e.cli.Txn(gctx).Then(clientv3.OpGet(e.key(nodesDir), clientv3.WithPrefix()), clientv3.OpGet(e.key(stateKey))).Commit()
+		cancel()
+		if err != nil {
+			return
+		}
+		// Once the job is over, the others only need a moment to see it
+		// and leave; do not wait on one that is stuck.
+		var st State
+		over, known := false, false
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && decode("", kvs[0].Value, &st) == nil {
+			over, known = st.Phase == Succeeded || st.Phase == Failed, true
+		}
+		// Spares need nothing from the store once the members are done.
+		isMember := map[string]bool{}
+		if known {
+			ms, _ := e.members(ctx, &st)
+			for _, m := range ms {
+				isMember[m.Node] = true
+			}
+		}
+		others := 0
+		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+			node := strings.TrimPrefix(string(kv.Key), e.key(nodesDir))
+			if node != e.node && (isMember[node] || !known || over) {
+				others++
+			}
+		}
+		if others == 0 {
+			return
+		}
+		if onlyIfOver && !over {
+			return
+		}
+		if over {
+			if overSince.IsZero() {
+				overSince = time.Now()
+			} else if time.Since(overSince) > 10*time.Second {
+				e.log.Warn("leaving although other agents are still registered", "others", others)
+				return
+			}
+		}
+		if !logged {
+			e.log.Info("waiting for the other agents to finish: this agent hosts the rendezvous store", "others", others)
+			logged = true
+		}
+		if !sleep(ctx, 500*time.Millisecond) {
+			return
+		}
+	}
+}
+
+// Leave takes this node out of the job without closing the rendezvous for
+// the others: it says why, then revokes its lease. The others re-form
+// without it (a scale event, not a fault).
+func (e *Etcd) Leave(reason string) {
+	e.mu.Lock()
+	st := e.state
+	if st == NodeActive {
+		e.state = NodeLeft
+	}
+	lease := e.lease
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if st == NodeActive {
+		if err := e.putNode(ctx, NodeLeft, reason); err != nil {
+			e.log.Debug("mark node left", "err", err)
+		}
+	}
+	if lease != 0 {
+		if _, err := e.cli.Revoke(ctx, lease); err != nil {
+			e.log.Debug("revoke lease", "err", err)
+		}
+	}
+}

@@ -1,0 +1,81 @@
+package rdzv
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLateNodeRescalesAndLeavingIsNoFault(t *testing.T) {
+	dial := testStore(t)
+	cfg := testConfig(t, 1, 3)
+	a, b := open(t, dial(), cfg), open(t, dial(), cfg)
+	rounds := nextAll(t, a, b)
+	checkRounds(t, rounds)
+
+	c := open(t, dial(), cfg)
+	var cr *Round
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		cr, err = c.Next(t.Context())
+		done <- err
+	}()
+	for _, r := range rounds {
+		if why := waitDone(t, r, 3*time.Second); !strings.Contains(why, "scaling up") {
+			t.Fatalf("round ended with %q", why)
+		}
+	}
+	rounds = nextAll(t, a, b)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	all := append(rounds, cr)
+	checkRounds(t, all)
+	if cr.Restarts != 0 {
+		t.Fatalf("a scale-up counted as a restart: %d", cr.Restarts)
+	}
+
+	c.Leave("test says so")
+	for _, r := range rounds {
+		if why := waitDone(t, r, 3*time.Second); !strings.Contains(why, "left: test says so") {
+			t.Fatalf("round ended with %q", why)
+		}
+	}
+	rounds = nextAll(t, a, b)
+	checkRounds(t, rounds)
+	if rounds[0].Restarts != 0 {
+		t.Fatalf("a node leaving counted as a restart: %d", rounds[0].Restarts)
+	}
+}
+
+func TestSucceedEndsTheJobForSpares(t *testing.T) {
+	dial := testStore(t)
+	cfg := testConfig(t, 1, 1)
+	a := open(t, dial(), cfg)
+	r := nextAll(t, a)[0]
+	spare := open(t, dial(), cfg)
+	done := make(chan error, 1)
+	go func() {
+		_, err := spare.Next(t.Context())
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // let it stand by
+	if err := a.Succeed(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrJobSucceeded) {
+			t.Fatalf("spare's Next: %v", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("spare still waiting after the job succeeded")
+	}
+	select {
+	case <-r.Done():
+		t.Fatalf("success ended the round as if superseded: %s", r.Reason())
+	default:
+	}
+}

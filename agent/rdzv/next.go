@@ -1,0 +1,174 @@
+package rdzv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Next blocks until this node is a member of a closed round, and returns
+// the round. It joins the open round, or asks for one when the job runs
+// without this node and has room (a rescale), or waits as a spare when the
+// job is full. It fails with *JoinTimeoutError when too few nodes come
+// within the join timeout, *JobFailedError when the job failed, and
+// ErrJobSucceeded when the job is over.
+func (e *Etcd) Next(ctx context.Context) (*Round, error) {
+	deadline := time.Now().Add(e.cfg.JoinTimeout)
+	spare := false
+	// retry waits a moment after a store error, unless the deadline passed.
+	retry := func(err error) error {
+		if time.Now().After(deadline) {
+			return err
+		}
+		e.log.Warn("rendezvous store request failed; retrying", "err", err)
+		if !sleep(ctx, 500*time.Millisecond) {
+			return context.Cause(ctx)
+		}
+		return nil
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, context.Cause(ctx)
+		}
+		if err := e.ensureLease(ctx); err != nil {
+			if err := retry(err); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		st, rev, read, err := e.readState(ctx)
+		if err != nil {
+			if err := retry(err); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		switch st.Phase {
+		case Failed, Succeeded:
+			if e.lastGenSeen() == 0 && st.Since.Before(e.opened) {
+				// This agent never ran in this job, which ended before it
+				// came: a new run reusing the id of one that ended.
+				fresh, err := e.restartEndedJob(ctx, st, rev)
+				if err != nil {
+					if err := retry(err); err != nil {
+						return nil, err
+					}
+					continue
+				}
+				if fresh {
+					continue
+				}
+			}
+			if st.Phase == Failed {
+				return nil, &JobFailedError{Reason: st.Reason}
+			}
+			return nil, ErrJobSucceeded
+		case Running:
+			me, member, err := e.assignment(ctx, st, e.node)
+			if err != nil {
+				if err := retry(err); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			if member && st.Generation >= e.lastGenSeen() {
+				return e.startRound(st, me, rev, read), nil
+			}
+			var bumpErr error
+			switch {
+			case member:
+				// This node ran this generation and lost it (its lease
+				// expired) before anyone moved the job on.
+				_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s lost its lease and rejoined", e.node), true)
+			case st.Nodes() < e.cfg.NNodesMax:
+				_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s) joined; scaling up from %d nodes", e.node, e.cfg.Host, st.Nodes()), false)
+			default:
+				// A full job whose members are gone (a run killed without
+				// leaving, whose leases ran out) must not keep spares out.
+				gone, err := e.missingMembers(ctx, st)
+				if err != nil {
+					bumpErr = err
+					break
+				}
+				if len(gone) > 0 {
+					m := gone[0]
+					_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+					break
+				}
+				if !spare {
+					e.log.Info("the job is full; standing by as a spare", "generation", st.Generation, "nodes", st.Nodes())
+					spare = true
+				}
+				deadline = time.Now().Add(e.cfg.JoinTimeout) // a spare of a healthy job waits as long as the job runs
+				if err := e.waitStateChange(ctx, read); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			if bumpErr != nil {
+				if err := retry(bumpErr); err != nil {
+					return nil, err
+				}
+			}
+		case Joining:
+			spare = false
+			r, err := e.joinRound(ctx, st, rev, read, deadline)
+			var jt *JoinTimeoutError
+			switch {
+			case err == nil && r == nil:
+			case err == nil, errors.As(err, &jt), ctx.Err() != nil:
+				return r, err
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				// The store dropped our lease before our keep-alive
+				// noticed; register again.
+				e.markLeaseLost()
+			default:
+				if err := retry(err); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+}
+
+func (e *Etcd) lastGenSeen() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lastGen
+}
+
+// waitStateChange blocks until the state key changes after revision rev,
+// a node entry is deleted (a spare must notice a full job losing a member
+// that nobody else is left to report), or this node's lease is lost.
+func (e *Etcd) waitStateChange(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, lost := e.leaseChan()
+	wch := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(rev+1))
+	nch := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
+	select {
+	case <-wch: // an event, or the watch broke: either way, read the state again
+		return nil
+	case <-nch:
+		return nil
+	case <-lost:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,73 @@
+package rdzv
+
+import (
+	"sync"
+)
+
+// Round is one node's part in one generation of the job.
+type Round struct {
+	Generation uint64
+	GroupRank  int
+	NNodes     int
+	RankOffset int
+	NProc      int
+	WorldSize  int
+	MasterAddr string
+	MasterPort int
+	Restarts   int // faults so far: TORCHELASTIC_RESTART_COUNT
+
+	once   sync.Once
+	done   chan struct{}
+	reason string
+
+	state    *State // the Running state of this round, and its mod revision
+	stateMod int64
+}
+
+func newRound(st *State, m Member) *Round {
+	return &Round{
+		Generation: st.Generation, GroupRank: m.GroupRank, NNodes: st.Nodes(), RankOffset: m.RankOffset, NProc: m.NProc,
+		WorldSize: st.WorldSize, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort, Restarts: st.Failures,
+		done: make(chan struct{}),
+	}
+}
+
+// Done is closed when the job left this generation: a fault or a scale
+// event elsewhere, or this node was cut off.
+func (r *Round) Done() <-chan struct{} { return r.done }
+
+// Reason says why the round ended; "" while it runs.
+func (r *Round) Reason() string {
+	select {
+	case <-r.done:
+		return r.reason
+	default:
+		return ""
+	}
+}
+
+func (r *Round) end(reason string) {
+	r.once.Do(func() {
+		r.reason = reason
+		close(r.done)
+	})
+}
+
+// Stop ends the round's watch; the agent calls it when it is done with the
+// round for its own reasons.
+func (r *Round) Stop() { r.end("stopped by this agent") }
+
+// startRound returns the round of state st for this node and starts
+// watching it: the round ends (Done) when the job moves to another
+// generation, and this node moves the job on itself when another member is
+// lost.
+func (e *Etcd) startRound(st *State, m Member, mod, read int64) *Round {
+	e.mu.Lock()
+	e.lastGen = st.Generation + 1
+	e.mu.Unlock()
+	r := newRound(st, m)
+	r.state, r.stateMod = st, mod
+	_, lost := e.leaseChan()
+	go e.watchRound(e.bg, r, read, lost)
+	return r
+}
