@@ -11,6 +11,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/nvml"
+	"github.com/ddp-agent/ddp-agent/nvml/health"
 )
 
 // GPUs is what the agent uses of this node's GPUs. An agent without one
@@ -26,7 +27,7 @@ type GPUs struct {
 	// Watch, when set, makes the health watcher of the GPUs over the
 	// node's NVML (which the caller shuts down after Run). Nil with a saved
 	// topology (DDP_AGENT_TOPOLOGY): nothing to watch.
-	Watch func(devs []nvml.HealthDevice, opts ...nvml.HealthOption) *nvml.HealthWatcher
+	Watch func(devs []health.Device, opts ...health.Option) *health.Watcher
 	// State, when set, reads a GPU's state now (temperature, clocks,
 	// throttling), for the report of a persistent straggler.
 	State func(uuid string) (nvml.GPUState, error)
@@ -40,15 +41,15 @@ func (a *Agent) SetGPUs(g *GPUs) { a.gpus = g }
 // --max-restarts); ActionResetGPU and ActionDrainNode make the node leave
 // the job and the agent exit non-zero, so the scheduler replaces it.
 type GPUFaultError struct {
-	Action   nvml.HealthAction
-	Findings []nvml.HealthFinding // those that call for Action or less, most severe first
+	Action   health.Action
+	Findings []health.Finding // those that call for Action or less, most severe first
 }
 
 func (e *GPUFaultError) Error() string {
 	switch e.Action {
-	case nvml.ActionResetGPU:
+	case health.ActionResetGPU:
 		return fmt.Sprintf("%s: the GPU needs a reset (nvidia-smi -r -i %d) or the node a reboot; this node leaves the job", e.finding(), e.Findings[0].GPU)
-	case nvml.ActionDrainNode:
+	case health.ActionDrainNode:
 		return e.finding() + ": this node must be drained; it leaves the job"
 	}
 	return e.finding() + ": restarting the workers"
@@ -73,17 +74,21 @@ func (e *GPUFaultError) finding() string {
 }
 
 // before reports whether every finding of the fault was last seen before t.
-func (e *GPUFaultError) before(t time.Time) bool {
+func (e *GPUFaultError) before(t time.Time) bool { return e.last().Before(t) }
+
+// last is when the fault's newest finding was last seen.
+func (e *GPUFaultError) last() time.Time {
+	var last time.Time
 	for _, f := range e.Findings {
-		if !f.Last.Before(t) {
-			return false
+		if f.Last.After(last) {
+			last = f.Last
 		}
 	}
-	return true
+	return last
 }
 
 // Drains reports whether the fault makes the node leave the job.
-func (e *GPUFaultError) Drains() bool { return e.Action >= nvml.ActionResetGPU }
+func (e *GPUFaultError) Drains() bool { return e.Action >= health.ActionResetGPU }
 
 func joinInts(v []int) string {
 	s := make([]string, len(v))
@@ -139,19 +144,18 @@ func (a *Agent) ranksOn(gpu int) []int {
 }
 
 // watchGPUs runs the health watcher until ctx is done. Findings that call
-// for a restart go to restarts (the newest one waits there while the
-// agent is busy); a drain or reset cancels the agent with a
-// *GPUFaultError. It returns at once without NVML.
-func (a *Agent) watchGPUs(ctx context.Context, cancel context.CancelCauseFunc, restarts chan *GPUFaultError) {
+// for a restart are reported as a fault of the attempt; a drain or reset
+// goes to drain, which ends the run. It returns at once without NVML.
+func (a *Agent) watchGPUs(ctx context.Context, report func(*Fault), drain func(*GPUFaultError)) {
 	g := a.gpus
 	if g == nil || g.Watch == nil || g.Plan == nil || len(g.Plan.Ring) == 0 {
 		return
 	}
-	devs := make([]nvml.HealthDevice, 0, len(g.Plan.Ring))
+	devs := make([]health.Device, 0, len(g.Plan.Ring))
 	for _, i := range g.Plan.Ring {
-		devs = append(devs, nvml.HealthDevice{Index: i, UUID: g.Topology.GPUs[i].UUID})
+		devs = append(devs, health.Device{Index: i, UUID: g.Topology.GPUs[i].UUID})
 	}
-	w := g.Watch(devs, nvml.WithHealthLogger(a.log.With("component", "gpu-health")), nvml.WithHealthRanks(a.ranksOn))
+	w := g.Watch(devs, health.WithLogger(a.log.With("component", "gpu-health")), health.WithRanks(a.ranksOn))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -163,18 +167,18 @@ func (a *Agent) watchGPUs(ctx context.Context, cancel context.CancelCauseFunc, r
 		if err != nil {
 			return
 		}
-		action := nvml.HealthDecide(findings)
-		if action < nvml.ActionRestartWorkers {
+		action := health.Decide(findings)
+		if action < health.ActionRestartWorkers {
 			continue // the watcher logged them
 		}
-		var serious []nvml.HealthFinding
+		var serious []health.Finding
 		for _, f := range findings {
 			switch {
-			case f.Action >= nvml.ActionResetGPU:
+			case f.Action >= health.ActionResetGPU:
 				serious = append(serious, f) // the node is unhealthy, whoever uses the GPU
-			case f.Action == nvml.ActionRestartWorkers && len(f.Ranks) > 0:
+			case f.Action == health.ActionRestartWorkers && len(f.Ranks) > 0:
 				serious = append(serious, f)
-			case f.Action == nvml.ActionRestartWorkers:
+			case f.Action == health.ActionRestartWorkers:
 				// An application fault of another process, or of workers
 				// already gone: nothing of this job to restart.
 				a.log.Warn("GPU fault on a GPU without workers of this job: nothing to restart",
@@ -184,25 +188,16 @@ func (a *Agent) watchGPUs(ctx context.Context, cancel context.CancelCauseFunc, r
 		if len(serious) == 0 {
 			continue
 		}
-		action = nvml.HealthDecide(serious)
-		slices.SortStableFunc(serious, func(x, y nvml.HealthFinding) int { return int(y.Action) - int(x.Action) })
+		action = health.Decide(serious)
+		slices.SortStableFunc(serious, func(x, y health.Finding) int { return int(y.Action) - int(x.Action) })
 		fault := &GPUFaultError{Action: action, Findings: serious}
 		if fault.Drains() {
 			a.log.Error("GPU fault: this node leaves the job", "action", action.String(), "gpu", serious[0].GPU,
 				"uuid", serious[0].UUID, "ranks", serious[0].Ranks, "finding", serious[0].Message)
-			cancel(fault)
+			drain(fault)
 			return
 		}
-		// One fault waits at most; a newer one takes its place and its
-		// findings, so a stale one (from before the current workers) never
-		// hides a fresh one. This goroutine is the only sender: after the
-		// receive the send cannot block.
-		select {
-		case old := <-restarts:
-			fault.Findings = append(fault.Findings, old.Findings...)
-		default:
-		}
-		restarts <- fault
+		report(&Fault{Source: FromGPU, Seen: fault.last(), Reason: fault.finding(), Err: fault})
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/nvml"
+	"github.com/ddp-agent/ddp-agent/nvml/health"
 	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
 
@@ -109,8 +110,8 @@ func startGPUJob(t *testing.T, maxRestarts int) *gpuJob {
 	log := slog.New(slog.NewTextHandler(j.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	a := New(cfg, log, supervisor.NewConsole(j.out), supervisor.NewConsole(j.out), append(os.Environ(), "AGENT_TEST_WORKER=sleep"))
 	a.SetGPUs(&GPUs{Topology: topo, Plan: plan, Binding: placement.ModeNone, Bind: os.Args[0],
-		Watch: func(devs []nvml.HealthDevice, opts ...nvml.HealthOption) *nvml.HealthWatcher {
-			return nvml.NewHealthWatcher(server, devs, append(opts, nvml.WithHealthInterval(50*time.Millisecond))...)
+		Watch: func(devs []health.Device, opts ...health.Option) *health.Watcher {
+			return health.NewWatcher(server, devs, append(opts, health.WithInterval(50*time.Millisecond))...)
 		}})
 	ctx, cancel := context.WithCancelCause(context.Background())
 	j.stop = cancel
@@ -257,27 +258,27 @@ func TestGPUEventStorm(t *testing.T) {
 // older than an attempt.
 func TestGPUFaultError(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	f := func(action nvml.HealthAction, last time.Time) nvml.HealthFinding {
-		return nvml.HealthFinding{Time: last.Add(-time.Second), Last: last, Count: 3, GPU: 2, UUID: "GPU-2", Ranks: []int{2, 10},
+	f := func(action health.Action, last time.Time) health.Finding {
+		return health.Finding{Time: last.Add(-time.Second), Last: last, Count: 3, GPU: 2, UUID: "GPU-2", Ranks: []int{2, 10},
 			XID: 79, Message: "Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: GPU has fallen off the bus", Action: action}
 	}
-	drain := &GPUFaultError{Action: nvml.ActionDrainNode, Findings: []nvml.HealthFinding{f(nvml.ActionDrainNode, t0), f(nvml.ActionRestartWorkers, t0)}}
+	drain := &GPUFaultError{Action: health.ActionDrainNode, Findings: []health.Finding{f(health.ActionDrainNode, t0), f(health.ActionRestartWorkers, t0)}}
 	want := "GPU 2 (GPU-2): Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: GPU has fallen off the bus (3 times), ranks 2,10, and 1 more finding(s): this node must be drained; it leaves the job"
 	if got := drain.Error(); got != want || !drain.Drains() {
 		t.Errorf("drain: got %q (drains %v), want %q", got, drain.Drains(), want)
 	}
-	reset := &GPUFaultError{Action: nvml.ActionResetGPU, Findings: []nvml.HealthFinding{f(nvml.ActionResetGPU, t0)}}
+	reset := &GPUFaultError{Action: health.ActionResetGPU, Findings: []health.Finding{f(health.ActionResetGPU, t0)}}
 	if got := reset.Error(); !strings.HasSuffix(got, "needs a reset (nvidia-smi -r -i 2) or the node a reboot; this node leaves the job") || !reset.Drains() {
 		t.Errorf("reset: got %q", got)
 	}
-	restart := &GPUFaultError{Action: nvml.ActionRestartWorkers, Findings: []nvml.HealthFinding{f(nvml.ActionRestartWorkers, t0)}}
+	restart := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{f(health.ActionRestartWorkers, t0)}}
 	if got := restart.Error(); !strings.HasSuffix(got, ": restarting the workers") || restart.Drains() || strings.Contains(restart.finding(), "restarting") {
 		t.Errorf("restart: got %q, finding %q", got, restart.finding())
 	}
 	if !drain.before(t0.Add(time.Nanosecond)) || drain.before(t0) {
 		t.Error("before: a fault is older than a time after its last finding, and only then")
 	}
-	mixed := &GPUFaultError{Action: nvml.ActionRestartWorkers, Findings: []nvml.HealthFinding{f(nvml.ActionRestartWorkers, t0), f(nvml.ActionRestartWorkers, t0.Add(time.Minute))}}
+	mixed := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{f(health.ActionRestartWorkers, t0), f(health.ActionRestartWorkers, t0.Add(time.Minute))}}
 	if mixed.before(t0.Add(time.Second)) {
 		t.Error("before: a fault with one finding after t is not older than t")
 	}

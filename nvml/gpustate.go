@@ -148,6 +148,13 @@ func ReadGPUState(lib gonvml.Interface, uuid string) (GPUState, error) {
 	return s, nil
 }
 
+// NVML's function for the clock event reasons (R535 and newer), and its
+// older name.
+const (
+	symClocksEvent    = "nvmlDeviceGetCurrentClocksEventReasons"
+	symClocksThrottle = "nvmlDeviceGetCurrentClocksThrottleReasons"
+)
+
 // clockEventReasons reads the active clock event reasons under the name
 // the driver has: calling a function the loaded library lacks would kill
 // the process (see nvmlapi.HasSymbol).

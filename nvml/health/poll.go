@@ -1,4 +1,4 @@
-package nvml
+package health
 
 import (
 	"context"
@@ -40,13 +40,13 @@ const (
 	symPcieReplay        = "nvmlDeviceGetPcieReplayCounter"
 )
 
-var healthSymbols = []string{
+var newerSymbols = []string{
 	symFieldValues, symRetiredPending, symRemappedRows, symClocksEvent, symClocksThrottle,
 	symTemperature, symTempThreshold, symNvLinkState, symNvLinkErrorCounts, symPcieReplay,
 }
 
-// healthPollState is what the poll loop remembers about one GPU.
-type healthPollState struct {
+// pollState is what the poll loop remembers about one GPU.
+type pollState struct {
 	unsupported map[string]bool          // checks dropped for this GPU
 	failing     map[string]gonvml.Return // checks failing now, and how (logged once per run of failures)
 
@@ -56,13 +56,13 @@ type healthPollState struct {
 	slowdown     uint64 // slowdown clock-event reasons active at the last poll
 	tempLimit    uint32 // 0 until the first temperature poll
 	hot          bool
-	links        []healthLink // nil until NVLink is probed
+	links        []nvlinkState // nil until NVLink is probed
 	pcieReplay   int
 	pcieSeen     bool
 }
 
-// healthLink is one NVLink of a GPU.
-type healthLink struct {
+// nvlinkState is one NVLink of a GPU.
+type nvlinkState struct {
 	n           int
 	up          bool
 	counts      [gonvml.NVLINK_ERROR_COUNT]uint64
@@ -73,7 +73,7 @@ type healthLink struct {
 var nvlinkCounterNames = [gonvml.NVLINK_ERROR_COUNT]string{"replay", "recovery", "crc-flit", "crc-data", "ecc-data"}
 
 // pollLoop polls every GPU now and then every interval, until ctx is done.
-func (w *HealthWatcher) pollLoop(ctx context.Context, gpus []*healthGPU) {
+func (w *Watcher) pollLoop(ctx context.Context, gpus []*watchedGPU) {
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {
@@ -92,7 +92,7 @@ func (w *HealthWatcher) pollLoop(ctx context.Context, gpus []*healthGPU) {
 }
 
 // poll runs every check still enabled for g.
-func (w *HealthWatcher) poll(g *healthGPU) {
+func (w *Watcher) poll(g *watchedGPU) {
 	p := &g.poll
 	if p.unsupported == nil {
 		p.unsupported = map[string]bool{}
@@ -100,7 +100,7 @@ func (w *HealthWatcher) poll(g *healthGPU) {
 	}
 	for _, c := range []struct {
 		name string
-		fn   func(*healthGPU)
+		fn   func(*watchedGPU)
 	}{
 		{checkRecovery, w.pollRecovery},
 		{checkRetiredPages, w.pollRetiredPages},
@@ -123,7 +123,7 @@ func (w *HealthWatcher) poll(g *healthGPU) {
 // not-supported the check is dropped for g (one log line); a lost GPU is
 // recorded; other errors are logged once per run of failures and retried
 // at the next poll.
-func (w *HealthWatcher) ok(g *healthGPU, check string, ret gonvml.Return) bool {
+func (w *Watcher) ok(g *watchedGPU, check string, ret gonvml.Return) bool {
 	p := &g.poll
 	switch ret {
 	case gonvml.SUCCESS:
@@ -146,14 +146,14 @@ func (w *HealthWatcher) ok(g *healthGPU, check string, ret gonvml.Return) bool {
 }
 
 // drop stops check for g, with one log line.
-func (w *HealthWatcher) drop(g *healthGPU, check, why string) {
+func (w *Watcher) drop(g *watchedGPU, check, why string) {
 	g.poll.unsupported[check] = true
 	w.logger.Info("GPU health check not supported; dropped", "gpu", g.Index, "uuid", g.UUID, "check", check, "why", why)
 }
 
 // pollRecovery reads the driver's GPU recovery action and records a change
 // to anything but "none".
-func (w *HealthWatcher) pollRecovery(g *healthGPU) {
+func (w *Watcher) pollRecovery(g *watchedGPU) {
 	if !w.have(symFieldValues) {
 		w.drop(g, checkRecovery, symFieldValues+" not in this driver")
 		return
@@ -167,7 +167,7 @@ func (w *HealthWatcher) pollRecovery(g *healthGPU) {
 	case old == int64(v):
 	case v != uint64(gonvml.GPU_RECOVERY_ACTION_NONE):
 		a, desc := recoveryAction(v)
-		w.record(g, HealthKindRecovery, 0, a, "GPU recovery action: "+desc)
+		w.record(g, KindRecovery, 0, a, "GPU recovery action: "+desc)
 	case old >= 0:
 		w.logger.Info("GPU health: recovery action back to none", "gpu", g.Index, "uuid", g.UUID)
 	}
@@ -175,7 +175,7 @@ func (w *HealthWatcher) pollRecovery(g *healthGPU) {
 
 // readRecovery reads the recovery action for an event (Xid 154,
 // EventTypeGpuRecoveryAction). ok is false when it cannot be read.
-func (w *HealthWatcher) readRecovery(g *healthGPU) (a HealthAction, desc string, ok bool) {
+func (w *Watcher) readRecovery(g *watchedGPU) (a Action, desc string, ok bool) {
 	if g.dev == nil || !w.have(symFieldValues) {
 		return ActionIgnore, "", false
 	}
@@ -189,7 +189,7 @@ func (w *HealthWatcher) readRecovery(g *healthGPU) (a HealthAction, desc string,
 }
 
 // recoveryValue reads NVML_FI_DEV_GET_GPU_RECOVERY_ACTION.
-func (w *HealthWatcher) recoveryValue(g *healthGPU) (uint64, gonvml.Return) {
+func (w *Watcher) recoveryValue(g *watchedGPU) (uint64, gonvml.Return) {
 	vals := []gonvml.FieldValue{{FieldId: gonvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
 	if ret := nvmlapi.CallRet(func() gonvml.Return { return g.dev.GetFieldValues(vals) }); ret != gonvml.SUCCESS {
 		return 0, ret
@@ -222,7 +222,7 @@ func fieldUint(f gonvml.FieldValue) uint64 {
 // the next step) → restart the workers; drain and reset (reduced capacity;
 // running work is safe) → reset. Values newer than v0.13.0-1 (IMEX domain
 // recovery, PCIe bus reset, system reboot) are beyond a GPU reset: drain.
-func recoveryAction(v uint64) (HealthAction, string) {
+func recoveryAction(v uint64) (Action, string) {
 	switch gonvml.DeviceGpuRecoveryAction(v) {
 	case gonvml.GPU_RECOVERY_ACTION_NONE:
 		return ActionIgnore, "none"
@@ -242,7 +242,7 @@ func recoveryAction(v uint64) (HealthAction, string) {
 // they are retired only when the GPU is reset or the driver reloaded, and
 // until then the bad page can fault again. NVIDIA, "Dynamic Page
 // Retirement".
-func (w *HealthWatcher) pollRetiredPages(g *healthGPU) {
+func (w *Watcher) pollRetiredPages(g *watchedGPU) {
 	if !w.have(symRetiredPending) {
 		w.drop(g, checkRetiredPages, symRetiredPending+" not in this driver")
 		return
@@ -255,7 +255,7 @@ func (w *HealthWatcher) pollRetiredPages(g *healthGPU) {
 	if pending && !g.poll.pagesPending {
 		// Pending repairs do not touch running work (as XID 63): a warning
 		// for the operator, not a reason to stop the job.
-		w.record(g, HealthKindMemory, 0, ActionIgnore, "retired pages pending: reset the GPU when the job ends to retire them")
+		w.record(g, KindMemory, 0, ActionIgnore, "retired pages pending: reset the GPU when the job ends to retire them")
 	}
 	g.poll.pagesPending = pending
 }
@@ -263,7 +263,7 @@ func (w *HealthWatcher) pollRetiredPages(g *healthGPU) {
 // pollRemappedRows records pending row remappings (Ampere and newer; they
 // take effect at the next GPU reset) and remapping failures (an RMA
 // condition). NVIDIA, "A100 GPU Memory Error Management".
-func (w *HealthWatcher) pollRemappedRows(g *healthGPU) {
+func (w *Watcher) pollRemappedRows(g *watchedGPU) {
 	if !w.have(symRemappedRows) {
 		w.drop(g, checkRemappedRows, symRemappedRows+" not in this driver")
 		return
@@ -280,11 +280,11 @@ func (w *HealthWatcher) pollRemappedRows(g *healthGPU) {
 		return
 	}
 	if r.failure && !g.poll.remapFailed {
-		w.record(g, HealthKindMemory, 0, ActionDrainNode,
+		w.record(g, KindMemory, 0, ActionDrainNode,
 			fmt.Sprintf("row remapping failed (%d rows remapped for correctable, %d for uncorrectable errors): the GPU needs service", r.corr, r.unc))
 	}
 	if r.pending && !g.poll.remapPending {
-		w.record(g, HealthKindMemory, 0, ActionIgnore,
+		w.record(g, KindMemory, 0, ActionIgnore,
 			fmt.Sprintf("row remapping pending (%d rows remapped for correctable, %d for uncorrectable errors): reset the GPU when the job ends to apply it", r.corr, r.unc))
 	}
 	g.poll.remapFailed, g.poll.remapPending = r.failure, r.pending
@@ -309,7 +309,7 @@ var slowdownNames = []struct {
 // pollClocks warns when a slowdown reason starts. It uses
 // nvmlDeviceGetCurrentClocksEventReasons (R535 and newer) and falls back to
 // its older name, ...ClocksThrottleReasons.
-func (w *HealthWatcher) pollClocks(g *healthGPU) {
+func (w *Watcher) pollClocks(g *watchedGPU) {
 	read := g.dev.GetCurrentClocksEventReasons
 	if !w.have(symClocksEvent) {
 		if !w.have(symClocksThrottle) {
@@ -330,14 +330,14 @@ func (w *HealthWatcher) pollClocks(g *healthGPU) {
 				names = append(names, r.name)
 			}
 		}
-		w.record(g, HealthKindClocks, 0, ActionIgnore, "clocks slowed down: "+strings.Join(names, ", "))
+		w.record(g, KindClocks, 0, ActionIgnore, "clocks slowed down: "+strings.Join(names, ", "))
 	}
 	g.poll.slowdown = cur
 }
 
 // pollTemperature warns when the GPU reaches the temperature limit, and
 // again only after it has cooled 3 °C below it.
-func (w *HealthWatcher) pollTemperature(g *healthGPU) {
+func (w *Watcher) pollTemperature(g *watchedGPU) {
 	if !w.have(symTemperature) {
 		w.drop(g, checkTemperature, symTemperature+" not in this driver")
 		return
@@ -364,7 +364,7 @@ func (w *HealthWatcher) pollTemperature(g *healthGPU) {
 	switch {
 	case t >= p.tempLimit && !p.hot:
 		p.hot = true
-		w.record(g, HealthKindTemperature, 0, ActionIgnore, fmt.Sprintf("GPU at %d °C, at or above the %d °C limit", t, p.tempLimit))
+		w.record(g, KindTemperature, 0, ActionIgnore, fmt.Sprintf("GPU at %d °C, at or above the %d °C limit", t, p.tempLimit))
 	case p.hot && t+3 < p.tempLimit:
 		p.hot = false
 		w.logger.Info("GPU health: temperature back below the limit", "gpu", g.Index, "uuid", g.UUID, "celsius", t, "limit", p.tempLimit)
@@ -374,7 +374,7 @@ func (w *HealthWatcher) pollTemperature(g *healthGPU) {
 // pollNVLink watches the NVLinks that were present at the first poll: a
 // link that goes down asks for a GPU reset (as Xid 74); growing error
 // counters warn, and past the limit within one interval ask for a reset.
-func (w *HealthWatcher) pollNVLink(g *healthGPU) {
+func (w *Watcher) pollNVLink(g *watchedGPU) {
 	if !w.have(symNvLinkState) || !w.have(symNvLinkErrorCounts) {
 		w.drop(g, checkNVLink, "NVLink queries not in this driver")
 		return
@@ -388,7 +388,7 @@ func (w *HealthWatcher) pollNVLink(g *healthGPU) {
 				return
 			}
 			if ret == gonvml.SUCCESS {
-				p.links = append(p.links, healthLink{n: n, up: st == gonvml.FEATURE_ENABLED})
+				p.links = append(p.links, nvlinkState{n: n, up: st == gonvml.FEATURE_ENABLED})
 			}
 		}
 		if len(p.links) == 0 {
@@ -454,7 +454,7 @@ func (w *HealthWatcher) pollNVLink(g *healthGPU) {
 		return
 	}
 	if len(downLinks) > 0 {
-		w.record(g, HealthKindNVLink, 0, ActionResetGPU, "NVLink down: link "+strings.Join(downLinks, ", "))
+		w.record(g, KindNVLink, 0, ActionResetGPU, "NVLink down: link "+strings.Join(downLinks, ", "))
 	}
 	if total > 0 {
 		var parts []string
@@ -467,14 +467,14 @@ func (w *HealthWatcher) pollNVLink(g *healthGPU) {
 		if total >= w.nvlinkLimit {
 			action = ActionResetGPU
 		}
-		w.record(g, HealthKindNVLink, 0, action, fmt.Sprintf("NVLink errors on link %s within %s: %s",
+		w.record(g, KindNVLink, 0, action, fmt.Sprintf("NVLink errors on link %s within %s: %s",
 			strings.Join(errLinks, ", "), w.interval, strings.Join(parts, ", ")))
 	}
 }
 
 // pollPCIe warns when the PCIe replay counter grows: the link is retrying
 // transfers, a sign of a marginal slot, riser or cable.
-func (w *HealthWatcher) pollPCIe(g *healthGPU) {
+func (w *Watcher) pollPCIe(g *watchedGPU) {
 	if !w.have(symPcieReplay) {
 		w.drop(g, checkPCIe, symPcieReplay+" not in this driver")
 		return
@@ -485,7 +485,7 @@ func (w *HealthWatcher) pollPCIe(g *healthGPU) {
 	}
 	p := &g.poll
 	if p.pcieSeen && v > p.pcieReplay {
-		w.record(g, HealthKindPCIe, 0, ActionIgnore, fmt.Sprintf("PCIe replays +%d within %s (%d in all)", v-p.pcieReplay, w.interval, v))
+		w.record(g, KindPCIe, 0, ActionIgnore, fmt.Sprintf("PCIe replays +%d within %s (%d in all)", v-p.pcieReplay, w.interval, v))
 	}
 	p.pcieReplay, p.pcieSeen = v, true
 }

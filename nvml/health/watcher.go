@@ -1,4 +1,4 @@
-package nvml
+package health
 
 import (
 	"context"
@@ -16,48 +16,48 @@ import (
 	"github.com/ddp-agent/ddp-agent/nvml/internal/nvmlapi"
 )
 
-// HealthDevice names a GPU for the HealthWatcher: its NVML index and UUID.
-type HealthDevice struct {
+// Device names a GPU for the Watcher: its NVML index and UUID.
+type Device struct {
 	Index int    `json:"index"`
 	UUID  string `json:"uuid"`
 }
 
-// HealthKind says where a finding comes from.
-type HealthKind string
+// Kind says where a finding comes from.
+type Kind string
 
 // The kinds of finding.
 const (
-	HealthKindXID         HealthKind = "xid"             // an XID critical-error event
-	HealthKindECC         HealthKind = "ecc"             // ECC, poison and DRAM-retirement events
-	HealthKindRecovery    HealthKind = "recovery-action" // the driver's GPU recovery action
-	HealthKindUnavailable HealthKind = "gpu-unavailable" // GPU-unavailable event, or NVML_ERROR_GPU_IS_LOST
-	HealthKindMemory      HealthKind = "memory"          // retired pages, row remapping (polled)
-	HealthKindClocks      HealthKind = "clocks"          // slowdown clock-event reasons (polled)
-	HealthKindTemperature HealthKind = "temperature"     // GPU temperature (polled)
-	HealthKindNVLink      HealthKind = "nvlink"          // NVLink error counters and link state (polled)
-	HealthKindPCIe        HealthKind = "pcie"            // PCIe replay counter (polled)
+	KindXID         Kind = "xid"             // an XID critical-error event
+	KindECC         Kind = "ecc"             // ECC, poison and DRAM-retirement events
+	KindRecovery    Kind = "recovery-action" // the driver's GPU recovery action
+	KindUnavailable Kind = "gpu-unavailable" // GPU-unavailable event, or NVML_ERROR_GPU_IS_LOST
+	KindMemory      Kind = "memory"          // retired pages, row remapping (polled)
+	KindClocks      Kind = "clocks"          // slowdown clock-event reasons (polled)
+	KindTemperature Kind = "temperature"     // GPU temperature (polled)
+	KindNVLink      Kind = "nvlink"          // NVLink error counters and link state (polled)
+	KindPCIe        Kind = "pcie"            // PCIe replay counter (polled)
 )
 
-// HealthFinding is one health observation about one GPU. Identical findings
+// Finding is one health observation about one GPU. Identical findings
 // (same GPU, kind, XID, message and action) that arrive before the consumer
 // drains them are coalesced into one: Time is the first occurrence, Last the
 // latest, Count how many there were.
-type HealthFinding struct {
-	Time    time.Time    `json:"time"`
-	Last    time.Time    `json:"last"`
-	Count   int          `json:"count"`
-	GPU     int          `json:"gpu"` // NVML index; -1 when NVML named a device the watcher does not know
-	UUID    string       `json:"uuid"`
-	Ranks   []int        `json:"ranks,omitempty"` // global ranks on the GPU when the finding was made
-	Kind    HealthKind   `json:"kind"`
-	XID     uint64       `json:"xid,omitempty"` // for HealthKindXID
-	Message string       `json:"message"`
-	Action  HealthAction `json:"action"`
+type Finding struct {
+	Time    time.Time `json:"time"`
+	Last    time.Time `json:"last"`
+	Count   int       `json:"count"`
+	GPU     int       `json:"gpu"` // NVML index; -1 when NVML named a device the watcher does not know
+	UUID    string    `json:"uuid"`
+	Ranks   []int     `json:"ranks,omitempty"` // global ranks on the GPU when the finding was made
+	Kind    Kind      `json:"kind"`
+	XID     uint64    `json:"xid,omitempty"` // for KindXID
+	Message string    `json:"message"`
+	Action  Action    `json:"action"`
 }
 
-// HealthDecide returns the most severe action of findings (drain > reset >
+// Decide returns the most severe action of findings (drain > reset >
 // restart > ignore); ActionIgnore when there are none.
-func HealthDecide(findings []HealthFinding) HealthAction {
+func Decide(findings []Finding) Action {
 	a := ActionIgnore
 	for _, f := range findings {
 		a = max(a, f.Action)
@@ -65,87 +65,87 @@ func HealthDecide(findings []HealthFinding) HealthAction {
 	return a
 }
 
-// HealthStats counts what a HealthWatcher has seen since it was made.
-type HealthStats struct {
+// Stats counts what a Watcher has seen since it was made.
+type Stats struct {
 	Events    uint64 `json:"events"`    // NVML events received
 	Findings  uint64 `json:"findings"`  // occurrences recorded, coalesced ones included
 	Coalesced uint64 `json:"coalesced"` // occurrences merged into a finding not yet drained
 }
 
-// HealthOption configures a HealthWatcher.
-type HealthOption func(*HealthWatcher)
+// Option configures a Watcher.
+type Option func(*Watcher)
 
-// WithHealthLogger sets the logger (default slog.Default()).
-func WithHealthLogger(l *slog.Logger) HealthOption {
-	return func(w *HealthWatcher) {
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(w *Watcher) {
 		if l != nil {
 			w.logger = l
 		}
 	}
 }
 
-// WithHealthInterval sets how often the watcher polls what NVML has no
+// WithInterval sets how often the watcher polls what NVML has no
 // events for (default 10s); d <= 0 keeps the default.
-func WithHealthInterval(d time.Duration) HealthOption {
-	return func(w *HealthWatcher) {
+func WithInterval(d time.Duration) Option {
+	return func(w *Watcher) {
 		if d > 0 {
 			w.interval = d
 		}
 	}
 }
 
-// WithHealthRanks sets the function that names the global ranks on a GPU
+// WithRanks sets the function that names the global ranks on a GPU
 // (by NVML index); it is called each time a finding is made, so it may
 // answer differently from one generation to the next. It is called from the
 // watcher's goroutines: it must be safe for concurrent use and not block.
-func WithHealthRanks(ranks func(gpu int) []int) HealthOption {
-	return func(w *HealthWatcher) { w.ranks = ranks }
+func WithRanks(ranks func(gpu int) []int) Option {
+	return func(w *Watcher) { w.ranks = ranks }
 }
 
-// WithHealthClock sets the clock that stamps findings (default time.Now).
-func WithHealthClock(now func() time.Time) HealthOption {
-	return func(w *HealthWatcher) {
+// WithClock sets the clock that stamps findings (default time.Now).
+func WithClock(now func() time.Time) Option {
+	return func(w *Watcher) {
 		if now != nil {
 			w.now = now
 		}
 	}
 }
 
-// WithHealthTemperatureLimit sets the GPU temperature, in °C, at or above
+// WithTemperatureLimit sets the GPU temperature, in °C, at or above
 // which the watcher warns. By default it is 5 °C below the GPU's slowdown
 // threshold, or 85 °C where NVML does not give that threshold.
-func WithHealthTemperatureLimit(celsius uint32) HealthOption {
-	return func(w *HealthWatcher) { w.tempLimit = celsius }
+func WithTemperatureLimit(celsius uint32) Option {
+	return func(w *Watcher) { w.tempLimit = celsius }
 }
 
-// WithHealthNVLinkErrorLimit sets how many NVLink errors (replay, recovery,
+// WithNVLinkErrorLimit sets how many NVLink errors (replay, recovery,
 // CRC and ECC counters, all links of a GPU together) within one poll
 // interval turn the NVLink warning into ActionResetGPU (default 100; 0
 // keeps the default). Any growth below it is a warning.
-func WithHealthNVLinkErrorLimit(n uint64) HealthOption {
-	return func(w *HealthWatcher) {
+func WithNVLinkErrorLimit(n uint64) Option {
+	return func(w *Watcher) {
 		if n > 0 {
 			w.nvlinkLimit = n
 		}
 	}
 }
 
-// WithHealthXIDActions overrides the action of some XIDs (see XIDCatalog);
+// WithXIDActions overrides the action of some XIDs (see XIDCatalog);
 // the map is copied.
-func WithHealthXIDActions(actions map[uint64]HealthAction) HealthOption {
-	return func(w *HealthWatcher) {
+func WithXIDActions(actions map[uint64]Action) Option {
+	return func(w *Watcher) {
 		for code, a := range actions {
 			w.xidActions[code] = a
 		}
 	}
 }
 
-// HealthWatcher watches GPUs through NVML, in the spirit of DCGM's health
+// Watcher watches GPUs through NVML, in the spirit of DCGM's health
 // watches: it listens to NVML events (XIDs, uncorrectable ECC errors,
 // poison, DRAM retirement, GPU unavailable, GPU recovery action) and polls,
 // every interval, what has no event (pending page retirement and row
 // remapping, slowdown clock reasons, temperature, NVLink and PCIe error
-// counters, the recovery action). Each observation becomes a HealthFinding
+// counters, the recovery action). Each observation becomes a Finding
 // with the action it calls for, the GPU's UUID and the ranks on it, is
 // logged, and is queued for the consumer (Next, or Ready and Drain).
 //
@@ -165,16 +165,16 @@ func WithHealthXIDActions(actions map[uint64]HealthAction) HealthOption {
 //
 // Run watches until its context is done. The other methods are safe for
 // concurrent use, also while Run runs.
-type HealthWatcher struct {
+type Watcher struct {
 	lib         gonvml.Interface
-	devices     []HealthDevice
+	devices     []Device
 	logger      *slog.Logger
 	interval    time.Duration
 	ranks       func(gpu int) []int
 	now         func() time.Time
 	tempLimit   uint32
 	nvlinkLimit uint64
-	xidActions  map[uint64]HealthAction
+	xidActions  map[uint64]Action
 
 	waitTimeout time.Duration // of one EventSet.Wait
 	stopGrace   time.Duration // how long Run waits for an NVML call in flight once ctx is done
@@ -184,19 +184,19 @@ type HealthWatcher struct {
 	symbols map[string]bool // NVML symbols the driver lacks → false; written before Run's goroutines start
 
 	mu      sync.Mutex
-	pending []*HealthFinding
-	index   map[findingKey]*HealthFinding
+	pending []*Finding
+	index   map[findingKey]*Finding
 	logged  map[findingKey]logState
-	stats   HealthStats
+	stats   Stats
 	ready   chan struct{} // holds a token while findings may be pending
 }
 
 type findingKey struct {
 	gpu     int
 	uuid    string
-	kind    HealthKind
+	kind    Kind
 	xid     uint64
-	action  HealthAction
+	action  Action
 	message string
 }
 
@@ -205,22 +205,22 @@ type logState struct {
 	suppressed int
 }
 
-// NewHealthWatcher returns a watcher of devices over lib, which the caller
+// NewWatcher returns a watcher of devices over lib, which the caller
 // has initialized (lib.Init) and shuts down after Run returns. With no
 // devices it watches every GPU NVML reports.
-func NewHealthWatcher(lib gonvml.Interface, devices []HealthDevice, opts ...HealthOption) *HealthWatcher {
-	w := &HealthWatcher{
+func NewWatcher(lib gonvml.Interface, devices []Device, opts ...Option) *Watcher {
+	w := &Watcher{
 		lib:         lib,
 		devices:     slices.Clone(devices),
 		logger:      slog.Default(),
 		interval:    10 * time.Second,
 		now:         time.Now,
 		nvlinkLimit: 100,
-		xidActions:  map[uint64]HealthAction{},
+		xidActions:  map[uint64]Action{},
 		waitTimeout: 500 * time.Millisecond,
 		stopGrace:   3 * time.Second,
 		logEvery:    time.Second,
-		index:       map[findingKey]*HealthFinding{},
+		index:       map[findingKey]*Finding{},
 		logged:      map[findingKey]logState{},
 		ready:       make(chan struct{}, 1),
 	}
@@ -232,17 +232,17 @@ func NewHealthWatcher(lib gonvml.Interface, devices []HealthDevice, opts ...Heal
 
 // Ready returns a channel that receives when findings may be waiting; call
 // Drain then. A receive may find nothing to drain.
-func (w *HealthWatcher) Ready() <-chan struct{} { return w.ready }
+func (w *Watcher) Ready() <-chan struct{} { return w.ready }
 
 // Drain returns the findings queued since the last Drain, oldest first, and
 // empties the queue. It never blocks on the watcher's NVML calls.
-func (w *HealthWatcher) Drain() []HealthFinding {
+func (w *Watcher) Drain() []Finding {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.pending) == 0 {
 		return nil
 	}
-	out := make([]HealthFinding, len(w.pending))
+	out := make([]Finding, len(w.pending))
 	for i, f := range w.pending {
 		out[i] = *f
 	}
@@ -253,7 +253,7 @@ func (w *HealthWatcher) Drain() []HealthFinding {
 
 // Next blocks until findings are queued and returns them as Drain does, or
 // returns ctx's error when ctx is done first.
-func (w *HealthWatcher) Next(ctx context.Context) ([]HealthFinding, error) {
+func (w *Watcher) Next(ctx context.Context) ([]Finding, error) {
 	for {
 		if f := w.Drain(); len(f) > 0 {
 			return f, nil
@@ -267,20 +267,20 @@ func (w *HealthWatcher) Next(ctx context.Context) ([]HealthFinding, error) {
 }
 
 // Stats returns the counters.
-func (w *HealthWatcher) Stats() HealthStats {
+func (w *Watcher) Stats() Stats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.stats
 }
 
-// healthGPU is one watched GPU.
-type healthGPU struct {
-	HealthDevice
+// watchedGPU is one watched GPU.
+type watchedGPU struct {
+	Device
 	dev      gonvml.Device
 	lost     atomic.Bool
 	recovery atomic.Int64 // last recovery action seen, -1 before the first
 
-	poll healthPollState // owned by the poll goroutine
+	poll pollState // owned by the poll goroutine
 }
 
 // Run watches the GPUs until ctx is done, then returns nil. NVML errors are
@@ -290,7 +290,7 @@ type healthGPU struct {
 // waits up to a few seconds for one in flight after ctx is done and then
 // returns anyway, leaving that call's goroutine to finish on its own. Run
 // may be called once.
-func (w *HealthWatcher) Run(ctx context.Context) error {
+func (w *Watcher) Run(ctx context.Context) error {
 	if w.lib == nil {
 		return errors.New("gpu health watcher: no NVML library")
 	}
@@ -318,9 +318,9 @@ func (w *HealthWatcher) Run(ctx context.Context) error {
 }
 
 // watch runs the event loop and the poll loop until ctx is done.
-func (w *HealthWatcher) watch(ctx context.Context) {
+func (w *Watcher) watch(ctx context.Context) {
 	w.symbols = map[string]bool{}
-	for _, s := range healthSymbols {
+	for _, s := range newerSymbols {
 		if !nvmlapi.HasSymbol(w.lib, s) {
 			w.symbols[s] = false
 		}
@@ -343,7 +343,7 @@ func (w *HealthWatcher) watch(ctx context.Context) {
 }
 
 // resolve finds the NVML handles of the devices to watch.
-func (w *HealthWatcher) resolve() []*healthGPU {
+func (w *Watcher) resolve() []*watchedGPU {
 	devs := w.devices
 	if len(devs) == 0 {
 		n, ret := nvmlapi.Call(w.lib.DeviceGetCount)
@@ -352,10 +352,10 @@ func (w *HealthWatcher) resolve() []*healthGPU {
 			return nil
 		}
 		for i := range n {
-			devs = append(devs, HealthDevice{Index: i})
+			devs = append(devs, Device{Index: i})
 		}
 	}
-	var gpus []*healthGPU
+	var gpus []*watchedGPU
 	for _, d := range devs {
 		var dev gonvml.Device
 		var ret gonvml.Return
@@ -371,17 +371,17 @@ func (w *HealthWatcher) resolve() []*healthGPU {
 			w.logger.Error("GPU health watcher: GPU not found; not watching it", "gpu", d.Index, "uuid", d.UUID, "err", ret.Error())
 			continue
 		}
-		g := &healthGPU{HealthDevice: d, dev: dev}
+		g := &watchedGPU{Device: d, dev: dev}
 		g.recovery.Store(-1)
 		gpus = append(gpus, g)
 	}
 	return gpus
 }
 
-// healthEventMask is the NVML events the watcher registers for. Single-bit
+// eventMask is the NVML events the watcher registers for. Single-bit
 // ECC errors are corrected and left out (a storm of them is its own event);
 // P-state, clock, power-source and MIG-change events are not health.
-const healthEventMask uint64 = gonvml.EventTypeXidCriticalError |
+const eventMask uint64 = gonvml.EventTypeXidCriticalError |
 	gonvml.EventTypeDoubleBitEccError |
 	gonvml.EventTypeSingleBitEccErrorStorm |
 	gonvml.EventTypeDramRetirementEvent |
@@ -391,7 +391,7 @@ const healthEventMask uint64 = gonvml.EventTypeXidCriticalError |
 	gonvml.EventTypeGpuUnavailableError |
 	gonvml.EventTypeGpuRecoveryAction
 
-var healthEventNames = map[uint64]string{
+var eventTypeNames = map[uint64]string{
 	gonvml.EventTypeXidCriticalError:       "xid",
 	gonvml.EventTypeDoubleBitEccError:      "ecc-dbe",
 	gonvml.EventTypeSingleBitEccErrorStorm: "ecc-sbe-storm",
@@ -408,7 +408,7 @@ func eventNames(mask uint64) string {
 	var names []string
 	for m := mask; m != 0; m &= m - 1 {
 		bit := m & -m
-		if n, ok := healthEventNames[bit]; ok {
+		if n, ok := eventTypeNames[bit]; ok {
 			names = append(names, n)
 		} else {
 			names = append(names, fmt.Sprintf("0x%x", bit))
@@ -419,7 +419,7 @@ func eventNames(mask uint64) string {
 
 // register makes the event set and registers every GPU's events, skipping
 // what a GPU does not support. It returns nil when no GPU has any event.
-func (w *HealthWatcher) register(gpus []*healthGPU) gonvml.EventSet {
+func (w *Watcher) register(gpus []*watchedGPU) gonvml.EventSet {
 	set, ret := nvmlapi.Call(w.lib.EventSetCreate)
 	if ret != gonvml.SUCCESS || set == nil {
 		w.logger.Warn("GPU health watcher: NVML events unavailable; polling only", "err", ret.Error())
@@ -427,12 +427,12 @@ func (w *HealthWatcher) register(gpus []*healthGPU) gonvml.EventSet {
 	}
 	anyEvents := false
 	for _, g := range gpus {
-		want := healthEventMask
+		want := eventMask
 		if sup, ret := nvmlapi.Call(g.dev.GetSupportedEventTypes); ret == gonvml.SUCCESS {
 			want &= sup
 		}
 		got := w.registerGPU(g, set, want)
-		if skipped := healthEventMask &^ got; skipped != 0 {
+		if skipped := eventMask &^ got; skipped != 0 {
 			w.logger.Info("GPU health watcher: NVML events not supported by this GPU; skipped",
 				"gpu", g.Index, "uuid", g.UUID, "skipped", eventNames(skipped), "registered", eventNames(got))
 		}
@@ -449,7 +449,7 @@ func (w *HealthWatcher) register(gpus []*healthGPU) gonvml.EventSet {
 // registerGPU registers want for g, all at once and, when NVML refuses the
 // mask (it then registers none of it), one type at a time. It returns what
 // was registered.
-func (w *HealthWatcher) registerGPU(g *healthGPU, set gonvml.EventSet, want uint64) uint64 {
+func (w *Watcher) registerGPU(g *watchedGPU, set gonvml.EventSet, want uint64) uint64 {
 	if want == 0 {
 		return 0
 	}
@@ -484,7 +484,7 @@ func (w *HealthWatcher) registerGPU(g *healthGPU, set gonvml.EventSet, want uint
 // eventLoop waits on set until ctx is done, then frees it. Wait errors
 // other than the timeout back off (up to 5s) and are logged once per run
 // of the same error.
-func (w *HealthWatcher) eventLoop(ctx context.Context, set gonvml.EventSet, gpus []*healthGPU) {
+func (w *Watcher) eventLoop(ctx context.Context, set gonvml.EventSet, gpus []*watchedGPU) {
 	defer func() {
 		if ret := nvmlapi.CallRet(set.Free); ret != gonvml.SUCCESS {
 			w.logger.Warn("GPU health watcher: free NVML event set", "err", ret.Error())
@@ -521,7 +521,7 @@ func (w *HealthWatcher) eventLoop(ctx context.Context, set gonvml.EventSet, gpus
 }
 
 // handleEvent turns one NVML event into a finding.
-func (w *HealthWatcher) handleEvent(data gonvml.EventData, gpus []*healthGPU) {
+func (w *Watcher) handleEvent(data gonvml.EventData, gpus []*watchedGPU) {
 	w.mu.Lock()
 	w.stats.Events++
 	w.mu.Unlock()
@@ -531,33 +531,33 @@ func (w *HealthWatcher) handleEvent(data gonvml.EventData, gpus []*healthGPU) {
 	case et&gonvml.EventTypeXidCriticalError != 0:
 		w.xidFinding(g, data)
 	case et&gonvml.EventTypeDoubleBitEccError != 0:
-		w.record(g, HealthKindECC, 0, w.xidAction(48), "double-bit (uncorrectable) ECC error; a GPU reset clears it (as Xid 48)")
+		w.record(g, KindECC, 0, w.xidAction(48), "double-bit (uncorrectable) ECC error; a GPU reset clears it (as Xid 48)")
 	case et&gonvml.EventTypeFatalPoisonError != 0:
-		w.record(g, HealthKindECC, 0, w.xidAction(95), "fatal poison error: uncontained memory error (as Xid 95)")
+		w.record(g, KindECC, 0, w.xidAction(95), "fatal poison error: uncontained memory error (as Xid 95)")
 	case et&gonvml.EventTypeNonFatalPoisonError != 0:
-		w.record(g, HealthKindECC, 0, w.xidAction(94), "non-fatal poison error: contained memory error (as Xid 94)")
+		w.record(g, KindECC, 0, w.xidAction(94), "non-fatal poison error: contained memory error (as Xid 94)")
 	case et&gonvml.EventTypeDramRetirementFailure != 0:
-		w.record(g, HealthKindECC, 0, w.xidAction(64), "DRAM retirement (row remapping) failed (as Xid 64)")
+		w.record(g, KindECC, 0, w.xidAction(64), "DRAM retirement (row remapping) failed (as Xid 64)")
 	case et&gonvml.EventTypeDramRetirementEvent != 0:
-		w.record(g, HealthKindECC, 0, w.xidAction(63), "DRAM retirement (row remapping) pending until GPU reset (as Xid 63)")
+		w.record(g, KindECC, 0, w.xidAction(63), "DRAM retirement (row remapping) pending until GPU reset (as Xid 63)")
 	case et&gonvml.EventTypeSingleBitEccErrorStorm != 0:
-		w.record(g, HealthKindECC, 0, w.xidAction(92), "single-bit ECC error storm (corrected; as Xid 92)")
+		w.record(g, KindECC, 0, w.xidAction(92), "single-bit ECC error storm (corrected; as Xid 92)")
 	case et&gonvml.EventTypeGpuUnavailableError != 0:
-		w.record(g, HealthKindUnavailable, 0, ActionDrainNode, "GPU unavailable")
+		w.record(g, KindUnavailable, 0, ActionDrainNode, "GPU unavailable")
 	case et&gonvml.EventTypeGpuRecoveryAction != 0:
 		a, desc, ok := w.readRecovery(g)
 		if !ok {
-			w.record(g, HealthKindRecovery, 0, ActionIgnore, "GPU recovery action changed; NVML does not say to what")
+			w.record(g, KindRecovery, 0, ActionIgnore, "GPU recovery action changed; NVML does not say to what")
 			return
 		}
-		w.record(g, HealthKindRecovery, 0, a, "GPU recovery action: "+desc)
+		w.record(g, KindRecovery, 0, a, "GPU recovery action: "+desc)
 	default:
-		w.record(g, HealthKindECC, 0, ActionIgnore, fmt.Sprintf("NVML event type 0x%x", et))
+		w.record(g, KindECC, 0, ActionIgnore, fmt.Sprintf("NVML event type 0x%x", et))
 	}
 }
 
 // xidFinding records an XID event.
-func (w *HealthWatcher) xidFinding(g *healthGPU, data gonvml.EventData) {
+func (w *Watcher) xidFinding(g *watchedGPU, data gonvml.EventData) {
 	x := XIDClassify(data.EventData)
 	action := w.xidAction(x.Code)
 	msg := fmt.Sprintf("Xid %d %s: %s", x.Code, x.Mnemonic, x.Description)
@@ -570,11 +570,11 @@ func (w *HealthWatcher) xidFinding(g *healthGPU, data gonvml.EventData) {
 			msg += "; recovery action: " + desc
 		}
 	}
-	w.record(g, HealthKindXID, x.Code, action, msg)
+	w.record(g, KindXID, x.Code, action, msg)
 }
 
 // xidAction is the action for code, overrides first.
-func (w *HealthWatcher) xidAction(code uint64) HealthAction {
+func (w *Watcher) xidAction(code uint64) Action {
 	if a, ok := w.xidActions[code]; ok {
 		return a
 	}
@@ -582,9 +582,9 @@ func (w *HealthWatcher) xidAction(code uint64) HealthAction {
 }
 
 // gpuOf finds the watched GPU an event names, by handle, then by UUID.
-func (w *HealthWatcher) gpuOf(dev gonvml.Device, gpus []*healthGPU) *healthGPU {
+func (w *Watcher) gpuOf(dev gonvml.Device, gpus []*watchedGPU) *watchedGPU {
 	if dev == nil {
-		return &healthGPU{HealthDevice: HealthDevice{Index: -1}}
+		return &watchedGPU{Device: Device{Index: -1}}
 	}
 	for _, g := range gpus {
 		if sameDevice(g.dev, dev) {
@@ -597,7 +597,7 @@ func (w *HealthWatcher) gpuOf(dev gonvml.Device, gpus []*healthGPU) *healthGPU {
 			return g
 		}
 	}
-	return &healthGPU{HealthDevice: HealthDevice{Index: -1, UUID: uuid}}
+	return &watchedGPU{Device: Device{Index: -1, UUID: uuid}}
 }
 
 // sameDevice compares two handles; handles of a type that cannot be
@@ -612,16 +612,16 @@ func sameDevice(a, b gonvml.Device) (same bool) {
 }
 
 // markLost records, once per GPU, that NVML has lost the GPU.
-func (w *HealthWatcher) markLost(g *healthGPU, during string) {
+func (w *Watcher) markLost(g *watchedGPU, during string) {
 	if g.lost.CompareAndSwap(false, true) {
-		w.record(g, HealthKindUnavailable, 0, ActionDrainNode,
+		w.record(g, KindUnavailable, 0, ActionDrainNode,
 			"GPU is lost (NVML_ERROR_GPU_IS_LOST during "+during+"): fallen off the bus or otherwise inaccessible")
 	}
 }
 
 // record queues a finding (or coalesces it into a queued one), logs it and
 // wakes the consumer. It never blocks on the consumer.
-func (w *HealthWatcher) record(g *healthGPU, kind HealthKind, xid uint64, action HealthAction, msg string) {
+func (w *Watcher) record(g *watchedGPU, kind Kind, xid uint64, action Action, msg string) {
 	now := w.now()
 	var ranks []int
 	if w.ranks != nil && g.Index >= 0 {
@@ -636,7 +636,7 @@ func (w *HealthWatcher) record(g *healthGPU, kind HealthKind, xid uint64, action
 		f.Last = now
 		w.stats.Coalesced++
 	} else {
-		f := &HealthFinding{Time: now, Last: now, Count: 1, GPU: g.Index, UUID: g.UUID, Ranks: ranks,
+		f := &Finding{Time: now, Last: now, Count: 1, GPU: g.Index, UUID: g.UUID, Ranks: ranks,
 			Kind: kind, XID: xid, Message: msg, Action: action}
 		w.index[key] = f
 		w.pending = append(w.pending, f)
@@ -670,7 +670,7 @@ func (w *HealthWatcher) record(g *healthGPU, kind HealthKind, xid uint64, action
 		slog.Int("gpu", g.Index), slog.String("uuid", g.UUID), slog.Any("ranks", ranks),
 		slog.String("kind", string(kind)), slog.String("action", action.String()),
 	}
-	if kind == HealthKindXID {
+	if kind == KindXID {
 		attrs = append(attrs, slog.Uint64("xid", xid))
 	}
 	if logNow && repeats > 0 {
@@ -685,7 +685,7 @@ func (w *HealthWatcher) record(g *healthGPU, kind HealthKind, xid uint64, action
 }
 
 // have reports whether the driver has the NVML function name.
-func (w *HealthWatcher) have(name string) bool {
+func (w *Watcher) have(name string) bool {
 	ok, known := w.symbols[name]
 	return ok || !known
 }

@@ -1,4 +1,4 @@
-package nvml
+package health
 
 import (
 	"bytes"
@@ -21,26 +21,26 @@ import (
 	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
 
-// healthLog collects what a watcher logs, for tests that count log lines.
-type healthLog struct {
+// logBuffer collects what a watcher logs, for tests that count log lines.
+type logBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (l *healthLog) Write(p []byte) (int, error) {
+func (l *logBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *healthLog) String() string {
+func (l *logBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
 }
 
 // count counts the lines that contain every one of subs.
-func (l *healthLog) count(subs ...string) int {
+func (l *logBuffer) count(subs ...string) int {
 	n := 0
 	for line := range strings.Lines(l.String()) {
 		all := true
@@ -54,24 +54,24 @@ func (l *healthLog) count(subs ...string) int {
 	return n
 }
 
-// healthFixture is a DGX A100 from go-nvml's mocks with an event set fed by
+// fixture is a DGX A100 from go-nvml's mocks with an event set fed by
 // a channel (nvmltest.Events), and every polled check answering
 // NOT_SUPPORTED (nvmltest.QuietPolls) until a test says otherwise. Set the
 // mock functions before start.
-type healthFixture struct {
+type fixture struct {
 	server *dgxa100.Server
 	events *nvmltest.Events
 	set    *mock.EventSet // events.Set
-	log    healthLog
+	log    logBuffer
 
 	ranksMu sync.Mutex
 	ranks   map[int][]int
 }
 
-func newHealthFixture(t *testing.T) *healthFixture {
+func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	s := dgxa100.New()
-	f := &healthFixture{server: s, events: nvmltest.NewEvents(s), ranks: map[int][]int{}}
+	f := &fixture{server: s, events: nvmltest.NewEvents(s), ranks: map[int][]int{}}
 	f.set = f.events.Set
 	nvmltest.QuietPolls(s)
 	for i := range s.Devices {
@@ -80,23 +80,23 @@ func newHealthFixture(t *testing.T) *healthFixture {
 	return f
 }
 
-func (f *healthFixture) gpu(i int) *dgxa100.Device { return f.server.Devices[i].(*dgxa100.Device) }
+func (f *fixture) gpu(i int) *dgxa100.Device { return f.server.Devices[i].(*dgxa100.Device) }
 
-func (f *healthFixture) devices() []HealthDevice {
-	var out []HealthDevice
+func (f *fixture) devices() []Device {
+	var out []Device
 	for i := range f.server.Devices {
-		out = append(out, HealthDevice{Index: i, UUID: f.gpu(i).UUID})
+		out = append(out, Device{Index: i, UUID: f.gpu(i).UUID})
 	}
 	return out
 }
 
-func (f *healthFixture) rankOf(gpu int) []int {
+func (f *fixture) rankOf(gpu int) []int {
 	f.ranksMu.Lock()
 	defer f.ranksMu.Unlock()
 	return f.ranks[gpu]
 }
 
-func (f *healthFixture) setRanks(m map[int][]int) {
+func (f *fixture) setRanks(m map[int][]int) {
 	f.ranksMu.Lock()
 	defer f.ranksMu.Unlock()
 	f.ranks = m
@@ -104,11 +104,11 @@ func (f *healthFixture) setRanks(m map[int][]int) {
 
 // start runs a watcher over the fixture until the test ends. stop cancels
 // it and waits for Run (at most 5s); it may be called more than once.
-func (f *healthFixture) start(t *testing.T, opts ...HealthOption) (w *HealthWatcher, stop func() error) {
+func (f *fixture) start(t *testing.T, opts ...Option) (w *Watcher, stop func() error) {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(&f.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	opts = append([]HealthOption{WithHealthLogger(logger), WithHealthRanks(f.rankOf), WithHealthInterval(20 * time.Millisecond)}, opts...)
-	w = NewHealthWatcher(f.server, f.devices(), opts...)
+	opts = append([]Option{WithLogger(logger), WithRanks(f.rankOf), WithInterval(20 * time.Millisecond)}, opts...)
+	w = NewWatcher(f.server, f.devices(), opts...)
 	w.waitTimeout = 20 * time.Millisecond
 	w.stopGrace = time.Second
 	ctx, cancel := context.WithCancel(t.Context())
@@ -132,7 +132,7 @@ func (f *healthFixture) start(t *testing.T, opts ...HealthOption) (w *HealthWatc
 }
 
 // inject delivers one event through the mock event set's Wait.
-func (f *healthFixture) inject(t *testing.T, gpu int, eventType, data uint64) {
+func (f *fixture) inject(t *testing.T, gpu int, eventType, data uint64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()
@@ -142,11 +142,11 @@ func (f *healthFixture) inject(t *testing.T, gpu int, eventType, data uint64) {
 }
 
 // await returns the first finding that matches within d.
-func await(t *testing.T, w *HealthWatcher, d time.Duration, match func(HealthFinding) bool) HealthFinding {
+func await(t *testing.T, w *Watcher, d time.Duration, match func(Finding) bool) Finding {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	defer cancel()
-	var seen []HealthFinding
+	var seen []Finding
 	for {
 		fs, err := w.Next(ctx)
 		if err != nil {
@@ -175,8 +175,8 @@ func recoveryField(v gonvml.DeviceGpuRecoveryAction) func([]gonvml.FieldValue) g
 	}
 }
 
-func TestHealthEventClasses(t *testing.T) {
-	f := newHealthFixture(t)
+func TestEventClasses(t *testing.T) {
+	f := newFixture(t)
 	f.gpu(6).GetFieldValuesFunc = recoveryField(gonvml.GPU_RECOVERY_ACTION_GPU_RESET)
 	f.gpu(7).GetFieldValuesFunc = recoveryField(gonvml.GPU_RECOVERY_ACTION_NODE_REBOOT)
 	w, _ := f.start(t)
@@ -187,42 +187,42 @@ func TestHealthEventClasses(t *testing.T) {
 		gpu        int
 		eventType  uint64
 		data       uint64
-		wantKind   HealthKind
-		wantAction HealthAction
+		wantKind   Kind
+		wantAction Action
 	}{
-		{"xid 13 application fault", 0, xid, 13, HealthKindXID, ActionRestartWorkers},
-		{"xid 31 page fault", 1, xid, 31, HealthKindXID, ActionRestartWorkers},
-		{"xid 43 stopped processing", 2, xid, 43, HealthKindXID, ActionRestartWorkers},
-		{"xid 45 cleanup follows others", 2, xid, 45, HealthKindXID, ActionIgnore},
-		{"xid 48 double-bit ECC", 3, xid, 48, HealthKindXID, ActionResetGPU},
-		{"xid 63 remap pending", 3, xid, 63, HealthKindXID, ActionIgnore},
-		{"xid 64 remap failure", 4, xid, 64, HealthKindXID, ActionDrainNode},
-		{"xid 74 NVLink", 5, xid, 74, HealthKindXID, ActionResetGPU},
-		{"xid 79 off the bus", 5, xid, 79, HealthKindXID, ActionDrainNode},
-		{"xid 92 single-bit rate", 0, xid, 92, HealthKindXID, ActionIgnore},
-		{"xid 94 contained", 1, xid, 94, HealthKindXID, ActionRestartWorkers},
-		{"xid 95 uncontained", 1, xid, 95, HealthKindXID, ActionResetGPU},
-		{"xid 109 ctxsw timeout", 2, xid, 109, HealthKindXID, ActionResetGPU},
-		{"xid 119 GSP timeout", 3, xid, 119, HealthKindXID, ActionResetGPU},
-		{"xid 120 GSP error", 4, xid, 120, HealthKindXID, ActionResetGPU},
-		{"xid unknown to NVML", 0, xid, XIDUnknown, HealthKindXID, ActionRestartWorkers},
-		{"xid 154 reads the recovery action", 7, xid, 154, HealthKindXID, ActionDrainNode},
-		{"xid 154 without the field", 0, xid, 154, HealthKindXID, ActionIgnore},
-		{"double-bit ECC event", 3, gonvml.EventTypeDoubleBitEccError, 0, HealthKindECC, ActionResetGPU},
-		{"single-bit storm", 3, gonvml.EventTypeSingleBitEccErrorStorm, 0, HealthKindECC, ActionIgnore},
-		{"fatal poison", 4, gonvml.EventTypeFatalPoisonError, 0, HealthKindECC, ActionResetGPU},
-		{"non-fatal poison", 4, gonvml.EventTypeNonFatalPoisonError, 0, HealthKindECC, ActionRestartWorkers},
-		{"DRAM retirement failure", 5, gonvml.EventTypeDramRetirementFailure, 0, HealthKindECC, ActionDrainNode},
-		{"GPU unavailable", 6, gonvml.EventTypeGpuUnavailableError, 0, HealthKindUnavailable, ActionDrainNode},
-		{"recovery action event", 6, gonvml.EventTypeGpuRecoveryAction, 0, HealthKindRecovery, ActionResetGPU},
-		{"event on a GPU not watched", -1, xid, 13, HealthKindXID, ActionRestartWorkers},
+		{"xid 13 application fault", 0, xid, 13, KindXID, ActionRestartWorkers},
+		{"xid 31 page fault", 1, xid, 31, KindXID, ActionRestartWorkers},
+		{"xid 43 stopped processing", 2, xid, 43, KindXID, ActionRestartWorkers},
+		{"xid 45 cleanup follows others", 2, xid, 45, KindXID, ActionIgnore},
+		{"xid 48 double-bit ECC", 3, xid, 48, KindXID, ActionResetGPU},
+		{"xid 63 remap pending", 3, xid, 63, KindXID, ActionIgnore},
+		{"xid 64 remap failure", 4, xid, 64, KindXID, ActionDrainNode},
+		{"xid 74 NVLink", 5, xid, 74, KindXID, ActionResetGPU},
+		{"xid 79 off the bus", 5, xid, 79, KindXID, ActionDrainNode},
+		{"xid 92 single-bit rate", 0, xid, 92, KindXID, ActionIgnore},
+		{"xid 94 contained", 1, xid, 94, KindXID, ActionRestartWorkers},
+		{"xid 95 uncontained", 1, xid, 95, KindXID, ActionResetGPU},
+		{"xid 109 ctxsw timeout", 2, xid, 109, KindXID, ActionResetGPU},
+		{"xid 119 GSP timeout", 3, xid, 119, KindXID, ActionResetGPU},
+		{"xid 120 GSP error", 4, xid, 120, KindXID, ActionResetGPU},
+		{"xid unknown to NVML", 0, xid, XIDUnknown, KindXID, ActionRestartWorkers},
+		{"xid 154 reads the recovery action", 7, xid, 154, KindXID, ActionDrainNode},
+		{"xid 154 without the field", 0, xid, 154, KindXID, ActionIgnore},
+		{"double-bit ECC event", 3, gonvml.EventTypeDoubleBitEccError, 0, KindECC, ActionResetGPU},
+		{"single-bit storm", 3, gonvml.EventTypeSingleBitEccErrorStorm, 0, KindECC, ActionIgnore},
+		{"fatal poison", 4, gonvml.EventTypeFatalPoisonError, 0, KindECC, ActionResetGPU},
+		{"non-fatal poison", 4, gonvml.EventTypeNonFatalPoisonError, 0, KindECC, ActionRestartWorkers},
+		{"DRAM retirement failure", 5, gonvml.EventTypeDramRetirementFailure, 0, KindECC, ActionDrainNode},
+		{"GPU unavailable", 6, gonvml.EventTypeGpuUnavailableError, 0, KindUnavailable, ActionDrainNode},
+		{"recovery action event", 6, gonvml.EventTypeGpuRecoveryAction, 0, KindRecovery, ActionResetGPU},
+		{"event on a GPU not watched", -1, xid, 13, KindXID, ActionRestartWorkers},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
 			f.inject(t, tc.gpu, tc.eventType, tc.data)
-			got := await(t, w, time.Second, func(h HealthFinding) bool {
-				return h.Kind == tc.wantKind && h.GPU == tc.gpu && (tc.wantKind != HealthKindXID || h.XID == tc.data)
+			got := await(t, w, time.Second, func(h Finding) bool {
+				return h.Kind == tc.wantKind && h.GPU == tc.gpu && (tc.wantKind != KindXID || h.XID == tc.data)
 			})
 			if got.Action != tc.wantAction {
 				t.Errorf("action %v, want %v (%s)", got.Action, tc.wantAction, got.Message)
@@ -259,10 +259,10 @@ func TestHealthEventClasses(t *testing.T) {
 	}
 }
 
-func TestHealthEventStorm(t *testing.T) {
+func TestEventStorm(t *testing.T) {
 	// 100 events per second for 2 s, spread over 2 GPUs and 2 XIDs.
 	const rate, seconds = 100, 2
-	storm := func(t *testing.T, f *healthFixture) (maxSend time.Duration) {
+	storm := func(t *testing.T, f *fixture) (maxSend time.Duration) {
 		tick := time.NewTicker(time.Second / rate)
 		defer tick.Stop()
 		for i := range rate * seconds {
@@ -273,7 +273,7 @@ func TestHealthEventStorm(t *testing.T) {
 		}
 		return maxSend
 	}
-	sum := func(fs []HealthFinding) int {
+	sum := func(fs []Finding) int {
 		n := 0
 		for _, f := range fs {
 			n += f.Count
@@ -282,7 +282,7 @@ func TestHealthEventStorm(t *testing.T) {
 	}
 
 	t.Run("consumer away", func(t *testing.T) {
-		f := newHealthFixture(t)
+		f := newFixture(t)
 		w, _ := f.start(t)
 		maxSend := storm(t, f) // nobody drains during the storm
 		// The event loop takes each event as fast as it waits for the next:
@@ -311,7 +311,7 @@ func TestHealthEventStorm(t *testing.T) {
 	})
 
 	t.Run("consumer draining", func(t *testing.T) {
-		f := newHealthFixture(t)
+		f := newFixture(t)
 		w, _ := f.start(t)
 		ctx, cancel := context.WithCancel(t.Context())
 		var got atomic.Int64
@@ -338,14 +338,14 @@ func TestHealthEventStorm(t *testing.T) {
 	})
 }
 
-func TestHealthPeriodic(t *testing.T) {
+func TestPeriodic(t *testing.T) {
 	const gpu = 2
 	tests := []struct {
 		name       string
 		setup      func(d *dgxa100.Device)
-		opts       []HealthOption
-		wantKind   HealthKind
-		wantAction HealthAction
+		opts       []Option
+		wantKind   Kind
+		wantAction Action
 		wantText   string
 	}{
 		{
@@ -355,21 +355,21 @@ func TestHealthPeriodic(t *testing.T) {
 					return gonvml.FEATURE_ENABLED, gonvml.SUCCESS
 				}
 			},
-			wantKind: HealthKindMemory, wantAction: ActionIgnore, wantText: "retired pages pending",
+			wantKind: KindMemory, wantAction: ActionIgnore, wantText: "retired pages pending",
 		},
 		{
 			name: "row remapping pending",
 			setup: func(d *dgxa100.Device) {
 				d.GetRemappedRowsFunc = func() (int, int, bool, bool, gonvml.Return) { return 0, 1, true, false, gonvml.SUCCESS }
 			},
-			wantKind: HealthKindMemory, wantAction: ActionIgnore, wantText: "row remapping pending",
+			wantKind: KindMemory, wantAction: ActionIgnore, wantText: "row remapping pending",
 		},
 		{
 			name: "row remapping failed",
 			setup: func(d *dgxa100.Device) {
 				d.GetRemappedRowsFunc = func() (int, int, bool, bool, gonvml.Return) { return 3, 9, false, true, gonvml.SUCCESS }
 			},
-			wantKind: HealthKindMemory, wantAction: ActionDrainNode, wantText: "row remapping failed",
+			wantKind: KindMemory, wantAction: ActionDrainNode, wantText: "row remapping failed",
 		},
 		{
 			name: "thermal slowdown",
@@ -378,7 +378,7 @@ func TestHealthPeriodic(t *testing.T) {
 					return gonvml.ClocksThrottleReasonHwThermalSlowdown | gonvml.ClocksEventReasonSwPowerCap, gonvml.SUCCESS
 				}
 			},
-			wantKind: HealthKindClocks, wantAction: ActionIgnore, wantText: "hw-thermal-slowdown",
+			wantKind: KindClocks, wantAction: ActionIgnore, wantText: "hw-thermal-slowdown",
 		},
 		{
 			name: "hot GPU against its slowdown threshold",
@@ -386,25 +386,25 @@ func TestHealthPeriodic(t *testing.T) {
 				d.GetTemperatureThresholdFunc = func(gonvml.TemperatureThresholds) (uint32, gonvml.Return) { return 90, gonvml.SUCCESS }
 				d.GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return 86, gonvml.SUCCESS }
 			},
-			wantKind: HealthKindTemperature, wantAction: ActionIgnore, wantText: "85 °C limit",
+			wantKind: KindTemperature, wantAction: ActionIgnore, wantText: "85 °C limit",
 		},
 		{
 			name: "hot GPU against the configured limit",
 			setup: func(d *dgxa100.Device) {
 				d.GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return 71, gonvml.SUCCESS }
 			},
-			opts:     []HealthOption{WithHealthTemperatureLimit(70)},
-			wantKind: HealthKindTemperature, wantAction: ActionIgnore, wantText: "70 °C limit",
+			opts:     []Option{WithTemperatureLimit(70)},
+			wantKind: KindTemperature, wantAction: ActionIgnore, wantText: "70 °C limit",
 		},
 		{
 			name:     "NVLink errors grow",
 			setup:    nvlinkCounters(10),
-			wantKind: HealthKindNVLink, wantAction: ActionIgnore, wantText: "crc-flit +10",
+			wantKind: KindNVLink, wantAction: ActionIgnore, wantText: "crc-flit +10",
 		},
 		{
 			name:     "NVLink errors grow past the limit",
 			setup:    nvlinkCounters(1000),
-			wantKind: HealthKindNVLink, wantAction: ActionResetGPU, wantText: "crc-flit +1000",
+			wantKind: KindNVLink, wantAction: ActionResetGPU, wantText: "crc-flit +1000",
 		},
 		{
 			name: "NVLink goes down",
@@ -421,7 +421,7 @@ func TestHealthPeriodic(t *testing.T) {
 				}
 				d.GetNvLinkErrorCounterFunc = func(int, gonvml.NvLinkErrorCounter) (uint64, gonvml.Return) { return 0, gonvml.SUCCESS }
 			},
-			wantKind: HealthKindNVLink, wantAction: ActionResetGPU, wantText: "NVLink down: link 4",
+			wantKind: KindNVLink, wantAction: ActionResetGPU, wantText: "NVLink down: link 4",
 		},
 		{
 			name: "PCIe replays",
@@ -429,34 +429,34 @@ func TestHealthPeriodic(t *testing.T) {
 				var n atomic.Int32
 				d.GetPcieReplayCounterFunc = func() (int, gonvml.Return) { return int(n.Add(5)), gonvml.SUCCESS }
 			},
-			wantKind: HealthKindPCIe, wantAction: ActionIgnore, wantText: "PCIe replays +5",
+			wantKind: KindPCIe, wantAction: ActionIgnore, wantText: "PCIe replays +5",
 		},
 		{
 			name: "recovery action drain and reset",
 			setup: func(d *dgxa100.Device) {
 				d.GetFieldValuesFunc = recoveryField(gonvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET)
 			},
-			wantKind: HealthKindRecovery, wantAction: ActionResetGPU, wantText: "reduced capacity",
+			wantKind: KindRecovery, wantAction: ActionResetGPU, wantText: "reduced capacity",
 		},
 		{
 			name:     "recovery action drain P2P",
 			setup:    func(d *dgxa100.Device) { d.GetFieldValuesFunc = recoveryField(gonvml.GPU_RECOVERY_ACTION_DRAIN_P2P) },
-			wantKind: HealthKindRecovery, wantAction: ActionRestartWorkers, wantText: "peer-to-peer",
+			wantKind: KindRecovery, wantAction: ActionRestartWorkers, wantText: "peer-to-peer",
 		},
 		{
 			name: "GPU lost",
 			setup: func(d *dgxa100.Device) {
 				d.GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return 0, gonvml.ERROR_GPU_IS_LOST }
 			},
-			wantKind: HealthKindUnavailable, wantAction: ActionDrainNode, wantText: "GPU is lost",
+			wantKind: KindUnavailable, wantAction: ActionDrainNode, wantText: "GPU is lost",
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newHealthFixture(t)
+			f := newFixture(t)
 			tc.setup(f.gpu(gpu))
 			w, _ := f.start(t, tc.opts...)
-			got := await(t, w, time.Second, func(h HealthFinding) bool { return h.Kind == tc.wantKind })
+			got := await(t, w, time.Second, func(h Finding) bool { return h.Kind == tc.wantKind })
 			if got.GPU != gpu || got.UUID != f.gpu(gpu).UUID || !slices.Equal(got.Ranks, []int{gpu, 8 + gpu}) {
 				t.Errorf("finding names GPU %d %s ranks %v, want GPU %d %s ranks [%d %d]",
 					got.GPU, got.UUID, got.Ranks, gpu, f.gpu(gpu).UUID, gpu, 8+gpu)
@@ -493,8 +493,8 @@ func nvlinkCounters(step uint64) func(d *dgxa100.Device) {
 
 // A state that persists (pending pages, a hot GPU) is reported when it
 // starts, not at every poll.
-func TestHealthPeriodicReportsOnce(t *testing.T) {
-	f := newHealthFixture(t)
+func TestPeriodicReportsOnce(t *testing.T) {
+	f := newFixture(t)
 	f.gpu(1).GetRetiredPagesPendingStatusFunc = func() (gonvml.EnableState, gonvml.Return) {
 		return gonvml.FEATURE_ENABLED, gonvml.SUCCESS
 	}
@@ -507,8 +507,8 @@ func TestHealthPeriodicReportsOnce(t *testing.T) {
 	}
 }
 
-func TestHealthNotSupportedNotRetried(t *testing.T) {
-	f := newHealthFixture(t)
+func TestNotSupportedNotRetried(t *testing.T) {
+	f := newFixture(t)
 	// The driver lacks the newer clock-event function and row remapping:
 	// the watcher must use the older name and never call the missing one.
 	f.server.LookupSymbolFunc = func(name string) error {
@@ -551,8 +551,8 @@ func TestHealthNotSupportedNotRetried(t *testing.T) {
 	}
 }
 
-func TestHealthEventRegistration(t *testing.T) {
-	f := newHealthFixture(t)
+func TestEventRegistration(t *testing.T) {
+	f := newFixture(t)
 	var registered [8]atomic.Uint64
 	for i := range f.server.Devices {
 		f.gpu(i).RegisterEventsFunc = func(mask uint64, _ gonvml.EventSet) gonvml.Return {
@@ -579,7 +579,7 @@ func TestHealthEventRegistration(t *testing.T) {
 	w, _ := f.start(t)
 
 	f.inject(t, 1, gonvml.EventTypeXidCriticalError, 79)
-	got := await(t, w, time.Second, func(h HealthFinding) bool { return h.XID == 79 })
+	got := await(t, w, time.Second, func(h Finding) bool { return h.XID == 79 })
 	if got.GPU != 1 || got.Action != ActionDrainNode {
 		t.Errorf("finding %+v, want GPU 1 drain-node", got)
 	}
@@ -587,7 +587,7 @@ func TestHealthEventRegistration(t *testing.T) {
 		gonvml.EventTypeXidCriticalError | gonvml.EventTypeDoubleBitEccError,
 		basic,
 		0,
-		healthEventMask,
+		eventMask,
 	}
 	for i, w := range want {
 		if g := registered[i].Load(); g != w {
@@ -604,15 +604,15 @@ func TestHealthEventRegistration(t *testing.T) {
 	}
 }
 
-func TestHealthPollingOnly(t *testing.T) {
+func TestPollingOnly(t *testing.T) {
 	tests := []struct {
 		name  string
-		setup func(f *healthFixture)
+		setup func(f *fixture)
 	}{
-		{"no event set", func(f *healthFixture) {
+		{"no event set", func(f *fixture) {
 			f.server.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
 		}},
-		{"no GPU has events", func(f *healthFixture) {
+		{"no GPU has events", func(f *fixture) {
 			for i := range f.server.Devices {
 				f.gpu(i).RegisterEventsFunc = func(uint64, gonvml.EventSet) gonvml.Return { return gonvml.ERROR_NOT_SUPPORTED }
 			}
@@ -620,11 +620,11 @@ func TestHealthPollingOnly(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newHealthFixture(t)
+			f := newFixture(t)
 			tc.setup(f)
 			f.gpu(5).GetRemappedRowsFunc = func() (int, int, bool, bool, gonvml.Return) { return 0, 1, true, false, gonvml.SUCCESS }
 			w, stop := f.start(t)
-			got := await(t, w, time.Second, func(h HealthFinding) bool { return h.Kind == HealthKindMemory })
+			got := await(t, w, time.Second, func(h Finding) bool { return h.Kind == KindMemory })
 			if got.GPU != 5 || got.Action != ActionIgnore || !strings.Contains(got.Message, "row remapping pending") {
 				t.Errorf("finding %+v, want GPU 5's pending row remapping", got)
 			}
@@ -641,9 +641,9 @@ func TestHealthPollingOnly(t *testing.T) {
 	}
 }
 
-func TestHealthRunStops(t *testing.T) {
+func TestRunStops(t *testing.T) {
 	t.Run("cancel", func(t *testing.T) {
-		f := newHealthFixture(t)
+		f := newFixture(t)
 		_, stop := f.start(t)
 		time.Sleep(50 * time.Millisecond)
 		start := time.Now()
@@ -659,13 +659,13 @@ func TestHealthRunStops(t *testing.T) {
 	})
 
 	t.Run("stuck wait", func(t *testing.T) {
-		f := newHealthFixture(t)
+		f := newFixture(t)
 		release := make(chan struct{})
 		f.set.WaitFunc = func(uint32) (gonvml.EventData, gonvml.Return) {
 			<-release // a driver that never returns
 			return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
 		}
-		w := NewHealthWatcher(f.server, f.devices(), WithHealthLogger(slog.New(slog.NewTextHandler(&f.log, nil))))
+		w := NewWatcher(f.server, f.devices(), WithLogger(slog.New(slog.NewTextHandler(&f.log, nil))))
 		w.stopGrace = 100 * time.Millisecond
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
@@ -691,7 +691,7 @@ func TestHealthRunStops(t *testing.T) {
 	})
 
 	t.Run("twice", func(t *testing.T) {
-		f := newHealthFixture(t)
+		f := newFixture(t)
 		w, _ := f.start(t)
 		time.Sleep(10 * time.Millisecond)
 		if err := w.Run(t.Context()); err == nil {
@@ -700,8 +700,8 @@ func TestHealthRunStops(t *testing.T) {
 	})
 }
 
-func TestHealthWaitErrors(t *testing.T) {
-	f := newHealthFixture(t)
+func TestWaitErrors(t *testing.T) {
+	f := newFixture(t)
 	var fails atomic.Int32
 	wait := f.set.WaitFunc
 	f.set.WaitFunc = func(ms uint32) (gonvml.EventData, gonvml.Return) {
@@ -712,7 +712,7 @@ func TestHealthWaitErrors(t *testing.T) {
 	}
 	w, _ := f.start(t)
 	f.inject(t, 4, gonvml.EventTypeXidCriticalError, 95)
-	got := await(t, w, 2*time.Second, func(h HealthFinding) bool { return h.XID == 95 })
+	got := await(t, w, 2*time.Second, func(h Finding) bool { return h.XID == 95 })
 	if got.GPU != 4 || got.Action != ActionResetGPU {
 		t.Errorf("finding %+v, want GPU 4 reset-gpu", got)
 	}
@@ -726,7 +726,7 @@ func TestHealthWaitErrors(t *testing.T) {
 
 // A mock with nothing but UUIDs: every call panics inside go-nvml's mock.
 // The watcher must treat that as not supported, not crash.
-func TestHealthIncompleteMock(t *testing.T) {
+func TestIncompleteMock(t *testing.T) {
 	var devs []gonvml.Device
 	for i := range 2 {
 		devs = append(devs, &mock.Device{GetUUIDFunc: func() (string, gonvml.Return) { return fmt.Sprintf("GPU-%d", i), gonvml.SUCCESS }})
@@ -737,8 +737,8 @@ func TestHealthIncompleteMock(t *testing.T) {
 			return devs[i], gonvml.SUCCESS
 		},
 	}
-	var log healthLog
-	w := NewHealthWatcher(lib, nil, WithHealthLogger(slog.New(slog.NewTextHandler(&log, nil))), WithHealthInterval(10*time.Millisecond))
+	var log logBuffer
+	w := NewWatcher(lib, nil, WithLogger(slog.New(slog.NewTextHandler(&log, nil))), WithInterval(10*time.Millisecond))
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	if err := w.Run(ctx); err != nil {
@@ -752,35 +752,35 @@ func TestHealthIncompleteMock(t *testing.T) {
 	}
 }
 
-func TestHealthRanksFollowGenerations(t *testing.T) {
-	f := newHealthFixture(t)
+func TestRanksFollowGenerations(t *testing.T) {
+	f := newFixture(t)
 	w, _ := f.start(t)
 	f.inject(t, 3, gonvml.EventTypeXidCriticalError, 13)
-	if got := await(t, w, time.Second, func(h HealthFinding) bool { return h.XID == 13 }); !slices.Equal(got.Ranks, []int{3, 11}) {
+	if got := await(t, w, time.Second, func(h Finding) bool { return h.XID == 13 }); !slices.Equal(got.Ranks, []int{3, 11}) {
 		t.Errorf("generation 0 ranks %v, want [3 11]", got.Ranks)
 	}
 	f.setRanks(map[int][]int{3: {19}}) // the next generation put rank 19 on GPU 3
 	f.inject(t, 3, gonvml.EventTypeXidCriticalError, 13)
-	if got := await(t, w, time.Second, func(h HealthFinding) bool { return h.XID == 13 }); !slices.Equal(got.Ranks, []int{19}) {
+	if got := await(t, w, time.Second, func(h Finding) bool { return h.XID == 13 }); !slices.Equal(got.Ranks, []int{19}) {
 		t.Errorf("generation 1 ranks %v, want [19]", got.Ranks)
 	}
 }
 
-func TestHealthXIDOverride(t *testing.T) {
-	f := newHealthFixture(t)
-	w, _ := f.start(t, WithHealthXIDActions(map[uint64]HealthAction{63: ActionIgnore, 13: ActionDrainNode}))
+func TestXIDOverride(t *testing.T) {
+	f := newFixture(t)
+	w, _ := f.start(t, WithXIDActions(map[uint64]Action{63: ActionIgnore, 13: ActionDrainNode}))
 	for _, tc := range []struct {
 		event uint64
-		kind  HealthKind
+		kind  Kind
 		xid   uint64
-		want  HealthAction
+		want  Action
 	}{
-		{gonvml.EventTypeXidCriticalError, HealthKindXID, 63, ActionIgnore},
-		{gonvml.EventTypeXidCriticalError, HealthKindXID, 13, ActionDrainNode},
-		{gonvml.EventTypeDramRetirementEvent, HealthKindECC, 0, ActionIgnore}, // follows Xid 63's action
+		{gonvml.EventTypeXidCriticalError, KindXID, 63, ActionIgnore},
+		{gonvml.EventTypeXidCriticalError, KindXID, 13, ActionDrainNode},
+		{gonvml.EventTypeDramRetirementEvent, KindECC, 0, ActionIgnore}, // follows Xid 63's action
 	} {
 		f.inject(t, 0, tc.event, tc.xid)
-		got := await(t, w, time.Second, func(h HealthFinding) bool { return h.Kind == tc.kind && h.XID == tc.xid })
+		got := await(t, w, time.Second, func(h Finding) bool { return h.Kind == tc.kind && h.XID == tc.xid })
 		if got.Action != tc.want {
 			t.Errorf("%s %d: action %v, want %v", tc.kind, tc.xid, got.Action, tc.want)
 		}
@@ -789,8 +789,8 @@ func TestHealthXIDOverride(t *testing.T) {
 
 // A transient error is retried at every poll (logged once), unlike
 // NOT_SUPPORTED.
-func TestHealthTransientErrorRetried(t *testing.T) {
-	f := newHealthFixture(t)
+func TestTransientErrorRetried(t *testing.T) {
+	f := newFixture(t)
 	var calls atomic.Int32
 	f.gpu(0).GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) {
 		if calls.Add(1) <= 3 {
@@ -799,7 +799,7 @@ func TestHealthTransientErrorRetried(t *testing.T) {
 		return 99, gonvml.SUCCESS
 	}
 	w, _ := f.start(t)
-	got := await(t, w, time.Second, func(h HealthFinding) bool { return h.Kind == HealthKindTemperature })
+	got := await(t, w, time.Second, func(h Finding) bool { return h.Kind == KindTemperature })
 	if got.GPU != 0 || !strings.Contains(got.Message, "99 °C") {
 		t.Errorf("finding %+v, want GPU 0 at 99 °C", got)
 	}
@@ -814,11 +814,11 @@ func TestHealthTransientErrorRetried(t *testing.T) {
 
 // A consumer that selects on Ready with other channels, as the agent's
 // monitor loop does; findings carry the injected clock's time.
-func TestHealthReadyDrain(t *testing.T) {
-	f := newHealthFixture(t)
+func TestReadyDrain(t *testing.T) {
+	f := newFixture(t)
 	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	nvlinkCounters(50)(f.gpu(7))
-	w, _ := f.start(t, WithHealthClock(func() time.Time { return at }), WithHealthNVLinkErrorLimit(40))
+	w, _ := f.start(t, WithClock(func() time.Time { return at }), WithNVLinkErrorLimit(40))
 	timeout := time.After(time.Second)
 	for {
 		select {
@@ -827,7 +827,7 @@ func TestHealthReadyDrain(t *testing.T) {
 			t.Fatal("no NVLink finding within 1s")
 		}
 		for _, got := range w.Drain() {
-			if got.Kind != HealthKindNVLink {
+			if got.Kind != KindNVLink {
 				continue
 			}
 			if got.Action != ActionResetGPU || !got.Time.Equal(at) || got.GPU != 7 {

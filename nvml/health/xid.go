@@ -1,4 +1,4 @@
-package nvml
+package health
 
 import (
 	"fmt"
@@ -6,13 +6,13 @@ import (
 	"slices"
 )
 
-// HealthAction is what the agent should do about a GPU health finding, from
-// least to most disruptive; the order is what HealthDecide compares.
-type HealthAction int
+// Action is what the agent should do about a GPU health finding, from
+// least to most disruptive; the order is what Decide compares.
+type Action int
 
 const (
 	// ActionIgnore: nothing to do; the finding is logged and reported.
-	ActionIgnore HealthAction = iota
+	ActionIgnore Action = iota
 	// ActionRestartWorkers: the workers on the GPU cannot go on (their CUDA
 	// context is gone) but the GPU is healthy: stop the worker group and
 	// start a new generation on the same GPUs.
@@ -32,8 +32,10 @@ const (
 
 var actionNames = [...]string{"ignore", "restart-workers", "reset-gpu", "drain-node"}
 
-// String returns "ignore", "restart-workers", "reset-gpu" or "drain-node".
-func (a HealthAction) String() string {
+// String returns "ignore", "restart-workers", "reset-gpu" or "drain-node";
+// "HealthAction(n)" for a value out of range, as before the type moved here
+// from package nvml.
+func (a Action) String() string {
 	if a >= 0 && int(a) < len(actionNames) {
 		return actionNames[a]
 	}
@@ -41,7 +43,7 @@ func (a HealthAction) String() string {
 }
 
 // MarshalText encodes the action as its String form.
-func (a HealthAction) MarshalText() ([]byte, error) {
+func (a Action) MarshalText() ([]byte, error) {
 	if a < 0 || int(a) >= len(actionNames) {
 		return nil, fmt.Errorf("marshal health action %d: out of range", int(a))
 	}
@@ -49,10 +51,10 @@ func (a HealthAction) MarshalText() ([]byte, error) {
 }
 
 // UnmarshalText decodes a String form ("reset-gpu").
-func (a *HealthAction) UnmarshalText(b []byte) error {
+func (a *Action) UnmarshalText(b []byte) error {
 	for i, n := range actionNames {
 		if n == string(b) {
-			*a = HealthAction(i)
+			*a = Action(i)
 			return nil
 		}
 	}
@@ -63,11 +65,11 @@ func (a *HealthAction) UnmarshalText(b []byte) error {
 // immediate action NVIDIA's XID catalog recommends ("Resolution Bucket
 // (Immediate Action)"), and the action ddp-agent takes.
 type XIDInfo struct {
-	Code        uint64       `json:"code"`
-	Mnemonic    string       `json:"mnemonic"`
-	Description string       `json:"description"`
-	NVIDIA      string       `json:"nvidia_action"` // the catalog's immediate-action bucket, "" where it has none
-	Action      HealthAction `json:"action"`
+	Code        uint64 `json:"code"`
+	Mnemonic    string `json:"mnemonic"`
+	Description string `json:"description"`
+	NVIDIA      string `json:"nvidia_action"` // the catalog's immediate-action bucket, "" where it has none
+	Action      Action `json:"action"`
 }
 
 // XIDUnknown is the code NVML reports in an XID event when the driver's XID

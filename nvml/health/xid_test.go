@@ -1,4 +1,4 @@
-package nvml
+package health
 
 import (
 	"encoding/json"
@@ -11,7 +11,7 @@ func TestXIDClassify(t *testing.T) {
 	tests := []struct {
 		name string
 		code uint64
-		want HealthAction
+		want Action
 	}{
 		{"13 graphics engine exception", 13, ActionRestartWorkers},
 		{"31 GPU memory page fault", 31, ActionRestartWorkers},
@@ -80,24 +80,24 @@ func TestXIDCatalog(t *testing.T) {
 	}
 }
 
-func TestHealthActionText(t *testing.T) {
+func TestActionText(t *testing.T) {
 	for a := ActionIgnore; a <= ActionDrainNode; a++ {
 		b, err := a.MarshalText()
 		if err != nil {
 			t.Fatalf("MarshalText(%d): %v", a, err)
 		}
-		var got HealthAction
+		var got Action
 		if err := got.UnmarshalText(b); err != nil || got != a {
 			t.Errorf("round trip of %v: got %v, %v", a, got, err)
 		}
 	}
-	if _, err := HealthAction(7).MarshalText(); err == nil {
+	if _, err := Action(7).MarshalText(); err == nil {
 		t.Error("MarshalText(7) succeeded, want an error")
 	}
-	if s := HealthAction(7).String(); s != "HealthAction(7)" {
+	if s := Action(7).String(); s != "HealthAction(7)" {
 		t.Errorf("String() = %q, want HealthAction(7)", s)
 	}
-	b, err := json.Marshal(HealthFinding{GPU: 3, UUID: "GPU-x", Ranks: []int{3, 11}, Kind: HealthKindXID, XID: 48, Action: ActionResetGPU, Count: 1})
+	b, err := json.Marshal(Finding{GPU: 3, UUID: "GPU-x", Ranks: []int{3, 11}, Kind: KindXID, XID: 48, Action: ActionResetGPU, Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,18 +108,18 @@ func TestHealthActionText(t *testing.T) {
 	}
 }
 
-func TestHealthDecide(t *testing.T) {
-	f := func(actions ...HealthAction) []HealthFinding {
-		var out []HealthFinding
+func TestDecide(t *testing.T) {
+	f := func(actions ...Action) []Finding {
+		var out []Finding
 		for _, a := range actions {
-			out = append(out, HealthFinding{Action: a})
+			out = append(out, Finding{Action: a})
 		}
 		return out
 	}
 	tests := []struct {
 		name     string
-		findings []HealthFinding
-		want     HealthAction
+		findings []Finding
+		want     Action
 	}{
 		{"none", nil, ActionIgnore},
 		{"warnings only", f(ActionIgnore, ActionIgnore), ActionIgnore},
@@ -129,8 +129,8 @@ func TestHealthDecide(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := HealthDecide(tc.findings); got != tc.want {
-				t.Errorf("HealthDecide = %v, want %v", got, tc.want)
+			if got := Decide(tc.findings); got != tc.want {
+				t.Errorf("Decide = %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/ddp-agent/ddp-agent/nvml"
+	"github.com/ddp-agent/ddp-agent/nvml/health"
 	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
 
@@ -87,9 +88,9 @@ func TestEventsInject(t *testing.T) {
 		t.Fatalf("discover after QuietPolls: %v, %+v", err, topo)
 	}
 
-	w := nvml.NewHealthWatcher(s, nil,
-		nvml.WithHealthInterval(20*time.Millisecond),
-		nvml.WithHealthLogger(slog.New(slog.DiscardHandler)))
+	w := health.NewWatcher(s, nil,
+		health.WithInterval(20*time.Millisecond),
+		health.WithLogger(slog.New(slog.DiscardHandler)))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
@@ -106,16 +107,16 @@ func TestEventsInject(t *testing.T) {
 	}
 	nctx, ncancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer ncancel()
-	var got []nvml.HealthFinding
-	for !slices.ContainsFunc(got, func(f nvml.HealthFinding) bool { return f.XID == 79 }) {
+	var got []health.Finding
+	for !slices.ContainsFunc(got, func(f health.Finding) bool { return f.XID == 79 }) {
 		fs, err := w.Next(nctx)
 		if err != nil {
 			t.Fatalf("no XID 79 finding; saw %+v", got)
 		}
 		got = append(got, fs...)
 	}
-	f := got[slices.IndexFunc(got, func(f nvml.HealthFinding) bool { return f.XID == 79 })]
-	if uuid := s.Devices[2].(*dgxa100.Device).UUID; f.GPU != 2 || f.UUID != uuid || f.Kind != nvml.HealthKindXID || f.Action != nvml.ActionDrainNode {
+	f := got[slices.IndexFunc(got, func(f health.Finding) bool { return f.XID == 79 })]
+	if uuid := s.Devices[2].(*dgxa100.Device).UUID; f.GPU != 2 || f.UUID != uuid || f.Kind != health.KindXID || f.Action != health.ActionDrainNode {
 		t.Errorf("finding %+v, want XID on GPU 2 (%s), drain-node", f, uuid)
 	}
 

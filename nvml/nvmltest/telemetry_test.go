@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/ddp-agent/ddp-agent/nvml"
+	"github.com/ddp-agent/ddp-agent/nvml/health"
 	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
 
@@ -32,9 +33,9 @@ func TestTelemetry(t *testing.T) {
 		t.Errorf("GPU6 processes %+v, want the worker with PID 4106", p)
 	}
 
-	w := nvml.NewHealthWatcher(s, nil,
-		nvml.WithHealthInterval(10*time.Millisecond),
-		nvml.WithHealthLogger(slog.New(slog.DiscardHandler)))
+	w := health.NewWatcher(s, nil,
+		health.WithInterval(10*time.Millisecond),
+		health.WithLogger(slog.New(slog.DiscardHandler)))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
@@ -74,9 +75,9 @@ func TestTelemetry(t *testing.T) {
 			t.Fatal("no clocks finding for GPU6")
 		}
 		for _, f := range fs {
-			if f.Kind == nvml.HealthKindClocks && f.GPU == 6 && strings.Contains(f.Message, "hw-thermal-slowdown") {
+			if f.Kind == health.KindClocks && f.GPU == 6 && strings.Contains(f.Message, "hw-thermal-slowdown") {
 				found = true
-			} else if f.Kind != nvml.HealthKindTemperature || f.GPU != 6 {
+			} else if f.Kind != health.KindTemperature || f.GPU != 6 {
 				t.Errorf("unexpected finding %+v", f)
 			}
 		}

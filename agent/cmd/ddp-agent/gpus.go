@@ -15,6 +15,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/nvml"
+	"github.com/ddp-agent/ddp-agent/nvml/health"
 )
 
 // bindCommand is the hidden command the agent starts bound workers
@@ -180,8 +181,8 @@ func (n *gpuNode) place(cfg *launch.Config, log *slog.Logger) (*agent.GPUs, erro
 	}
 	g := &agent.GPUs{Topology: n.topo, Plan: plan, Binding: mode, Bind: exe}
 	if lib := n.lib; lib != nil {
-		g.Watch = func(devs []nvml.HealthDevice, opts ...nvml.HealthOption) *nvml.HealthWatcher {
-			return nvml.NewHealthWatcher(lib, devs, opts...)
+		g.Watch = func(devs []health.Device, opts ...health.Option) *health.Watcher {
+			return health.NewWatcher(lib, devs, opts...)
 		}
 		g.State = func(uuid string) (nvml.GPUState, error) { return nvml.ReadGPUState(lib, uuid) }
 	}
