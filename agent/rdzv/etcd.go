@@ -61,13 +61,11 @@ type Etcd struct {
 	bg     context.Context
 	stopBG context.CancelFunc
 
-	mu        sync.Mutex
-	lease     clientv3.LeaseID
-	leaseLost chan struct{} // closed when lease is lost
-	stopKA    context.CancelFunc
-	state     NodeState
-	lastGen   uint64 // the last generation this node ran, +1 (0: none yet)
-	opened    time.Time
+	mu      sync.Mutex
+	lease   *nodeLease // nil until Open registers; replaced when lost
+	state   NodeState
+	lastGen uint64 // the last generation this node ran, +1 (0: none yet)
+	opened  time.Time
 }
 
 // Open joins the job's rendezvous: it checks that the store belongs to
@@ -125,10 +123,11 @@ func (e *Etcd) key(k string) string { return e.cfg.Prefix + k }
 func (e *Etcd) Close() {
 	e.stopBG()
 	e.mu.Lock()
-	if e.stopKA != nil {
-		e.stopKA()
-	}
+	l := e.lease
 	e.mu.Unlock()
+	if l != nil {
+		l.end()
+	}
 	if e.probe != nil {
 		e.probe.Close()
 		e.probeWG.Wait()

@@ -4,49 +4,71 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
+// nodeLease is one lease of this node: its node entry, its join keys, its
+// round leadership and its stall reports live on it, so they all vanish
+// when the agent dies or is cut off for longer than the TTL. etcd's
+// concurrency.Session keeps it alive and closes Done when it is lost.
+type nodeLease struct {
+	*concurrency.Session
+	// ended: this agent stopped the keep-alives itself (Close, or the
+	// store said the lease is gone), so the loss is no news to warn about.
+	ended atomic.Bool
+}
+
+// end stops keeping l alive, which closes its Done channel.
+func (l *nodeLease) end() {
+	l.ended.Store(true)
+	l.Orphan()
+}
+
 // register puts this node's entry on a fresh lease and keeps it alive.
+//
+// It grants the lease itself and hands it to concurrency.Session only once
+// the node key is on it (WithLease): the node key goes in first, because a
+// lease kept alive without its node key would make a node nobody can see
+// die; if the put fails, the lease is revoked and never kept alive.
 func (e *Etcd) register(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	ttl := int64((e.cfg.TTL + time.Second - 1) / time.Second)
-	g, err := e.cli.Grant(ctx, max(ttl, 1))
+	ttl := max(int64((e.cfg.TTL+time.Second-1)/time.Second), 1)
+	g, err := e.cli.Grant(ctx, ttl)
 	if err != nil {
 		return fmt.Errorf("rendezvous store at %s: grant lease: %w", e.cfg.Endpoint, err)
 	}
-	// The node key goes in first: a lease that is kept alive without its
-	// node key would make a node nobody can see die.
 	if err := e.putNodeOn(ctx, g.ID, NodeActive, ""); err != nil {
-		revokeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		revokeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		_, _ = e.cli.Revoke(revokeCtx, g.ID)
 		cancel()
 		return err
 	}
-	kaCtx, stopKA := context.WithCancel(context.Background())
-	ka, err := e.cli.KeepAlive(kaCtx, g.ID)
+	// The keep-alives last until Close (e.bg) or end, not just this call.
+	s, err := concurrency.NewSession(e.cli, concurrency.WithLease(g.ID), concurrency.WithTTL(int(ttl)), concurrency.WithContext(e.bg))
 	if err != nil {
-		stopKA()
 		return fmt.Errorf("rendezvous store at %s: keep lease alive: %w", e.cfg.Endpoint, err)
 	}
-	lost := make(chan struct{})
+	l := &nodeLease{Session: s}
 	e.mu.Lock()
-	if e.stopKA != nil {
-		e.stopKA()
-	}
-	e.lease, e.leaseLost, e.stopKA = g.ID, lost, stopKA
+	old := e.lease
+	e.lease = l
 	e.mu.Unlock()
+	if old != nil {
+		old.end()
+	}
 	go func() {
-		for range ka { // the client closes ka when the lease expires or cannot be renewed in time
-		}
-		close(lost)
+		// The client ends the keep-alives when the lease expires or cannot
+		// be renewed in time.
+		<-l.Done()
 		e.mu.Lock()
 		leaving := e.state != NodeActive
 		e.mu.Unlock()
-		if kaCtx.Err() == nil && !leaving {
+		if !l.ended.Load() && e.bg.Err() == nil && !leaving {
 			e.log.Warn("lost this node's lease on the rendezvous store", "store", e.cfg.Endpoint, "lease", fmt.Sprintf("%x", int64(g.ID)))
 		}
 	}()
@@ -57,18 +79,22 @@ func (e *Etcd) register(ctx context.Context) error {
 // says it no longer exists before the keep-alive loop noticed.
 func (e *Etcd) markLeaseLost() {
 	e.mu.Lock()
-	stop := e.stopKA
+	l := e.lease
 	e.mu.Unlock()
-	if stop != nil {
-		stop() // ends the keep-alive loop, which closes leaseLost
+	if l != nil {
+		l.end()
 	}
 }
 
-// leaseChan returns the channel closed when the current lease is lost.
+// leaseChan returns the current lease and the channel closed when it is
+// lost (0 and nil before the first register).
 func (e *Etcd) leaseChan() (clientv3.LeaseID, <-chan struct{}) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.lease, e.leaseLost
+	if e.lease == nil {
+		return clientv3.NoLease, nil
+	}
+	return e.lease.Lease(), e.lease.Done()
 }
 
 // ensureLease registers again after the lease was lost (store restarted,
@@ -84,11 +110,13 @@ func (e *Etcd) ensureLease(ctx context.Context) error {
 	return e.register(ctx)
 }
 
+// putNode rewrites this node's entry on the current lease.
 func (e *Etcd) putNode(ctx context.Context, st NodeState, reason string) error {
 	lease, _ := e.leaseChan()
 	return e.putNodeOn(ctx, lease, st, reason)
 }
 
+// putNodeOn writes this node's entry on lease.
 func (e *Etcd) putNodeOn(ctx context.Context, lease clientv3.LeaseID, st NodeState, reason string) error {
 	info := NodeInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, PID: os.Getpid(), NProc: e.cfg.NProc,
 		Lease: int64(lease), Probe: e.probe.Addr().String(), State: st, Reason: reason, Started: time.Now(), GPUs: e.cfg.GPUs}

@@ -125,7 +125,10 @@ func (e *Etcd) Leave(reason string) {
 	if st == NodeActive {
 		e.state = NodeLeft
 	}
-	lease := e.lease
+	lease := clientv3.NoLease
+	if e.lease != nil {
+		lease = e.lease.Lease()
+	}
 	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -134,7 +137,7 @@ func (e *Etcd) Leave(reason string) {
 			e.log.Debug("mark node left", "err", err)
 		}
 	}
-	if lease != 0 {
+	if lease != clientv3.NoLease {
 		if _, err := e.cli.Revoke(ctx, lease); err != nil {
 			e.log.Debug("revoke lease", "err", err)
 		}
