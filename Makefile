@@ -62,7 +62,7 @@ lint:
 	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./...
 
 fuzz:
-	@go=$$(scripts/deps.sh go) && $$go test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./agent/control
+	@go=$$(scripts/deps.sh go) && $$go test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./wire
 
 clean:
 	rm -rf bin .cache

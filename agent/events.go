@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // eventTally counts the collective timing events that the workers' shims
@@ -23,7 +23,7 @@ type eventTally struct {
 func newEventTally() *eventTally { return &eventTally{ranks: map[int]bool{}} }
 
 // add is the control server's OnEvents; it runs on connection goroutines.
-func (t *eventTally) add(rank int, ev control.Events) {
+func (t *eventTally) add(rank int, ev wire.Events) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.received += uint64(len(ev.Events))

@@ -18,6 +18,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // allReducer is a connected transport, as the executor uses it.
@@ -142,7 +143,7 @@ func (c *comm) info() (string, error) {
 func (c *comm) bootstrapAgent() error {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
 	defer cancel()
-	hello := control.Hello{Rank: int32(*c.cfg.GlobalRank), LocalRank: int32(c.cfg.LocalRank), PID: int32(os.Getpid()),
+	hello := wire.Hello{Rank: int32(*c.cfg.GlobalRank), LocalRank: int32(c.cfg.LocalRank), PID: int32(os.Getpid()),
 		Generation: c.cfg.Generation, Transports: []string{c.cfg.Transport}}
 	cl, w, err := control.Dial(ctx, c.cfg.Socket, hello)
 	if err != nil {
@@ -185,7 +186,7 @@ func (c *comm) bootstrapAgent() error {
 			if cause := context.Cause(c.ctx); cause != nil {
 				return aborted(fmt.Errorf("waiting for the address of rank %d: %w", r, cause))
 			}
-			if errors.Is(err, control.ErrTimeout) || ctx.Err() != nil {
+			if errors.Is(err, wire.ErrTimeout) || ctx.Err() != nil {
 				return errorf(rcTimeout, "rank %d did not publish its address within %v: %w", r, c.cfg.timeout(), err)
 			}
 			return errorf(rcUnavailable, "address of rank %d from the agent: %w", r, err)
@@ -332,7 +333,7 @@ func (c *comm) run(tr allReducer, w *work) {
 	}
 	end := time.Now()
 	if c.events != nil {
-		c.events.push(control.CollectiveEvent{
+		c.events.push(wire.CollectiveEvent{
 			Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)), DType: uint8(w.dt),
 			Status: uint8(statusOf(err)), TArrive: w.arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
 		})

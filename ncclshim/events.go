@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // Event shipping: the executor records one event per collective into a
@@ -20,12 +20,12 @@ const (
 
 // eventSink is what the shipper sends batches to: the control client.
 type eventSink interface {
-	SendEvents(control.Events) error
+	SendEvents(wire.Events) error
 }
 
 type eventRing struct {
 	mu      sync.Mutex
-	buf     []control.CollectiveEvent
+	buf     []wire.CollectiveEvent
 	head    int // index of the oldest event
 	n       int
 	dropped uint64 // since the last batch taken
@@ -36,11 +36,11 @@ type eventRing struct {
 }
 
 func newEventRing() *eventRing {
-	return &eventRing{buf: make([]control.CollectiveEvent, eventRingSize), kick: make(chan struct{}, 1)}
+	return &eventRing{buf: make([]wire.CollectiveEvent, eventRingSize), kick: make(chan struct{}, 1)}
 }
 
 // push records ev, or counts it as dropped when the ring is full.
-func (r *eventRing) push(ev control.CollectiveEvent) {
+func (r *eventRing) push(ev wire.CollectiveEvent) {
 	r.mu.Lock()
 	if r.n == len(r.buf) {
 		r.dropped++
@@ -61,11 +61,11 @@ func (r *eventRing) push(ev control.CollectiveEvent) {
 }
 
 // take removes up to eventBatchMax events and the dropped count.
-func (r *eventRing) take() control.Events {
+func (r *eventRing) take() wire.Events {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := min(r.n, eventBatchMax)
-	ev := control.Events{Dropped: r.dropped, Events: make([]control.CollectiveEvent, k)}
+	ev := wire.Events{Dropped: r.dropped, Events: make([]wire.CollectiveEvent, k)}
 	for i := range k {
 		ev.Events[i] = r.buf[(r.head+i)%len(r.buf)]
 	}
@@ -76,7 +76,7 @@ func (r *eventRing) take() control.Events {
 }
 
 // settle accounts for a batch: sent, or lost with the connection.
-func (r *eventRing) settle(ev control.Events, err error) {
+func (r *eventRing) settle(ev wire.Events, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
@@ -141,7 +141,7 @@ func (c *comm) reportInFlight() {
 		return
 	}
 	old := time.Now().Add(-inFlightAfter)
-	var evs []control.CollectiveEvent
+	var evs []wire.CollectiveEvent
 	c.mu.Lock()
 	works := c.queue
 	if c.running != nil {
@@ -150,7 +150,7 @@ func (c *comm) reportInFlight() {
 	for _, w := range works {
 		if !w.reported && w.arrive.Before(old) {
 			w.reported = true
-			evs = append(evs, control.CollectiveEvent{Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)),
+			evs = append(evs, wire.CollectiveEvent{Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)),
 				DType: uint8(w.dt), Status: statusInFlight, TArrive: w.arrive.UnixNano(), TStart: w.started.Load()})
 		}
 	}
@@ -158,7 +158,7 @@ func (c *comm) reportInFlight() {
 	c.mu.Unlock()
 	if watch != nil {
 		for _, f := range watch.unfinished(old) {
-			evs = append(evs, control.CollectiveEvent{Step: f.step, Bucket: uint32(f.bucket), Bytes: f.bytes,
+			evs = append(evs, wire.CollectiveEvent{Step: f.step, Bucket: uint32(f.bucket), Bytes: f.bytes,
 				DType: f.dt, Status: statusInFlight, TArrive: f.arrive.UnixNano(), TStart: f.enqueued.UnixNano()})
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // The NCCL transport. Unlike the host transport, whose collectives run in
@@ -91,7 +92,7 @@ func (c *comm) bootstrapAgentNCCL(ctx context.Context, cl *control.Client) error
 		if cause := context.Cause(c.ctx); cause != nil {
 			return aborted(fmt.Errorf("waiting for the NCCL unique id: %w", cause))
 		}
-		if errors.Is(err, control.ErrTimeout) || ctx.Err() != nil {
+		if errors.Is(err, wire.ErrTimeout) || ctx.Err() != nil {
 			return errorf(rcTimeout, "rank 0 did not publish the NCCL unique id within %v: %w", c.cfg.timeout(), err)
 		}
 		return errorf(rcUnavailable, "NCCL unique id from the agent: %w", err)

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -74,14 +74,14 @@ func TestBlob(t *testing.T) {
 	}
 }
 
-type sinkFunc func(control.Events) error
+type sinkFunc func(wire.Events) error
 
-func (f sinkFunc) SendEvents(ev control.Events) error { return f(ev) }
+func (f sinkFunc) SendEvents(ev wire.Events) error { return f(ev) }
 
 func TestEventRingDropsInsteadOfBlocking(t *testing.T) {
 	r := newEventRing()
 	for i := range eventRingSize + 10 {
-		r.push(control.CollectiveEvent{Step: uint64(i)})
+		r.push(wire.CollectiveEvent{Step: uint64(i)})
 	}
 	ev := r.take()
 	if len(ev.Events) != eventBatchMax || ev.Dropped != 10 || ev.Events[0].Step != 0 {
@@ -101,8 +101,8 @@ func TestEventRingDropsInsteadOfBlocking(t *testing.T) {
 func TestEventRingShipsAndFlushes(t *testing.T) {
 	r := newEventRing()
 	var mu sync.Mutex
-	var got []control.CollectiveEvent
-	sink := sinkFunc(func(ev control.Events) error {
+	var got []wire.CollectiveEvent
+	sink := sinkFunc(func(ev wire.Events) error {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, ev.Events...)
@@ -115,7 +115,7 @@ func TestEventRingShipsAndFlushes(t *testing.T) {
 		close(done)
 	}()
 	for i := range 2500 {
-		r.push(control.CollectiveEvent{Step: uint64(i)})
+		r.push(wire.CollectiveEvent{Step: uint64(i)})
 	}
 	cancel() // the final flush sends what is left
 	<-done

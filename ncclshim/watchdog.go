@@ -8,9 +8,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // The NCCL transport's watchdog. ddpshim_allreduce returns once NCCL has
@@ -427,7 +427,7 @@ func (c *comm) pushEvent(f flight, start, end time.Time, err error) {
 	if c.events == nil {
 		return
 	}
-	c.events.push(control.CollectiveEvent{
+	c.events.push(wire.CollectiveEvent{
 		Step: f.step, Bucket: uint32(f.bucket), Bytes: f.bytes, DType: f.dt, Status: uint8(statusOf(err)),
 		TArrive: f.arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
 	})

@@ -12,10 +12,10 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // gpuWorld is ncclWorld with the fake's CUDA driver too, so the watchdog
@@ -77,8 +77,8 @@ func gpuAllreduce(comms []*comm, streams []unsafe.Pointer, step uint64, bucket i
 }
 
 // waitEvents takes events from c's ring until n have come or 5 s pass.
-func waitEvents(c *comm, n int) []control.CollectiveEvent {
-	var got []control.CollectiveEvent
+func waitEvents(c *comm, n int) []wire.CollectiveEvent {
+	var got []wire.CollectiveEvent
 	deadline := time.Now().Add(5 * time.Second)
 	for len(got) < n && time.Now().Before(deadline) {
 		got = append(got, c.events.take().Events...)

@@ -1,4 +1,4 @@
-package control
+package wire
 
 import (
 	"bytes"
@@ -40,7 +40,7 @@ func sampleMessages() []struct {
 
 func encode(t testing.TB, id uint32, m Message) []byte {
 	t.Helper()
-	b, err := appendFrame(nil, id, m)
+	b, err := AppendFrame(nil, id, m)
 	if err != nil {
 		t.Fatalf("encode %v: %v", m.Type(), err)
 	}

@@ -1,4 +1,4 @@
-package control
+package wire
 
 import (
 	"bytes"

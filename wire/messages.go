@@ -1,6 +1,6 @@
-package control
+package wire
 
-import "fmt"
+import "time"
 
 // Message is one of the protocol messages: Hello, Welcome, KVSet, KVGet,
 // KVValue, OK, Events, Abort or Error. The set is closed; values are
@@ -35,12 +35,17 @@ type KVSet struct {
 	Value []byte
 }
 
-// KVGet waits up to TimeoutMillis (0 means the server default) for Key to
-// exist; the reply is KVValue or Error (CodeTimeout when it did not appear).
+// KVGet waits up to TimeoutMillis (0 means the server default, at most
+// MaxKVGetTimeout) for Key to exist; the reply is KVValue or Error
+// (CodeTimeout when it did not appear).
 type KVGet struct {
 	Key           string
 	TimeoutMillis uint32
 }
+
+// MaxKVGetTimeout is the longest a KVGet waits: the server caps
+// TimeoutMillis to it, the client never asks for more.
+const MaxKVGetTimeout = 10 * time.Minute
 
 // KVValue is the reply to a successful KVGet.
 type KVValue struct{ Value []byte }
@@ -55,21 +60,6 @@ type Events struct {
 	Events  []CollectiveEvent
 }
 
-// CollectiveEvent describes one collective operation; times are unix
-// nanoseconds.
-type CollectiveEvent struct {
-	Step    uint64
-	Bucket  uint32
-	Bytes   uint64
-	DType   uint8
-	Status  uint8
-	TArrive int64
-	TStart  int64
-	TEnd    int64
-}
-
-const collectiveEventSize = 8 + 4 + 8 + 1 + 1 + 3*8
-
 // Abort tells a worker to abort; the agent sends it unsolicited with id 0.
 type Abort struct{ Reason string }
 
@@ -77,26 +67,6 @@ type Abort struct{ Reason string }
 type Error struct {
 	Code    ErrorCode
 	Message string
-}
-
-// ErrorCode classifies an Error reply.
-type ErrorCode uint16
-
-// Error codes.
-const (
-	CodeBadRequest ErrorCode = iota + 1
-	CodeDenied
-	CodeTimeout
-	CodeStaleGeneration
-	CodeInternal
-)
-
-func (c ErrorCode) String() string {
-	names := [...]string{"", "bad request", "denied", "timeout", "stale generation", "internal"}
-	if c > 0 && int(c) < len(names) {
-		return names[c]
-	}
-	return fmt.Sprintf("code %d", uint16(c))
 }
 
 func (Hello) Type() MsgType   { return TypeHello }
@@ -156,29 +126,19 @@ func (m Events) encode(e *encoder) {
 	e.u64(m.Dropped)
 	e.u32(uint32(len(m.Events)))
 	for _, ev := range m.Events {
-		e.u64(ev.Step)
-		e.u32(ev.Bucket)
-		e.u64(ev.Bytes)
-		e.u8(ev.DType)
-		e.u8(ev.Status)
-		e.i64(ev.TArrive)
-		e.i64(ev.TStart)
-		e.i64(ev.TEnd)
+		e.b = AppendEvent(e.b, ev)
 	}
 }
 
 func decodeEvents(d *decoder) Events {
 	m := Events{Dropped: d.u64()}
-	n := d.count(collectiveEventSize)
+	n := d.count(EventSize)
 	if n == 0 {
 		return m
 	}
 	m.Events = make([]CollectiveEvent, n)
 	for i := range m.Events {
-		m.Events[i] = CollectiveEvent{
-			Step: d.u64(), Bucket: d.u32(), Bytes: d.u64(), DType: d.u8(), Status: d.u8(),
-			TArrive: d.i64(), TStart: d.i64(), TEnd: d.i64(),
-		}
+		m.Events[i] = DecodeEvent(d.take(EventSize, "collective event"))
 	}
 	return m
 }

@@ -8,42 +8,17 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // EventsWriteTimeout bounds Client.SendEvents.
 const EventsWriteTimeout = 100 * time.Millisecond
 
-// Errors of the client. A *RemoteError matches ErrTimeout, ErrDenied or
+// ErrClosed: the connection is closed or lost; calls fail with it. An Error
+// reply is a *wire.RemoteError, which matches wire.ErrTimeout, ErrDenied or
 // ErrStaleGeneration with errors.Is according to its code.
-var (
-	ErrClosed          = errors.New("control: connection closed")
-	ErrTimeout         = errors.New("control: timeout")
-	ErrDenied          = errors.New("control: denied")
-	ErrStaleGeneration = errors.New("control: stale generation")
-)
-
-// RemoteError is an Error reply from the agent.
-type RemoteError struct {
-	Code    ErrorCode
-	Message string
-}
-
-func (e *RemoteError) Error() string {
-	return fmt.Sprintf("control: agent replied %v: %s", e.Code, e.Message)
-}
-
-// Is reports whether the code of e corresponds to the sentinel target.
-func (e *RemoteError) Is(target error) bool {
-	switch target {
-	case ErrTimeout:
-		return e.Code == CodeTimeout
-	case ErrDenied:
-		return e.Code == CodeDenied
-	case ErrStaleGeneration:
-		return e.Code == CodeStaleGeneration
-	}
-	return false
-}
+var ErrClosed = errors.New("control: connection closed")
 
 // Client is the worker side of the control socket. A reader goroutine
 // dispatches replies to the waiting calls by request id. All methods are safe
@@ -63,24 +38,24 @@ type Client struct {
 }
 
 type reply struct {
-	m   Message
+	m   wire.Message
 	err error
 }
 
 // Dial connects to the agent's socket at path, sends hello and waits for
 // Welcome. ctx bounds the connect and the handshake only. A rejected Hello
 // returns an error wrapping a *RemoteError.
-func Dial(ctx context.Context, path string, hello Hello) (*Client, Welcome, error) {
+func Dial(ctx context.Context, path string, hello wire.Hello) (*Client, wire.Welcome, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return nil, Welcome{}, fmt.Errorf("dial control socket: %w", err)
+		return nil, wire.Welcome{}, fmt.Errorf("dial control socket: %w", err)
 	}
 	uc := nc.(*net.UnixConn)
 	w, err := handshake(ctx, uc, hello)
 	if err != nil {
 		uc.Close()
-		return nil, Welcome{}, fmt.Errorf("control handshake: %w", err)
+		return nil, wire.Welcome{}, fmt.Errorf("control handshake: %w", err)
 	}
 	c := &Client{
 		nc:      uc,
@@ -94,7 +69,7 @@ func Dial(ctx context.Context, path string, hello Hello) (*Client, Welcome, erro
 	return c, w, nil
 }
 
-func handshake(ctx context.Context, nc *net.UnixConn, hello Hello) (Welcome, error) {
+func handshake(ctx context.Context, nc *net.UnixConn, hello wire.Hello) (wire.Welcome, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		nc.SetDeadline(dl)
 	}
@@ -102,45 +77,45 @@ func handshake(ctx context.Context, nc *net.UnixConn, hello Hello) (Welcome, err
 	defer stop()
 	// A rejected peer may be answered and closed before Hello is read, so a
 	// write error is only reported if no reply can be read either.
-	werr := WriteFrame(nc, 1, hello)
-	f, err := ReadFrame(nc, MaxPayload)
+	werr := wire.WriteFrame(nc, 1, hello)
+	f, err := wire.ReadFrame(nc, wire.MaxPayload)
 	if ctx.Err() != nil {
-		return Welcome{}, ctx.Err()
+		return wire.Welcome{}, ctx.Err()
 	}
 	if err != nil {
-		return Welcome{}, errors.Join(werr, err)
+		return wire.Welcome{}, errors.Join(werr, err)
 	}
-	m, err := Decode(f)
+	m, err := wire.Decode(f)
 	if err != nil {
-		return Welcome{}, err
+		return wire.Welcome{}, err
 	}
 	switch m := m.(type) {
-	case Welcome:
+	case wire.Welcome:
 		if !stop() {
-			return Welcome{}, ctx.Err()
+			return wire.Welcome{}, ctx.Err()
 		}
 		nc.SetDeadline(time.Time{})
 		return m, nil
-	case Error:
-		return Welcome{}, &RemoteError{Code: m.Code, Message: m.Message}
+	case wire.Error:
+		return wire.Welcome{}, &wire.RemoteError{Code: m.Code, Message: m.Message}
 	}
-	return Welcome{}, fmt.Errorf("%w: got %v, want Welcome", ErrMalformed, f.Type)
+	return wire.Welcome{}, fmt.Errorf("%w: got %v, want Welcome", wire.ErrMalformed, f.Type)
 }
 
 func (c *Client) readLoop() {
 	defer close(c.done)
 	for {
-		f, err := ReadFrame(c.nc, MaxPayload)
-		var m Message
+		f, err := wire.ReadFrame(c.nc, wire.MaxPayload)
+		var m wire.Message
 		if err == nil {
-			m, err = Decode(f)
+			m, err = wire.Decode(f)
 		}
 		if err != nil {
 			c.nc.Close()
 			c.fail(err)
 			return
 		}
-		if a, ok := m.(Abort); ok {
+		if a, ok := m.(wire.Abort); ok {
 			c.abort(a.Reason)
 			continue
 		}
@@ -219,7 +194,7 @@ func (c *Client) Close() error {
 // KVSet stores value under key for the current generation. It blocks until
 // the agent replies or ctx is done.
 func (c *Client) KVSet(ctx context.Context, key string, value []byte) error {
-	if _, err := roundTrip[OK](ctx, c, KVSet{Key: key, Value: value}); err != nil {
+	if _, err := roundTrip[wire.OK](ctx, c, wire.KVSet{Key: key, Value: value}); err != nil {
 		return fmt.Errorf("kv set %q: %w", key, err)
 	}
 	return nil
@@ -232,9 +207,9 @@ func (c *Client) KVSet(ctx context.Context, key string, value []byte) error {
 func (c *Client) KVGet(ctx context.Context, key string, timeout time.Duration) ([]byte, error) {
 	var ms uint32
 	if timeout > 0 {
-		ms = uint32(max(1, min(timeout.Milliseconds(), MaxKVGetTimeout.Milliseconds())))
+		ms = uint32(max(1, min(timeout.Milliseconds(), wire.MaxKVGetTimeout.Milliseconds())))
 	}
-	v, err := roundTrip[KVValue](ctx, c, KVGet{Key: key, TimeoutMillis: ms})
+	v, err := roundTrip[wire.KVValue](ctx, c, wire.KVGet{Key: key, TimeoutMillis: ms})
 	if err != nil {
 		return nil, fmt.Errorf("kv get %q: %w", key, err)
 	}
@@ -243,7 +218,7 @@ func (c *Client) KVGet(ctx context.Context, key string, timeout time.Duration) (
 
 // SendEvents sends ev without waiting for a reply. It never blocks longer
 // than EventsWriteTimeout and returns an error instead.
-func (c *Client) SendEvents(ev Events) error {
+func (c *Client) SendEvents(ev wire.Events) error {
 	if err := c.write(nil, time.Now().Add(EventsWriteTimeout), 0, ev); err != nil {
 		return fmt.Errorf("send events: %w", err)
 	}
@@ -251,7 +226,7 @@ func (c *Client) SendEvents(ev Events) error {
 }
 
 // roundTrip sends the request m and returns its reply, which must be a T.
-func roundTrip[T Message](ctx context.Context, c *Client, m Message) (T, error) {
+func roundTrip[T wire.Message](ctx context.Context, c *Client, m wire.Message) (T, error) {
 	var want T
 	r, err := c.call(ctx, m)
 	if err != nil {
@@ -259,14 +234,14 @@ func roundTrip[T Message](ctx context.Context, c *Client, m Message) (T, error) 
 	}
 	got, ok := r.(T)
 	if !ok {
-		return want, fmt.Errorf("%w: got %v reply, want %v", ErrMalformed, r.Type(), want.Type())
+		return want, fmt.Errorf("%w: got %v reply, want %v", wire.ErrMalformed, r.Type(), want.Type())
 	}
 	return got, nil
 }
 
 // call sends the request m and waits for its reply; an Error reply is
 // returned as a *RemoteError.
-func (c *Client) call(ctx context.Context, m Message) (Message, error) {
+func (c *Client) call(ctx context.Context, m wire.Message) (wire.Message, error) {
 	ch := make(chan reply, 1)
 	c.mu.Lock()
 	if c.err != nil {
@@ -284,7 +259,7 @@ func (c *Client) call(ctx context.Context, m Message) (Message, error) {
 
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = time.Now().Add(DefaultWriteTimeout)
+		deadline = time.Now().Add(wire.DefaultWriteTimeout)
 	}
 	if err := c.write(ctx.Done(), deadline, id, m); err != nil {
 		if ctx.Err() != nil {
@@ -295,8 +270,8 @@ func (c *Client) call(ctx context.Context, m Message) (Message, error) {
 	}
 	select {
 	case r := <-ch:
-		if e, ok := r.m.(Error); ok {
-			return nil, &RemoteError{Code: e.Code, Message: e.Message}
+		if e, ok := r.m.(wire.Error); ok {
+			return nil, &wire.RemoteError{Code: e.Code, Message: e.Message}
 		}
 		return r.m, r.err
 	case <-ctx.Done():
@@ -314,8 +289,8 @@ func (c *Client) forget(id uint32) {
 // write sends one frame, waiting for the write lock and the socket at most
 // until deadline, or until done is closed (nil: never). A frame that was
 // only partly written corrupts the stream, so the connection is closed then.
-func (c *Client) write(done <-chan struct{}, deadline time.Time, id uint32, m Message) error {
-	buf, err := appendFrame(nil, id, m)
+func (c *Client) write(done <-chan struct{}, deadline time.Time, id uint32, m wire.Message) error {
+	buf, err := wire.AppendFrame(nil, id, m)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"log/slog"
 	"net"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // leakCheck fails t if, after t's other cleanups, more goroutines are running
@@ -66,8 +69,8 @@ func authorizeSelf(pid int) (int, error) {
 	return 0, errors.New("unknown pid")
 }
 
-func selfHello(gen uint64) Hello {
-	return Hello{Rank: testRank, LocalRank: 1, PID: int32(os.Getpid()), Generation: gen, Transports: []string{"nccl"}}
+func selfHello(gen uint64) wire.Hello {
+	return wire.Hello{Rank: testRank, LocalRank: 1, PID: int32(os.Getpid()), Generation: gen, Transports: []string{"nccl"}}
 }
 
 // startServer listens with cfg (filling in test defaults) and runs the server
@@ -107,7 +110,7 @@ func startServer(t *testing.T, cfg Config) *Server {
 	return s
 }
 
-func dial(t *testing.T, s *Server, hello Hello) (*Client, Welcome) {
+func dial(t *testing.T, s *Server, hello wire.Hello) (*Client, wire.Welcome) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -129,13 +132,31 @@ func rawConn(t *testing.T, s *Server, hello bool) net.Conn {
 	}
 	t.Cleanup(func() { nc.Close() })
 	if hello {
-		if err := WriteFrame(nc, 1, selfHello(0)); err != nil {
+		if err := wire.WriteFrame(nc, 1, selfHello(0)); err != nil {
 			t.Fatalf("write hello: %v", err)
 		}
-		f, err := ReadFrame(nc, 0)
-		if err != nil || f.Type != TypeWelcome {
+		f, err := wire.ReadFrame(nc, 0)
+		if err != nil || f.Type != wire.TypeWelcome {
 			t.Fatalf("read welcome: got %v %v, want Welcome", f.Type, err)
 		}
 	}
 	return nc
+}
+
+// frame builds a raw frame with the given header fields and payload.
+func frame(magic uint16, version, typ uint8, length uint32, payload []byte) []byte {
+	b := binary.LittleEndian.AppendUint16(nil, magic)
+	b = append(b, version, typ)
+	b = binary.LittleEndian.AppendUint32(b, 1)
+	b = binary.LittleEndian.AppendUint32(b, length)
+	return append(b, payload...)
+}
+
+func encode(t testing.TB, id uint32, m wire.Message) []byte {
+	t.Helper()
+	b, err := wire.AppendFrame(nil, id, m)
+	if err != nil {
+		t.Fatalf("encode %v: %v", m.Type(), err)
+	}
+	return b
 }

@@ -16,15 +16,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // Server limits and defaults.
 const (
 	SocketName          = "control.sock"
 	DefaultKVGetTimeout = 60 * time.Second // KVGet with TimeoutMillis 0
-	MaxKVGetTimeout     = 10 * time.Minute
-	DefaultWriteTimeout = 5 * time.Second // server writes, client request writes
-	HandshakeTimeout    = 5 * time.Second // time a new connection has to send Hello
+	HandshakeTimeout    = 5 * time.Second  // time a new connection has to send Hello
 	kvSetTimeout        = 30 * time.Second
 	maxInflight         = 64 // concurrent KV requests per connection
 )
@@ -46,7 +46,7 @@ type Config struct {
 	// OnEvents, if not nil, receives the Events of a worker (ev may be
 	// retained). It is called from the connection goroutine and must not
 	// block long: the worker's other requests wait meanwhile.
-	OnEvents func(rank int, ev Events)
+	OnEvents func(rank int, ev wire.Events)
 	// WriteTimeout bounds every write to a worker; a worker that stops
 	// reading is disconnected after it. Zero means DefaultWriteTimeout.
 	WriteTimeout time.Duration
@@ -83,7 +83,7 @@ func Listen(cfg Config) (*Server, error) {
 		cfg.KV = NewMemKV()
 	}
 	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
+		cfg.WriteTimeout = wire.DefaultWriteTimeout
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, conns: make(map[*serverConn]struct{})}
 	if s.log == nil {
@@ -173,7 +173,7 @@ func (s *Server) Abort(reason string) int {
 	for _, c := range conns {
 		go func() {
 			defer wg.Done()
-			if c.send(0, Abort{Reason: reason}) == nil {
+			if c.send(0, wire.Abort{Reason: reason}) == nil {
 				sent.Add(1)
 			}
 		}()
@@ -268,22 +268,22 @@ func (c *serverConn) serve(ctx context.Context) {
 	c.log.Debug("worker connected")
 	sem := make(chan struct{}, maxInflight)
 	for {
-		f, err := ReadFrame(c.nc, MaxPayload)
+		f, err := wire.ReadFrame(c.nc, wire.MaxPayload)
 		if err != nil {
 			c.readFailed(ctx, 0, err)
 			return
 		}
-		m, err := Decode(f)
+		m, err := wire.Decode(f)
 		if err != nil {
 			c.readFailed(ctx, f.ID, err)
 			return
 		}
 		switch m := m.(type) {
-		case Events:
+		case wire.Events:
 			if c.s.cfg.OnEvents != nil {
 				c.s.cfg.OnEvents(c.rank, m)
 			}
-		case KVSet, KVGet:
+		case wire.KVSet, wire.KVGet:
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -296,7 +296,7 @@ func (c *serverConn) serve(ctx context.Context) {
 				c.request(ctx, f.ID, m)
 			}()
 		default:
-			c.readFailed(ctx, f.ID, fmt.Errorf("%w: unexpected %v message", ErrMalformed, m.Type()))
+			c.readFailed(ctx, f.ID, fmt.Errorf("%w: unexpected %v message", wire.ErrMalformed, m.Type()))
 			return
 		}
 	}
@@ -309,15 +309,15 @@ func (c *serverConn) readFailed(ctx context.Context, id uint32, err error) {
 		c.log.Debug("worker disconnected", "err", err)
 	case isProtocolError(err):
 		c.log.Warn("bad frame from worker, closing connection", "err", err)
-		c.send(id, Error{Code: CodeBadRequest, Message: err.Error()})
+		c.send(id, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
 	default:
 		c.log.Warn("read from worker", "err", err)
 	}
 }
 
 func isProtocolError(err error) bool {
-	return errors.Is(err, ErrMalformed) || errors.Is(err, ErrBadMagic) ||
-		errors.Is(err, ErrVersion) || errors.Is(err, ErrTooLarge)
+	return errors.Is(err, wire.ErrMalformed) || errors.Is(err, wire.ErrBadMagic) ||
+		errors.Is(err, wire.ErrVersion) || errors.Is(err, wire.ErrTooLarge)
 }
 
 // handshake checks the peer credentials and the Hello, registers the
@@ -329,38 +329,38 @@ func (c *serverConn) handshake() error {
 	}
 	c.log = c.log.With("pid", pid)
 	if uid != os.Getuid() {
-		c.send(0, Error{Code: CodeDenied, Message: "peer uid " + strconv.Itoa(uid) + " is not the agent's"})
-		return fmt.Errorf("peer uid %d: %w", uid, ErrDenied)
+		c.send(0, wire.Error{Code: wire.CodeDenied, Message: "peer uid " + strconv.Itoa(uid) + " is not the agent's"})
+		return fmt.Errorf("peer uid %d: %w", uid, wire.ErrDenied)
 	}
 	rank, err := c.s.cfg.Authorize(pid)
 	if err != nil {
-		c.send(0, Error{Code: CodeDenied, Message: "pid " + strconv.Itoa(pid) + " is not a worker of this agent"})
+		c.send(0, wire.Error{Code: wire.CodeDenied, Message: "pid " + strconv.Itoa(pid) + " is not a worker of this agent"})
 		return fmt.Errorf("authorize pid %d: %w", pid, err)
 	}
 	c.log = c.log.With("rank", rank)
 	c.rank = rank
 
 	c.nc.SetReadDeadline(time.Now().Add(HandshakeTimeout))
-	f, err := ReadFrame(c.nc, MaxPayload)
+	f, err := wire.ReadFrame(c.nc, wire.MaxPayload)
 	if err != nil {
 		if isProtocolError(err) {
-			c.send(0, Error{Code: CodeBadRequest, Message: err.Error()})
+			c.send(0, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
 		}
 		return fmt.Errorf("read hello: %w", err)
 	}
-	m, err := Decode(f)
-	hello, ok := m.(Hello)
+	m, err := wire.Decode(f)
+	hello, ok := m.(wire.Hello)
 	if err == nil && !ok {
-		err = fmt.Errorf("%w: first message is %v, want Hello", ErrMalformed, f.Type)
+		err = fmt.Errorf("%w: first message is %v, want Hello", wire.ErrMalformed, f.Type)
 	}
 	if err != nil {
-		c.send(f.ID, Error{Code: CodeBadRequest, Message: err.Error()})
+		c.send(f.ID, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
 		return fmt.Errorf("read hello: %w", err)
 	}
 	if int(hello.PID) != pid || int(hello.Rank) != rank {
 		msg := fmt.Sprintf("hello pid %d rank %d, but peer is pid %d rank %d", hello.PID, hello.Rank, pid, rank)
-		c.send(f.ID, Error{Code: CodeDenied, Message: msg})
-		return fmt.Errorf("check hello: %w: %s", ErrDenied, msg)
+		c.send(f.ID, wire.Error{Code: wire.CodeDenied, Message: msg})
+		return fmt.Errorf("check hello: %w: %s", wire.ErrDenied, msg)
 	}
 	c.nc.SetReadDeadline(time.Time{})
 	c.gen = hello.Generation
@@ -372,11 +372,11 @@ func (c *serverConn) handshake() error {
 	if hello.Generation != c.s.gen {
 		msg := fmt.Sprintf("hello generation %d, current generation %d", hello.Generation, c.s.gen)
 		c.s.mu.Unlock()
-		c.writeLocked(f.ID, Error{Code: CodeStaleGeneration, Message: msg})
-		return fmt.Errorf("check hello: %w: %s", ErrStaleGeneration, msg)
+		c.writeLocked(f.ID, wire.Error{Code: wire.CodeStaleGeneration, Message: msg})
+		return fmt.Errorf("check hello: %w: %s", wire.ErrStaleGeneration, msg)
 	}
 	c.s.conns[c] = struct{}{}
-	w := Welcome{JobID: c.s.cfg.JobID, Generation: c.s.gen, WorldSize: c.s.world, Rank: int32(rank), Config: c.s.config}
+	w := wire.Welcome{JobID: c.s.cfg.JobID, Generation: c.s.gen, WorldSize: c.s.world, Rank: int32(rank), Config: c.s.config}
 	c.s.mu.Unlock()
 	return c.writeLocked(f.ID, w)
 }
@@ -388,23 +388,23 @@ func (s *Server) unregister(c *serverConn) {
 }
 
 // request serves one KVSet or KVGet and sends the reply.
-func (c *serverConn) request(ctx context.Context, id uint32, m Message) {
+func (c *serverConn) request(ctx context.Context, id uint32, m wire.Message) {
 	var (
 		op, key string
-		reply   Message = OK{}
+		reply   wire.Message = wire.OK{}
 		err     error
 	)
 	switch m := m.(type) {
-	case KVSet:
+	case wire.KVSet:
 		op, key = "kv set", m.Key
 		if key != "" {
 			sctx, cancel := context.WithTimeout(ctx, kvSetTimeout)
 			err = c.s.cfg.KV.Set(sctx, c.scope(key), m.Value)
 			cancel()
 		}
-	case KVGet:
+	case wire.KVGet:
 		op, key = "kv get", m.Key
-		timeout := min(time.Duration(m.TimeoutMillis)*time.Millisecond, MaxKVGetTimeout)
+		timeout := min(time.Duration(m.TimeoutMillis)*time.Millisecond, wire.MaxKVGetTimeout)
 		if timeout == 0 {
 			timeout = DefaultKVGetTimeout
 		}
@@ -413,19 +413,19 @@ func (c *serverConn) request(ctx context.Context, id uint32, m Message) {
 			var v []byte
 			v, err = c.s.cfg.KV.Get(gctx, c.scope(key))
 			cancel()
-			reply = KVValue{Value: v}
+			reply = wire.KVValue{Value: v}
 		}
 	}
 	switch {
 	case ctx.Err() != nil:
 		return // connection closing; nobody to answer
 	case key == "":
-		reply = Error{Code: CodeBadRequest, Message: op + ": empty key"}
+		reply = wire.Error{Code: wire.CodeBadRequest, Message: op + ": empty key"}
 	case errors.Is(err, context.DeadlineExceeded):
-		reply = Error{Code: CodeTimeout, Message: fmt.Sprintf("%s %q: %v", op, key, err)}
+		reply = wire.Error{Code: wire.CodeTimeout, Message: fmt.Sprintf("%s %q: %v", op, key, err)}
 	case err != nil:
 		c.log.Warn("control request", "op", op, "key", key, "err", err)
-		reply = Error{Code: CodeInternal, Message: fmt.Sprintf("%s %q: %v", op, key, err)}
+		reply = wire.Error{Code: wire.CodeInternal, Message: fmt.Sprintf("%s %q: %v", op, key, err)}
 	}
 	c.send(id, reply)
 }
@@ -440,15 +440,15 @@ func scope(job string, gen uint64, key string) string {
 
 // send writes one frame under the write lock; on error the connection is
 // closed. It blocks at most Config.WriteTimeout plus the wait for the lock.
-func (c *serverConn) send(id uint32, m Message) error {
+func (c *serverConn) send(id uint32, m wire.Message) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	return c.writeLocked(id, m)
 }
 
-func (c *serverConn) writeLocked(id uint32, m Message) error {
+func (c *serverConn) writeLocked(id uint32, m wire.Message) error {
 	c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-	if err := WriteFrame(c.nc, id, m); err != nil {
+	if err := wire.WriteFrame(c.nc, id, m); err != nil {
 		if errors.Is(err, net.ErrClosed) {
 			c.log.Debug("write to closing connection", "type", m.Type(), "err", err)
 		} else {

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 func TestHelloWelcome(t *testing.T) {
@@ -19,7 +21,7 @@ func TestHelloWelcome(t *testing.T) {
 	s := startServer(t, Config{})
 	s.SetGeneration(5, 16, map[string]string{"master": "10.0.0.1:29500"})
 	_, w := dial(t, s, selfHello(5))
-	want := Welcome{JobID: "job", Generation: 5, WorldSize: 16, Rank: testRank, Config: map[string]string{"master": "10.0.0.1:29500"}}
+	want := wire.Welcome{JobID: "job", Generation: 5, WorldSize: 16, Rank: testRank, Config: map[string]string{"master": "10.0.0.1:29500"}}
 	if !reflect.DeepEqual(w, want) {
 		t.Errorf("got %+v, want %+v", w, want)
 	}
@@ -73,19 +75,19 @@ func TestKVGetTimeout(t *testing.T) {
 	c, _ := dial(t, s, selfHello(0))
 	start := time.Now()
 	_, err := c.KVGet(context.Background(), "missing", 100*time.Millisecond)
-	if !errors.Is(err, ErrTimeout) {
-		t.Fatalf("got %v, want %v", err, ErrTimeout)
+	if !errors.Is(err, wire.ErrTimeout) {
+		t.Fatalf("got %v, want %v", err, wire.ErrTimeout)
 	}
-	var re *RemoteError
-	if !errors.As(err, &re) || re.Code != CodeTimeout {
-		t.Errorf("got %v, want a *RemoteError with code %v", err, CodeTimeout)
+	var re *wire.RemoteError
+	if !errors.As(err, &re) || re.Code != wire.CodeTimeout {
+		t.Errorf("got %v, want a *RemoteError with code %v", err, wire.CodeTimeout)
 	}
 	if d := time.Since(start); d < 90*time.Millisecond || d > 2*time.Second {
 		t.Errorf("KVGet took %v, want about 100ms", d)
 	}
 	// An empty key is a bad request but keeps the connection.
-	if err := c.KVSet(context.Background(), "", nil); !errors.As(err, &re) || re.Code != CodeBadRequest {
-		t.Errorf("empty key: got %v, want code %v", err, CodeBadRequest)
+	if err := c.KVSet(context.Background(), "", nil); !errors.As(err, &re) || re.Code != wire.CodeBadRequest {
+		t.Errorf("empty key: got %v, want code %v", err, wire.CodeBadRequest)
 	}
 	if err := c.KVSet(context.Background(), "k", nil); err != nil {
 		t.Errorf("KVSet after bad request: got %v, want nil", err)
@@ -121,8 +123,8 @@ func TestGenerationScoping(t *testing.T) {
 	if w.Generation != 2 {
 		t.Errorf("Welcome.Generation: got %d, want 2", w.Generation)
 	}
-	if _, err := c2.KVGet(context.Background(), "k", 50*time.Millisecond); !errors.Is(err, ErrTimeout) {
-		t.Errorf("generation 2 KVGet: got %v, want %v", err, ErrTimeout)
+	if _, err := c2.KVGet(context.Background(), "k", 50*time.Millisecond); !errors.Is(err, wire.ErrTimeout) {
+		t.Errorf("generation 2 KVGet: got %v, want %v", err, wire.ErrTimeout)
 	}
 }
 
@@ -130,13 +132,13 @@ func TestHandshakeRejected(t *testing.T) {
 	tests := []struct {
 		name      string
 		authorize func(int) (int, error)
-		hello     Hello
+		hello     wire.Hello
 		want      error
 	}{
-		{"stale generation", nil, selfHello(1), ErrStaleGeneration},
-		{"authorize denies", func(int) (int, error) { return 0, errors.New("no") }, selfHello(0), ErrDenied},
-		{"pid mismatch", nil, Hello{Rank: testRank, PID: int32(os.Getpid() + 1)}, ErrDenied},
-		{"rank mismatch", nil, Hello{Rank: testRank + 1, PID: int32(os.Getpid())}, ErrDenied},
+		{"stale generation", nil, selfHello(1), wire.ErrStaleGeneration},
+		{"authorize denies", func(int) (int, error) { return 0, errors.New("no") }, selfHello(0), wire.ErrDenied},
+		{"pid mismatch", nil, wire.Hello{Rank: testRank, PID: int32(os.Getpid() + 1)}, wire.ErrDenied},
+		{"rank mismatch", nil, wire.Hello{Rank: testRank + 1, PID: int32(os.Getpid())}, wire.ErrDenied},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -160,12 +162,12 @@ func TestEvents(t *testing.T) {
 	leakCheck(t)
 	type got struct {
 		rank int
-		ev   Events
+		ev   wire.Events
 	}
 	ch := make(chan got, 1)
-	s := startServer(t, Config{OnEvents: func(rank int, ev Events) { ch <- got{rank, ev} }})
+	s := startServer(t, Config{OnEvents: func(rank int, ev wire.Events) { ch <- got{rank, ev} }})
 	c, _ := dial(t, s, selfHello(0))
-	ev := Events{Dropped: 2, Events: []CollectiveEvent{{Step: 10, Bucket: 1, Bytes: 4096, DType: 3, Status: 0, TArrive: 1, TStart: 2, TEnd: 3}}}
+	ev := wire.Events{Dropped: 2, Events: []wire.CollectiveEvent{{Step: 10, Bucket: 1, Bytes: 4096, DType: 3, Status: 0, TArrive: 1, TStart: 2, TEnd: 3}}}
 	if err := c.SendEvents(ev); err != nil {
 		t.Fatalf("SendEvents: %v", err)
 	}
@@ -184,10 +186,10 @@ func TestSendEventsDoesNotBlock(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }
-	s := startServer(t, Config{OnEvents: func(int, Events) { <-release }})
+	s := startServer(t, Config{OnEvents: func(int, wire.Events) { <-release }})
 	t.Cleanup(unblock) // runs before the server stops
 	c, _ := dial(t, s, selfHello(0))
-	ev := Events{Events: make([]CollectiveEvent, 20000)} // ~900 KiB
+	ev := wire.Events{Events: make([]wire.CollectiveEvent, 20000)} // ~900 KiB
 	for i := range 100 {
 		start := time.Now()
 		err := c.SendEvents(ev)
@@ -232,8 +234,8 @@ func TestGarbageClosesOnlyThatConnection(t *testing.T) {
 	}{
 		{"instead of hello", false, []byte("GET / HTTP/1.1\r\n\r\n")},
 		{"after hello", true, []byte("\x7a\xda\x01\x09garbage!")},
-		{"truncated payload", true, frame(Magic, Version, uint8(TypeKVSet), 3, []byte{9, 0, 0})},
-		{"unexpected type", true, encode(t, 5, Welcome{})},
+		{"truncated payload", true, frame(wire.Magic, wire.Version, uint8(wire.TypeKVSet), 3, []byte{9, 0, 0})},
+		{"unexpected type", true, encode(t, 5, wire.Welcome{})},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -245,16 +247,16 @@ func TestGarbageClosesOnlyThatConnection(t *testing.T) {
 				t.Fatalf("write garbage: %v", err)
 			}
 			nc.SetReadDeadline(time.Now().Add(5 * time.Second))
-			f, err := ReadFrame(nc, 0)
+			f, err := wire.ReadFrame(nc, 0)
 			if err != nil {
 				t.Fatalf("read reply: %v", err)
 			}
-			m, err := Decode(f)
-			if e, ok := m.(Error); err != nil || !ok || e.Code != CodeBadRequest {
-				t.Errorf("reply: got %#v %v, want Error code %v", m, err, CodeBadRequest)
+			m, err := wire.Decode(f)
+			if e, ok := m.(wire.Error); err != nil || !ok || e.Code != wire.CodeBadRequest {
+				t.Errorf("reply: got %#v %v, want Error code %v", m, err, wire.CodeBadRequest)
 			}
 			// EOF, or ECONNRESET when the server closed with our bytes unread.
-			if f, err := ReadFrame(nc, 0); err == nil {
+			if f, err := wire.ReadFrame(nc, 0); err == nil {
 				t.Errorf("after reply: got %v frame, want the connection closed", f.Type)
 			}
 			if err := good.KVSet(context.Background(), "still", []byte("ok")); err != nil {
@@ -271,14 +273,14 @@ func TestNonReadingClient(t *testing.T) {
 	good, _ := dial(t, s, selfHello(0))
 	nc := rawConn(t, s, true)
 	// Ask for megabytes of replies and never read them.
-	if err := WriteFrame(nc, 2, KVSet{Key: "big", Value: make([]byte, 1<<20)}); err != nil {
+	if err := wire.WriteFrame(nc, 2, wire.KVSet{Key: "big", Value: make([]byte, 1<<20)}); err != nil {
 		t.Fatalf("write KVSet: %v", err)
 	}
-	if f, err := ReadFrame(nc, 0); err != nil || f.Type != TypeOK {
+	if f, err := wire.ReadFrame(nc, 0); err != nil || f.Type != wire.TypeOK {
 		t.Fatalf("KVSet reply: got %v %v, want OK", f.Type, err)
 	}
 	for id := range uint32(8) {
-		if err := WriteFrame(nc, 3+id, KVGet{Key: "big"}); err != nil {
+		if err := wire.WriteFrame(nc, 3+id, wire.KVGet{Key: "big"}); err != nil {
 			t.Fatalf("write KVGet: %v", err)
 		}
 	}
@@ -419,7 +421,7 @@ func TestClientClose(t *testing.T) {
 	if err := c.KVSet(context.Background(), "k", nil); !errors.Is(err, ErrClosed) {
 		t.Errorf("KVSet after Close: got %v, want %v", err, ErrClosed)
 	}
-	if err := c.SendEvents(Events{}); !errors.Is(err, ErrClosed) {
+	if err := c.SendEvents(wire.Events{}); !errors.Is(err, ErrClosed) {
 		t.Errorf("SendEvents after Close: got %v, want %v", err, ErrClosed)
 	}
 	waitFor(t, "server to drop the connection", func() bool { return s.Conns() == 0 })
@@ -445,7 +447,7 @@ func TestConcurrentCalls(t *testing.T) {
 			if err != nil || !bytes.Equal(got, want) {
 				errs <- errors.Join(err, errors.New("value mismatch for "+key))
 			}
-			if err := c.SendEvents(Events{Dropped: uint64(i)}); err != nil {
+			if err := c.SendEvents(wire.Events{Dropped: uint64(i)}); err != nil {
 				errs <- err
 			}
 		}()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // helper is the test binary acting as a worker (started with --no-python).
@@ -28,7 +29,7 @@ func helper(mode string) int {
 	case "kv":
 		// Every rank publishes an address and reads everyone's, as a
 		// transport bootstrap does.
-		c, w, err := control.Dial(ctx, os.Getenv("DDP_AGENT_SOCKET"), control.Hello{
+		c, w, err := control.Dial(ctx, os.Getenv("DDP_AGENT_SOCKET"), wire.Hello{
 			Rank: int32(rank), LocalRank: int32(localRank), PID: int32(os.Getpid()), Generation: gen, Transports: []string{"host"}})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "dial:", err)
@@ -70,7 +71,7 @@ func helper(mode string) int {
 			}
 		}
 		if gen == 1 {
-			if _, err := c.KVGet(ctx, "gen0-only/"+strconv.Itoa(rank), 100*time.Millisecond); !errors.Is(err, control.ErrTimeout) {
+			if _, err := c.KVGet(ctx, "gen0-only/"+strconv.Itoa(rank), 100*time.Millisecond); !errors.Is(err, wire.ErrTimeout) {
 				fmt.Fprintln(os.Stderr, "stale key lookup:", err)
 				return 1
 			}
@@ -80,7 +81,7 @@ func helper(mode string) int {
 	if mode == "abortwait" {
 		// Ignore SIGTERM so only the control socket's Abort ends this worker.
 		signal.Ignore(syscall.SIGTERM)
-		c, _, err := control.Dial(ctx, os.Getenv("DDP_AGENT_SOCKET"), control.Hello{
+		c, _, err := control.Dial(ctx, os.Getenv("DDP_AGENT_SOCKET"), wire.Hello{
 			Rank: int32(rank), LocalRank: int32(localRank), PID: int32(os.Getpid()), Generation: gen})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "dial:", err)
@@ -172,8 +173,8 @@ func TestControlSocketRejectsStrangers(t *testing.T) {
 	// Same user, but not a worker: denied even when claiming to be rank 0.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _, err = control.Dial(ctx, sock, control.Hello{Rank: 0, PID: int32(os.Getpid())})
-	if !errors.Is(err, control.ErrDenied) {
+	_, _, err = control.Dial(ctx, sock, wire.Hello{Rank: 0, PID: int32(os.Getpid())})
+	if !errors.Is(err, wire.ErrDenied) {
 		t.Errorf("Dial from the test process: got %v, want ErrDenied", err)
 	}
 	r.cmd.Process.Signal(os.Interrupt)
