@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+)
+
+// dialClients dials k clients of the store, 32 at a time, before the clock
+// starts (a real agent dials before it opens the rendezvous). It returns
+// every client it got, also with an error: the caller closes them.
+func dialClients(ctx context.Context, timeout time.Duration, endpoint string, k int, log *slog.Logger) ([]*clientv3.Client, error) {
+	clis := make([]*clientv3.Client, k)
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	errs := make([]error, k)
+	for i := range clis {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			clis[i], errs[i] = store.Dial(dctx, store.ClientConfig{Endpoints: []string{endpoint}, Logger: log})
+		}()
+	}
+	wg.Wait()
+	return clis, errors.Join(errs...)
+}
+
+func closeClients(clis []*clientv3.Client) {
+	for _, c := range clis {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
