@@ -2,9 +2,7 @@ package health
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -60,17 +58,6 @@ type pollState struct {
 	pcieReplay   int
 	pcieSeen     bool
 }
-
-// nvlinkState is one NVLink of a GPU.
-type nvlinkState struct {
-	n           int
-	up          bool
-	counts      [gonvml.NVLINK_ERROR_COUNT]uint64
-	seen        [gonvml.NVLINK_ERROR_COUNT]bool
-	unsupported [gonvml.NVLINK_ERROR_COUNT]bool
-}
-
-var nvlinkCounterNames = [gonvml.NVLINK_ERROR_COUNT]string{"replay", "recovery", "crc-flit", "crc-data", "ecc-data"}
 
 // pollLoop polls every GPU now and then every interval, until ctx is done.
 func (w *Watcher) pollLoop(ctx context.Context, gpus []*watchedGPU) {
@@ -149,93 +136,6 @@ func (w *Watcher) ok(g *watchedGPU, check string, ret gonvml.Return) bool {
 func (w *Watcher) drop(g *watchedGPU, check, why string) {
 	g.poll.unsupported[check] = true
 	w.logger.Info("GPU health check not supported; dropped", "gpu", g.Index, "uuid", g.UUID, "check", check, "why", why)
-}
-
-// pollRecovery reads the driver's GPU recovery action and records a change
-// to anything but "none".
-func (w *Watcher) pollRecovery(g *watchedGPU) {
-	if !w.have(symFieldValues) {
-		w.drop(g, checkRecovery, symFieldValues+" not in this driver")
-		return
-	}
-	v, ret := w.recoveryValue(g)
-	if !w.ok(g, checkRecovery, ret) {
-		return
-	}
-	old := g.recovery.Swap(int64(v))
-	switch {
-	case old == int64(v):
-	case v != uint64(gonvml.GPU_RECOVERY_ACTION_NONE):
-		a, desc := recoveryAction(v)
-		w.record(g, KindRecovery, 0, a, "GPU recovery action: "+desc)
-	case old >= 0:
-		w.logger.Info("GPU health: recovery action back to none", "gpu", g.Index, "uuid", g.UUID)
-	}
-}
-
-// readRecovery reads the recovery action for an event (Xid 154,
-// EventTypeGpuRecoveryAction). ok is false when it cannot be read.
-func (w *Watcher) readRecovery(g *watchedGPU) (a Action, desc string, ok bool) {
-	if g.dev == nil || !w.have(symFieldValues) {
-		return ActionIgnore, "", false
-	}
-	v, ret := w.recoveryValue(g)
-	if ret != gonvml.SUCCESS {
-		return ActionIgnore, "", false
-	}
-	g.recovery.Store(int64(v))
-	a, desc = recoveryAction(v)
-	return a, desc, true
-}
-
-// recoveryValue reads NVML_FI_DEV_GET_GPU_RECOVERY_ACTION.
-func (w *Watcher) recoveryValue(g *watchedGPU) (uint64, gonvml.Return) {
-	vals := []gonvml.FieldValue{{FieldId: gonvml.FI_DEV_GET_GPU_RECOVERY_ACTION}}
-	if ret := nvmlapi.CallRet(func() gonvml.Return { return g.dev.GetFieldValues(vals) }); ret != gonvml.SUCCESS {
-		return 0, ret
-	}
-	if ret := gonvml.Return(vals[0].NvmlReturn); ret != gonvml.SUCCESS {
-		return 0, ret
-	}
-	return fieldUint(vals[0]), gonvml.SUCCESS
-}
-
-// fieldUint decodes an integer field value.
-func fieldUint(f gonvml.FieldValue) uint64 {
-	b := f.Value[:]
-	switch gonvml.ValueType(f.ValueType) {
-	case gonvml.VALUE_TYPE_DOUBLE:
-		return uint64(math.Float64frombits(binary.NativeEndian.Uint64(b)))
-	case gonvml.VALUE_TYPE_UNSIGNED_INT, gonvml.VALUE_TYPE_SIGNED_INT:
-		return uint64(binary.NativeEndian.Uint32(b))
-	case gonvml.VALUE_TYPE_UNSIGNED_SHORT:
-		return uint64(binary.NativeEndian.Uint16(b))
-	default:
-		return binary.NativeEndian.Uint64(b)
-	}
-}
-
-// recoveryAction maps the driver's recovery action (nvmlDeviceGpuRecoveryAction_t)
-// to ours. Meanings from NVIDIA, "A100 GPU Memory Error Management", "Error
-// Recovery and Response Flags": reset → reset; node reboot → drain; drain
-// P2P ("terminate related processes"; asked again, the driver then names
-// the next step) → restart the workers; drain and reset (reduced capacity;
-// running work is safe) → reset. Values newer than v0.13.0-1 (IMEX domain
-// recovery, PCIe bus reset, system reboot) are beyond a GPU reset: drain.
-func recoveryAction(v uint64) (Action, string) {
-	switch gonvml.DeviceGpuRecoveryAction(v) {
-	case gonvml.GPU_RECOVERY_ACTION_NONE:
-		return ActionIgnore, "none"
-	case gonvml.GPU_RECOVERY_ACTION_GPU_RESET:
-		return ActionResetGPU, "GPU reset required"
-	case gonvml.GPU_RECOVERY_ACTION_NODE_REBOOT:
-		return ActionDrainNode, "node reboot required"
-	case gonvml.GPU_RECOVERY_ACTION_DRAIN_P2P:
-		return ActionRestartWorkers, "drain peer-to-peer traffic (stop the processes using the GPU)"
-	case gonvml.GPU_RECOVERY_ACTION_DRAIN_AND_RESET:
-		return ActionResetGPU, "reduced capacity: drain the work and reset the GPU"
-	}
-	return ActionDrainNode, fmt.Sprintf("recovery action %d (unknown to ddp-agent)", v)
 }
 
 // pollRetiredPages records pages pending retirement (GPUs before Ampere):
@@ -368,107 +268,6 @@ func (w *Watcher) pollTemperature(g *watchedGPU) {
 	case p.hot && t+3 < p.tempLimit:
 		p.hot = false
 		w.logger.Info("GPU health: temperature back below the limit", "gpu", g.Index, "uuid", g.UUID, "celsius", t, "limit", p.tempLimit)
-	}
-}
-
-// pollNVLink watches the NVLinks that were present at the first poll: a
-// link that goes down asks for a GPU reset (as Xid 74); growing error
-// counters warn, and past the limit within one interval ask for a reset.
-func (w *Watcher) pollNVLink(g *watchedGPU) {
-	if !w.have(symNvLinkState) || !w.have(symNvLinkErrorCounts) {
-		w.drop(g, checkNVLink, "NVLink queries not in this driver")
-		return
-	}
-	p := &g.poll
-	if p.links == nil {
-		for n := range gonvml.NVLINK_MAX_LINKS {
-			st, ret := nvmlapi.Call(func() (gonvml.EnableState, gonvml.Return) { return g.dev.GetNvLinkState(n) })
-			if ret == gonvml.ERROR_GPU_IS_LOST {
-				w.markLost(g, checkNVLink)
-				return
-			}
-			if ret == gonvml.SUCCESS {
-				p.links = append(p.links, nvlinkState{n: n, up: st == gonvml.FEATURE_ENABLED})
-			}
-		}
-		if len(p.links) == 0 {
-			w.drop(g, checkNVLink, "no NVLink")
-		}
-		return // the first poll only takes the baseline
-	}
-	var deltas [gonvml.NVLINK_ERROR_COUNT]uint64
-	var total uint64
-	var errLinks, downLinks []string
-	failed := gonvml.SUCCESS // the first error of this poll, reported once below
-	for i := range p.links {
-		l := &p.links[i]
-		st, ret := nvmlapi.Call(func() (gonvml.EnableState, gonvml.Return) { return g.dev.GetNvLinkState(l.n) })
-		if ret == gonvml.ERROR_GPU_IS_LOST {
-			w.markLost(g, checkNVLink)
-			return
-		}
-		if ret != gonvml.SUCCESS {
-			if failed == gonvml.SUCCESS {
-				failed = ret
-			}
-			continue
-		}
-		up := st == gonvml.FEATURE_ENABLED
-		if l.up && !up {
-			downLinks = append(downLinks, fmt.Sprint(l.n))
-		}
-		l.up = up
-		if !up {
-			continue
-		}
-		var linkTotal uint64
-		for c := range gonvml.NVLINK_ERROR_COUNT {
-			if l.unsupported[c] {
-				continue
-			}
-			v, ret := nvmlapi.Call(func() (uint64, gonvml.Return) { return g.dev.GetNvLinkErrorCounter(l.n, c) })
-			switch ret {
-			case gonvml.SUCCESS:
-			case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND, gonvml.ERROR_INVALID_ARGUMENT:
-				l.unsupported[c] = true
-				continue
-			case gonvml.ERROR_GPU_IS_LOST:
-				w.markLost(g, checkNVLink)
-				return
-			default:
-				continue
-			}
-			if l.seen[c] && v > l.counts[c] {
-				d := v - l.counts[c]
-				deltas[c] += d
-				linkTotal += d
-			}
-			l.counts[c], l.seen[c] = v, true
-		}
-		if linkTotal > 0 {
-			errLinks = append(errLinks, fmt.Sprint(l.n))
-			total += linkTotal
-		}
-	}
-	if !w.ok(g, checkNVLink, failed) && p.unsupported[checkNVLink] {
-		return
-	}
-	if len(downLinks) > 0 {
-		w.record(g, KindNVLink, 0, ActionResetGPU, "NVLink down: link "+strings.Join(downLinks, ", "))
-	}
-	if total > 0 {
-		var parts []string
-		for c, d := range deltas {
-			if d > 0 {
-				parts = append(parts, fmt.Sprintf("%s +%d", nvlinkCounterNames[c], d))
-			}
-		}
-		action := ActionIgnore
-		if total >= w.nvlinkLimit {
-			action = ActionResetGPU
-		}
-		w.record(g, KindNVLink, 0, action, fmt.Sprintf("NVLink errors on link %s within %s: %s",
-			strings.Join(errLinks, ", "), w.interval, strings.Join(parts, ", ")))
 	}
 }
 
