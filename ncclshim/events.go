@@ -125,14 +125,11 @@ func (r *eventRing) ship(ctx context.Context, sink eventSink, tick func()) {
 	}
 }
 
-// statusInFlight marks an event of a collective that has not finished
-// (TEnd 0): sent once, when it has been in flight for inFlightAfter, so the
-// agent sees who has arrived at a collective that hangs. Collectives that
-// finish sooner cost nothing extra.
-const (
-	statusInFlight = 255
-	inFlightAfter  = time.Second
-)
+// inFlightAfter is how long a collective is in flight before its event
+// with wire.StatusInFlight (TEnd 0) is sent, once, so the agent sees who has
+// arrived at a collective that hangs. Collectives that finish sooner cost
+// nothing extra.
+const inFlightAfter = time.Second
 
 // reportInFlight pushes an in-flight event for each collective that has
 // been in flight for inFlightAfter and was not reported yet.
@@ -151,7 +148,7 @@ func (c *comm) reportInFlight() {
 		if !w.reported && w.arrive.Before(old) {
 			w.reported = true
 			evs = append(evs, wire.CollectiveEvent{Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)),
-				DType: uint8(w.dt), Status: statusInFlight, TArrive: w.arrive.UnixNano(), TStart: w.started.Load()})
+				DType: uint8(w.dt), Status: wire.StatusInFlight, TArrive: w.arrive.UnixNano(), TStart: w.started.Load()})
 		}
 	}
 	watch := c.watch
@@ -159,7 +156,7 @@ func (c *comm) reportInFlight() {
 	if watch != nil {
 		for _, f := range watch.unfinished(old) {
 			evs = append(evs, wire.CollectiveEvent{Step: f.step, Bucket: uint32(f.bucket), Bytes: f.bytes,
-				DType: f.dt, Status: statusInFlight, TArrive: f.arrive.UnixNano(), TStart: f.enqueued.UnixNano()})
+				DType: f.dt, Status: wire.StatusInFlight, TArrive: f.arrive.UnixNano(), TStart: f.enqueued.UnixNano()})
 		}
 	}
 	for _, ev := range evs {

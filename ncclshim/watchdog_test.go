@@ -291,7 +291,7 @@ func TestInFlightEvents(t *testing.T) {
 	c.reportInFlight()
 	c.reportInFlight()
 	evs := c.events.take().Events
-	if len(evs) != 1 || evs[0].Status != statusInFlight || evs[0].Step != 9 || evs[0].Bucket != 2 || evs[0].TEnd != 0 || evs[0].TArrive == 0 {
+	if len(evs) != 1 || evs[0].Status != wire.StatusInFlight || evs[0].Step != 9 || evs[0].Bucket != 2 || evs[0].TEnd != 0 || evs[0].TArrive == 0 {
 		t.Errorf("in-flight events %+v, want one for step 9 bucket 2", evs)
 	}
 	for _, c := range comms { // else close waits the 30 s timeout for the hung kernel

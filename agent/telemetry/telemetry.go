@@ -9,12 +9,15 @@ package telemetry
 import (
 	"fmt"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // StatusInFlight marks a record of a collective that the rank has entered
 // and not finished: the shim reports one when a collective has been in
-// flight for a while, so that a hang shows who arrived. End is zero.
-const StatusInFlight = 255
+// flight for a while, so that a hang shows who arrived. End is zero. It is
+// the wire's value, which the shim sends.
+const StatusInFlight = wire.StatusInFlight
 
 // Record is one rank's view of one collective. Times are on the clock of
 // the agent that analyzes them (the leader): records from other nodes are

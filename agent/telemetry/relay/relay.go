@@ -28,7 +28,8 @@
 // A records batch is binary, little-endian: a 20-byte header, the magic
 // "DDPR", version 1, three zero bytes, the record count (uint32, at most
 // MaxBatch) and the follower's dropped-records total (uint64); then
-// count records of 64 bytes each:
+// count records of 64 bytes each (wire.RankedEvent, whose codec the
+// control protocol's events share):
 //
 //	 0 gen     uint64     24 bytes   uint64     40 arrive  int64  Unix ns, 0 = zero time
 //	 8 step    uint64     32 dtype   uint8      48 start   int64

@@ -8,14 +8,16 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
-// The records batch; the layout is in the package comment.
+// The records batch; the layout is in the package comment. Its records are
+// wire.RankedEvent, in the codec the control protocol's events share.
 const (
 	recordsMagic   = "DDPR"
 	recordsVersion = 1
 	recordsHeader  = 20
-	recordSize     = 64
+	recordSize     = wire.RankedSize
 )
 
 // appendRecords appends the batch of recs, with the sender's dropped
@@ -27,15 +29,10 @@ func appendRecords(b []byte, recs []telemetry.Record, dropped uint64) []byte {
 	b = le.AppendUint32(b, uint32(len(recs)))
 	b = le.AppendUint64(b, dropped)
 	for _, r := range recs {
-		b = le.AppendUint64(b, r.Gen)
-		b = le.AppendUint64(b, r.Step)
-		b = le.AppendUint32(b, r.Bucket)
-		b = le.AppendUint32(b, uint32(r.Rank))
-		b = le.AppendUint64(b, r.Bytes)
-		b = append(b, r.DType, r.Status, 0, 0, 0, 0, 0, 0)
-		b = le.AppendUint64(b, uint64(unixNano(r.Arrive)))
-		b = le.AppendUint64(b, uint64(unixNano(r.Start)))
-		b = le.AppendUint64(b, uint64(unixNano(r.End)))
+		b = wire.AppendRanked(b, wire.RankedEvent{Gen: r.Gen, Rank: uint32(r.Rank), CollectiveEvent: wire.CollectiveEvent{
+			Step: r.Step, Bucket: r.Bucket, Bytes: r.Bytes, DType: r.DType, Status: r.Status,
+			TArrive: unixNano(r.Arrive), TStart: unixNano(r.Start), TEnd: unixNano(r.End),
+		}})
 	}
 	return b
 }
@@ -64,17 +61,16 @@ func decodeRecords(b []byte) (recs []telemetry.Record, dropped uint64, err error
 	recs = make([]telemetry.Record, n)
 	p := b[recordsHeader:]
 	for i := range recs {
-		q := p[i*recordSize : (i+1)*recordSize]
-		rank := le.Uint32(q[20:])
-		if rank > math.MaxInt32 {
-			return nil, 0, fmt.Errorf("records batch: record %d: rank %d out of range", i, rank)
+		r := wire.DecodeRanked(p[i*recordSize:])
+		if r.Rank > math.MaxInt32 {
+			return nil, 0, fmt.Errorf("records batch: record %d: rank %d out of range", i, r.Rank)
 		}
 		recs[i] = telemetry.Record{
-			Gen: le.Uint64(q[0:]), Step: le.Uint64(q[8:]), Bucket: le.Uint32(q[16:]), Rank: int(rank),
-			Bytes: le.Uint64(q[24:]), DType: q[32], Status: q[33],
-			Arrive: fromUnixNano(int64(le.Uint64(q[40:]))),
-			Start:  fromUnixNano(int64(le.Uint64(q[48:]))),
-			End:    fromUnixNano(int64(le.Uint64(q[56:]))),
+			Gen: r.Gen, Step: r.Step, Bucket: r.Bucket, Rank: int(r.Rank),
+			Bytes: r.Bytes, DType: r.DType, Status: r.Status,
+			Arrive: fromUnixNano(r.TArrive),
+			Start:  fromUnixNano(r.TStart),
+			End:    fromUnixNano(r.TEnd),
 		}
 	}
 	return recs, dropped, nil
