@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 )
 
@@ -69,7 +67,7 @@ func closeAgents(agents []*agent) {
 
 // openAll has every agent call rdzv.Open at once, agent i on client i mod
 // K, and returns the time until the last one returned.
-func openAll(ctx context.Context, o options, agents []*agent, clis []*clientv3.Client, endpoint, prefix string, log *slog.Logger) (time.Duration, error) {
+func openAll(ctx context.Context, o options, agents []*agent, clis []*etcdClient, endpoint, prefix string, log *slog.Logger) (time.Duration, error) {
 	octx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	n, k := len(agents), len(clis)

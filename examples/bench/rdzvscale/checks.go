@@ -9,9 +9,8 @@ import (
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // waitReformed waits until every agent holds a running round of one
@@ -146,14 +145,14 @@ func checkRound(agents []*agent, n, nproc int, cur, prev func(*agent) *rdzv.Roun
 // stateSize is the size of the state value: what every watcher of the
 // state key and every reader of it gets, each time it changes.
 // It reads even when ctx has ended: the run's figures are still reported.
-func stateSize(ctx context.Context, cli *clientv3.Client, prefix string) int {
+func stateSize(ctx context.Context, cli *etcdClient, prefix string) int {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	resp, err := cli.KV.Get(ctx, prefix+"state")
-	if err != nil || len(resp.Kvs) == 0 {
+	v, err := store.NewKV(cli, prefix).Get(ctx, "state")
+	if err != nil {
 		return 0
 	}
-	return len(resp.Kvs[0].Value)
+	return len(v)
 }
 
 // firstErrors joins the distinct errors of errs, with counts.

@@ -7,16 +7,14 @@ import (
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // dialClients dials k clients of the store, 32 at a time, before the clock
 // starts (a real agent dials before it opens the rendezvous). It returns
 // every client it got, also with an error: the caller closes them.
-func dialClients(ctx context.Context, timeout time.Duration, endpoint string, k int, log *slog.Logger) ([]*clientv3.Client, error) {
-	clis := make([]*clientv3.Client, k)
+func dialClients(ctx context.Context, timeout time.Duration, endpoint string, k int, log *slog.Logger) ([]*etcdClient, error) {
+	clis := make([]*etcdClient, k)
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -34,7 +32,7 @@ func dialClients(ctx context.Context, timeout time.Duration, endpoint string, k 
 	return clis, errors.Join(errs...)
 }
 
-func closeClients(clis []*clientv3.Client) {
+func closeClients(clis []*etcdClient) {
 	for _, c := range clis {
 		if c != nil {
 			c.Close()
