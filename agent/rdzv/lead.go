@@ -3,7 +3,7 @@ package rdzv
 import (
 	"context"
 	"fmt"
-	"sort"
+	"log/slog"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -15,95 +15,146 @@ type liveNode struct {
 	probed time.Time
 }
 
-// lead runs the round as its leader until the state moves on: it tracks
-// the joiners and the live nodes through watches, probes nodes that are
-// registered but do not join, and closes the round when
-//   - NNodesMax nodes joined; or
-//   - at least NNodesMin joined and the last-call window passed since then; or
-//   - at least NNodesMin joined, the job ran before, and every live node
-//     joined: a re-formation after a fault waits for no one else.
-func (e *Etcd) lead(ctx context.Context, st *State, stateRev, stateRead int64, deadline time.Time, lost <-chan struct{}) error {
-	prefix := RoundPrefix(e.cfg.Prefix, st.Generation)
-	nodesPrefix := e.key(nodesDir)
+// roundTracker is the leader's picture of its open round, kept up to date
+// from the watches of the join keys and the node entries.
+type roundTracker struct {
+	log         *slog.Logger
+	prefix      string               // the round's join keys
+	nodesPrefix string               // the node entries
+	joiners     map[string]joiner    // by join key
+	nodes       map[string]*liveNode // by node key
+}
+
+func (t *roundTracker) addJoiner(key string, value []byte, createRev int64) {
+	var j JoinInfo
+	if err := decode(key, value, &j); err != nil || j.NProc < 1 || key != t.prefix+j.Node {
+		t.log.Warn("ignoring a malformed join entry", "key", key, "err", err)
+		return
+	}
+	t.joiners[key] = joiner{JoinInfo: j, rev: createRev}
+}
+
+func (t *roundTracker) addNode(key string, value []byte) {
+	var n NodeInfo
+	if err := decode(key, value, &n); err != nil || n.Node == "" {
+		t.log.Warn("ignoring a malformed node entry", "key", key, "err", err)
+		return
+	}
+	t.nodes[key] = &liveNode{NodeInfo: n}
+}
+
+// applyJoins applies a watch response of the join keys; false when the
+// watch broke.
+func (t *roundTracker) applyJoins(resp clientv3.WatchResponse, ok bool) bool {
+	if !ok || resp.Canceled || resp.Err() != nil {
+		return false
+	}
+	for _, ev := range resp.Events {
+		k := string(ev.Kv.Key)
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(t.joiners, k)
+		} else {
+			t.addJoiner(k, ev.Kv.Value, ev.Kv.CreateRevision)
+		}
+	}
+	return true
+}
+
+// applyNodes applies a watch response of the node entries; false when the
+// watch broke.
+func (t *roundTracker) applyNodes(resp clientv3.WatchResponse, ok bool) bool {
+	if !ok || resp.Canceled || resp.Err() != nil {
+		return false
+	}
+	for _, ev := range resp.Events {
+		k := string(ev.Kv.Key)
+		if ev.Type == clientv3.EventTypeDelete {
+			delete(t.nodes, k)
+		} else {
+			t.addNode(k, ev.Kv.Value)
+		}
+	}
+	return true
+}
+
+// view is the tracker's picture as decideClose takes it; live[i] is the
+// tracked entry of view.Live[i].
+func (t *roundTracker) view() (v roundView, live []*liveNode) {
+	for _, j := range t.joiners {
+		v.Joiners = append(v.Joiners, j.JoinInfo)
+	}
+	for _, ln := range t.nodes {
+		v.Live = append(v.Live, ln.NodeInfo)
+		live = append(live, ln)
+	}
+	return v, live
+}
+
+func (t *roundTracker) joinerList() []joiner {
+	list := make([]joiner, 0, len(t.joiners))
+	for _, j := range t.joiners {
+		list = append(list, j)
+	}
+	return list
+}
+
+// trackRound reads the round's join keys and the node entries in one
+// revision, which it returns for the watches to start after.
+func (e *Etcd) trackRound(ctx context.Context, gen uint64) (*roundTracker, int64, error) {
+	t := &roundTracker{log: e.log, prefix: RoundPrefix(e.cfg.Prefix, gen), nodesPrefix: e.key(nodesDir),
+		joiners: map[string]joiner{}, nodes: map[string]*liveNode{}}
 	gctx, cancel := context.WithTimeout(ctx, opTimeout)
-	resp, err := e.cli.Txn(gctx).Then(clientv3.OpGet(prefix, clientv3.WithPrefix()), clientv3.OpGet(nodesPrefix, clientv3.WithPrefix())).Commit()
+	resp, err := e.cli.Txn(gctx).Then(clientv3.OpGet(t.prefix, clientv3.WithPrefix()), clientv3.OpGet(t.nodesPrefix, clientv3.WithPrefix())).Commit()
 	cancel()
 	if err != nil {
-		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
-	}
-	rev := resp.Header.Revision
-	joiners := map[string]joiner{}
-	nodes := map[string]*liveNode{}
-	addJoiner := func(key string, value []byte, createRev int64) {
-		var j JoinInfo
-		if err := decode(key, value, &j); err != nil || j.NProc < 1 || key != prefix+j.Node {
-			e.log.Warn("ignoring a malformed join entry", "key", key, "err", err)
-			return
-		}
-		joiners[key] = joiner{JoinInfo: j, rev: createRev}
-	}
-	addNode := func(key string, value []byte) {
-		var n NodeInfo
-		if err := decode(key, value, &n); err != nil || n.Node == "" {
-			e.log.Warn("ignoring a malformed node entry", "key", key, "err", err)
-			return
-		}
-		nodes[key] = &liveNode{NodeInfo: n}
+		return nil, 0, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 	}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		addJoiner(string(kv.Key), kv.Value, kv.CreateRevision)
+		t.addJoiner(string(kv.Key), kv.Value, kv.CreateRevision)
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		addNode(string(kv.Key), kv.Value)
+		t.addNode(string(kv.Key), kv.Value)
 	}
+	return t, resp.Header.Revision, nil
+}
 
+// lead runs the round as its leader until the state moves on: it tracks
+// the joiners and the live nodes through watches, probes nodes that are
+// registered but do not join, and closes the round when decideClose says
+// so. It returns nil when the state moved on or a watch broke, for Next to
+// look again.
+func (e *Etcd) lead(ctx context.Context, st *State, stateRev, stateRead int64, deadline time.Time, lost <-chan struct{}) error {
+	t, rev, err := e.trackRound(ctx, st.Generation)
+	if err != nil {
+		return err
+	}
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRead+1))
-	jw := e.cli.Watch(clientv3.WithRequireLeader(wctx), prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	nw := e.cli.Watch(clientv3.WithRequireLeader(wctx), nodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	jw := e.cli.Watch(clientv3.WithRequireLeader(wctx), t.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	nw := e.cli.Watch(clientv3.WithRequireLeader(wctx), t.nodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	var minSince time.Time
 	prev, err := e.members(ctx, st)
 	if err != nil {
 		return err
 	}
-	reformation := len(prev) > 0
+	rule := closeRule{Min: e.cfg.NNodesMin, Max: e.cfg.NNodesMax, LastCall: e.cfg.LastCall}
+	var minSince time.Time
 	for {
-		n := len(joiners)
-		if n >= e.cfg.NNodesMin && minSince.IsZero() {
-			minSince = time.Now()
+		v, live := t.view()
+		v.Reformation, v.MinSince, v.Now, v.Deadline = len(prev) > 0, minSince, time.Now(), deadline
+		d := decideClose(v, rule)
+		minSince = d.Since
+		switch d.Action {
+		case closeNow:
+			return e.closeRound(ctx, st, stateRev, prev, t.joinerList(), d.Why)
+		case joinTimedOut:
+			return &JoinTimeoutError{Joined: d.Joined, Min: e.cfg.NNodesMin, Timeout: e.cfg.JoinTimeout, Generation: st.Generation}
 		}
-		if n < e.cfg.NNodesMin {
-			minSince = time.Time{}
-		}
-		allLive := true
-		joined := map[string]bool{}
-		for _, j := range joiners {
-			joined[j.Node] = true
-		}
-		var pending []*liveNode
-		for _, ln := range nodes {
-			if ln.State == NodeActive && !joined[ln.Node] {
-				allLive = false
-				pending = append(pending, ln)
-			}
-		}
-		closeNow := ""
-		switch {
-		case n >= e.cfg.NNodesMax:
-			closeNow = "all nodes joined"
-		case n >= e.cfg.NNodesMin && reformation && allLive:
-			closeNow = "every live node joined"
-		case n >= e.cfg.NNodesMin && time.Since(minSince) >= e.cfg.LastCall:
-			closeNow = "last call ended"
-		}
-		if closeNow != "" {
-			return e.closeRound(ctx, st, stateRev, prev, joiners, closeNow)
-		}
-		if time.Now().After(deadline) {
-			return &JoinTimeoutError{Joined: n, Min: e.cfg.NNodesMin, Timeout: e.cfg.JoinTimeout, Generation: st.Generation}
+		pending := make([]*liveNode, len(d.Awaited))
+		for i, k := range d.Awaited {
+			pending[i] = live[k]
 		}
 		e.probePending(ctx, pending)
 
@@ -111,28 +162,12 @@ func (e *Etcd) lead(ctx context.Context, st *State, stateRev, stateRead int64, d
 		case <-sw:
 			return nil // the state moved on
 		case resp, ok := <-jw:
-			if !ok || resp.Canceled || resp.Err() != nil {
+			if !t.applyJoins(resp, ok) {
 				return nil // let Next start over with fresh watches
 			}
-			for _, ev := range resp.Events {
-				k := string(ev.Kv.Key)
-				if ev.Type == clientv3.EventTypeDelete {
-					delete(joiners, k)
-				} else {
-					addJoiner(k, ev.Kv.Value, ev.Kv.CreateRevision)
-				}
-			}
 		case resp, ok := <-nw:
-			if !ok || resp.Canceled || resp.Err() != nil {
+			if !t.applyNodes(resp, ok) {
 				return nil
-			}
-			for _, ev := range resp.Events {
-				k := string(ev.Kv.Key)
-				if ev.Type == clientv3.EventTypeDelete {
-					delete(nodes, k)
-				} else {
-					addNode(k, ev.Kv.Value)
-				}
 			}
 		case <-tick.C:
 		case <-lost:
@@ -145,32 +180,12 @@ func (e *Etcd) lead(ctx context.Context, st *State, stateRev, stateRead int64, d
 
 // closeRound writes the members of the round, if the state is still the
 // one the round opened with.
-func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, prev []Member, joiners map[string]joiner, why string) error {
-	list := make([]joiner, 0, len(joiners))
-	for _, j := range joiners {
-		list = append(list, j)
-	}
-	sort.Slice(list, func(a, b int) bool { return list[a].rev < list[b].rev })
-	members := assign(prev, list, e.cfg.NNodesMax)
-	port := 0
-	for _, j := range list {
-		if j.Node == members[0].Node {
-			port = j.MasterPort
-		}
-	}
+func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, prev []Member, joiners []joiner, why string) error {
+	members, port := closedRound(prev, joiners, e.cfg.NNodesMax)
 	gen := genKey(st.Generation)
-	next := *st
-	next.Phase = Running
-	next.Since = time.Now()
-	next.Members = nil
-	next.NNodes = len(members)
 	// Keyed by the closer too: should two leaders close the same round,
 	// the loser's keys cannot overwrite the winner's.
-	next.MembersKey = e.key(membersDir + gen + "/" + e.node)
-	next.AssignPrefix = e.key(assignDir + gen + "/" + e.node + "/")
-	next.WorldSize = members[len(members)-1].RankOffset + members[len(members)-1].NProc
-	next.MasterAddr = members[0].Addr
-	next.MasterPort = port
+	next := runningState(*st, members, port, e.key(membersDir+gen+"/"+e.node), e.key(assignDir+gen+"/"+e.node+"/"), time.Now())
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	// The member keys go first, in batches that fit etcd's default limit

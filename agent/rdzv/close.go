@@ -1,0 +1,128 @@
+package rdzv
+
+import (
+	"sort"
+	"time"
+)
+
+// This file decides when a round's leader closes the round and what the
+// closed round holds, from plain values: the leader (lead.go) gathers them
+// from the store and carries the decision out, so the rules are tested
+// without a store, as torch's _RendezvousJoinOp decides apart from its
+// executor.
+
+// closeRule is the job's side of closing a round.
+type closeRule struct {
+	Min, Max int           // NNodesMin, NNodesMax
+	LastCall time.Duration // after Min joined, how long to wait for more
+}
+
+// roundView is what a round's leader knows at one moment.
+type roundView struct {
+	Joiners []JoinInfo // the nodes that joined the round, in any order
+	Live    []NodeInfo // the registered nodes, in any order
+	// Reformation: the job ran before (the last round has members), so a
+	// round after a fault waits for no one but the live nodes.
+	Reformation bool
+	// MinSince is when Min nodes had joined, as the last decision said;
+	// zero when they had not.
+	MinSince      time.Time
+	Now, Deadline time.Time
+}
+
+// closeAction is what the leader does next.
+type closeAction int
+
+const (
+	// waitForMore: keep the round open and look again on the next event.
+	waitForMore closeAction = iota
+	// closeNow: write the members (closedRound) and the Running state.
+	closeNow
+	// joinTimedOut: too few nodes joined by the deadline; the round fails
+	// with *JoinTimeoutError.
+	joinTimedOut
+)
+
+// closeDecision is decideClose's answer.
+type closeDecision struct {
+	Action closeAction
+	Why    string    // for closeNow: which rule closed the round, for the log
+	Joined int       // how many nodes joined
+	Since  time.Time // MinSince for the next look
+	// Awaited are the indexes in roundView.Live of the active nodes that
+	// have not joined: the ones the round waits on, which the leader
+	// probes to find those whose agent is already gone.
+	Awaited []int
+}
+
+// decideClose decides whether the round of v closes now. It closes when
+//   - Max nodes joined; or
+//   - at least Min joined, the job ran before, and every live node
+//     joined: a re-formation after a fault waits for no one else; or
+//   - at least Min joined and the last-call window passed since then.
+//
+// Otherwise the round fails once the deadline passed, or waits.
+func decideClose(v roundView, rule closeRule) closeDecision {
+	d := closeDecision{Joined: len(v.Joiners), Since: v.MinSince}
+	n := d.Joined
+	if n >= rule.Min && d.Since.IsZero() {
+		d.Since = v.Now
+	}
+	if n < rule.Min {
+		d.Since = time.Time{}
+	}
+	joined := make(map[string]bool, n)
+	for _, j := range v.Joiners {
+		joined[j.Node] = true
+	}
+	for i, ln := range v.Live {
+		if ln.State == NodeActive && !joined[ln.Node] {
+			d.Awaited = append(d.Awaited, i)
+		}
+	}
+	switch {
+	case n >= rule.Max:
+		d.Action, d.Why = closeNow, "all nodes joined"
+	case n >= rule.Min && v.Reformation && len(d.Awaited) == 0:
+		d.Action, d.Why = closeNow, "every live node joined"
+	case n >= rule.Min && v.Now.Sub(d.Since) >= rule.LastCall:
+		d.Action, d.Why = closeNow, "last call ended"
+	case v.Now.After(v.Deadline):
+		d.Action = joinTimedOut
+	}
+	return d
+}
+
+// closedRound picks the members of a closing round and their group ranks
+// (see assign), and the workers' store port: the one group rank 0 offered
+// when it joined.
+func closedRound(prev []Member, joiners []joiner, max int) (members []Member, masterPort int) {
+	list := make([]joiner, len(joiners))
+	copy(list, joiners)
+	sort.Slice(list, func(a, b int) bool { return list[a].rev < list[b].rev })
+	members = assign(prev, list, max)
+	for _, j := range list {
+		if j.Node == members[0].Node {
+			masterPort = j.MasterPort
+		}
+	}
+	return members, masterPort
+}
+
+// runningState is the state that closes the round of st with members:
+// the member list itself lives at membersKey and one key per member under
+// assignPrefix, which the closer writes first.
+func runningState(st State, members []Member, masterPort int, membersKey, assignPrefix string, now time.Time) State {
+	next := st
+	next.Phase = Running
+	next.Since = now
+	next.Members = nil
+	next.NNodes = len(members)
+	next.MembersKey = membersKey
+	next.AssignPrefix = assignPrefix
+	last := members[len(members)-1]
+	next.WorldSize = last.RankOffset + last.NProc
+	next.MasterAddr = members[0].Addr
+	next.MasterPort = masterPort
+	return next
+}

@@ -1,0 +1,154 @@
+package rdzv
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestDecideClose(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	rule := closeRule{Min: 2, Max: 4, LastCall: 5 * time.Second}
+	joined := func(nodes ...string) []JoinInfo {
+		var js []JoinInfo
+		for _, n := range nodes {
+			js = append(js, JoinInfo{Node: n, NProc: 1})
+		}
+		return js
+	}
+	live := func(nodes ...string) []NodeInfo {
+		var ns []NodeInfo
+		for _, n := range nodes {
+			ns = append(ns, NodeInfo{Node: n, State: NodeActive})
+		}
+		return ns
+	}
+	leaving := append(live("a", "b"), NodeInfo{Node: "s", State: NodeSucceeded}, NodeInfo{Node: "l", State: NodeLeft})
+	tests := []struct {
+		name        string
+		v           roundView
+		wantAction  closeAction
+		wantWhy     string
+		wantSince   time.Time
+		wantAwaited []int
+	}{
+		{name: "below min: wait, no last call yet",
+			v:          roundView{Joiners: joined("a"), Live: live("a", "b"), Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: waitForMore, wantAwaited: []int{1}},
+		{name: "below min again: the last call starts over",
+			v:          roundView{Joiners: joined("a"), MinSince: t0.Add(-time.Second), Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: waitForMore},
+		{name: "min reached: the last call starts now",
+			v:          roundView{Joiners: joined("a", "b"), Live: live("a", "b", "c"), Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: waitForMore, wantSince: t0, wantAwaited: []int{2}},
+		{name: "min reached, last call running",
+			v:          roundView{Joiners: joined("a", "b"), MinSince: t0.Add(-4 * time.Second), Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: waitForMore, wantSince: t0.Add(-4 * time.Second)},
+		{name: "last call ended",
+			v:          roundView{Joiners: joined("a", "b"), Live: live("a", "b", "c"), MinSince: t0.Add(-5 * time.Second), Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: closeNow, wantWhy: "last call ended", wantSince: t0.Add(-5 * time.Second), wantAwaited: []int{2}},
+		{name: "max joined closes at once",
+			v:          roundView{Joiners: joined("a", "b", "c", "d"), Live: live("a", "b", "c", "d", "e"), Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: closeNow, wantWhy: "all nodes joined", wantSince: t0, wantAwaited: []int{4}},
+		{name: "first round waits for the last call although every live node joined",
+			v:          roundView{Joiners: joined("a", "b"), Live: live("a", "b"), Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: waitForMore, wantSince: t0},
+		{name: "re-formation: every live node joined",
+			v:          roundView{Joiners: joined("a", "b"), Live: live("a", "b"), Reformation: true, Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: closeNow, wantWhy: "every live node joined", wantSince: t0},
+		{name: "re-formation: nodes that succeeded or left are not waited for",
+			v:          roundView{Joiners: joined("a", "b"), Live: leaving, Reformation: true, Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: closeNow, wantWhy: "every live node joined", wantSince: t0},
+		{name: "re-formation below min waits for a live node",
+			v:          roundView{Joiners: joined("a"), Live: live("a", "b"), Reformation: true, Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: waitForMore, wantAwaited: []int{1}},
+		{name: "re-formation waits for a live node that has not joined",
+			v:          roundView{Joiners: joined("a", "b"), Live: live("c", "a", "b"), Reformation: true, Now: t0, Deadline: t0.Add(time.Minute)},
+			wantAction: waitForMore, wantSince: t0, wantAwaited: []int{0}},
+		{name: "deadline passed below min",
+			v:          roundView{Joiners: joined("a"), Live: live("a", "b"), Now: t0.Add(time.Minute + time.Nanosecond), Deadline: t0.Add(time.Minute)},
+			wantAction: joinTimedOut, wantAwaited: []int{1}},
+		{name: "deadline passed with min joined and the last call running",
+			v:          roundView{Joiners: joined("a", "b"), MinSince: t0, Now: t0.Add(time.Second), Deadline: t0},
+			wantAction: joinTimedOut, wantSince: t0},
+		{name: "a rule to close wins over the deadline",
+			v:          roundView{Joiners: joined("a", "b", "c", "d"), Now: t0.Add(time.Hour), Deadline: t0},
+			wantAction: closeNow, wantWhy: "all nodes joined", wantSince: t0.Add(time.Hour)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := decideClose(tc.v, rule)
+			if d.Action != tc.wantAction || d.Why != tc.wantWhy {
+				t.Fatalf("got %v %q, want %v %q", d.Action, d.Why, tc.wantAction, tc.wantWhy)
+			}
+			if !d.Since.Equal(tc.wantSince) {
+				t.Fatalf("got since %v, want %v", d.Since, tc.wantSince)
+			}
+			if !slices.Equal(d.Awaited, tc.wantAwaited) {
+				t.Fatalf("got awaited %v, want %v", d.Awaited, tc.wantAwaited)
+			}
+			if d.Joined != len(tc.v.Joiners) {
+				t.Fatalf("got joined %d, want %d", d.Joined, len(tc.v.Joiners))
+			}
+		})
+	}
+}
+
+func TestClosedRound(t *testing.T) {
+	j := func(node string, rev int64, port int) joiner {
+		return joiner{JoinInfo: JoinInfo{Node: node, Addr: node + ".addr", NProc: 2, MasterPort: port}, rev: rev}
+	}
+	prev := []Member{{Node: "a", GroupRank: 0}, {Node: "b", GroupRank: 1}}
+	tests := []struct {
+		name     string
+		prev     []Member
+		joiners  []joiner
+		max      int
+		want     string
+		wantPort int
+	}{
+		{"first round: the earliest joiner is rank 0 and offers the port", nil, []joiner{j("y", 7, 2002), j("x", 3, 2001)}, 4, "x y", 2001},
+		{"a survivor keeps rank 0 and its port", prev, []joiner{j("n", 1, 3000), j("b", 2, 3001), j("a", 9, 3002)}, 4, "a b n", 3002},
+		{"rank 0 lost: the newcomer that fills it offers the port", prev, []joiner{j("n", 1, 3000), j("b", 2, 3001)}, 4, "n b", 3000},
+		{"spares beyond max stay out", nil, []joiner{j("p", 1, 1), j("q", 2, 2), j("r", 3, 3)}, 2, "p q", 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			joiners := slices.Clone(tc.joiners)
+			ms, port := closedRound(tc.prev, tc.joiners, tc.max)
+			var got string
+			for i, m := range ms {
+				if i > 0 {
+					got += " "
+				}
+				got += m.Node
+			}
+			if got != tc.want || port != tc.wantPort {
+				t.Fatalf("got %q port %d, want %q port %d", got, port, tc.want, tc.wantPort)
+			}
+			if !slices.Equal(joiners, tc.joiners) {
+				t.Fatalf("got joiners reordered to %v, want them untouched", tc.joiners)
+			}
+		})
+	}
+}
+
+func TestRunningState(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	st := State{Generation: 7, Phase: Joining, Reason: "node x lost", Since: t0.Add(-time.Minute), Failures: 2, MaxRestarts: 3,
+		Members: []Member{{Node: "old"}}, MembersKey: "old-members", AssignPrefix: "old-assign/"}
+	members := []Member{
+		{Node: "a", Addr: "10.0.0.1", GroupRank: 0, NProc: 4, RankOffset: 0},
+		{Node: "b", Addr: "10.0.0.2", GroupRank: 1, NProc: 2, RankOffset: 4},
+	}
+	got := runningState(st, members, 29500, "members/7/a", "assign/7/a/", t0)
+	want := State{Generation: 7, Phase: Running, Reason: "node x lost", Since: t0, Failures: 2, MaxRestarts: 3,
+		NNodes: 2, MembersKey: "members/7/a", AssignPrefix: "assign/7/a/", WorldSize: 6, MasterAddr: "10.0.0.1", MasterPort: 29500}
+	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	if err := got.check(); err != nil {
+		t.Fatalf("got a state that fails its check: %v", err)
+	}
+}
