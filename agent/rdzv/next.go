@@ -95,8 +95,9 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 					break
 				}
 				if len(gone) > 0 {
-					m := gone[0]
-					_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+					// Its entry is gone, and its last value with it: lost.
+					d := departureOf(gone[0], NodeInfo{})
+					_, bumpErr = e.bump(ctx, st.Generation, d.Reason, d.Fault)
 					break
 				}
 				if !spare {

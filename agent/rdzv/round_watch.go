@@ -2,7 +2,6 @@ package rdzv
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
@@ -72,7 +71,7 @@ func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Mem
 		r.end("the rendezvous state was deleted or overwritten")
 		return 0, true
 	}
-	if st.Generation != r.Generation || (st.Phase != Running && st.Phase != Succeeded) {
+	if roundOver(st, r.Generation) {
 		r.end(st.Reason)
 		return 0, true
 	}
@@ -81,18 +80,12 @@ func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Mem
 		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 			live[strings.TrimPrefix(string(kv.Key), e.key(nodesDir))] = true
 		}
-		var missing []Member
-		for _, m := range members {
-			if !live[m.Node] && m.Node != e.node {
-				missing = append(missing, m)
-			}
-		}
-		if len(missing) > 0 {
+		if missing := absentMembers(members, live, e.node); len(missing) > 0 {
 			go func() {
 				// One that succeeded moves nothing: look on to the next.
 				for _, m := range missing {
-					if reason, fault, gone := e.departure(ctx, r, m); gone {
-						e.bumpUntilMoved(ctx, r, reason, fault)
+					if d := e.departure(ctx, r, m); d.Moves {
+						e.bumpUntilMoved(ctx, r, d.Reason, d.Fault)
 						return
 					}
 				}
@@ -129,10 +122,7 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 					r.end("the rendezvous state was deleted or overwritten")
 					return false
 				}
-				if st.Generation != r.Generation || st.Phase != Running {
-					if st.Phase == Succeeded && st.Generation == r.Generation {
-						continue
-					}
+				if roundOver(st, r.Generation) {
 					r.end(st.Reason)
 					return false
 				}
@@ -154,16 +144,8 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 				if !ok || m.Node == e.node {
 					continue
 				}
-				var prev NodeInfo
-				if ev.PrevKv != nil {
-					_ = decode(string(ev.Kv.Key), ev.PrevKv.Value, &prev)
-				}
-				switch prev.State {
-				case NodeSucceeded:
-				case NodeLeft:
-					go e.bumpUntilMoved(ctx, r, fmt.Sprintf("node %s (%s, group rank %d) left: %s", m.Node, m.Host, m.GroupRank, prev.Reason), false)
-				default:
-					go e.bumpUntilMoved(ctx, r, fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank), true)
+				if d := departureOf(m, lastEntry(ev)); d.Moves {
+					go e.bumpUntilMoved(ctx, r, d.Reason, d.Fault)
 				}
 			}
 		}
@@ -171,13 +153,12 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 }
 
 // departure says how member m, whose node entry is already gone when the
-// round is first checked, went: a node that left or succeeded marked its
-// entry so before its lease was revoked, and the store's history since the
-// round started still has that last value. gone is false for a node that
-// succeeded (no new generation); without the history (compacted, or no
-// delete found in time) the node counts as lost.
-func (e *Etcd) departure(ctx context.Context, r *Round, m Member) (reason string, fault, gone bool) {
-	lost := fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank)
+// round is first checked, went (see departureOf): a node that left or
+// succeeded marked its entry so before its lease was revoked, and the
+// store's history since the round started still has that last value.
+// Without the history (compacted, or no delete found in time) the node
+// counts as lost.
+func (e *Etcd) departure(ctx context.Context, r *Round, m Member) departure {
 	wctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	key := e.key(nodesDir) + m.Node
@@ -186,21 +167,20 @@ func (e *Etcd) departure(ctx context.Context, r *Round, m Member) (reason string
 			break
 		}
 		for _, ev := range resp.Events {
-			if ev.Type != clientv3.EventTypeDelete {
-				continue
+			if ev.Type == clientv3.EventTypeDelete {
+				return departureOf(m, lastEntry(ev))
 			}
-			var prev NodeInfo
-			if ev.PrevKv != nil {
-				_ = decode(key, ev.PrevKv.Value, &prev)
-			}
-			switch prev.State {
-			case NodeSucceeded:
-				return "", false, false
-			case NodeLeft:
-				return fmt.Sprintf("node %s (%s, group rank %d) left: %s", m.Node, m.Host, m.GroupRank, prev.Reason), false, true
-			}
-			return lost, true, true
 		}
 	}
-	return lost, true, true
+	return departureOf(m, NodeInfo{})
+}
+
+// lastEntry is the node entry a delete event removed, as far as it parses;
+// the zero NodeInfo when the event does not carry it.
+func lastEntry(ev *clientv3.Event) NodeInfo {
+	var prev NodeInfo
+	if ev.PrevKv != nil {
+		_ = decode(string(ev.Kv.Key), ev.PrevKv.Value, &prev)
+	}
+	return prev
 }
