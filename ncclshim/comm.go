@@ -13,7 +13,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
@@ -58,8 +58,8 @@ type comm struct {
 	running   *work  // the one it runs
 	collected uint64 // collectives completed
 
-	agent  *control.Client // nil without ddp-agent
-	events *eventRing      // nil without ddp-agent
+	agent  *agentconn.Client // nil without ddp-agent
+	events *eventRing        // nil without ddp-agent
 
 	// The nccl transport (ncclcomm.go): the library, rank 0's unique id,
 	// and the communicator once connected; ep and tr stay nil.
@@ -145,7 +145,7 @@ func (c *comm) bootstrapAgent() error {
 	defer cancel()
 	hello := wire.Hello{Rank: int32(*c.cfg.GlobalRank), LocalRank: int32(c.cfg.LocalRank), PID: int32(os.Getpid()),
 		Generation: c.cfg.Generation, Transports: []string{c.cfg.Transport}}
-	cl, w, err := control.Dial(ctx, c.cfg.Socket, hello)
+	cl, w, err := agentconn.Dial(ctx, c.cfg.Socket, hello)
 	if err != nil {
 		return errorf(rcUnavailable, "agent at %s: %w", c.cfg.Socket, err)
 	}

@@ -14,7 +14,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 	"github.com/ddp-agent/ddp-agent/wire"
@@ -79,7 +79,7 @@ func (c *comm) connectNCCL(lines []string) error {
 }
 
 // bootstrapAgentNCCL passes rank 0's unique id through the agent's store.
-func (c *comm) bootstrapAgentNCCL(ctx context.Context, cl *control.Client) error {
+func (c *comm) bootstrapAgentNCCL(ctx context.Context, cl *agentconn.Client) error {
 	key := "ddpshim/" + c.cfg.Name + "/nccl-id"
 	if c.rank == 0 {
 		if err := cl.KVSet(ctx, key, c.ncID[:]); err != nil {

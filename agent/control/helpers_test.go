@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -110,11 +111,11 @@ func startServer(t *testing.T, cfg Config) *Server {
 	return s
 }
 
-func dial(t *testing.T, s *Server, hello wire.Hello) (*Client, wire.Welcome) {
+func dial(t *testing.T, s *Server, hello wire.Hello) (*agentconn.Client, wire.Welcome) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, w, err := Dial(ctx, s.Path(), hello)
+	c, w, err := agentconn.Dial(ctx, s.Path(), hello)
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}

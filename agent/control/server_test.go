@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -113,8 +114,8 @@ func TestGenerationScoping(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("generation 1 connection was not closed")
 	}
-	if err := c1.KVSet(context.Background(), "k", nil); !errors.Is(err, ErrClosed) {
-		t.Errorf("KVSet on closed connection: got %v, want %v", err, ErrClosed)
+	if err := c1.KVSet(context.Background(), "k", nil); !errors.Is(err, agentconn.ErrClosed) {
+		t.Errorf("KVSet on closed connection: got %v, want %v", err, agentconn.ErrClosed)
 	}
 	if err := c1.Close(); err != nil {
 		t.Errorf("Close after connection loss: got %v, want nil", err)
@@ -144,7 +145,7 @@ func TestHandshakeRejected(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			leakCheck(t)
 			s := startServer(t, Config{Authorize: tc.authorize})
-			c, _, err := Dial(context.Background(), s.Path(), tc.hello)
+			c, _, err := agentconn.Dial(context.Background(), s.Path(), tc.hello)
 			if err == nil {
 				c.Close()
 			}
@@ -193,8 +194,8 @@ func TestSendEventsDoesNotBlock(t *testing.T) {
 	for i := range 100 {
 		start := time.Now()
 		err := c.SendEvents(ev)
-		if d := time.Since(start); d > EventsWriteTimeout+500*time.Millisecond {
-			t.Fatalf("SendEvents %d took %v, want at most about %v", i, d, EventsWriteTimeout)
+		if d := time.Since(start); d > agentconn.EventsWriteTimeout+500*time.Millisecond {
+			t.Fatalf("SendEvents %d took %v, want at most about %v", i, d, agentconn.EventsWriteTimeout)
 		}
 		if err != nil {
 			return
@@ -206,7 +207,7 @@ func TestSendEventsDoesNotBlock(t *testing.T) {
 func TestAbort(t *testing.T) {
 	leakCheck(t)
 	s := startServer(t, Config{})
-	var clients []*Client
+	var clients []*agentconn.Client
 	for range 3 {
 		c, _ := dial(t, s, selfHello(0))
 		clients = append(clients, c)
@@ -353,8 +354,8 @@ func TestRunShutdown(t *testing.T) {
 			}
 			select {
 			case err := <-getErr:
-				if !errors.Is(err, ErrClosed) {
-					t.Errorf("pending KVGet: got %v, want %v", err, ErrClosed)
+				if !errors.Is(err, agentconn.ErrClosed) {
+					t.Errorf("pending KVGet: got %v, want %v", err, agentconn.ErrClosed)
 				}
 			case <-time.After(2 * time.Second):
 				t.Error("pending KVGet not woken")
@@ -412,17 +413,17 @@ func TestClientClose(t *testing.T) {
 	}
 	select {
 	case err := <-getErr:
-		if !errors.Is(err, ErrClosed) {
-			t.Errorf("pending KVGet: got %v, want %v", err, ErrClosed)
+		if !errors.Is(err, agentconn.ErrClosed) {
+			t.Errorf("pending KVGet: got %v, want %v", err, agentconn.ErrClosed)
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("pending KVGet not woken by Close")
 	}
-	if err := c.KVSet(context.Background(), "k", nil); !errors.Is(err, ErrClosed) {
-		t.Errorf("KVSet after Close: got %v, want %v", err, ErrClosed)
+	if err := c.KVSet(context.Background(), "k", nil); !errors.Is(err, agentconn.ErrClosed) {
+		t.Errorf("KVSet after Close: got %v, want %v", err, agentconn.ErrClosed)
 	}
-	if err := c.SendEvents(wire.Events{}); !errors.Is(err, ErrClosed) {
-		t.Errorf("SendEvents after Close: got %v, want %v", err, ErrClosed)
+	if err := c.SendEvents(wire.Events{}); !errors.Is(err, agentconn.ErrClosed) {
+		t.Errorf("SendEvents after Close: got %v, want %v", err, agentconn.ErrClosed)
 	}
 	waitFor(t, "server to drop the connection", func() bool { return s.Conns() == 0 })
 }

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -29,7 +29,7 @@ func helper(mode string) int {
 	case "kv":
 		// Every rank publishes an address and reads everyone's, as a
 		// transport bootstrap does.
-		c, w, err := control.Dial(ctx, os.Getenv("DDP_AGENT_SOCKET"), wire.Hello{
+		c, w, err := agentconn.Dial(ctx, os.Getenv("DDP_AGENT_SOCKET"), wire.Hello{
 			Rank: int32(rank), LocalRank: int32(localRank), PID: int32(os.Getpid()), Generation: gen, Transports: []string{"host"}})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "dial:", err)
@@ -81,7 +81,7 @@ func helper(mode string) int {
 	if mode == "abortwait" {
 		// Ignore SIGTERM so only the control socket's Abort ends this worker.
 		signal.Ignore(syscall.SIGTERM)
-		c, _, err := control.Dial(ctx, os.Getenv("DDP_AGENT_SOCKET"), wire.Hello{
+		c, _, err := agentconn.Dial(ctx, os.Getenv("DDP_AGENT_SOCKET"), wire.Hello{
 			Rank: int32(rank), LocalRank: int32(localRank), PID: int32(os.Getpid()), Generation: gen})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "dial:", err)
@@ -173,7 +173,7 @@ func TestControlSocketRejectsStrangers(t *testing.T) {
 	// Same user, but not a worker: denied even when claiming to be rank 0.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _, err = control.Dial(ctx, sock, wire.Hello{Rank: 0, PID: int32(os.Getpid())})
+	_, _, err = agentconn.Dial(ctx, sock, wire.Hello{Rank: 0, PID: int32(os.Getpid())})
 	if !errors.Is(err, wire.ErrDenied) {
 		t.Errorf("Dial from the test process: got %v, want ErrDenied", err)
 	}

@@ -1,4 +1,8 @@
-package control
+// Package agentconn is the worker side of ddp-agent's control socket, as
+// the shim uses it: a Client that says Hello, bootstraps through the
+// agent's store (KVSet, KVGet), ships collective events and hears Abort.
+// The protocol is package wire; the agent's side is agent/control.
+package agentconn
 
 import (
 	"context"
