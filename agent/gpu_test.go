@@ -14,9 +14,6 @@ import (
 	"testing"
 	"time"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
-
-	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/nvml"
@@ -91,7 +88,7 @@ func startGPUJob(t *testing.T, maxRestarts int) *gpuJob {
 	server := nvmltest.DGXA100(true)
 	nvmltest.QuietPolls(server)
 	j := &gpuJob{events: nvmltest.NewEvents(server), log: &logBuf{}, out: &logBuf{}, done: make(chan error, 1)}
-	topo, err := nvml.Discover(t.Context(), server, nvml.WithSysFS(nvmltest.DGXSysFS()))
+	topo, err := nvml.Discover(t.Context(), nvmltest.Lib(server), nvml.WithSysFS(nvmltest.DGXSysFS()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,16 +99,14 @@ func startGPUJob(t *testing.T, maxRestarts int) *gpuJob {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := launch.Parse([]string{"--no-python", "--nproc-per-node", "2", "--max-restarts", fmt.Sprint(maxRestarts),
-		"--stop-timeout", "2s", os.Args[0]}, func(string) string { return "" }, launch.Host{CPUs: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// As `ddp-agent run --no-python --nproc-per-node 2 --max-restarts N --stop-timeout 2s <test binary>`.
+	cfg := Config{Command: []string{os.Args[0]}, NProcPerNode: 2, MaxRestarts: maxRestarts, StopTimeout: 2 * time.Second,
+		Rendezvous: Rendezvous{NNodesMin: 1, NNodesMax: 1}, Telemetry: Telemetry{HangTimeout: time.Minute, TraceSample: 0.1}}
 	log := slog.New(slog.NewTextHandler(j.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	a := New(cfg, log, supervisor.NewConsole(j.out), supervisor.NewConsole(j.out), append(os.Environ(), "AGENT_TEST_WORKER=sleep"))
 	a.SetGPUs(&GPUs{Topology: topo, Plan: plan, Binding: placement.ModeNone, Bind: os.Args[0],
 		Watch: func(devs []health.Device, opts ...health.Option) *health.Watcher {
-			return health.NewWatcher(server, devs, append(opts, health.WithInterval(50*time.Millisecond))...)
+			return health.NewWatcher(nvmltest.Lib(server), devs, append(opts, health.WithInterval(50*time.Millisecond))...)
 		}})
 	ctx, cancel := context.WithCancelCause(context.Background())
 	j.stop = cancel
@@ -133,7 +128,7 @@ func (j *gpuJob) inject(t *testing.T, gpu int, xid uint64) time.Time {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()
 	at := time.Now()
-	if err := j.events.Inject(ctx, gpu, gonvml.EventTypeXidCriticalError, xid); err != nil {
+	if err := j.events.Inject(ctx, gpu, nvmltest.EventXID, xid); err != nil {
 		t.Fatalf("inject XID %d on GPU %d: %v", xid, gpu, err)
 	}
 	return at

@@ -47,11 +47,11 @@ type joined struct {
 // etcd store that this agent hosts (c10d, --standalone) or that exists
 // already (etcd).
 func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, error) {
-	cfg := a.cfg
-	if !cfg.Dynamic() {
+	cfg := a.cfg.Rendezvous
+	if !cfg.Dynamic {
 		return &joined{
-			rz: &rdzv.Static{NodeRank: cfg.NodeRank, NNodes: cfg.NNodesMax, NProc: cfg.NProcPerNode,
-				MaxRestarts: cfg.MaxRestarts, MasterAddr: a.masterAddr(), MasterPort: cfg.MasterPort},
+			rz: &rdzv.Static{NodeRank: cfg.NodeRank, NNodes: cfg.NNodesMax, NProc: a.cfg.NProcPerNode,
+				MaxRestarts: a.cfg.MaxRestarts, MasterAddr: a.masterAddr(), MasterPort: cfg.MasterPort},
 			nodeLocalKV: cfg.NNodesMax > 1,
 			close:       func() {},
 		}, nil
@@ -60,13 +60,13 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 		return nil, err
 	}
 	var srv *store.Server
-	endpoints := cfg.Endpoints()
+	endpoints := cfg.Endpoints
 	closeAll := func() {
 		if srv != nil {
 			srv.Close()
 		}
 	}
-	tls := a.tlsFiles()
+	tls := cfg.TLS
 	hostIt, err := a.shouldHost(endpoints)
 	if err != nil {
 		return nil, err
@@ -97,7 +97,7 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 	// The agent that hosts the store may start after this one, as with
 	// torchrun's c10d: keep trying for the join timeout.
 	var cli *clientv3.Client
-	deadline := time.Now().Add(cfg.Rdzv.JoinTimeout)
+	deadline := time.Now().Add(cfg.JoinTimeout)
 	for {
 		cli, err = store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tls, Logger: a.log})
 		if err == nil {
@@ -125,13 +125,12 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 		return nil, err
 	}
 	host, _ := os.Hostname()
-	rc := cfg.Rdzv
-	prefix := rdzv.Prefix(rc.Prefix, runID)
+	prefix := rdzv.Prefix(cfg.Prefix, runID)
 	e, err := rdzv.Open(ctx, cli, rdzv.Config{
 		JobID: runID, Prefix: prefix, Hosted: srv != nil, Endpoint: strings.Join(endpoints, ","),
-		Host: host, Addr: addr, NProc: cfg.NProcPerNode, GPUs: a.nodeGPUs(),
-		NNodesMin: cfg.NNodesMin, NNodesMax: cfg.NNodesMax, MaxRestarts: cfg.MaxRestarts, Token: cfg.RdzvToken,
-		JoinTimeout: rc.JoinTimeout, LastCall: rc.LastCall, TTL: rc.TTL(), MasterPort: cfg.MasterPort,
+		Host: host, Addr: addr, NProc: a.cfg.NProcPerNode, GPUs: a.nodeGPUs(),
+		NNodesMin: cfg.NNodesMin, NNodesMax: cfg.NNodesMax, MaxRestarts: a.cfg.MaxRestarts, Token: cfg.Token,
+		JoinTimeout: cfg.JoinTimeout, LastCall: cfg.LastCall, TTL: cfg.TTL, MasterPort: cfg.MasterPort,
 		Logger: a.log,
 	})
 	if err != nil {
@@ -152,26 +151,18 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 	}, nil
 }
 
-func (a *Agent) tlsFiles() *store.TLSFiles {
-	rc := a.cfg.Rdzv
-	if rc.CACert == "" && rc.Cert == "" && rc.Protocol != "https" {
-		return nil
-	}
-	return &store.TLSFiles{CertFile: rc.Cert, KeyFile: rc.Key, CAFile: rc.CACert}
-}
-
 // shouldHost decides whether this agent starts the embedded store: with
 // --standalone always; with c10d when is_host says so or the endpoint is
 // an address of this host; with an external etcd never.
 func (a *Agent) shouldHost(endpoints []string) (bool, error) {
-	cfg := a.cfg
+	cfg := a.cfg.Rendezvous
 	switch {
 	case cfg.Standalone:
 		return true, nil
-	case cfg.ExternalStore():
+	case cfg.External:
 		return false, nil
-	case cfg.Rdzv.IsHost != nil:
-		return *cfg.Rdzv.IsHost, nil
+	case cfg.IsHost != nil:
+		return *cfg.IsHost, nil
 	}
 	host, _, err := net.SplitHostPort(stripScheme(endpoints[0]))
 	if err != nil {
@@ -228,8 +219,8 @@ func bindAddr(endpoint string) (string, error) {
 // or the source address this host uses to reach the store, which is on a
 // network the other nodes share (loopback when the store is).
 func (a *Agent) localAddr(endpoint string) (string, error) {
-	if a.cfg.LocalAddr != "" {
-		return a.cfg.LocalAddr, nil
+	if a.cfg.Rendezvous.LocalAddr != "" {
+		return a.cfg.Rendezvous.LocalAddr, nil
 	}
 	c, err := net.Dial("udp", stripScheme(endpoint)) // sends nothing: it only picks a route
 	if err != nil {

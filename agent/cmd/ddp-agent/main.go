@@ -138,7 +138,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		os.Exit(128 + int(s.(syscall.Signal)))
 	}()
 
-	a := agent.New(cfg, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
+	a := agent.New(runConfig(cfg, os.Getenv), log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
 	a.SetGPUs(gpus)
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError

@@ -1,12 +1,10 @@
-package agent
+package watch
 
 import (
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
-
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/nvml"
@@ -31,7 +29,7 @@ func TestHangTimeoutAuto(t *testing.T) {
 		{"gaps", 30 * time.Second, []uint64{0, 2, 4, 6, 8, 10, 12}, time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newStallWatch(slog.New(slog.DiscardHandler), time.Minute)
+			s := New(Config{Log: slog.New(slog.DiscardHandler), HangTimeout: time.Minute})
 			s.hangAuto = true
 			for _, st := range tc.steps {
 				s.steps.observe(st, base.Add(time.Duration(st)*tc.step))
@@ -54,13 +52,15 @@ func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 	srv := nvmltest.DGXA100(false)
 	nvmltest.QuietPolls(srv)
 	tel := nvmltest.NewTelemetry(srv)
-	tel.SetThrottle(1, gonvml.ClocksThrottleReasonSwPowerCap)
+	tel.SetThrottle(1, nvmltest.ThrottleSwPowerCap)
 	dev, _ := srv.DeviceGetHandleByIndex(1)
 	uuid, _ := dev.GetUUID()
 
 	var logs strings.Builder
-	s := newStallWatch(slog.New(slog.NewTextHandler(&logs, nil)), time.Minute)
-	s.readGPU = func(u string) (nvml.GPUState, error) { return nvml.ReadGPUState(srv, u) }
+	s := New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil)), HangTimeout: time.Minute, ReadGPU: func(u string) (string, error) {
+		st, err := nvml.ReadGPUState(nvmltest.Lib(srv), u)
+		return st.String(), err
+	}})
 	local := []telemetry.Worker{
 		{Rank: 0, LocalRank: 0, Host: "node-a", PID: 100, GPU: "GPU-other", GPUIndex: 0},
 		{Rank: 1, LocalRank: 1, Host: "node-a", PID: 101, GPU: uuid, GPUIndex: 1},
@@ -107,7 +107,8 @@ func TestSeconds(t *testing.T) {
 // the timeout (the wall clock jumped ahead) is no hang while collectives
 // keep completing; once nothing has completed for the timeout, it is.
 func TestHangNeedsQuiet(t *testing.T) {
-	s := newStallWatch(slog.New(slog.DiscardHandler), 2*time.Second)
+	hangs := make(chan *HangError, 1)
+	s := New(Config{Log: slog.New(slog.DiscardHandler), HangTimeout: 2 * time.Second, OnHang: func(h *HangError) { hangs <- h }})
 	s.start(0, 0, 2, []telemetry.Worker{{Rank: 0}, {Rank: 1, LocalRank: 1}}, 0, "", nil, nil)
 	at := s.current()
 	now := time.Now()
@@ -121,7 +122,7 @@ func TestHangNeedsQuiet(t *testing.T) {
 	s.analyze(at, []telemetry.Record{{Step: 1, Rank: 0, Status: telemetry.StatusInFlight, Arrive: now.Add(-time.Hour)}})
 	s.checkHang(t.Context(), now)
 	select {
-	case h := <-s.hangs:
+	case h := <-hangs:
 		t.Fatalf("hang while collectives complete: %v", h)
 	default:
 	}
@@ -130,7 +131,7 @@ func TestHangNeedsQuiet(t *testing.T) {
 	s.mu.Unlock()
 	s.checkHang(t.Context(), now)
 	select {
-	case h := <-s.hangs:
+	case h := <-hangs:
 		if len(h.Hang.Missing) != 1 || h.Hang.Missing[0] != 1 {
 			t.Errorf("hang %+v, want rank 1 missing", h.Hang)
 		}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/ddp-agent/ddp-agent/agent"
+	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
+)
+
+// runConfig maps the parsed command line onto what the agent needs;
+// getenv is the environment (the OTEL_* variables that decide the OTLP
+// protocol).
+func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
+	rc := cfg.Rdzv
+	var tls *store.TLSFiles
+	if rc.CACert != "" || rc.Cert != "" || rc.Protocol == "https" {
+		tls = &store.TLSFiles{CertFile: rc.Cert, KeyFile: rc.Key, CAFile: rc.CACert}
+	}
+	return agent.Config{
+		RunID:        cfg.RdzvID,
+		Command:      cfg.Command(),
+		NProcPerNode: cfg.NProcPerNode,
+		Role:         cfg.Role,
+		MaxRestarts:  cfg.MaxRestarts,
+		StopTimeout:  cfg.StopTimeout,
+		LogDir:       cfg.LogDir,
+		KeepLogs:     cfg.KeepLogs(),
+		Streams:      cfg.Streams(),
+		Rendezvous: agent.Rendezvous{
+			Dynamic:     cfg.Dynamic(),
+			Standalone:  cfg.Standalone,
+			External:    cfg.ExternalStore(),
+			Endpoints:   cfg.Endpoints(),
+			IsHost:      rc.IsHost,
+			TLS:         tls,
+			NodeRank:    cfg.NodeRank,
+			NNodesMin:   cfg.NNodesMin,
+			NNodesMax:   cfg.NNodesMax,
+			MasterAddr:  cfg.MasterAddr,
+			MasterPort:  cfg.MasterPort,
+			LocalAddr:   cfg.LocalAddr,
+			Token:       cfg.RdzvToken,
+			Prefix:      rc.Prefix,
+			JoinTimeout: rc.JoinTimeout,
+			LastCall:    rc.LastCall,
+			TTL:         rc.TTL(),
+		},
+		Telemetry: agent.Telemetry{
+			HangTimeout:  cfg.HangTimeout,
+			HangAuto:     cfg.HangAuto,
+			OTelEndpoint: cfg.OTelEndpoint,
+			OTLPProtocol: otlpProtocol(cfg.OTelEndpoint, getenv),
+			TraceSample:  cfg.TraceSample,
+			MetricsAddr:  cfg.MetricsAddr,
+		},
+	}
+}
+
+// otlpProtocol: an http(s):// endpoint means OTLP/HTTP, as the flag's
+// help says, unless the standard variables ask for gRPC; "" leaves the
+// choice to those variables.
+func otlpProtocol(endpoint string, getenv func(string) string) string {
+	if !strings.HasPrefix(endpoint, "http://") && !strings.HasPrefix(endpoint, "https://") {
+		return ""
+	}
+	if getenv("OTEL_EXPORTER_OTLP_PROTOCOL") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") != "" {
+		return ""
+	}
+	return export.ProtocolHTTP
+}

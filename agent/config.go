@@ -1,0 +1,76 @@
+package agent
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+)
+
+// Config is what the agent needs to run this node's part of a job. The
+// command line (package launch, torchrun's flags) is mapped onto it by
+// cmd/ddp-agent; the agent reads no flag and no environment variable.
+type Config struct {
+	RunID        string   // the job's id (TORCHELASTIC_RUN_ID); "" makes a random one
+	Command      []string // one worker's argv: interpreter, script, arguments
+	NProcPerNode int
+	Role         string
+	MaxRestarts  int           // restarts of the whole job after a fault
+	StopTimeout  time.Duration // grace between SIGTERM and SIGKILL
+
+	// LogDir keeps each run's worker logs, error files and Perfetto
+	// traces in LogDir/<run id>. Without it, KeepLogs keeps them in a
+	// temporary directory (--redirects or --tee ask for files), and
+	// otherwise the run's directory is removed at exit.
+	LogDir   string
+	KeepLogs bool
+	// Streams says where each local rank's stdout and stderr go; nil: the
+	// console only.
+	Streams func(localRank int) supervisor.Streams
+
+	Rendezvous Rendezvous
+	Telemetry  Telemetry
+}
+
+// Rendezvous says how this node joins the job.
+type Rendezvous struct {
+	// Dynamic joins through a store (c10d, etcd, --standalone); otherwise
+	// the ranks are fixed by NodeRank and NNodesMax (static).
+	Dynamic    bool
+	Standalone bool     // a single node hosting its own store on loopback
+	External   bool     // the store is an etcd the agent does not host
+	Endpoints  []string // the store's; the first decides who hosts it
+	IsHost     *bool    // whether this agent hosts the store; nil: by address
+	TLS        *store.TLSFiles
+
+	NodeRank             int // static only
+	NNodesMin, NNodesMax int
+	MasterAddr           string // static only; "" is loopback
+	MasterPort           int    // 0: a free port for every attempt
+	LocalAddr            string // how the other nodes reach this one; "" is found
+	Token                string // shared secret checked on join; "" none
+	Prefix               string // where jobs live in the store
+	JoinTimeout          time.Duration
+	LastCall             time.Duration // wait for more nodes once MIN have joined
+	TTL                  time.Duration // a silent node's lease
+}
+
+// Telemetry says what the agent watches in the workers' collectives and
+// where it exports it.
+type Telemetry struct {
+	HangTimeout  time.Duration // a collective unfinished this long after the first rank arrived is a hang; 0: none
+	HangAuto     bool          // the timeout grows to 10 × the median step time
+	OTelEndpoint string        // OTLP collector; "" leaves it to the OTEL_* variables
+	OTLPProtocol string        // export.ProtocolGRPC or ProtocolHTTP; "" leaves it to the OTEL_* variables
+	TraceSample  float64       // share of normal steps traced; stalled steps always are
+	MetricsAddr  string        // Prometheus endpoint; "" none
+}
+
+func (c *Config) nnodes() string {
+	r := c.Rendezvous
+	if r.NNodesMin == r.NNodesMax {
+		return strconv.Itoa(r.NNodesMax)
+	}
+	return strconv.Itoa(r.NNodesMin) + ":" + strconv.Itoa(r.NNodesMax)
+}

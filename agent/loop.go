@@ -1,0 +1,286 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+)
+
+// attempt is one run of this node's worker group, in one generation.
+type attempt struct {
+	n       int // 0 for the first
+	gen     uint64
+	r       *rdzv.Round
+	g       *supervisor.Group
+	started time.Time
+}
+
+// loop runs attempts until the job succeeds, fails, or ctx ends.
+func (a *Agent) loop(ctx context.Context, s *session) error {
+	for n := 0; ; n++ {
+		waitStart := time.Now()
+		r, err := s.j.rz.Next(ctx)
+		if err != nil {
+			return a.noRound(ctx, s, n, err)
+		}
+		at, err := a.start(ctx, s, n, r, waitStart)
+		if err != nil {
+			return err
+		}
+		f, err := a.wait(ctx, s, at)
+		s.watch.End()
+		switch {
+		case err != nil: // ctx done: a signal or the caller
+			return a.stop(ctx, s, at)
+		case f == nil:
+			return a.succeed(ctx, s, at)
+		}
+		if done, err := a.recover(ctx, s, at, f); done {
+			return err
+		}
+	}
+}
+
+// noRound is the end of the job when this node gets no next round.
+func (a *Agent) noRound(ctx context.Context, s *session, n int, err error) error {
+	var failed *rdzv.JobFailedError
+	switch {
+	case ctx.Err() != nil:
+		return context.Cause(ctx)
+	case errors.Is(err, rdzv.ErrJobSucceeded):
+		a.log.Info("the job finished without this node")
+		return nil
+	case errors.As(err, &failed):
+		return &JobFailedError{Attempts: n, Reason: failed.Reason}
+	}
+	s.leave("gave up: " + err.Error())
+	return err
+}
+
+// start starts attempt n's workers in round r and begins watching them.
+func (a *Agent) start(ctx context.Context, s *session, n int, r *rdzv.Round, waitStart time.Time) (*attempt, error) {
+	at := &attempt{n: n, gen: r.Generation, r: r}
+	s.srv.SetGeneration(at.gen, r.WorldSize, nil)
+	attemptDir := filepath.Join(s.runDir, "attempt_"+strconv.Itoa(n))
+	stackDir := filepath.Join(attemptDir, "stacks")
+	spec := a.spec(s, r, attemptDir, stackDir)
+	a.setGroup(nil, 0) // the last attempt's workers are gone: no ranks on the GPUs until the next start
+	s.faults.clear()   // what is queued belongs to the last attempt
+	at.started = time.Now()
+	at.g = supervisor.New(spec, a.log)
+	a.setGroup(at.g, r.RankOffset) // before the first worker runs: it may dial the control socket at once
+	if err := at.g.Start(); err != nil {
+		r.Stop()
+		return nil, fmt.Errorf("attempt %d: %w", n, err)
+	}
+	workers := a.workers(at.g, r.RankOffset)
+	s.watch.Begin(ctx, watch.Attempt{Gen: at.gen, GroupRank: r.GroupRank, NNodes: r.NNodes, WorldSize: r.WorldSize,
+		RankOffset: r.RankOffset, MasterAddr: r.MasterAddr, Done: r.Done(), Workers: workers, StackDir: stackDir,
+		KV: s.j.kv, JobID: s.runID, Token: a.cfg.Rendezvous.Token})
+	s.mon.SetWorkers(at.g.PIDs())
+	s.mon.Sample() // a worker that dies at once still gets a line in the report
+	a.log.Info("workers started", "attempt", n, "generation", at.gen, "group_rank", r.GroupRank, "nnodes", r.NNodes,
+		"world_size", r.WorldSize, "master", net.JoinHostPort(spec.MasterAddr, strconv.Itoa(spec.MasterPort)),
+		"rendezvous", at.started.Sub(waitStart).Round(time.Millisecond), "pids", at.g.PIDs())
+	return at, nil
+}
+
+// spec is the worker group of round r.
+func (a *Agent) spec(s *session, r *rdzv.Round, attemptDir, stackDir string) *supervisor.Spec {
+	bootstrap := ""
+	if s.j.nodeLocalKV {
+		bootstrap = "external"
+	}
+	return &supervisor.Spec{
+		Argv:          a.cfg.Command,
+		BaseEnv:       append(slices.Clip(a.baseEnv), "DDP_AGENT_STACK_DIR="+stackDir),
+		NProc:         a.cfg.NProcPerNode,
+		RankOffset:    r.RankOffset,
+		WorldSize:     r.WorldSize,
+		NodeRank:      r.GroupRank,
+		NNodes:        r.NNodes,
+		MasterAddr:    r.MasterAddr,
+		MasterPort:    r.MasterPort,
+		RunID:         s.runID,
+		Role:          a.cfg.Role,
+		RestartCount:  r.Restarts,
+		MaxRestarts:   a.cfg.MaxRestarts,
+		Generation:    r.Generation,
+		ControlSocket: s.srv.Path(),
+		Bootstrap:     bootstrap,
+		AttemptDir:    attemptDir,
+		Place:         a.place(),
+		Streams:       a.streams(),
+		Stdout:        a.stdout,
+		Stderr:        a.stderr,
+	}
+}
+
+// wait blocks until the attempt's workers have all succeeded (nil, nil),
+// a fault ended it, or ctx is done (ctx's cause). The end of the round is
+// reported to the fault queue like every other source.
+func (a *Agent) wait(ctx context.Context, s *session, at *attempt) (*Fault, error) {
+	rctx, end := context.WithCancel(ctx)
+	defer end()
+	exited := make(chan error, 1)
+	go func() { exited <- at.g.Wait(rctx) }()
+	go func() {
+		select {
+		case <-at.r.Done():
+			s.faults.report(roundFault(at.gen, at.r.Reason()))
+		case <-rctx.Done():
+		}
+	}()
+	var f *Fault
+	for f == nil {
+		select {
+		case err := <-exited:
+			return a.exitFault(ctx, at, err)
+		case <-s.faults.ready:
+			f = s.faults.take(at.gen, at.started, a.dropStale)
+		}
+	}
+	end()
+	switch err := <-exited; {
+	case err == nil: // they all succeeded meanwhile
+		return nil, nil
+	case ctx.Err() == nil:
+		// A worker that failed before the fault was handled is the
+		// fault: it names a rank and has the report.
+		if wf, _ := a.exitFault(ctx, at, err); wf != nil {
+			return wf, nil
+		}
+		return f, nil
+	default:
+		return a.exitFault(ctx, at, err)
+	}
+}
+
+// exitFault turns the worker group's Wait result into the attempt's
+// outcome.
+func (a *Agent) exitFault(ctx context.Context, at *attempt, err error) (*Fault, error) {
+	var failed *supervisor.WorkerExitError
+	switch {
+	case err == nil:
+		return nil, nil
+	case errors.As(err, &failed):
+		return workerFault(at.gen, failed), nil
+	}
+	return nil, context.Cause(ctx)
+}
+
+// dropStale logs a fault from an earlier attempt that is ignored.
+func (a *Agent) dropStale(f *Fault) {
+	if f.Source == FromGPU {
+		// Stopping workers can itself raise XIDs (43 for a process
+		// killed in a kernel): the last attempt's.
+		a.log.Warn("GPU fault from before these workers started: ignored", "fault", f.Err.Error())
+	}
+}
+
+// recover handles a fault of the attempt: the one place where faults
+// become a restart of the job, a move to the next generation, or the end
+// of the job. done: Run returns err.
+func (a *Agent) recover(ctx context.Context, s *session, at *attempt, f *Fault) (done bool, err error) {
+	switch f.Source {
+	case FromRound:
+		a.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
+		s.abort("job moving to a new generation: " + f.Reason)
+		at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
+		a.dropGeneration(s, at.gen)
+		return false, nil
+	case FromWorker:
+		s.mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
+	case FromGPU:
+		gf, _ := errorsAs[*GPUFaultError](f)
+		fd := gf.Findings[0]
+		a.log.Error("GPU fault: restarting the job's workers", "gpu", fd.GPU, "uuid", fd.UUID, "ranks", fd.Ranks,
+			"kind", string(fd.Kind), "xid", fd.XID, "finding", fd.Message, "count", fd.Count)
+	}
+	s.exp.Restart(at.gen, f.Reason)
+	noneLeft, err := a.failAttempt(ctx, s, at, f)
+	if noneLeft {
+		jf := &JobFailedError{Attempts: at.n + 1, Reason: f.Reason}
+		if wf, ok := errorsAs[*supervisor.WorkerExitError](f); ok {
+			jf = &JobFailedError{Attempts: at.n + 1, Cause: wf}
+		}
+		return true, drainOr(ctx, jf)
+	}
+	return err != nil, err
+}
+
+// failAttempt handles a fault of this node's attempt: it aborts the
+// workers' communicators, tells the rendezvous first (the other nodes'
+// workers are stuck on this node's until their agents restart them),
+// stops the workers, and reports. noneLeft: the job has no restarts left;
+// err: ctx ended meanwhile.
+func (a *Agent) failAttempt(ctx context.Context, s *session, at *attempt, f *Fault) (noneLeft bool, err error) {
+	s.abort(f.Reason)
+	ferr := s.j.rz.Fail(ctx, at.r, f.Reason)
+	at.r.Stop()
+	at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
+	a.dropGeneration(s, at.gen)
+	if wf, ok := errorsAs[*supervisor.WorkerExitError](f); ok {
+		a.report(wf, at.r.Restarts, time.Since(at.started), at.g.PIDs(), s.mon)
+	}
+	var jf *rdzv.JobFailedError
+	if errors.As(ferr, &jf) {
+		return true, nil
+	}
+	if ferr != nil {
+		a.log.Error("tell the rendezvous about the failure", "err", ferr)
+	}
+	if ctx.Err() != nil {
+		return false, context.Cause(ctx)
+	}
+	a.log.Warn("restarting worker group", "restarts", at.r.Restarts+1, "max_restarts", a.cfg.MaxRestarts)
+	return false, nil
+}
+
+// succeed ends the job for this node: every worker exited 0.
+func (a *Agent) succeed(ctx context.Context, s *session, at *attempt) error {
+	at.r.Stop()
+	s.events.report(a.log, at.gen, s.srv.Conns)
+	a.log.Info("all workers succeeded", "attempt", at.n, "generation", at.gen, "elapsed", time.Since(at.started).Round(time.Millisecond))
+	if err := s.j.rz.Succeed(ctx, at.r); err != nil {
+		a.log.Warn("tell the rendezvous this node finished", "err", err)
+	}
+	s.left = true // succeeded nodes leave quietly: their lease ends with the agent
+	return nil
+}
+
+// stop stops the workers when ctx is done (a signal, or the caller) and
+// returns its cause.
+func (a *Agent) stop(ctx context.Context, s *session, at *attempt) error {
+	at.r.Stop()
+	cause := context.Cause(ctx)
+	sig := stopSignal(cause)
+	a.log.Info("stopping workers", "reason", cause, "signal", sig, "grace", a.cfg.StopTimeout)
+	s.abort("agent stopping: " + cause.Error())
+	s.leave("agent stopping: " + cause.Error())
+	at.g.Stop(sig, a.cfg.StopTimeout)
+	s.events.report(a.log, at.gen, s.srv.Conns)
+	return cause
+}
+
+// dropGeneration logs the generation's collective events and deletes its
+// bootstrap keys, once its workers are gone.
+func (a *Agent) dropGeneration(s *session, gen uint64) {
+	s.events.report(a.log, gen, s.srv.Conns)
+	// bounded: the store may be what just failed
+	ctx, cancel := context.WithTimeout(s.srvCtx, 5*time.Second)
+	defer cancel()
+	if err := s.srv.DropGeneration(ctx, gen); err != nil {
+		a.log.Warn("drop control store keys", "generation", gen, "err", err)
+	}
+}

@@ -1,0 +1,163 @@
+package watch
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+)
+
+// HangError ends an attempt whose collective hung.
+type HangError struct {
+	Hang   telemetry.Hang
+	Report string // the paragraph that was logged, stacks included
+}
+
+func (e *HangError) Error() string {
+	return fmt.Sprintf("collective hung in step %d bucket %d: %s never arrived", e.Hang.Step, e.Hang.Bucket, rankList(e.Hang.Missing))
+}
+
+// Run checks for hangs and new persistent stragglers once a second
+// until ctx ends.
+func (s *Watch) Run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if s.hangTimeout > 0 {
+				s.checkHang(ctx, now)
+			}
+			s.noteStragglers()
+		}
+	}
+}
+
+// checkHang reports the attempt's hang, once: it logs the ranks that
+// never arrived with their Python stacks, exports it, and ends the attempt
+// through OnHang.
+func (s *Watch) checkHang(ctx context.Context, now time.Time) {
+	at := s.current()
+	if at == nil || at.an == nil {
+		return
+	}
+	timeout := s.timeout()
+	s.mu.Lock()
+	quiet := time.Since(s.progress)
+	s.mu.Unlock()
+	if quiet < timeout { // in a hang nothing completes: DDP's ranks move in step
+		return
+	}
+	h := at.an.Hang(now, timeout)
+	if h == nil {
+		return
+	}
+	s.mu.Lock()
+	if s.at != at || s.hung { // the attempt ended meanwhile, or its hang is out
+		s.mu.Unlock()
+		return
+	}
+	s.hung = true
+	s.mu.Unlock()
+	for i := range h.Waiting {
+		h.Waiting[i] += at.base
+	}
+	for i := range h.Missing {
+		h.Missing[i] += at.base
+	}
+	stacks := s.hangStacks(ctx, at, *h)
+	report := s.hangReport(*h, now, stacks)
+	s.log.Error("hang: " + report)
+	s.mu.Lock()
+	s.lastHang, s.dirty = "hang: "+report, true
+	s.mu.Unlock()
+	if s.exp != nil {
+		s.exp.Hang(*h, stacks)
+	}
+	s.mu.Lock()
+	ended := s.at != at // the attempt ended while the stacks were collected: nothing to end
+	s.mu.Unlock()
+	if !ended && s.onHang != nil {
+		s.onHang(&HangError{Hang: *h, Report: report})
+	}
+}
+
+// hangStacks collects the Python stacks of h's missing ranks: this node's
+// directly, the others' through the followers (bounded by stackWait and a
+// second for the trip).
+func (s *Watch) hangStacks(ctx context.Context, at *attempt, h telemetry.Hang) map[int]string {
+	remote := 0
+	for _, r := range h.Missing {
+		if r < at.offset || r >= at.offset+len(at.local) {
+			remote++
+		}
+	}
+	if remote > 0 && at.asker != nil {
+		at.asker.RequestStacks(h)
+	}
+	stacks := s.stacks(ctx, at, h.Missing)
+	if remote == 0 || at.asker == nil {
+		return stacks
+	}
+	deadline := time.After(stackWait + time.Second)
+	for got := 0; got < remote; {
+		select {
+		case st := <-s.remote:
+			for r, text := range st {
+				if _, dup := stacks[r]; !dup && slices.Contains(h.Missing, r) {
+					stacks[r] = text
+					got++
+				}
+			}
+		case <-deadline:
+			return stacks
+		case <-ctx.Done():
+			return stacks
+		}
+	}
+	return stacks
+}
+
+func (s *Watch) hangReport(h telemetry.Hang, now time.Time, stacks map[int]string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "step %d bucket %d (generation %d) has not finished %s after the first rank arrived; ",
+		h.Step, h.Bucket, h.Gen, seconds(now.Sub(h.Since)))
+	fmt.Fprintf(&b, "waiting: %s; ", rankList(h.Waiting))
+	if len(h.Missing) == 0 {
+		b.WriteString("every rank analyzed here arrived: the missing ranks are on other nodes")
+	} else {
+		descs := make([]string, len(h.Missing))
+		for i, r := range h.Missing {
+			descs[i] = "rank " + s.describe(r)
+		}
+		fmt.Fprintf(&b, "never arrived: %s", strings.Join(descs, ", "))
+	}
+	b.WriteString(". Aborting the communicators and restarting the job.")
+	for _, r := range h.Missing {
+		if st, ok := stacks[r]; ok {
+			fmt.Fprintf(&b, "\nPython stack of rank %d:\n%s", r, strings.TrimRight(st, "\n"))
+		} else {
+			fmt.Fprintf(&b, "\nno Python stack from rank %d (it did not register ddp_agent's hook, or did not answer in time)", r)
+		}
+	}
+	return b.String()
+}
+
+func rankList(ranks []int) string {
+	if len(ranks) == 0 {
+		return "none"
+	}
+	parts := make([]string, len(ranks))
+	for i, r := range ranks {
+		parts[i] = fmt.Sprint(r)
+	}
+	if len(parts) == 1 {
+		return "rank " + parts[0]
+	}
+	return "ranks " + strings.Join(parts, ", ")
+}
