@@ -70,9 +70,9 @@ type Watch struct {
 	rankOf      func(pid int) (int, error)
 	readGPU     func(uuid string) (string, error)
 	onHang      func(*HangError)
-	exp         Exporter                // set before the first attempt
-	remote      chan map[int]string     // stacks from followers
-	relay       leaderRelay             // the leader's relay server, once needed
+	exp         Exporter            // set before the first attempt
+	remote      chan map[int]string // stacks from followers
+	relay       leaderRelay         // the leader's relay server, once needed
 
 	mu       sync.Mutex
 	at       *attempt // nil between attempts
