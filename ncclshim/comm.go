@@ -18,6 +18,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -110,7 +111,7 @@ func openComm(cfg *config) (*comm, error) {
 		ep, err := host.Listen(host.Options{Host: cfg.Host, MasterAddr: cfg.MasterAddr})
 		if err != nil {
 			c.close()
-			return nil, errorf(rcUnavailable, "listen for peers: %w", err)
+			return nil, status.Errorf(status.Unavailable, "listen for peers: %w", err)
 		}
 		c.ep = ep
 	}
@@ -129,12 +130,12 @@ func (c *comm) info() (string, error) {
 	defer c.mu.Unlock()
 	if c.ncLib != nil {
 		if c.nc != nil {
-			return "", errorf(rcInvalid, "communicator is already connected")
+			return "", status.Errorf(status.Invalid, "communicator is already connected")
 		}
 		return c.ncclInfo(), nil
 	}
 	if c.tr != nil || c.ep == nil {
-		return "", errorf(rcInvalid, "communicator is already connected")
+		return "", status.Errorf(status.Invalid, "communicator is already connected")
 	}
 	return blob{V: blobVersion, Rank: c.rank, PeerInfo: c.ep.Info()}.encode(), nil
 }
@@ -147,11 +148,11 @@ func (c *comm) bootstrapAgent() error {
 		Generation: c.cfg.Generation, Transports: []string{c.cfg.Transport}}
 	cl, w, err := agentconn.Dial(ctx, c.cfg.Socket, hello)
 	if err != nil {
-		return errorf(rcUnavailable, "agent at %s: %w", c.cfg.Socket, err)
+		return status.Errorf(status.Unavailable, "agent at %s: %w", c.cfg.Socket, err)
 	}
 	c.agent = cl
 	if int(w.WorldSize) != c.size {
-		return errorf(rcInvalid, "agent says world size %d, config says %d", w.WorldSize, c.size)
+		return status.Errorf(status.Invalid, "agent says world size %d, config says %d", w.WorldSize, c.size)
 	}
 	c.events = newEventRing()
 	c.bg.Add(2)
@@ -163,7 +164,7 @@ func (c *comm) bootstrapAgent() error {
 		defer c.bg.Done()
 		select {
 		case <-cl.Aborted():
-			c.abort(fmt.Errorf("%w: %s", errAborted, cl.AbortReason()))
+			c.abort(fmt.Errorf("%w: %s", status.ErrAborted, cl.AbortReason()))
 		case <-c.bgCtx.Done():
 		}
 	}()
@@ -177,19 +178,19 @@ func (c *comm) bootstrapAgent() error {
 	}
 	prefix := "ddpshim/" + c.cfg.Name + "/"
 	if err := cl.KVSet(ctx, prefix+strconv.Itoa(c.rank), []byte(mine)); err != nil {
-		return errorf(rcUnavailable, "publish address through the agent: %w", err)
+		return status.Errorf(status.Unavailable, "publish address through the agent: %w", err)
 	}
 	lines := make([]string, c.size)
 	for r := range c.size {
 		v, err := cl.KVGet(ctx, prefix+strconv.Itoa(r), time.Until(deadline(ctx)))
 		if err != nil {
 			if cause := context.Cause(c.ctx); cause != nil {
-				return aborted(fmt.Errorf("waiting for the address of rank %d: %w", r, cause))
+				return status.AbortedBy(fmt.Errorf("waiting for the address of rank %d: %w", r, cause))
 			}
 			if errors.Is(err, wire.ErrTimeout) || ctx.Err() != nil {
-				return errorf(rcTimeout, "rank %d did not publish its address within %v: %w", r, c.cfg.timeout(), err)
+				return status.Errorf(status.Timeout, "rank %d did not publish its address within %v: %w", r, c.cfg.timeout(), err)
 			}
-			return errorf(rcUnavailable, "address of rank %d from the agent: %w", r, err)
+			return status.Errorf(status.Unavailable, "address of rank %d from the agent: %w", r, err)
 		}
 		lines[r] = string(v)
 	}
@@ -207,16 +208,16 @@ func (c *comm) connect(lines []string) error {
 		return c.connectNCCL(lines)
 	}
 	if len(lines) != c.size {
-		return errorf(rcInvalid, "got %d bootstrap blobs for world size %d", len(lines), c.size)
+		return status.Errorf(status.Invalid, "got %d bootstrap blobs for world size %d", len(lines), c.size)
 	}
 	peers := make([]host.PeerInfo, c.size)
 	for i, l := range lines {
 		b, err := decodeBlob(l)
 		if err != nil {
-			return errorf(rcInvalid, "rank %d: %w", i, err)
+			return status.Errorf(status.Invalid, "rank %d: %w", i, err)
 		}
 		if b.Rank != i {
-			return errorf(rcInvalid, "blob %d is rank %d's: blobs must be in rank order", i, b.Rank)
+			return status.Errorf(status.Invalid, "blob %d is rank %d's: blobs must be in rank order", i, b.Rank)
 		}
 		peers[i] = b.PeerInfo
 	}
@@ -225,14 +226,14 @@ func (c *comm) connect(lines []string) error {
 	switch {
 	case c.closed:
 		c.mu.Unlock()
-		return errClosed
+		return status.ErrClosed
 	case c.tr != nil || ep == nil:
 		c.mu.Unlock()
-		return errorf(rcInvalid, "communicator is already connected")
+		return status.Errorf(status.Invalid, "communicator is already connected")
 	}
 	if peers[c.rank].Nonce != ep.Info().Nonce {
 		c.mu.Unlock()
-		return errorf(rcInvalid, "blob %d is not this communicator's (nonce differs)", c.rank)
+		return status.Errorf(status.Invalid, "blob %d is not this communicator's (nonce differs)", c.rank)
 	}
 	c.ep = nil // Connect consumes it
 	c.mu.Unlock()
@@ -244,7 +245,7 @@ func (c *comm) connect(lines []string) error {
 	})
 	if err != nil {
 		if ctx.Err() != nil && c.ctx.Err() == nil {
-			return errorf(rcTimeout, "connect to peers within %v: %w", c.cfg.timeout(), err)
+			return status.Errorf(status.Timeout, "connect to peers within %v: %w", c.cfg.timeout(), err)
 		}
 		return fmt.Errorf("connect to peers: %w", err)
 	}
@@ -252,7 +253,7 @@ func (c *comm) connect(lines []string) error {
 	if c.closed {
 		c.mu.Unlock()
 		tr.Close()
-		return errClosed
+		return status.ErrClosed
 	}
 	c.tr = tr
 	c.exec.Add(1) // under mu: close either sees tr and waits for the executor, or neither
@@ -271,12 +272,12 @@ func (c *comm) enqueue(w *work) error {
 	defer c.mu.Unlock()
 	switch {
 	case c.closed:
-		return errClosed
+		return status.ErrClosed
 	case c.tr == nil:
-		return errorf(rcInvalid, "communicator is not connected (call ddpshim_connect first)")
+		return status.Errorf(status.Invalid, "communicator is not connected (call ddpshim_connect first)")
 	}
 	if err := context.Cause(c.ctx); err != nil {
-		return aborted(err)
+		return status.AbortedBy(err)
 	}
 	c.queue = append(c.queue, w)
 	select {
@@ -318,7 +319,7 @@ func (c *comm) run(tr allReducer, w *work) {
 	w.started.Store(start.UnixNano())
 	err := context.Cause(c.ctx)
 	if err != nil {
-		err = aborted(err)
+		err = status.AbortedBy(err)
 	} else {
 		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
 		err = tr.AllReduce(ctx, w.buf, w.dt, w.op)
@@ -335,7 +336,7 @@ func (c *comm) run(tr allReducer, w *work) {
 	if c.events != nil {
 		c.events.push(wire.CollectiveEvent{
 			Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)), DType: uint8(w.dt),
-			Status: uint8(statusOf(err)), TArrive: w.arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
+			Status: uint8(status.Of(err)), TArrive: w.arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
 		})
 	}
 	c.mu.Lock()
@@ -347,20 +348,11 @@ func (c *comm) run(tr allReducer, w *work) {
 	close(w.done)
 }
 
-// aborted reports an earlier failure or abort as DDPSHIM_ERR_ABORTED: only
-// the collective that failed first carries the root cause's own code.
-func aborted(cause error) error {
-	if errors.Is(cause, errClosed) {
-		return cause
-	}
-	return &statusError{rc: rcAborted, err: cause}
-}
-
 // abort fails pending and later collectives with cause; the first cause
 // wins. It returns at once.
 func (c *comm) abort(cause error) {
-	if !errors.Is(cause, errAborted) {
-		cause = fmt.Errorf("%w: %w", errAborted, cause)
+	if !errors.Is(cause, status.ErrAborted) {
+		cause = fmt.Errorf("%w: %w", status.ErrAborted, cause)
 	}
 	c.cancel(cause)
 	c.mu.Lock()
@@ -376,7 +368,7 @@ func (c *comm) abort(cause error) {
 
 // close aborts pending work, stops the goroutines and releases the
 // transport and the agent connection. Works still queued fail with
-// errClosed.
+// status.ErrClosed.
 func (c *comm) close() {
 	c.mu.Lock()
 	if c.closed {
@@ -395,9 +387,9 @@ func (c *comm) close() {
 	ep, tr := c.ep, c.tr
 	c.mu.Unlock()
 	if pending {
-		c.abort(errClosed)
+		c.abort(status.ErrClosed)
 	}
-	c.cancel(errClosed)
+	c.cancel(status.ErrClosed)
 	if ep != nil {
 		ep.Close()
 	}
@@ -407,7 +399,7 @@ func (c *comm) close() {
 	c.queue = nil
 	c.mu.Unlock()
 	for _, w := range queue {
-		w.err = errClosed
+		w.err = status.ErrClosed
 		close(w.done)
 	}
 	c.mu.Lock()
@@ -465,15 +457,15 @@ func (c *comm) describe() string {
 func (c *comm) newWork(ptr unsafe.Pointer, count int64, dt reduce.DType, op reduce.Op, step uint64, bucket int32) (*work, error) {
 	switch {
 	case count < 0:
-		return nil, errorf(rcInvalid, "count %d is negative", count)
+		return nil, status.Errorf(status.Invalid, "count %d is negative", count)
 	case !dt.Valid():
-		return nil, errorf(rcInvalid, "unknown dtype %d (want 2 int32, 4 int64, 6 float16, 7 float32, 8 float64, 9 bfloat16)", uint8(dt))
+		return nil, status.Errorf(status.Invalid, "unknown dtype %d (want 2 int32, 4 int64, 6 float16, 7 float32, 8 float64, 9 bfloat16)", uint8(dt))
 	case !op.Valid():
-		return nil, errorf(rcInvalid, "unknown op %d (want 0 sum, 4 avg)", uint8(op))
+		return nil, status.Errorf(status.Invalid, "unknown op %d (want 0 sum, 4 avg)", uint8(op))
 	case ptr == nil && count > 0:
-		return nil, errorf(rcInvalid, "buf is NULL with count %d", count)
+		return nil, status.Errorf(status.Invalid, "buf is NULL with count %d", count)
 	case count > (1<<62)/int64(dt.Size()):
-		return nil, errorf(rcInvalid, "count %d is too large", count)
+		return nil, status.Errorf(status.Invalid, "count %d is too large", count)
 	}
 	var buf []byte
 	if count > 0 {

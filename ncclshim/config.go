@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
 // config is the JSON object ddpshim_open takes; ddpshim.h documents the keys.
@@ -42,29 +43,29 @@ func parseConfig(s string) (*config, error) {
 	dec.DisallowUnknownFields() // a misspelt key is an error, not a silent default
 	var c config
 	if err := dec.Decode(&c); err != nil {
-		return nil, errorf(rcInvalid, "config: %v", err)
+		return nil, status.Errorf(status.Invalid, "config: %v", err)
 	}
 	if dec.More() {
-		return nil, errorf(rcInvalid, "config: trailing data after the JSON object")
+		return nil, status.Errorf(status.Invalid, "config: trailing data after the JSON object")
 	}
 	switch {
 	case c.WorldSize == nil || c.Rank == nil:
-		return nil, errorf(rcInvalid, "config: rank and world_size are required")
+		return nil, status.Errorf(status.Invalid, "config: rank and world_size are required")
 	case *c.WorldSize < 1:
-		return nil, errorf(rcInvalid, "config: world_size %d: must be at least 1", *c.WorldSize)
+		return nil, status.Errorf(status.Invalid, "config: world_size %d: must be at least 1", *c.WorldSize)
 	case *c.Rank < 0 || *c.Rank >= *c.WorldSize:
-		return nil, errorf(rcInvalid, "config: rank %d outside [0, %d)", *c.Rank, *c.WorldSize)
+		return nil, status.Errorf(status.Invalid, "config: rank %d outside [0, %d)", *c.Rank, *c.WorldSize)
 	case c.TimeoutMS < 0:
-		return nil, errorf(rcInvalid, "config: timeout_ms %d is negative", c.TimeoutMS)
+		return nil, status.Errorf(status.Invalid, "config: timeout_ms %d is negative", c.TimeoutMS)
 	case c.TimeoutMS > maxTimeout.Milliseconds():
-		return nil, errorf(rcInvalid, "config: timeout_ms %d is more than %v", c.TimeoutMS, maxTimeout)
+		return nil, status.Errorf(status.Invalid, "config: timeout_ms %d is more than %v", c.TimeoutMS, maxTimeout)
 	}
 	switch c.Transport {
 	case "", "host", "auto":
 		c.Transport = "host"
 	case "nccl":
 	default:
-		return nil, errorf(rcInvalid, "config: unknown transport %q (want \"host\" or \"nccl\")", c.Transport)
+		return nil, status.Errorf(status.Invalid, "config: unknown transport %q (want \"host\" or \"nccl\")", c.Transport)
 	}
 	switch c.Bootstrap {
 	case "":
@@ -74,11 +75,11 @@ func parseConfig(s string) (*config, error) {
 		}
 	case "agent":
 		if c.Socket == "" {
-			return nil, errorf(rcInvalid, "config: bootstrap \"agent\" needs \"socket\" (DDP_AGENT_SOCKET)")
+			return nil, status.Errorf(status.Invalid, "config: bootstrap \"agent\" needs \"socket\" (DDP_AGENT_SOCKET)")
 		}
 	case "external":
 	default:
-		return nil, errorf(rcInvalid, "config: unknown bootstrap %q (want \"agent\" or \"external\")", c.Bootstrap)
+		return nil, status.Errorf(status.Invalid, "config: unknown bootstrap %q (want \"agent\" or \"external\")", c.Bootstrap)
 	}
 	if c.GlobalRank == nil {
 		c.GlobalRank = c.Rank
@@ -87,7 +88,7 @@ func parseConfig(s string) (*config, error) {
 		c.Name = "default"
 	}
 	if strings.ContainsAny(c.Name, "/\n") {
-		return nil, errorf(rcInvalid, "config: name %q must not contain '/' or newlines", c.Name)
+		return nil, status.Errorf(status.Invalid, "config: name %q must not contain '/' or newlines", c.Name)
 	}
 	if _, err := c.level(); err != nil {
 		return nil, err
@@ -108,7 +109,7 @@ func (c *config) level() (slog.Level, error) {
 	}
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		return 0, errorf(rcInvalid, "config: log_level %q: want debug, info, warn or error", c.LogLevel)
+		return 0, status.Errorf(status.Invalid, "config: log_level %q: want debug, info, warn or error", c.LogLevel)
 	}
 	return l, nil
 }

@@ -14,12 +14,12 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
 func main() {}
@@ -28,38 +28,11 @@ func main() {}
 // it on: every exported function reaches the same table.
 var lib = newTable()
 
-// fail records err as the calling thread's last error and returns its code.
-// Exported functions run on the calling C thread, so the thread-local
-// message is the caller's.
-func fail(err error) C.int {
-	rc := statusOf(err)
-	msg := err.Error()
-	cs := C.CString(msg)
-	C.ddpshim_set_error(cs, C.size_t(len(msg)))
-	C.free(unsafe.Pointer(cs))
-	return C.int(rc)
-}
-
-// guard turns a panic into DDPSHIM_ERR_INTERNAL: a bug must not take the
-// training process down with it.
-func guard(fn string, rc *C.int) {
-	if r := recover(); r != nil {
-		*rc = fail(errorf(rcInternal, "%s: internal error: %v\n%s", fn, r, debug.Stack()))
-	}
-}
-
-func result(err error) C.int {
-	if err != nil {
-		return fail(err)
-	}
-	return rcOK
-}
-
 //export ddpshim_open
 func ddpshim_open(config *C.char, comm *C.int64_t) (rc C.int) {
 	defer guard("ddpshim_open", &rc)
 	if config == nil || comm == nil {
-		return fail(errorf(rcInvalid, "ddpshim_open: config and comm must not be NULL"))
+		return fail(status.Errorf(status.Invalid, "ddpshim_open: config and comm must not be NULL"))
 	}
 	cfg, err := parseConfig(C.GoString(config))
 	if err != nil {
@@ -70,7 +43,7 @@ func ddpshim_open(config *C.char, comm *C.int64_t) (rc C.int) {
 		return fail(fmt.Errorf("ddpshim_open (rank %d of %d): %w", *cfg.Rank, *cfg.WorldSize, err))
 	}
 	*comm = C.int64_t(lib.addComm(c))
-	return rcOK
+	return status.OK
 }
 
 //export ddpshim_bootstrap_info
@@ -95,13 +68,13 @@ func ddpshim_connect(comm C.int64_t, peers *C.char) (rc C.int) {
 		return fail(err)
 	}
 	if peers == nil {
-		return fail(errorf(rcInvalid, "ddpshim_connect: peers must not be NULL"))
+		return fail(status.Errorf(status.Invalid, "ddpshim_connect: peers must not be NULL"))
 	}
 	lines := strings.Split(strings.TrimRight(C.GoString(peers), "\n"), "\n")
 	if err := c.connect(lines); err != nil {
 		return fail(fmt.Errorf("ddpshim_connect (rank %d of %d): %w", c.rank, c.size, err))
 	}
-	return rcOK
+	return status.OK
 }
 
 //export ddpshim_allreduce
@@ -113,13 +86,13 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 		return fail(err)
 	}
 	if work == nil {
-		return fail(errorf(rcInvalid, "ddpshim_allreduce: work must not be NULL"))
+		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: work must not be NULL"))
 	}
 	if stream != nil && c.cfg.Transport != "nccl" {
-		return fail(errorf(rcInvalid, "ddpshim_allreduce: a CUDA stream was given, but transport %q works on host memory", c.cfg.Transport))
+		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: a CUDA stream was given, but transport %q works on host memory", c.cfg.Transport))
 	}
 	if dtype < 0 || dtype > 255 || op < 0 || op > 255 {
-		return fail(errorf(rcInvalid, "ddpshim_allreduce: unknown dtype %d or op %d", dtype, op))
+		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: unknown dtype %d or op %d", dtype, op))
 	}
 	w, err := c.newWork(buf, int64(count), reduce.DType(dtype), reduce.Op(op), uint64(step), int32(bucket))
 	if err != nil {
@@ -130,13 +103,13 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 			return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
 		}
 		*work = C.int64_t(lib.addWork(w))
-		return rcOK
+		return status.OK
 	}
 	if err := c.enqueue(w); err != nil {
 		return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
 	}
 	*work = C.int64_t(lib.addWork(w))
-	return rcOK
+	return status.OK
 }
 
 //export ddpshim_work_wait
@@ -158,7 +131,7 @@ func ddpshim_work_wait(work C.int64_t) (rc C.int) {
 		case <-tick.C:
 		}
 		if s := w.started.Load(); s != 0 && time.Since(time.Unix(0, s)) > limit {
-			err := errorf(rcTimeout, "ddpshim_work_wait: step %d bucket %d still running %v after it started; communicator aborted",
+			err := status.Errorf(status.Timeout, "ddpshim_work_wait: step %d bucket %d still running %v after it started; communicator aborted",
 				w.step, w.bucket, limit)
 			w.c.abort(err)
 			return fail(err)
@@ -174,7 +147,7 @@ func ddpshim_work_test(work C.int64_t, done *C.int) (rc C.int) {
 		return fail(err)
 	}
 	if done == nil {
-		return fail(errorf(rcInvalid, "ddpshim_work_test: done must not be NULL"))
+		return fail(status.Errorf(status.Invalid, "ddpshim_work_test: done must not be NULL"))
 	}
 	*done = 0
 	select {
@@ -182,7 +155,7 @@ func ddpshim_work_test(work C.int64_t, done *C.int) (rc C.int) {
 		*done = 1
 	default:
 	}
-	return rcOK
+	return status.OK
 }
 
 //export ddpshim_work_free
@@ -203,7 +176,7 @@ func ddpshim_abort(comm C.int64_t, reason *C.char) (rc C.int) {
 		why = C.GoString(reason)
 	}
 	c.abort(errors.New(why))
-	return rcOK
+	return status.OK
 }
 
 //export ddpshim_close
@@ -214,7 +187,7 @@ func ddpshim_close(comm C.int64_t) (rc C.int) {
 		return fail(err)
 	}
 	c.close()
-	return rcOK
+	return status.OK
 }
 
 //export ddpshim_nccl_info
@@ -236,10 +209,10 @@ func ddpshim_comm_info(comm C.int64_t, buf *C.char, n C.size_t) (rc C.int) {
 // copyOut writes s and a NUL into the caller's buffer of n bytes.
 func copyOut(buf *C.char, n C.size_t, s string) error {
 	if buf == nil {
-		return errorf(rcInvalid, "buf must not be NULL")
+		return status.Errorf(status.Invalid, "buf must not be NULL")
 	}
 	if uint64(n) < uint64(len(s))+1 {
-		return errorf(rcInvalid, "buffer of %d bytes is too small: %d needed", n, len(s)+1)
+		return status.Errorf(status.Invalid, "buffer of %d bytes is too small: %d needed", n, len(s)+1)
 	}
 	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(s)+1)
 	copy(dst, s)

@@ -17,6 +17,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -36,13 +37,13 @@ const ncclIDPrefix = "nccl-id:"
 func (c *comm) openNCCLTransport() error {
 	lib, err := nccl.Load(c.cfg.ncclLib())
 	if err != nil {
-		return errorf(rcUnavailable, "transport nccl: %w", err)
+		return status.Errorf(status.Unavailable, "transport nccl: %w", err)
 	}
 	c.ncLib = lib
 	if c.rank == 0 {
 		id, err := lib.UniqueID()
 		if err != nil {
-			return errorf(nccl.Status(err), "transport nccl: %w", err)
+			return status.Errorf(nccl.Status(err), "transport nccl: %w", err)
 		}
 		c.ncID = id
 	}
@@ -61,16 +62,16 @@ func (c *comm) ncclInfo() string {
 // connectNCCL makes the communicator from rank 0's blob.
 func (c *comm) connectNCCL(lines []string) error {
 	if len(lines) != c.size {
-		return errorf(rcInvalid, "got %d bootstrap blobs for world size %d", len(lines), c.size)
+		return status.Errorf(status.Invalid, "got %d bootstrap blobs for world size %d", len(lines), c.size)
 	}
 	hexID, ok := strings.CutPrefix(lines[0], ncclIDPrefix)
 	raw, err := hex.DecodeString(hexID)
 	if !ok || err != nil || len(raw) != nccl.UniqueIDBytes {
-		return errorf(rcInvalid, "blob 0 %q is not rank 0's NCCL unique id (mixed transports, or blobs out of order?)", truncate(lines[0], 40))
+		return status.Errorf(status.Invalid, "blob 0 %q is not rank 0's NCCL unique id (mixed transports, or blobs out of order?)", truncate(lines[0], 40))
 	}
 	for r := 1; r < c.size; r++ {
 		if want := "nccl-rank:" + strconv.Itoa(r); lines[r] != want {
-			return errorf(rcInvalid, "blob %d is %q, want %q: blobs must be in rank order, all from the nccl transport", r, truncate(lines[r], 40), want)
+			return status.Errorf(status.Invalid, "blob %d is %q, want %q: blobs must be in rank order, all from the nccl transport", r, truncate(lines[r], 40), want)
 		}
 	}
 	var id [nccl.UniqueIDBytes]byte
@@ -83,22 +84,22 @@ func (c *comm) bootstrapAgentNCCL(ctx context.Context, cl *agentconn.Client) err
 	key := "ddpshim/" + c.cfg.Name + "/nccl-id"
 	if c.rank == 0 {
 		if err := cl.KVSet(ctx, key, c.ncID[:]); err != nil {
-			return errorf(rcUnavailable, "publish the NCCL unique id through the agent: %w", err)
+			return status.Errorf(status.Unavailable, "publish the NCCL unique id through the agent: %w", err)
 		}
 		return c.openNCCL(c.ncID)
 	}
 	v, err := cl.KVGet(ctx, key, time.Until(deadline(ctx)))
 	if err != nil {
 		if cause := context.Cause(c.ctx); cause != nil {
-			return aborted(fmt.Errorf("waiting for the NCCL unique id: %w", cause))
+			return status.AbortedBy(fmt.Errorf("waiting for the NCCL unique id: %w", cause))
 		}
 		if errors.Is(err, wire.ErrTimeout) || ctx.Err() != nil {
-			return errorf(rcTimeout, "rank 0 did not publish the NCCL unique id within %v: %w", c.cfg.timeout(), err)
+			return status.Errorf(status.Timeout, "rank 0 did not publish the NCCL unique id within %v: %w", c.cfg.timeout(), err)
 		}
-		return errorf(rcUnavailable, "NCCL unique id from the agent: %w", err)
+		return status.Errorf(status.Unavailable, "NCCL unique id from the agent: %w", err)
 	}
 	if len(v) != nccl.UniqueIDBytes {
-		return errorf(rcInvalid, "the NCCL unique id from the agent has %d bytes, want %d", len(v), nccl.UniqueIDBytes)
+		return status.Errorf(status.Invalid, "the NCCL unique id from the agent has %d bytes, want %d", len(v), nccl.UniqueIDBytes)
 	}
 	var id [nccl.UniqueIDBytes]byte
 	copy(id[:], v)
@@ -112,10 +113,10 @@ func (c *comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 	switch {
 	case c.closed:
 		c.mu.Unlock()
-		return errClosed
+		return status.ErrClosed
 	case c.nc != nil:
 		c.mu.Unlock()
-		return errorf(rcInvalid, "communicator is already connected")
+		return status.Errorf(status.Invalid, "communicator is already connected")
 	}
 	c.mu.Unlock()
 	cu, err := cuda.Load(c.cfg.cudaLib())
@@ -133,13 +134,13 @@ func (c *comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 	}
 	nc, err := nccl.Open(c.ncLib, id, c.size, c.rank, c.cfg.timeout(), opts...)
 	if err != nil {
-		return errorf(nccl.Status(err), "transport nccl: %w", err)
+		return status.Errorf(nccl.Status(err), "transport nccl: %w", err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		nc.Abort()
-		return errClosed
+		return status.ErrClosed
 	}
 	c.nc = nc
 	c.cu = cu
@@ -159,16 +160,16 @@ func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream un
 	c.mu.Unlock()
 	switch {
 	case closed:
-		return errClosed
+		return status.ErrClosed
 	case nc == nil:
-		return errorf(rcInvalid, "communicator is not connected (call ddpshim_connect first)")
+		return status.Errorf(status.Invalid, "communicator is not connected (call ddpshim_connect first)")
 	}
 	if err := context.Cause(c.ctx); err != nil {
-		return aborted(err)
+		return status.AbortedBy(err)
 	}
 	feat := c.ncLib.Features()
 	if (w.op == 4 && !feat.Avg) || (w.dt == 9 && !feat.BFloat16) {
-		return errorf(rcInvalid, "NCCL %s has no %s (from 2.10); use sum after dividing, or float32/float16",
+		return status.Errorf(status.Invalid, "NCCL %s has no %s (from 2.10); use sum after dividing, or float32/float16",
 			c.ncLib.Version(), map[bool]string{true: "avg", false: "bfloat16"}[w.op == 4 && !feat.Avg])
 	}
 	ev, timed, err := watch.events(stream)
@@ -194,7 +195,7 @@ func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream un
 		if timed {
 			watch.release(ev)
 		}
-		err = errorf(statusOfGPU(err), "all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
+		err = status.Errorf(statusOfGPU(err), "all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
 		c.abort(err)
 		c.pushEvent(f, start, end, err)
 	case timed:
@@ -217,7 +218,7 @@ func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream un
 func statusOfGPU(err error) int {
 	var ce *cuda.Error
 	if errors.As(err, &ce) {
-		return rcUnavailable
+		return status.Unavailable
 	}
 	return nccl.Status(err)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
 // fakeNCCL builds the fake libnccl.so.2 and points the fake's rendezvous
@@ -143,7 +144,7 @@ func TestNCCLGating(t *testing.T) {
 	lib := fakeNCCL(t, map[string]string{"FAKE_NCCL_VERSION": "2904"})
 	comms := ncclWorld(t, lib, 2, 10000)
 	for _, err := range allreduce(comms, [][]byte{f32s(1), f32s(2)}, reduce.Avg) {
-		if statusOf(err) != rcInvalid || !strings.Contains(err.Error(), "NCCL 2.9.4 has no avg") {
+		if status.Of(err) != status.Invalid || !strings.Contains(err.Error(), "NCCL 2.9.4 has no avg") {
 			t.Errorf("avg on 2.9: got %v", err)
 		}
 	}
@@ -166,8 +167,8 @@ func TestNCCLFailure(t *testing.T) {
 		}
 	}
 	for r, err := range allreduce(comms, [][]byte{f32s(1), f32s(2)}, reduce.Sum) {
-		if statusOf(err) != rcAborted {
-			t.Errorf("rank %d after the failure: got %v (status %d), want aborted", r, err, statusOf(err))
+		if status.Of(err) != status.Aborted {
+			t.Errorf("rank %d after the failure: got %v (status %d), want aborted", r, err, status.Of(err))
 		}
 	}
 }
@@ -181,8 +182,8 @@ func TestNCCLHang(t *testing.T) {
 	errs := allreduce(comms, [][]byte{f32s(1), f32s(2)}, reduce.Sum)
 	took := time.Since(start)
 	for r, err := range errs {
-		if statusOf(err) != rcTimeout && statusOf(err) != rcAborted {
-			t.Errorf("rank %d: got %v (status %d), want a timeout", r, err, statusOf(err))
+		if status.Of(err) != status.Timeout && status.Of(err) != status.Aborted {
+			t.Errorf("rank %d: got %v (status %d), want a timeout", r, err, status.Of(err))
 		}
 	}
 	if took < 500*time.Millisecond || took > 3*time.Second {
@@ -215,8 +216,8 @@ func TestNCCLUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = openComm(cfg)
-	if statusOf(err) != rcUnavailable || !strings.Contains(err.Error(), "/nonexistent/libnccl.so.2") || !strings.Contains(err.Error(), "libnccl.so.2") {
-		t.Errorf("got %v (status %d)", err, statusOf(err))
+	if status.Of(err) != status.Unavailable || !strings.Contains(err.Error(), "/nonexistent/libnccl.so.2") || !strings.Contains(err.Error(), "libnccl.so.2") {
+		t.Errorf("got %v (status %d)", err, status.Of(err))
 	}
 	t.Setenv("DDP_AGENT_NCCL_LIB", "/nonexistent/libnccl.so.2")
 	if info := ncclInfo(); !strings.Contains(info, `"found":false`) || !strings.Contains(info, "/nonexistent") {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -20,32 +21,32 @@ func TestParseConfig(t *testing.T) {
 		wantErr string
 		check   func(*config) bool
 	}{
-		{"minimal", `{"rank":0,"world_size":1}`, rcOK, "", func(c *config) bool {
+		{"minimal", `{"rank":0,"world_size":1}`, status.OK, "", func(c *config) bool {
 			return c.Transport == "host" && c.Bootstrap == "external" && c.timeout() == defaultTimeout && c.Name == "default"
 		}},
-		{"socket means agent", `{"rank":1,"world_size":2,"socket":"/s"}`, rcOK, "", func(c *config) bool { return c.Bootstrap == "agent" }},
-		{"timeout", `{"rank":0,"world_size":1,"timeout_ms":1500}`, rcOK, "", func(c *config) bool { return c.timeout() == 1500*time.Millisecond }},
-		{"not json", `rank=0`, rcInvalid, "config", nil},
-		{"trailing", `{"rank":0,"world_size":1} {}`, rcInvalid, "trailing", nil},
-		{"missing world", `{"rank":0}`, rcInvalid, "required", nil},
-		{"rank too big", `{"rank":3,"world_size":3}`, rcInvalid, "outside", nil},
-		{"negative rank", `{"rank":-1,"world_size":3}`, rcInvalid, "outside", nil},
-		{"zero world", `{"rank":0,"world_size":0}`, rcInvalid, "at least 1", nil},
-		{"typo", `{"rank":0,"world_size":1,"timeout":5}`, rcInvalid, "unknown field", nil},
-		{"nccl", `{"rank":0,"world_size":1,"transport":"nccl","nccl_lib":"/x/libnccl.so.2"}`, rcOK, "", func(c *config) bool {
+		{"socket means agent", `{"rank":1,"world_size":2,"socket":"/s"}`, status.OK, "", func(c *config) bool { return c.Bootstrap == "agent" }},
+		{"timeout", `{"rank":0,"world_size":1,"timeout_ms":1500}`, status.OK, "", func(c *config) bool { return c.timeout() == 1500*time.Millisecond }},
+		{"not json", `rank=0`, status.Invalid, "config", nil},
+		{"trailing", `{"rank":0,"world_size":1} {}`, status.Invalid, "trailing", nil},
+		{"missing world", `{"rank":0}`, status.Invalid, "required", nil},
+		{"rank too big", `{"rank":3,"world_size":3}`, status.Invalid, "outside", nil},
+		{"negative rank", `{"rank":-1,"world_size":3}`, status.Invalid, "outside", nil},
+		{"zero world", `{"rank":0,"world_size":0}`, status.Invalid, "at least 1", nil},
+		{"typo", `{"rank":0,"world_size":1,"timeout":5}`, status.Invalid, "unknown field", nil},
+		{"nccl", `{"rank":0,"world_size":1,"transport":"nccl","nccl_lib":"/x/libnccl.so.2"}`, status.OK, "", func(c *config) bool {
 			return c.Transport == "nccl" && c.ncclLib() == "/x/libnccl.so.2"
 		}},
-		{"bad transport", `{"rank":0,"world_size":1,"transport":"ib"}`, rcInvalid, "transport", nil},
-		{"agent without socket", `{"rank":0,"world_size":1,"bootstrap":"agent"}`, rcInvalid, "socket", nil},
-		{"bad bootstrap", `{"rank":0,"world_size":1,"bootstrap":"mdns"}`, rcInvalid, "bootstrap", nil},
-		{"bad name", `{"rank":0,"world_size":1,"name":"a/b"}`, rcInvalid, "name", nil},
-		{"bad level", `{"rank":0,"world_size":1,"log_level":"loud"}`, rcInvalid, "log_level", nil},
-		{"negative timeout", `{"rank":0,"world_size":1,"timeout_ms":-1}`, rcInvalid, "negative", nil},
+		{"bad transport", `{"rank":0,"world_size":1,"transport":"ib"}`, status.Invalid, "transport", nil},
+		{"agent without socket", `{"rank":0,"world_size":1,"bootstrap":"agent"}`, status.Invalid, "socket", nil},
+		{"bad bootstrap", `{"rank":0,"world_size":1,"bootstrap":"mdns"}`, status.Invalid, "bootstrap", nil},
+		{"bad name", `{"rank":0,"world_size":1,"name":"a/b"}`, status.Invalid, "name", nil},
+		{"bad level", `{"rank":0,"world_size":1,"log_level":"loud"}`, status.Invalid, "log_level", nil},
+		{"negative timeout", `{"rank":0,"world_size":1,"timeout_ms":-1}`, status.Invalid, "negative", nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := parseConfig(tc.json)
-			if got := statusOf(err); got != tc.wantRC {
+			if got := status.Of(err); got != tc.wantRC {
 				t.Fatalf("status %d (%v), want %d", got, err, tc.wantRC)
 			}
 			if err != nil && !strings.Contains(err.Error(), tc.wantErr) {

@@ -1,65 +1,42 @@
 package main
 
+// #include <stdlib.h>
+// #include "lasterr.h"
+import "C"
+
 import (
-	"context"
-	"errors"
-	"fmt"
+	"runtime/debug"
+	"unsafe"
 
-	"github.com/ddp-agent/ddp-agent/ncclshim/host"
-	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
-// Status codes of the C ABI (ddpshim.h).
-const (
-	rcOK          = 0
-	rcInvalid     = 1
-	rcClosed      = 2
-	rcAborted     = 3
-	rcTimeout     = 4
-	rcPeer        = 5
-	rcMismatch    = 6
-	rcUnavailable = 7
-	rcInternal    = 8
-)
+// The codes themselves, and how errors map to them, are package status:
+// the logic beside this package fails with them. Here they cross into C.
 
-// statusError carries the status code a failure maps to in the C ABI.
-type statusError struct {
-	rc  int
-	err error
+// fail records err as the calling thread's last error and returns its code.
+// Exported functions run on the calling C thread, so the thread-local
+// message is the caller's.
+func fail(err error) C.int {
+	rc := status.Of(err)
+	msg := err.Error()
+	cs := C.CString(msg)
+	C.ddpshim_set_error(cs, C.size_t(len(msg)))
+	C.free(unsafe.Pointer(cs))
+	return C.int(rc)
 }
 
-func (e *statusError) Error() string { return e.err.Error() }
-func (e *statusError) Unwrap() error { return e.err }
-
-func errorf(rc int, format string, args ...any) error {
-	return &statusError{rc: rc, err: fmt.Errorf(format, args...)}
-}
-
-// Sentinels for conditions of the shim itself.
-var (
-	errAborted = errors.New("communicator aborted")
-	errClosed  = errors.New("communicator closed")
-)
-
-// statusOf maps an error from the transports, the control client or the
-// shim to its C status code.
-func statusOf(err error) int {
-	var se *statusError
-	switch {
-	case err == nil:
-		return rcOK
-	case errors.As(err, &se):
-		return se.rc
-	case errors.Is(err, errClosed):
-		return rcClosed
-	case errors.Is(err, host.ErrMismatch), errors.Is(err, shm.ErrMismatch):
-		return rcMismatch
-	case errors.Is(err, host.ErrTimeout), errors.Is(err, shm.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-		return rcTimeout
-	case errors.Is(err, host.ErrPeer), errors.Is(err, shm.ErrPeer):
-		return rcPeer
-	case errors.Is(err, errAborted), errors.Is(err, host.ErrAborted), errors.Is(err, shm.ErrAborted), errors.Is(err, context.Canceled):
-		return rcAborted
+// guard turns a panic into DDPSHIM_ERR_INTERNAL: a bug must not take the
+// training process down with it.
+func guard(fn string, rc *C.int) {
+	if r := recover(); r != nil {
+		*rc = fail(status.Errorf(status.Internal, "%s: internal error: %v\n%s", fn, r, debug.Stack()))
 	}
-	return rcInternal
+}
+
+func result(err error) C.int {
+	if err != nil {
+		return fail(err)
+	}
+	return status.OK
 }

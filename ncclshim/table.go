@@ -1,6 +1,10 @@
 package main
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
+)
 
 // table maps the integer handles the C ABI hands out to communicators and
 // works; no Go pointer crosses into C. Handles are never reused, so a stale
@@ -42,9 +46,9 @@ func (t *table) comm(h int64) (*comm, error) {
 		return c, nil
 	}
 	if t.closed[h] {
-		return nil, errorf(rcClosed, "communicator %d is closed", h)
+		return nil, status.Errorf(status.Closed, "communicator %d is closed", h)
 	}
-	return nil, errorf(rcInvalid, "no communicator with handle %d", h)
+	return nil, status.Errorf(status.Invalid, "no communicator with handle %d", h)
 }
 
 // takeComm removes a communicator from the table, for closing.
@@ -54,9 +58,9 @@ func (t *table) takeComm(h int64) (*comm, error) {
 	c, ok := t.comms[h]
 	if !ok {
 		if t.closed[h] {
-			return nil, errorf(rcClosed, "communicator %d is already closed", h)
+			return nil, status.Errorf(status.Closed, "communicator %d is already closed", h)
 		}
-		return nil, errorf(rcInvalid, "no communicator with handle %d", h)
+		return nil, status.Errorf(status.Invalid, "no communicator with handle %d", h)
 	}
 	delete(t.comms, h)
 	t.closed[h] = true
@@ -69,14 +73,14 @@ func (t *table) work(h int64) (*work, error) {
 	if w, ok := t.works[h]; ok {
 		return w, nil
 	}
-	return nil, errorf(rcInvalid, "no work with handle %d (freed, or never returned by ddpshim_allreduce)", h)
+	return nil, status.Errorf(status.Invalid, "no work with handle %d (freed, or never returned by ddpshim_allreduce)", h)
 }
 
 func (t *table) freeWork(h int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.works[h]; !ok {
-		return errorf(rcInvalid, "no work with handle %d (freed twice?)", h)
+		return status.Errorf(status.Invalid, "no work with handle %d (freed twice?)", h)
 	}
 	delete(t.works, h)
 	return nil

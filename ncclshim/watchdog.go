@@ -10,6 +10,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -90,7 +91,7 @@ func (wd *watchdog) events(stream unsafe.Pointer) (ev eventPair, ok bool, err er
 	// work on; a thread without one gets the communicator's.
 	ctx, err := wd.cu.Current(stream)
 	if err != nil {
-		return eventPair{}, false, errorf(rcUnavailable, "CUDA context of the calling thread: %w", err)
+		return eventPair{}, false, status.Errorf(status.Unavailable, "CUDA context of the calling thread: %w", err)
 	}
 	switch {
 	case !ctx.Valid() && !wd.cuCtx.Valid():
@@ -99,7 +100,7 @@ func (wd *watchdog) events(stream unsafe.Pointer) (ev eventPair, ok bool, err er
 		return eventPair{}, false, nil
 	case !ctx.Valid():
 		if err := wd.cu.Bind(wd.cuCtx); err != nil {
-			return eventPair{}, false, errorf(rcUnavailable, "CUDA context for the calling thread: %w", err)
+			return eventPair{}, false, status.Errorf(status.Unavailable, "CUDA context for the calling thread: %w", err)
 		}
 	case !wd.cuCtx.Valid():
 		wd.cuCtx = ctx
@@ -115,7 +116,7 @@ func (wd *watchdog) events(stream unsafe.Pointer) (ev eventPair, ok bool, err er
 		}
 	}
 	if err != nil {
-		return eventPair{}, false, errorf(rcUnavailable, "CUDA events for the collective: %w", err)
+		return eventPair{}, false, status.Errorf(status.Unavailable, "CUDA events for the collective: %w", err)
 	}
 	return ev, true, nil
 }
@@ -224,11 +225,11 @@ func (wd *watchdog) bind() (*clock, error) {
 		return nil, nil
 	}
 	if err := wd.cu.Bind(ctx); err != nil {
-		return nil, errorf(rcUnavailable, "watchdog: %w", err)
+		return nil, status.Errorf(status.Unavailable, "watchdog: %w", err)
 	}
 	clk := &clock{cu: wd.cu}
 	if err := clk.anchor(); err != nil {
-		return nil, errorf(rcUnavailable, "watchdog: anchor the GPU clock: %w", err)
+		return nil, status.Errorf(status.Unavailable, "watchdog: anchor the GPU clock: %w", err)
 	}
 	return clk, nil
 }
@@ -254,9 +255,9 @@ func (wd *watchdog) poll(clk *clock, enforce bool) bool {
 			if cause == nil {
 				cause = err
 			}
-			wd.drop(aborted(cause), nil)
+			wd.drop(status.AbortedBy(cause), nil)
 		} else {
-			wd.fail(errorf(nccl.Status(err), "NCCL reported an asynchronous error: %w", err), nil)
+			wd.fail(status.Errorf(nccl.Status(err), "NCCL reported an asynchronous error: %w", err), nil)
 		}
 		return false
 	}
@@ -266,7 +267,7 @@ func (wd *watchdog) poll(clk *clock, enforce bool) bool {
 			wd.mu.Unlock()
 			if clk != nil && time.Since(clk.host) > reanchor {
 				if err := clk.anchor(); err != nil {
-					wd.fail(errorf(rcUnavailable, "watchdog: re-anchor the GPU clock: %w", err), nil)
+					wd.fail(status.Errorf(status.Unavailable, "watchdog: re-anchor the GPU clock: %w", err), nil)
 				}
 			}
 			return false
@@ -278,19 +279,19 @@ func (wd *watchdog) poll(clk *clock, enforce bool) bool {
 		}
 		done, err := wd.cu.Done(f.ev.end)
 		if err != nil {
-			wd.fail(errorf(rcUnavailable, "all-reduce of step %d bucket %d: %w", f.step, f.bucket, err), &f)
+			wd.fail(status.Errorf(status.Unavailable, "all-reduce of step %d bucket %d: %w", f.step, f.bucket, err), &f)
 			return false
 		}
 		if !done {
 			if waited := time.Since(f.enqueued); enforce && waited > wd.timeout {
-				wd.fail(errorf(rcTimeout, "all-reduce of step %d bucket %d (%d bytes) has not completed on the GPU %v after it was enqueued (timeout %v): a peer is stuck or gone",
+				wd.fail(status.Errorf(status.Timeout, "all-reduce of step %d bucket %d (%d bytes) has not completed on the GPU %v after it was enqueued (timeout %v): a peer is stuck or gone",
 					f.step, f.bucket, f.bytes, waited.Round(time.Millisecond), wd.timeout), &f)
 			}
 			return true
 		}
 		start, end, err := clk.times(f.ev)
 		if err != nil {
-			wd.fail(errorf(rcUnavailable, "time the all-reduce of step %d bucket %d: %w", f.step, f.bucket, err), &f)
+			wd.fail(status.Errorf(status.Unavailable, "time the all-reduce of step %d bucket %d: %w", f.step, f.bucket, err), &f)
 			return false
 		}
 		wd.c.pushEvent(f, start, end, nil)
@@ -329,7 +330,7 @@ func (wd *watchdog) drop(cause error, f *flight) {
 	wd.mu.Unlock()
 	now := time.Now()
 	for _, g := range rest {
-		err := error(aborted(cause))
+		err := error(status.AbortedBy(cause))
 		if f != nil && g.step == f.step && g.bucket == f.bucket {
 			err = cause
 		}
@@ -428,7 +429,7 @@ func (c *comm) pushEvent(f flight, start, end time.Time, err error) {
 		return
 	}
 	c.events.push(wire.CollectiveEvent{
-		Step: f.step, Bucket: uint32(f.bucket), Bytes: f.bytes, DType: f.dt, Status: uint8(statusOf(err)),
+		Step: f.step, Bucket: uint32(f.bucket), Bytes: f.bytes, DType: f.dt, Status: uint8(status.Of(err)),
 		TArrive: f.arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
 	})
 }

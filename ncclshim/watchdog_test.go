@@ -15,6 +15,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -110,7 +111,7 @@ func TestWatchdogTimesOnTheGPU(t *testing.T) {
 		}
 		for i, ev := range evs {
 			d := time.Duration(ev.TEnd - ev.TStart)
-			if ev.Step != uint64(i) || ev.Status != rcOK || d < 55*time.Millisecond || d > 90*time.Millisecond {
+			if ev.Step != uint64(i) || ev.Status != status.OK || d < 55*time.Millisecond || d > 90*time.Millisecond {
 				t.Errorf("rank %d event %d: step %d status %d GPU time %v, want step %d, ok, 60ms", r, i, ev.Step, ev.Status, d, i)
 			}
 			if i > 0 && ev.TStart < evs[i-1].TEnd-int64(2*time.Millisecond) {
@@ -159,13 +160,13 @@ func TestWatchdogAbortsAHungKernel(t *testing.T) {
 		if err != nil {
 			msg = err.Error()
 		}
-		if statusOf(err) != rcAborted || !strings.Contains(msg, "step 812 bucket 3") || !strings.Contains(msg, "has not completed on the GPU") {
-			t.Errorf("rank %d, next call: %v (status %d), want aborted naming step 812 bucket 3", r, err, statusOf(err))
+		if status.Of(err) != status.Aborted || !strings.Contains(msg, "step 812 bucket 3") || !strings.Contains(msg, "has not completed on the GPU") {
+			t.Errorf("rank %d, next call: %v (status %d), want aborted naming step 812 bucket 3", r, err, status.Of(err))
 		}
 	}
 	for r, c := range comms {
 		evs := waitEvents(c, 1)
-		if len(evs) != 1 || evs[0].Step != 812 || evs[0].Bucket != 3 || evs[0].Status != rcTimeout {
+		if len(evs) != 1 || evs[0].Step != 812 || evs[0].Bucket != 3 || evs[0].Status != status.Timeout {
 			t.Errorf("rank %d: events %+v, want step 812 bucket 3 with status timeout", r, evs)
 		}
 	}
@@ -195,7 +196,7 @@ func TestWatchdogAsyncError(t *testing.T) {
 			t.Errorf("rank %d: cause %q", r, cause)
 		}
 		evs := waitEvents(c, 1)
-		if len(evs) != 1 || evs[0].Status != rcAborted {
+		if len(evs) != 1 || evs[0].Status != status.Aborted {
 			t.Errorf("rank %d: events %+v, want the collective reported aborted", r, evs)
 		}
 	}
@@ -313,7 +314,7 @@ func TestCloseWaitsForTheGPU(t *testing.T) {
 		start := time.Now()
 		c.close()
 		evs := c.events.take().Events
-		if len(evs) != 1 || evs[0].Status != rcOK || evs[0].Step != 4 {
+		if len(evs) != 1 || evs[0].Status != status.OK || evs[0].Step != 4 {
 			t.Errorf("rank %d: events after close %+v, want step 4 finished", r, evs)
 		}
 		if took := time.Since(start); took > 2*time.Second {

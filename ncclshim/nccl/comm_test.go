@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
 const (
@@ -266,8 +267,8 @@ func TestUnsupported(t *testing.T) {
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
-			if Status(err) != StatusInvalid {
-				t.Errorf("status %d, want %d", Status(err), StatusInvalid)
+			if Status(err) != status.Invalid {
+				t.Errorf("status %d, want %d", Status(err), status.Invalid)
 			}
 		})
 	}
@@ -331,9 +332,9 @@ func TestHang(t *testing.T) {
 				}
 				for r, err := range errs {
 					t.Logf("rank %d: %v", r, err)
-					wantErr, wantStatus := ErrAborted, StatusAborted
+					wantErr, wantStatus := ErrAborted, status.Aborted
 					if how == "timeout" {
-						wantErr, wantStatus = ErrTimeout, StatusTimeout
+						wantErr, wantStatus = ErrTimeout, status.Timeout
 						if d := done[r].Sub(start); d < timeout {
 							t.Errorf("rank %d returned after %v, before the %v timeout", r, d, timeout)
 						}
@@ -450,7 +451,7 @@ func TestClose(t *testing.T) {
 			buf, free := nccltest.HostBuffer(4)
 			defer free()
 			err := c.AllReduce(unsafe.Pointer(&buf[0]), 1, Float32, Sum, nil)
-			if !errors.Is(err, ErrClosed) || Status(err) != StatusClosed {
+			if !errors.Is(err, ErrClosed) || Status(err) != status.Closed {
 				t.Errorf("all-reduce after close: got %v, want ErrClosed", err)
 			}
 			if err := c.AsyncError(); !errors.Is(err, ErrClosed) {
@@ -488,7 +489,7 @@ func TestInitTimeout(t *testing.T) {
 			c, err := Open(lib, id, 2, 0, timeout)
 			d := time.Since(start)
 			t.Logf("after %v: %v", d, err)
-			if c != nil || !errors.Is(err, ErrTimeout) || Status(err) != StatusTimeout {
+			if c != nil || !errors.Is(err, ErrTimeout) || Status(err) != status.Timeout {
 				t.Fatalf("got %v, %v; want ErrTimeout", c, err)
 			}
 			if d < timeout || d > timeout+margin {
@@ -564,8 +565,8 @@ func TestErrors(t *testing.T) {
 			if ne.Error() != tc.want || ne.Result != SystemError {
 				t.Errorf("got %q (%v), want %q (ncclSystemError)", ne.Error(), ne.Result, tc.want)
 			}
-			if Status(err) != StatusPeer {
-				t.Errorf("status %d, want %d", Status(err), StatusPeer)
+			if Status(err) != status.Peer {
+				t.Errorf("status %d, want %d", Status(err), status.Peer)
 			}
 			if tc.code == nonBlockingCode || tc.fail == "allreduce" {
 				waitFor(t, rec, "abort", "rank=0")

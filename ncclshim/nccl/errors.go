@@ -3,6 +3,8 @@ package nccl
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
 // Result is an ncclResult_t.
@@ -97,21 +99,8 @@ func (e *LoadError) Error() string {
 	return s
 }
 
-// Status codes of the shim's C ABI (DDPSHIM_OK, DDPSHIM_ERR_* in
-// ncclshim/ddpshim.h).
-const (
-	StatusOK          = 0
-	StatusInvalid     = 1
-	StatusClosed      = 2
-	StatusAborted     = 3
-	StatusTimeout     = 4
-	StatusPeer        = 5
-	StatusMismatch    = 6
-	StatusUnavailable = 7
-	StatusInternal    = 8
-)
-
-// Status maps an error from this package to the shim's status code:
+// Status maps an error from this package to the shim's status code
+// (package status):
 // ErrClosed, then ErrAborted, ErrTimeout, ErrInvalid and ErrUnsupported
 // (invalid), *LoadError (unavailable), then NCCL's result: invalid argument
 // or usage → invalid, remote or system error (NCCL's words for a peer or
@@ -122,26 +111,26 @@ func Status(err error) int {
 	var ne *Error
 	switch {
 	case err == nil:
-		return StatusOK
+		return status.OK
 	case errors.Is(err, ErrClosed):
-		return StatusClosed
+		return status.Closed
 	case errors.Is(err, ErrAborted):
-		return StatusAborted
+		return status.Aborted
 	case errors.Is(err, ErrTimeout):
-		return StatusTimeout
+		return status.Timeout
 	case errors.Is(err, ErrInvalid), errors.Is(err, ErrUnsupported):
-		return StatusInvalid
+		return status.Invalid
 	case errors.As(err, &le):
-		return StatusUnavailable
+		return status.Unavailable
 	case errors.As(err, &ne):
 		switch ne.Result {
 		case InvalidArgument, InvalidUsage:
-			return StatusInvalid
+			return status.Invalid
 		case RemoteError, SystemError:
-			return StatusPeer
+			return status.Peer
 		case Timeout:
-			return StatusTimeout
+			return status.Timeout
 		}
 	}
-	return StatusInternal
+	return status.Internal
 }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
 func TestParseVersion(t *testing.T) {
@@ -145,8 +147,8 @@ func TestLoadOrder(t *testing.T) {
 					t.Errorf("error %q lacks %q", rep.Err, w)
 				}
 			}
-			if rep.Status != StatusUnavailable {
-				t.Errorf("status %d, want %d (unavailable)", rep.Status, StatusUnavailable)
+			if rep.Status != status.Unavailable {
+				t.Errorf("status %d, want %d (unavailable)", rep.Status, status.Unavailable)
 			}
 		})
 	}
@@ -205,21 +207,21 @@ func TestStatus(t *testing.T) {
 		err  error
 		want int
 	}{
-		{"nil", nil, StatusOK},
-		{"closed", fmt.Errorf("x: %w", ErrClosed), StatusClosed},
-		{"aborted after a timeout", fmt.Errorf("x: %w after: %w", ErrAborted, timeout), StatusAborted},
-		{"timeout", timeout, StatusTimeout},
-		{"invalid", fmt.Errorf("x: %w", ErrInvalid), StatusInvalid},
-		{"unsupported", fmt.Errorf("x: %w", ErrUnsupported), StatusInvalid},
-		{"load", &LoadError{}, StatusUnavailable},
-		{"system error", &Error{Result: SystemError}, StatusPeer},
-		{"remote error", fmt.Errorf("x: %w", &Error{Result: RemoteError}), StatusPeer},
-		{"invalid usage", &Error{Result: InvalidUsage}, StatusInvalid},
-		{"invalid argument", &Error{Result: InvalidArgument}, StatusInvalid},
-		{"nccl timeout", &Error{Result: Timeout}, StatusTimeout},
-		{"cuda", &Error{Result: UnhandledCudaError}, StatusInternal},
-		{"internal", &Error{Result: InternalError}, StatusInternal},
-		{"other", errors.New("x"), StatusInternal},
+		{"nil", nil, status.OK},
+		{"closed", fmt.Errorf("x: %w", ErrClosed), status.Closed},
+		{"aborted after a timeout", fmt.Errorf("x: %w after: %w", ErrAborted, timeout), status.Aborted},
+		{"timeout", timeout, status.Timeout},
+		{"invalid", fmt.Errorf("x: %w", ErrInvalid), status.Invalid},
+		{"unsupported", fmt.Errorf("x: %w", ErrUnsupported), status.Invalid},
+		{"load", &LoadError{}, status.Unavailable},
+		{"system error", &Error{Result: SystemError}, status.Peer},
+		{"remote error", fmt.Errorf("x: %w", &Error{Result: RemoteError}), status.Peer},
+		{"invalid usage", &Error{Result: InvalidUsage}, status.Invalid},
+		{"invalid argument", &Error{Result: InvalidArgument}, status.Invalid},
+		{"nccl timeout", &Error{Result: Timeout}, status.Timeout},
+		{"cuda", &Error{Result: UnhandledCudaError}, status.Internal},
+		{"internal", &Error{Result: InternalError}, status.Internal},
+		{"other", errors.New("x"), status.Internal},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,79 @@
+// Package status holds the status codes of the shim's C ABI (DDPSHIM_OK and
+// DDPSHIM_ERR_* in ncclshim/ddpshim.h), the error that carries one, and
+// how the transports' errors map to them: one set of codes for the
+// packages that fail a call (comm, nccl) and the exports that return it.
+package status
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/host"
+	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
+)
+
+// The codes, as ddpshim.h defines them.
+const (
+	OK          = 0
+	Invalid     = 1
+	Closed      = 2
+	Aborted     = 3
+	Timeout     = 4
+	Peer        = 5
+	Mismatch    = 6
+	Unavailable = 7
+	Internal    = 8
+)
+
+// Error carries the code a failure maps to in the C ABI.
+type Error struct {
+	Code int
+	Err  error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf is fmt.Errorf with the code the error maps to.
+func Errorf(code int, format string, args ...any) error {
+	return &Error{Code: code, Err: fmt.Errorf(format, args...)}
+}
+
+// Sentinels for conditions of a communicator itself.
+var (
+	ErrAborted = errors.New("communicator aborted")
+	ErrClosed  = errors.New("communicator closed")
+)
+
+// AbortedBy reports an earlier failure or abort as DDPSHIM_ERR_ABORTED:
+// only the collective that failed first carries the root cause's own code.
+func AbortedBy(cause error) error {
+	if errors.Is(cause, ErrClosed) {
+		return cause
+	}
+	return &Error{Code: Aborted, Err: cause}
+}
+
+// Of maps an error from the transports, the control client or the shim to
+// its C status code.
+func Of(err error) int {
+	var se *Error
+	switch {
+	case err == nil:
+		return OK
+	case errors.As(err, &se):
+		return se.Code
+	case errors.Is(err, ErrClosed):
+		return Closed
+	case errors.Is(err, host.ErrMismatch), errors.Is(err, shm.ErrMismatch):
+		return Mismatch
+	case errors.Is(err, host.ErrTimeout), errors.Is(err, shm.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return Timeout
+	case errors.Is(err, host.ErrPeer), errors.Is(err, shm.ErrPeer):
+		return Peer
+	case errors.Is(err, ErrAborted), errors.Is(err, host.ErrAborted), errors.Is(err, shm.ErrAborted), errors.Is(err, context.Canceled):
+		return Aborted
+	}
+	return Internal
+}
