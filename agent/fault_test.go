@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+	"github.com/ddp-agent/ddp-agent/nvml/health"
+)
+
+// TestFaultStale: a fault belongs to the attempt of its generation; a GPU
+// fault, whose watcher knows no generations, to the attempt that was
+// running when its newest finding was seen.
+func TestFaultStale(t *testing.T) {
+	started := time.Unix(1_700_000_000, 0)
+	gpu := func(last time.Time) *Fault {
+		gf := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{{GPU: 1, Last: last}}}
+		return &Fault{Source: FromGPU, Seen: gf.last(), Err: gf}
+	}
+	tests := []struct {
+		name string
+		f    *Fault
+		want bool
+	}{
+		{"worker of this generation", workerFault(4, &supervisor.WorkerExitError{Rank: 1, Code: 1}), false},
+		{"hang of this generation", hangFault(&watch.HangError{Hang: telemetry.Hang{Key: telemetry.Key{Gen: 4}}}), false},
+		{"hang of the last generation", hangFault(&watch.HangError{Hang: telemetry.Hang{Key: telemetry.Key{Gen: 3}}}), true},
+		{"round of the last generation", roundFault(3, "node b left"), true},
+		{"GPU finding after the start", gpu(started.Add(time.Millisecond)), false},
+		{"GPU finding before the start", gpu(started.Add(-time.Millisecond)), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.f.stale(4, started); got != tc.want {
+				t.Errorf("stale: got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestFaultQueue: take skips stale faults (handing them to drop) and
+// returns the first of the attempt; a GPU fault takes the place of one
+// still waiting, with its findings.
+func TestFaultQueue(t *testing.T) {
+	started := time.Now()
+	q := newFaults()
+	q.report(hangFault(&watch.HangError{Hang: telemetry.Hang{Key: telemetry.Key{Gen: 1}, Missing: []int{0}}}))
+	old := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{{GPU: 0, UUID: "GPU-0", Message: "Xid 31", Last: started.Add(-time.Second)}}}
+	q.report(&Fault{Source: FromGPU, Seen: old.last(), Reason: old.finding(), Err: old})
+	fresh := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{{GPU: 1, UUID: "GPU-1", Message: "Xid 31", Last: started.Add(time.Second)}}}
+	q.report(&Fault{Source: FromGPU, Seen: fresh.last(), Reason: fresh.finding(), Err: fresh})
+	select {
+	case <-q.ready:
+	default:
+		t.Fatal("queue not ready after report")
+	}
+	var dropped []*Fault
+	f := q.take(2, started, func(f *Fault) { dropped = append(dropped, f) })
+	if f == nil || f.Source != FromGPU {
+		t.Fatalf("took %+v, want the fresh GPU fault", f)
+	}
+	if len(dropped) != 1 || dropped[0].Source != FromHang {
+		t.Errorf("dropped %d faults, want the last generation's hang", len(dropped))
+	}
+	if want := "GPU 1 (GPU-1): Xid 31, and 1 more finding(s)"; f.Reason != want {
+		t.Errorf("reason %q, want %q", f.Reason, want)
+	}
+	if got := q.take(2, started, func(*Fault) {}); got != nil {
+		t.Errorf("second take: %+v, want nothing", got)
+	}
+	q.report(roundFault(2, "node b left"))
+	q.clear()
+	if got := q.take(2, started, func(*Fault) {}); got != nil {
+		t.Errorf("take after clear: %+v, want nothing", got)
+	}
+}
+
+// TestFaultRestartsJob: only a round that ended is not this node's fault.
+func TestFaultRestartsJob(t *testing.T) {
+	for _, f := range []*Fault{workerFault(0, &supervisor.WorkerExitError{}), hangFault(&watch.HangError{}), {Source: FromGPU}} {
+		if !f.restartsJob() {
+			t.Errorf("source %d: does not restart the job", f.Source)
+		}
+	}
+	if roundFault(0, "x").restartsJob() {
+		t.Error("a round that ended restarts the job")
+	}
+}
