@@ -67,8 +67,8 @@ type comm struct {
 	ncLib *nccl.Lib
 	ncID  [nccl.UniqueIDBytes]byte
 	nc    *nccl.Comm
-	cu    *cuda.Lib // nil without a CUDA driver
-	watch *watchdog // from connect
+	cu    *cuda.Lib      // nil without a CUDA driver
+	watch *nccl.Watchdog // from connect
 }
 
 // work is one all-reduce in flight.
@@ -406,8 +406,8 @@ func (c *comm) close() {
 	watch := c.watch
 	c.mu.Unlock()
 	if watch != nil {
-		watch.settle()
-		watch.close() // its last look ships the events of what has completed
+		watch.Settle()
+		watch.Close() // its last look ships the events of what has completed
 	}
 	c.bgCancel() // the shipper's last flush includes the executor's last events
 	c.bg.Wait()

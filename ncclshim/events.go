@@ -154,9 +154,9 @@ func (c *comm) reportInFlight() {
 	watch := c.watch
 	c.mu.Unlock()
 	if watch != nil {
-		for _, f := range watch.unfinished(old) {
-			evs = append(evs, wire.CollectiveEvent{Step: f.step, Bucket: uint32(f.bucket), Bytes: f.bytes,
-				DType: f.dt, Status: wire.StatusInFlight, TArrive: f.arrive.UnixNano(), TStart: f.enqueued.UnixNano()})
+		for _, f := range watch.Unfinished(old) {
+			evs = append(evs, wire.CollectiveEvent{Step: f.Step, Bucket: uint32(f.Bucket), Bytes: f.Bytes,
+				DType: f.DType, Status: wire.StatusInFlight, TArrive: f.Arrive.UnixNano(), TStart: f.Enqueued.UnixNano()})
 		}
 	}
 	for _, ev := range evs {

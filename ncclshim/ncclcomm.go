@@ -144,7 +144,7 @@ func (c *comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 	}
 	c.nc = nc
 	c.cu = cu
-	c.watch = newWatchdog(c, nc, cu)
+	c.watch = nccl.NewWatchdog(watchOwner{c}, nc, cu, c.cfg.timeout(), c.log)
 	c.log.Info("connected", "world_size", c.size, "transport", "nccl", "nonblocking", nc.NonBlocking(),
 		"cuda", cu != nil)
 	return nil
@@ -172,7 +172,7 @@ func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream un
 		return status.Errorf(status.Invalid, "NCCL %s has no %s (from 2.10); use sum after dividing, or float32/float16",
 			c.ncLib.Version(), map[bool]string{true: "avg", false: "bfloat16"}[w.op == 4 && !feat.Avg])
 	}
-	ev, timed, err := watch.events(stream)
+	ev, timed, err := watch.Events(stream)
 	if err != nil {
 		c.abort(err)
 		return err
@@ -180,26 +180,26 @@ func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream un
 	start := time.Now()
 	w.started.Store(start.UnixNano())
 	if timed {
-		err = cu.Record(ev.start, stream)
+		err = cu.Record(ev.Start, stream)
 	}
 	if err == nil {
 		err = nc.AllReduce(ptr, count, int(w.dt), int(w.op), stream)
 	}
 	if err == nil && timed {
-		err = cu.Record(ev.end, stream)
+		err = cu.Record(ev.End, stream)
 	}
 	end := time.Now()
-	f := flight{ev: ev, step: w.step, bucket: w.bucket, bytes: uint64(len(w.buf)), dt: uint8(w.dt), arrive: w.arrive, enqueued: end}
+	f := nccl.Flight{Events: ev, Step: w.step, Bucket: w.bucket, Bytes: uint64(len(w.buf)), DType: uint8(w.dt), Arrive: w.arrive, Enqueued: end}
 	switch {
 	case err != nil:
 		if timed {
-			watch.release(ev)
+			watch.Release(ev)
 		}
 		err = status.Errorf(statusOfGPU(err), "all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
 		c.abort(err)
 		c.pushEvent(f, start, end, err)
 	case timed:
-		watch.add(f) // its event, with GPU times, once it has run
+		watch.Add(f) // its event, with GPU times, once it has run
 	default:
 		// Host-side times of the enqueue; the collective itself runs later.
 		c.pushEvent(f, start, end, nil)
@@ -274,4 +274,24 @@ func ncclInfo() string {
 	}
 	out, _ := json.Marshal(info)
 	return string(out)
+}
+
+// pushEvent reports a collective's times to the agent, if there is one.
+func (c *comm) pushEvent(f nccl.Flight, start, end time.Time, err error) {
+	if c.events == nil {
+		return
+	}
+	c.events.push(wire.CollectiveEvent{
+		Step: f.Step, Bucket: uint32(f.Bucket), Bytes: f.Bytes, DType: f.DType, Status: uint8(status.Of(err)),
+		TArrive: f.Arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
+	})
+}
+
+// watchOwner is the comm as its watchdog sees it.
+type watchOwner struct{ c *comm }
+
+func (o watchOwner) Abort(cause error) { o.c.abort(cause) }
+func (o watchOwner) Cause() error      { return context.Cause(o.c.ctx) }
+func (o watchOwner) Report(f nccl.Flight, start, end time.Time, err error) {
+	o.c.pushEvent(f, start, end, err)
 }

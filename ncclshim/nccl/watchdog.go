@@ -1,17 +1,15 @@
-package main
+package nccl
 
 import (
-	"context"
 	"errors"
+	"log/slog"
 	"runtime"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
-	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
-	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // The NCCL transport's watchdog. ddpshim_allreduce returns once NCCL has
@@ -38,31 +36,50 @@ const (
 	eventPool = 64                     // event pairs kept for reuse
 )
 
-type eventPair struct{ start, end cuda.Event }
+// EventPair is the CUDA events recorded before and after a collective on
+// its stream.
+type EventPair struct{ Start, End cuda.Event }
 
-// flight is a collective enqueued on the GPU and not yet seen complete.
-type flight struct {
-	ev       eventPair
-	reported bool // an in-flight event was sent
-	step     uint64
-	bucket   int32
-	bytes    uint64
-	dt       uint8
-	arrive   time.Time
-	enqueued time.Time
+// Flight is a collective enqueued on the GPU and not yet seen complete.
+type Flight struct {
+	Events   EventPair
+	reported bool // Unfinished has returned it
+	Step     uint64
+	Bucket   int32
+	Bytes    uint64
+	DType    uint8
+	Arrive   time.Time // the caller asked for the collective
+	Enqueued time.Time // it was on the stream
 }
 
-type watchdog struct {
-	c       *comm
-	nc      *nccl.Comm
+// Owner is the communicator a Watchdog watches for: what it reports
+// collectives to and aborts. Its methods are called from the watchdog's
+// goroutine.
+type Owner interface {
+	// Abort fails the communicator with cause; it returns at once.
+	Abort(cause error)
+	// Cause is why the communicator was aborted; nil while it was not.
+	Cause() error
+	// Report gets a collective the watchdog is done with: finished (err
+	// nil), with its start and end on the GPU on the host clock, or given
+	// up, with why.
+	Report(f Flight, start, end time.Time, err error)
+}
+
+// Watchdog watches the collectives of one Comm on the GPU. Its methods are
+// safe for concurrent use.
+type Watchdog struct {
+	owner   Owner
+	log     *slog.Logger
+	nc      *Comm
 	cu      *cuda.Lib // nil: no events
 	timeout time.Duration
 
 	mu       sync.Mutex
 	cuCtx    cuda.Context // the caller's, taken at the first collective
 	noEvents bool         // the caller has no CUDA context: host times only
-	inflight []flight
-	free     []eventPair
+	inflight []Flight
+	free     []EventPair
 	failed   bool
 
 	kick chan struct{}
@@ -70,37 +87,40 @@ type watchdog struct {
 	done chan struct{}
 }
 
-func newWatchdog(c *comm, nc *nccl.Comm, cu *cuda.Lib) *watchdog {
-	wd := &watchdog{c: c, nc: nc, cu: cu, timeout: c.cfg.timeout(), noEvents: cu == nil,
+// NewWatchdog starts watching nc's collectives, timed with cu's events
+// (nil: none, only the asynchronous error is watched), for owner: a
+// collective not done after timeout aborts it. Close stops it.
+func NewWatchdog(owner Owner, nc *Comm, cu *cuda.Lib, timeout time.Duration, log *slog.Logger) *Watchdog {
+	wd := &Watchdog{owner: owner, log: log, nc: nc, cu: cu, timeout: timeout, noEvents: cu == nil,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go wd.run()
 	return wd
 }
 
-// events returns a pair of events for a collective on stream, made in the
+// Events returns a pair of events for a collective on stream, made in the
 // calling thread's context; ok is false when this comm runs without
 // events.
-func (wd *watchdog) events(stream unsafe.Pointer) (ev eventPair, ok bool, err error) {
+func (wd *Watchdog) Events(stream unsafe.Pointer) (ev EventPair, ok bool, err error) {
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
 	if wd.noEvents {
-		return eventPair{}, false, nil
+		return EventPair{}, false, nil
 	}
 	// Events are made and recorded in the calling thread's context. The
 	// CUDA runtime has made one current on every thread PyTorch runs CUDA
 	// work on; a thread without one gets the communicator's.
 	ctx, err := wd.cu.Current(stream)
 	if err != nil {
-		return eventPair{}, false, status.Errorf(status.Unavailable, "CUDA context of the calling thread: %w", err)
+		return EventPair{}, false, status.Errorf(status.Unavailable, "CUDA context of the calling thread: %w", err)
 	}
 	switch {
 	case !ctx.Valid() && !wd.cuCtx.Valid():
 		wd.noEvents = true
-		wd.c.log.Warn("no CUDA context on the calling thread: no GPU-side timing or hang detection")
-		return eventPair{}, false, nil
+		wd.log.Warn("no CUDA context on the calling thread: no GPU-side timing or hang detection")
+		return EventPair{}, false, nil
 	case !ctx.Valid():
 		if err := wd.cu.Bind(wd.cuCtx); err != nil {
-			return eventPair{}, false, status.Errorf(status.Unavailable, "CUDA context for the calling thread: %w", err)
+			return EventPair{}, false, status.Errorf(status.Unavailable, "CUDA context for the calling thread: %w", err)
 		}
 	case !wd.cuCtx.Valid():
 		wd.cuCtx = ctx
@@ -110,26 +130,26 @@ func (wd *watchdog) events(stream unsafe.Pointer) (ev eventPair, ok bool, err er
 		wd.free = wd.free[:n-1]
 		return ev, true, nil
 	}
-	if ev.start, err = wd.cu.NewEvent(); err == nil {
-		if ev.end, err = wd.cu.NewEvent(); err != nil {
-			wd.cu.DestroyEvent(ev.start)
+	if ev.Start, err = wd.cu.NewEvent(); err == nil {
+		if ev.End, err = wd.cu.NewEvent(); err != nil {
+			wd.cu.DestroyEvent(ev.Start)
 		}
 	}
 	if err != nil {
-		return eventPair{}, false, status.Errorf(status.Unavailable, "CUDA events for the collective: %w", err)
+		return EventPair{}, false, status.Errorf(status.Unavailable, "CUDA events for the collective: %w", err)
 	}
 	return ev, true, nil
 }
 
-// release returns ev unused (the enqueue failed).
-func (wd *watchdog) release(ev eventPair) {
+// Release returns ev unused (the enqueue failed).
+func (wd *Watchdog) Release(ev EventPair) {
 	wd.mu.Lock()
 	wd.free = append(wd.free, ev)
 	wd.mu.Unlock()
 }
 
-// add hands a recorded collective to the watchdog.
-func (wd *watchdog) add(f flight) {
+// Add hands a recorded collective to the watchdog.
+func (wd *Watchdog) Add(f Flight) {
 	wd.mu.Lock()
 	wd.inflight = append(wd.inflight, f)
 	wd.mu.Unlock()
@@ -139,14 +159,14 @@ func (wd *watchdog) add(f flight) {
 	}
 }
 
-// unfinished returns, once each, the collectives enqueued before old that
+// Unfinished returns, once each, the collectives enqueued before old that
 // have not finished.
-func (wd *watchdog) unfinished(old time.Time) []flight {
+func (wd *Watchdog) Unfinished(old time.Time) []Flight {
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
-	var out []flight
+	var out []Flight
 	for i := range wd.inflight {
-		if f := &wd.inflight[i]; !f.reported && f.arrive.Before(old) {
+		if f := &wd.inflight[i]; !f.reported && f.Arrive.Before(old) {
 			f.reported = true
 			out = append(out, *f)
 		}
@@ -154,19 +174,19 @@ func (wd *watchdog) unfinished(old time.Time) []flight {
 	return out
 }
 
-// close stops the watchdog after a last look at what has completed, and
+// Close stops the watchdog after a last look at what has completed, and
 // releases the events; the communicator is closed or aborted by then.
-func (wd *watchdog) close() {
+func (wd *Watchdog) Close() {
 	close(wd.stop)
 	<-wd.done
 }
 
-// settle waits until the collectives in flight have finished on the GPU
+// Settle waits until the collectives in flight have finished on the GPU
 // (their events then reach the agent, which would otherwise wait for them
 // and see a hang) or were given up: failed, aborted, or past the timeout,
 // which the watchdog enforces meanwhile. NCCL's destroy would wait for
 // them anyway, and with no watchdog left, for ever.
-func (wd *watchdog) settle() {
+func (wd *Watchdog) Settle() {
 	for {
 		wd.mu.Lock()
 		n, failed := len(wd.inflight), wd.failed
@@ -182,7 +202,7 @@ func (wd *watchdog) settle() {
 	}
 }
 
-func (wd *watchdog) run() {
+func (wd *Watchdog) run() {
 	defer close(wd.done)
 	// The thread gets a CUDA context bound: it stays locked, and Go ends
 	// it with the goroutine rather than reuse it.
@@ -217,7 +237,7 @@ func (wd *watchdog) run() {
 
 // bind binds the caller's context to this thread once the first
 // collective has told which, and anchors the GPU clock.
-func (wd *watchdog) bind() (*clock, error) {
+func (wd *Watchdog) bind() (*clock, error) {
 	wd.mu.Lock()
 	ctx := wd.cuCtx
 	wd.mu.Unlock()
@@ -234,7 +254,7 @@ func (wd *watchdog) bind() (*clock, error) {
 	return clk, nil
 }
 
-func (wd *watchdog) hasFailed() bool {
+func (wd *Watchdog) hasFailed() bool {
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
 	return wd.failed
@@ -242,22 +262,22 @@ func (wd *watchdog) hasFailed() bool {
 
 // poll checks the asynchronous error and the collectives in flight, oldest
 // first; it reports whether some are still in flight.
-func (wd *watchdog) poll(clk *clock, enforce bool) bool {
+func (wd *Watchdog) poll(clk *clock, enforce bool) bool {
 	if wd.hasFailed() {
 		return false
 	}
 	// At close the communicator may be gone: only collect what completed.
 	if err := wd.nc.AsyncError(); enforce && err != nil {
-		if errors.Is(err, nccl.ErrAborted) || errors.Is(err, nccl.ErrClosed) {
+		if errors.Is(err, ErrAborted) || errors.Is(err, ErrClosed) {
 			// Aborted by someone else (the agent, ddpshim_abort): what is
 			// in flight will not finish.
-			cause := context.Cause(wd.c.ctx)
+			cause := wd.owner.Cause()
 			if cause == nil {
 				cause = err
 			}
 			wd.drop(status.AbortedBy(cause), nil)
 		} else {
-			wd.fail(status.Errorf(nccl.Status(err), "NCCL reported an asynchronous error: %w", err), nil)
+			wd.fail(status.Errorf(Status(err), "NCCL reported an asynchronous error: %w", err), nil)
 		}
 		return false
 	}
@@ -277,45 +297,45 @@ func (wd *watchdog) poll(clk *clock, enforce bool) bool {
 		if clk == nil { // not bound yet: the next tick binds
 			return true
 		}
-		done, err := wd.cu.Done(f.ev.end)
+		done, err := wd.cu.Done(f.Events.End)
 		if err != nil {
-			wd.fail(status.Errorf(status.Unavailable, "all-reduce of step %d bucket %d: %w", f.step, f.bucket, err), &f)
+			wd.fail(status.Errorf(status.Unavailable, "all-reduce of step %d bucket %d: %w", f.Step, f.Bucket, err), &f)
 			return false
 		}
 		if !done {
-			if waited := time.Since(f.enqueued); enforce && waited > wd.timeout {
+			if waited := time.Since(f.Enqueued); enforce && waited > wd.timeout {
 				wd.fail(status.Errorf(status.Timeout, "all-reduce of step %d bucket %d (%d bytes) has not completed on the GPU %v after it was enqueued (timeout %v): a peer is stuck or gone",
-					f.step, f.bucket, f.bytes, waited.Round(time.Millisecond), wd.timeout), &f)
+					f.Step, f.Bucket, f.Bytes, waited.Round(time.Millisecond), wd.timeout), &f)
 			}
 			return true
 		}
-		start, end, err := clk.times(f.ev)
+		start, end, err := clk.times(f.Events)
 		if err != nil {
-			wd.fail(status.Errorf(status.Unavailable, "time the all-reduce of step %d bucket %d: %w", f.step, f.bucket, err), &f)
+			wd.fail(status.Errorf(status.Unavailable, "time the all-reduce of step %d bucket %d: %w", f.Step, f.Bucket, err), &f)
 			return false
 		}
-		wd.c.pushEvent(f, start, end, nil)
+		wd.owner.Report(f, start, end, nil)
 		wd.mu.Lock()
 		wd.inflight = wd.inflight[1:]
-		wd.free = append(wd.free, f.ev)
+		wd.free = append(wd.free, f.Events)
 		wd.mu.Unlock()
 	}
 }
 
 // fail aborts the communicator with cause and reports the collective that
 // failed (f, if any) and the rest in flight.
-func (wd *watchdog) fail(cause error, f *flight) {
+func (wd *Watchdog) fail(cause error, f *Flight) {
 	if wd.hasFailed() {
 		return
 	}
-	wd.c.log.Error("aborting the NCCL communicator", "err", cause)
-	wd.c.abort(cause)
+	wd.log.Error("aborting the NCCL communicator", "err", cause)
+	wd.owner.Abort(cause)
 	wd.drop(cause, f)
 }
 
 // drop gives up the collectives in flight and reports them: f with cause,
 // the others as aborted by it. The watchdog watches nothing after.
-func (wd *watchdog) drop(cause error, f *flight) {
+func (wd *Watchdog) drop(cause error, f *Flight) {
 	wd.mu.Lock()
 	if wd.failed {
 		wd.mu.Unlock()
@@ -325,25 +345,25 @@ func (wd *watchdog) drop(cause error, f *flight) {
 	rest := wd.inflight
 	wd.inflight = nil
 	for _, g := range rest {
-		wd.free = append(wd.free, g.ev)
+		wd.free = append(wd.free, g.Events)
 	}
 	wd.mu.Unlock()
 	now := time.Now()
 	for _, g := range rest {
 		err := error(status.AbortedBy(cause))
-		if f != nil && g.step == f.step && g.bucket == f.bucket {
+		if f != nil && g.Step == f.Step && g.Bucket == f.Bucket {
 			err = cause
 		}
-		wd.c.pushEvent(g, g.enqueued, now, err)
+		wd.owner.Report(g, g.Enqueued, now, err)
 	}
 }
 
 // destroy releases the events and the clock's stream.
-func (wd *watchdog) destroy(clk *clock) {
+func (wd *Watchdog) destroy(clk *clock) {
 	wd.mu.Lock()
 	evs := wd.free
 	for _, f := range wd.inflight {
-		evs = append(evs, f.ev)
+		evs = append(evs, f.Events)
 	}
 	wd.free, wd.inflight = nil, nil
 	ctx := wd.cuCtx
@@ -353,83 +373,15 @@ func (wd *watchdog) destroy(clk *clock) {
 	}
 	if clk == nil { // events were made, but the watchdog never bound
 		if err := wd.cu.Bind(ctx); err != nil {
-			wd.c.log.Warn("release CUDA events", "err", err)
+			wd.log.Warn("release CUDA events", "err", err)
 			return
 		}
 	}
 	for _, ev := range evs {
-		wd.cu.DestroyEvent(ev.start)
-		wd.cu.DestroyEvent(ev.end)
+		wd.cu.DestroyEvent(ev.Start)
+		wd.cu.DestroyEvent(ev.End)
 	}
 	if clk != nil {
 		clk.close()
 	}
-}
-
-// clock maps GPU event times to the host clock: an anchor event recorded
-// on an idle stream of our own completes at once, so its GPU time is the
-// host time around its synchronization.
-type clock struct {
-	cu     *cuda.Lib
-	stream cuda.Stream
-	ev     cuda.Event
-	host   time.Time
-	ok     bool
-}
-
-func (k *clock) anchor() error {
-	if !k.ok {
-		s, err := k.cu.NewStream()
-		if err != nil {
-			return err
-		}
-		ev, err := k.cu.NewEvent()
-		if err != nil {
-			k.cu.DestroyStream(s)
-			return err
-		}
-		k.stream, k.ev, k.ok = s, ev, true
-	}
-	t0 := time.Now()
-	if err := k.cu.Record(k.ev, k.stream.Ptr()); err != nil {
-		return err
-	}
-	if err := k.cu.Sync(k.ev); err != nil {
-		return err
-	}
-	t1 := time.Now()
-	k.host = t0.Add(t1.Sub(t0) / 2)
-	return nil
-}
-
-// times are when ev's collective started and ended on the GPU, host clock.
-func (k *clock) times(ev eventPair) (start, end time.Time, err error) {
-	fromAnchor, err := k.cu.Elapsed(k.ev, ev.start)
-	if err != nil {
-		return
-	}
-	d, err := k.cu.Elapsed(ev.start, ev.end)
-	if err != nil {
-		return
-	}
-	start = k.host.Add(fromAnchor)
-	return start, start.Add(d), nil
-}
-
-func (k *clock) close() {
-	if k.ok {
-		k.cu.DestroyEvent(k.ev)
-		k.cu.DestroyStream(k.stream)
-	}
-}
-
-// pushEvent reports a collective's times to the agent, if there is one.
-func (c *comm) pushEvent(f flight, start, end time.Time, err error) {
-	if c.events == nil {
-		return
-	}
-	c.events.push(wire.CollectiveEvent{
-		Step: f.step, Bucket: uint32(f.bucket), Bytes: f.bytes, DType: f.dt, Status: uint8(status.Of(err)),
-		TArrive: f.arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
-	})
 }
