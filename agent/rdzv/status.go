@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -142,6 +143,41 @@ func (s *Status) Joined() int {
 // tool is what one runs to find such a thing.
 func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*Status, error) {
 	prefix := Prefix(root, id)
+	k, err := readJobKeys(ctx, cli, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("read job %q: %w", id, err)
+	}
+	if len(k.job) == 0 && len(k.state) == 0 && len(k.nodes) == 0 {
+		return nil, ErrNoJob
+	}
+	s := &Status{ID: id, Revision: k.rev, Nodes: []NodeStatus{}}
+	s.Hosted = len(k.host) > 0 && string(k.host[0].Value) == id
+	s.decodeJob(prefix, k.job)
+	s.decodeState(prefix, k.state)
+	if s.State != nil && len(s.State.Members) == 0 && s.State.MembersKey != "" {
+		// The agents keep the member list out of the state key; read it
+		// at the same revision, so the picture stays one moment's.
+		mresp, err := cli.Get(ctx, s.State.MembersKey, clientv3.WithRev(k.rev))
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("read %s: %w", s.State.MembersKey, err)
+		case len(mresp.Kvs) > 0:
+			if err := decode(s.State.MembersKey, mresp.Kvs[0].Value, &s.State.Members); err != nil {
+				s.bad(s.State.MembersKey, err)
+			}
+		}
+	}
+	s.collectNodes(prefix, k)
+	return s, nil
+}
+
+// jobKeys is what ReadStatus reads of one job in one transaction.
+type jobKeys struct {
+	rev                                     int64
+	job, state, nodes, rounds, host, stalls []*mvccpb.KeyValue
+}
+
+func readJobKeys(ctx context.Context, cli *clientv3.Client, prefix string) (*jobKeys, error) {
 	// The whole rounds/ dir, since which round is open is only known from
 	// the state read in the same transaction; closing a round deletes the
 	// ones before it, so it holds one or two rounds.
@@ -154,57 +190,48 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 		clientv3.OpGet(prefix+stallsDir, clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("read job %q: %w", id, err)
+		return nil, err
 	}
-	jobKVs := resp.Responses[0].GetResponseRange().Kvs
-	stateKVs := resp.Responses[1].GetResponseRange().Kvs
-	nodeKVs := resp.Responses[2].GetResponseRange().Kvs
-	roundKVs := resp.Responses[3].GetResponseRange().Kvs
-	hostKVs := resp.Responses[4].GetResponseRange().Kvs
-	stallKVs := resp.Responses[5].GetResponseRange().Kvs
-	if len(jobKVs) == 0 && len(stateKVs) == 0 && len(nodeKVs) == 0 {
-		return nil, ErrNoJob
-	}
+	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
+	return &jobKeys{rev: resp.Header.Revision, job: kvs(0), state: kvs(1), nodes: kvs(2), rounds: kvs(3), host: kvs(4), stalls: kvs(5)}, nil
+}
 
-	s := &Status{ID: id, Revision: resp.Header.Revision, Nodes: []NodeStatus{}}
-	s.Hosted = len(hostKVs) > 0 && string(hostKVs[0].Value) == id
-	bad := func(key string, err error) {
-		s.Malformed = append(s.Malformed, MalformedValue{Key: key, Error: err.Error()})
-	}
-	if len(jobKVs) > 0 {
-		var job JobInfo
-		if err := decode(prefix+jobKey, jobKVs[0].Value, &job); err != nil {
-			bad(prefix+jobKey, err)
-		} else {
-			s.Job = &job
-		}
-	}
-	if len(stateKVs) > 0 {
-		var st State
-		err := decode(prefix+stateKey, stateKVs[0].Value, &st)
-		if err == nil && !st.Phase.valid() {
-			err = fmt.Errorf("malformed value at %s: unknown phase %q", prefix+stateKey, st.Phase)
-		}
-		if err != nil {
-			bad(prefix+stateKey, err)
-		} else {
-			s.State = &st
-		}
-	}
-	if s.State != nil && len(s.State.Members) == 0 && s.State.MembersKey != "" {
-		// The agents keep the member list out of the state key; read it
-		// at the same revision, so the picture stays one moment's.
-		mresp, err := cli.Get(ctx, s.State.MembersKey, clientv3.WithRev(resp.Header.Revision))
-		switch {
-		case err != nil:
-			return nil, fmt.Errorf("read %s: %w", s.State.MembersKey, err)
-		case len(mresp.Kvs) > 0:
-			if err := decode(s.State.MembersKey, mresp.Kvs[0].Value, &s.State.Members); err != nil {
-				bad(s.State.MembersKey, err)
-			}
-		}
-	}
+// bad lists a value that did not parse.
+func (s *Status) bad(key string, err error) {
+	s.Malformed = append(s.Malformed, MalformedValue{Key: key, Error: err.Error()})
+}
 
+func (s *Status) decodeJob(prefix string, kvs []*mvccpb.KeyValue) {
+	if len(kvs) == 0 {
+		return
+	}
+	var job JobInfo
+	if err := decode(prefix+jobKey, kvs[0].Value, &job); err != nil {
+		s.bad(prefix+jobKey, err)
+		return
+	}
+	s.Job = &job
+}
+
+func (s *Status) decodeState(prefix string, kvs []*mvccpb.KeyValue) {
+	if len(kvs) == 0 {
+		return
+	}
+	var st State
+	err := decode(prefix+stateKey, kvs[0].Value, &st)
+	if err == nil && !st.Phase.valid() {
+		err = fmt.Errorf("malformed value at %s: unknown phase %q", prefix+stateKey, st.Phase)
+	}
+	if err != nil {
+		s.bad(prefix+stateKey, err)
+		return
+	}
+	s.State = &st
+}
+
+// collectNodes fills s.Nodes from the members, the node entries, the open
+// round's join keys and the stall reports, and gives each node its role.
+func (s *Status) collectNodes(prefix string, k *jobKeys) {
 	byNode := map[string]*NodeStatus{}
 	node := func(id string) *NodeStatus {
 		if byNode[id] == nil {
@@ -217,12 +244,12 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 			node(m.Node).Member = &m
 		}
 	}
-	for _, kv := range nodeKVs {
+	for _, kv := range k.nodes {
 		key := string(kv.Key)
 		n := node(strings.TrimPrefix(key, prefix+nodesDir))
 		var info NodeInfo
 		if err := decode(key, kv.Value, &info); err != nil {
-			bad(key, err)
+			s.bad(key, err)
 			n.Malformed = err.Error()
 			continue
 		}
@@ -230,14 +257,14 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 	}
 	if s.State != nil && s.State.Phase == Joining {
 		open := RoundPrefix(prefix, s.State.Generation)
-		for _, kv := range roundKVs {
+		for _, kv := range k.rounds {
 			key := string(kv.Key)
 			if !strings.HasPrefix(key, open) {
 				continue // an earlier round, not yet cleaned up
 			}
 			var j JoinInfo
 			if err := decode(key, kv.Value, &j); err != nil {
-				bad(key, err)
+				s.bad(key, err)
 				continue
 			}
 			n := node(strings.TrimPrefix(key, open))
@@ -247,7 +274,7 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 	// Stalls only add to a node known otherwise: they share the lease of
 	// its entry, so one alone was written by hand, and would make up a
 	// node that status would call lost or spare.
-	for _, kv := range stallKVs {
+	for _, kv := range k.stalls {
 		key := string(kv.Key)
 		n := byNode[strings.TrimPrefix(key, prefix+stallsDir)]
 		if n == nil {
@@ -255,7 +282,7 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 		}
 		var st NodeStalls
 		if err := decode(key, kv.Value, &st); err != nil {
-			bad(key, err)
+			s.bad(key, err)
 			continue
 		}
 		n.Stalls = &st
@@ -266,7 +293,6 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*St
 		s.Nodes = append(s.Nodes, *n)
 	}
 	sortNodes(s.Nodes)
-	return s, nil
 }
 
 // role decides what node n is doing in the job whose state is st (nil
