@@ -96,48 +96,14 @@ func Start(ctx context.Context, cfg ServerConfig) (*Server, error) {
 // launch starts etcd without waiting for it to be ready, so that the members
 // of a cluster can be started together (none is ready before a quorum is up).
 func launch(cfg ServerConfig) (_ *Server, err error) {
-	clientAddr := cfg.ClientAddr
-	if clientAddr == "" {
-		clientAddr = "127.0.0.1:0"
-	}
-	clientHost, clientPort, err := splitAddr(clientAddr)
+	clientAddr, clientHost, clientPort, err := clientAddress(cfg.ClientAddr)
 	if err != nil {
-		return nil, fmt.Errorf("etcd client address: %w", err)
+		return nil, err
 	}
-	clientAddr = net.JoinHostPort(clientHost, clientPort)
-	// A fixed port is the one agents on a host agree on, so finding it bound
-	// is the expected way to learn that another agent hosts the store. Probe
-	// before starting etcd: it is much cheaper than failing half-way through
-	// etcd's start, and its error is unambiguous.
-	if clientPort != "0" {
-		if err := probeAddr(clientAddr); err != nil {
-			if errors.Is(err, syscall.EADDRINUSE) {
-				return nil, fmt.Errorf("etcd client address %s: %w", clientAddr, ErrAddrInUse)
-			}
-			return nil, fmt.Errorf("etcd client address %s: %w", clientAddr, err)
-		}
-	}
-
-	peerAddr := cfg.PeerAddr
-	if peerAddr == "" {
-		// A one-member cluster never dials its own peer URL, so port 0 is
-		// fine and avoids racing other processes for a port picked early.
-		// StartCluster, whose members do dial each other, passes real ports.
-		peerAddr = "127.0.0.1:0"
-	}
-	peerHost, peerPort, err := splitAddr(peerAddr)
+	peerAddr, err := peerAddress(cfg.PeerAddr)
 	if err != nil {
-		return nil, fmt.Errorf("etcd peer address: %w", err)
+		return nil, err
 	}
-	peerAddr = net.JoinHostPort(peerHost, peerPort)
-	if peerPort != "0" {
-		if err := probeAddr(peerAddr); err != nil {
-			// Not ErrAddrInUse: a taken peer port says nothing about the
-			// client port other agents look for.
-			return nil, fmt.Errorf("etcd peer address %s: %w", peerAddr, err)
-		}
-	}
-
 	scheme := "http"
 	var tlsInfo transport.TLSInfo
 	if cfg.TLS != nil {
@@ -167,54 +133,13 @@ func launch(cfg ServerConfig) (_ *Server, err error) {
 		}
 	}()
 
-	name := cfg.Name
-	if name == "" {
-		name = defaultName
-	}
-	ec := embed.NewConfig()
-	ec.Name = name
-	ec.Dir = dir
+	clientURL := url.URL{Scheme: scheme, Host: clientAddr}
+	peerURL := url.URL{Scheme: "http", Host: peerAddr}
+	ec := embedConfig(cfg, dir, clientURL, peerURL)
 	lg, closing := serverZapLogger(cfg.Logger)
 	s.closing = closing
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
-	clientURL := url.URL{Scheme: scheme, Host: clientAddr}
-	peerURL := url.URL{Scheme: "http", Host: peerAddr}
-	ec.ListenClientUrls = []url.URL{clientURL}
-	ec.AdvertiseClientUrls = []url.URL{clientURL}
-	ec.ListenPeerUrls = []url.URL{peerURL}
-	ec.AdvertisePeerUrls = []url.URL{peerURL}
-	ec.InitialCluster = ec.InitialClusterFromName(name)
-	if cfg.initialCluster != "" {
-		ec.InitialCluster = cfg.initialCluster
-	}
-	if cfg.clusterToken != "" {
-		ec.InitialClusterToken = cfg.clusterToken
-	}
-	if cfg.initialCluster == "" {
-		// A lone member elects itself after a random 1 to 2 election
-		// timeouts (minus etcd's tick advance), which at the default 100 ms
-		// tick costs up to a second of startup for nothing: there are no
-		// peers to wait for or to disagree with. Shorter ticks make startup
-		// take tens of milliseconds; they also lower etcd's minimum lease
-		// TTL from 2 s to 1 s.
-		ec.TickMs = 10
-		ec.ElectionMs = 100
-	}
 	ec.ClientTLSInfo = tlsInfo
-	// The data dir is private to this process and dies with it; fsync would
-	// only buy durability across a crash that loses the data anyway.
-	ec.UnsafeNoFsync = true
-	// Without fsync a backend commit is cheap, so commit often. It also
-	// closes a startup race that fast elections otherwise hit: etcd writes
-	// the raft term to the backend only on commit (every 100 ms by default),
-	// and its storage version check, run as soon as the cluster version is
-	// set, logs an error when it finds no term yet.
-	ec.BackendBatchInterval = 10 * time.Millisecond
-	ec.SnapshotCount = snapshotCount
-	ec.SnapshotCatchUpEntries = snapshotCount
-	ec.MaxTxnOps = maxTxnOps
-	ec.AutoCompactionMode = embed.CompactorModeRevision
-	ec.AutoCompactionRetention = compactionRevisions
 
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
@@ -237,6 +162,104 @@ func launch(cfg ServerConfig) (_ *Server, err error) {
 	}
 	s.endpoint = net.JoinHostPort(dialHost(clientHost), realPort)
 	return s, nil
+}
+
+// clientAddress resolves ServerConfig.ClientAddr and, for a fixed port,
+// checks that it is free.
+func clientAddress(addr string) (hostPort, host, port string, err error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	host, port, err = splitAddr(addr)
+	if err != nil {
+		return "", "", "", fmt.Errorf("etcd client address: %w", err)
+	}
+	hostPort = net.JoinHostPort(host, port)
+	// A fixed port is the one agents on a host agree on, so finding it bound
+	// is the expected way to learn that another agent hosts the store. Probe
+	// before starting etcd: it is much cheaper than failing half-way through
+	// etcd's start, and its error is unambiguous.
+	if port != "0" {
+		if err := probeAddr(hostPort); err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return "", "", "", fmt.Errorf("etcd client address %s: %w", hostPort, ErrAddrInUse)
+			}
+			return "", "", "", fmt.Errorf("etcd client address %s: %w", hostPort, err)
+		}
+	}
+	return hostPort, host, port, nil
+}
+
+// peerAddress resolves ServerConfig.PeerAddr and, for a fixed port, checks
+// that it is free.
+func peerAddress(addr string) (string, error) {
+	if addr == "" {
+		// A one-member cluster never dials its own peer URL, so port 0 is
+		// fine and avoids racing other processes for a port picked early.
+		// StartCluster, whose members do dial each other, passes real ports.
+		addr = "127.0.0.1:0"
+	}
+	host, port, err := splitAddr(addr)
+	if err != nil {
+		return "", fmt.Errorf("etcd peer address: %w", err)
+	}
+	addr = net.JoinHostPort(host, port)
+	if port != "0" {
+		if err := probeAddr(addr); err != nil {
+			// Not ErrAddrInUse: a taken peer port says nothing about the
+			// client port other agents look for.
+			return "", fmt.Errorf("etcd peer address %s: %w", addr, err)
+		}
+	}
+	return addr, nil
+}
+
+// embedConfig is etcd's configuration for one member serving clients at
+// clientURL and peers at peerURL, with its data in dir.
+func embedConfig(cfg ServerConfig, dir string, clientURL, peerURL url.URL) *embed.Config {
+	name := cfg.Name
+	if name == "" {
+		name = defaultName
+	}
+	ec := embed.NewConfig()
+	ec.Name = name
+	ec.Dir = dir
+	ec.ListenClientUrls = []url.URL{clientURL}
+	ec.AdvertiseClientUrls = []url.URL{clientURL}
+	ec.ListenPeerUrls = []url.URL{peerURL}
+	ec.AdvertisePeerUrls = []url.URL{peerURL}
+	ec.InitialCluster = ec.InitialClusterFromName(name)
+	if cfg.initialCluster != "" {
+		ec.InitialCluster = cfg.initialCluster
+	}
+	if cfg.clusterToken != "" {
+		ec.InitialClusterToken = cfg.clusterToken
+	}
+	if cfg.initialCluster == "" {
+		// A lone member elects itself after a random 1 to 2 election
+		// timeouts (minus etcd's tick advance), which at the default 100 ms
+		// tick costs up to a second of startup for nothing: there are no
+		// peers to wait for or to disagree with. Shorter ticks make startup
+		// take tens of milliseconds; they also lower etcd's minimum lease
+		// TTL from 2 s to 1 s.
+		ec.TickMs = 10
+		ec.ElectionMs = 100
+	}
+	// The data dir is private to this process and dies with it; fsync would
+	// only buy durability across a crash that loses the data anyway.
+	ec.UnsafeNoFsync = true
+	// Without fsync a backend commit is cheap, so commit often. It also
+	// closes a startup race that fast elections otherwise hit: etcd writes
+	// the raft term to the backend only on commit (every 100 ms by default),
+	// and its storage version check, run as soon as the cluster version is
+	// set, logs an error when it finds no term yet.
+	ec.BackendBatchInterval = 10 * time.Millisecond
+	ec.SnapshotCount = snapshotCount
+	ec.SnapshotCatchUpEntries = snapshotCount
+	ec.MaxTxnOps = maxTxnOps
+	ec.AutoCompactionMode = embed.CompactorModeRevision
+	ec.AutoCompactionRetention = compactionRevisions
+	return ec
 }
 
 // waitReady waits until the member serves clients, it fails, or the wait is
