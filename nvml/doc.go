@@ -7,7 +7,8 @@
 // the mocks);
 // what it hands out are its own plain, JSON-serializable types.
 //
-// Every entry point takes the NVML library as a go-nvml nvml.Interface, so
-// tests drive it with go-nvml's mocks (pkg/nvml/mock, mock/dgxa100); Open
-// loads the real libnvidia-ml.so.1.
+// Every entry point takes the NVML library as a *Lib, our own handle, so
+// that the agent holds and passes it without naming go-nvml: Open loads
+// the real libnvidia-ml.so.1, and tests drive the same code with go-nvml's
+// mocks (pkg/nvml/mock, mock/dgxa100) through nvmltest.Lib.
 package nvml

@@ -86,7 +86,7 @@ func throttleNames(mask uint64) []string {
 	return names
 }
 
-// ReadGPUState reads the state of the GPU with the given UUID from lib,
+// ReadGPUState reads the state of the GPU with the given UUID from l,
 // which the caller has initialized. Each NVML call that fails (not
 // supported on this GPU or driver, GPU lost, a mock without the function)
 // only leaves its field zero and names it in Missing; the error is for a
@@ -97,7 +97,8 @@ func throttleNames(mask uint64) []string {
 // interrupted. It is safe for concurrent use. The clock event reasons come
 // from nvmlDeviceGetCurrentClocksEventReasons, or from its older name,
 // ...ClocksThrottleReasons, on drivers before R535.
-func ReadGPUState(lib gonvml.Interface, uuid string) (GPUState, error) {
+func ReadGPUState(l *Lib, uuid string) (GPUState, error) {
+	lib := nvmlapi.Unwrap(l)
 	if lib == nil {
 		return GPUState{}, errors.New("read GPU state: no NVML library")
 	}

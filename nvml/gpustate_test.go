@@ -46,7 +46,7 @@ func TestReadGPUStateDGX(t *testing.T) {
 	s, _ := dgxWithTelemetry()
 	for i := range s.Devices {
 		uuid := dgxUUID(s, i)
-		got, err := ReadGPUState(s, uuid)
+		got, err := ReadGPUState(nvmltest.Lib(s), uuid)
 		if err != nil {
 			t.Fatalf("GPU%d: %v", i, err)
 		}
@@ -103,14 +103,14 @@ func TestReadGPUStateThrottled(t *testing.T) {
 					}
 				}
 				tel.SetThrottle(3, tc.reasons)
-				got, err := ReadGPUState(s, dgxUUID(s, 3))
+				got, err := ReadGPUState(nvmltest.Lib(s), dgxUUID(s, 3))
 				if err != nil {
 					t.Fatal(err)
 				}
 				if !slices.Equal(got.ThrottleReasons, tc.want) || len(got.Missing) != 0 {
 					t.Errorf("GPU3: reasons %q, missing %q; want %q and none", got.ThrottleReasons, got.Missing, tc.want)
 				}
-				other, err := ReadGPUState(s, dgxUUID(s, 2))
+				other, err := ReadGPUState(nvmltest.Lib(s), dgxUUID(s, 2))
 				if err != nil || len(other.ThrottleReasons) != 0 {
 					t.Errorf("GPU2: %+v, %v; want unthrottled", other, err)
 				}
@@ -174,7 +174,7 @@ func TestReadGPUStateMissing(t *testing.T) {
 			s := nvmltest.DGXA100(true)
 			d := s.Devices[5].(*dgxa100.Device)
 			tc.setup(d)
-			got, err := ReadGPUState(s, d.UUID)
+			got, err := ReadGPUState(nvmltest.Lib(s), d.UUID)
 			if err != nil {
 				t.Fatalf("error %v, want none", err)
 			}
@@ -209,7 +209,7 @@ func TestReadGPUStateNotFound(t *testing.T) {
 		{"no library", nil, "GPU-x", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ReadGPUState(tc.lib, tc.uuid)
+			got, err := ReadGPUState(nvmltest.Lib(tc.lib), tc.uuid)
 			if err == nil {
 				t.Fatalf("got %+v, no error", got)
 			}

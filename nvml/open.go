@@ -7,6 +7,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/dl"
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/ddp-agent/ddp-agent/nvml/internal/nvmlapi"
 )
 
 // libraryName is the NVML library that go-nvml's loader opens.
@@ -43,8 +45,12 @@ func (e *NoDriverError) Is(target error) bool { return target == ErrNoDriver }
 // before a successful Init jumps through a null symbol and kills the
 // process (a signal, not a Go panic), so Open calls nothing but Init until
 // Init has succeeded.
-func Open() (gonvml.Interface, error) {
-	return initLibrary(gonvml.New(), probeLibrary)
+func Open() (*Lib, error) {
+	lib, err := initLibrary(gonvml.New(), probeLibrary)
+	if err != nil {
+		return nil, err
+	}
+	return nvmlapi.New(lib), nil
 }
 
 // probeLibrary returns dlopen's own message for why libnvidia-ml.so.1

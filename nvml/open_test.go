@@ -7,6 +7,8 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/ddp-agent/ddp-agent/nvml/internal/nvmlapi"
 )
 
 func TestInitLibrary(t *testing.T) {
@@ -55,7 +57,7 @@ func TestOpenReal(t *testing.T) {
 	lib, err := Open()
 	if err == nil {
 		defer lib.Shutdown()
-		n, ret := lib.DeviceGetCount()
+		n, ret := nvmlapi.Unwrap(lib).DeviceGetCount()
 		t.Logf("NVML is here: %d GPUs (%v)", n, ret)
 		return
 	}

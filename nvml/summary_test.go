@@ -1,14 +1,18 @@
 package nvml
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
+)
 
 func TestSummary(t *testing.T) {
-	dgx, err := Discover(t.Context(), dgxServer(true), dgxOptions()...)
+	dgx, err := Discover(t.Context(), nvmltest.Lib(dgxServer(true)), dgxOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	box := newPCIeBox()
-	pcie, err := Discover(t.Context(), box.Lib, box.options()...)
+	pcie, err := Discover(t.Context(), nvmltest.Lib(box.Lib), box.options()...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/ddp-agent/ddp-agent/nvml/internal/nvmlapi"
 )
 
 // Topology is what Discover finds on one node: the GPUs, how every pair is
@@ -179,8 +181,8 @@ func Load(ctx context.Context, opts ...Option) (*Topology, error) {
 	return Discover(ctx, lib, opts...)
 }
 
-// Discover reads the topology of the GPUs that lib (an initialized NVML:
-// Open, or a go-nvml mock) reports, and the host's CPU/NUMA layout. It
+// Discover reads the topology of the GPUs that l (an initialized NVML:
+// Open, or nvmltest.Lib over a go-nvml mock) reports, and the host's CPU/NUMA layout. It
 // fails only when NVML cannot count the GPUs; anything else it cannot read
 // becomes a note in Topology.Notes and leaves the field concerned empty.
 // A GPU NVML gives no handle for stays in the list, with GPU.Error set, so
@@ -210,7 +212,8 @@ func Load(ctx context.Context, opts ...Option) (*Topology, error) {
 // lib.Extensions().LookupSymbol finds them: with go-nvml's lazy binding a
 // missing symbol crashes the process. A lib whose Extensions is not
 // implemented (a bare mock.Interface) is taken to have none of them.
-func Discover(ctx context.Context, lib gonvml.Interface, opts ...Option) (t *Topology, err error) {
+func Discover(ctx context.Context, l *Lib, opts ...Option) (t *Topology, err error) {
+	lib := nvmlapi.Unwrap(l)
 	o := newTopoOptions(opts)
 	defer func() {
 		if r := recover(); r != nil {

@@ -13,6 +13,8 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+
+	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
 
 const dgxMatrix = "\tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n" +
@@ -64,7 +66,7 @@ func TestDiscoverDGXA100(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := dgxServer(tc.remoteType)
-			topo, err := Discover(t.Context(), srv, dgxOptions()...)
+			topo, err := Discover(t.Context(), nvmltest.Lib(srv), dgxOptions()...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -123,7 +125,7 @@ func TestDiscoverMIGPending(t *testing.T) {
 	srv := dgxServer(true)
 	srv.Devices[3].(*dgxa100.Device).MigMode = gonvml.DEVICE_MIG_ENABLE
 	srv.Devices[5].(*dgxa100.Device).GetMigModeFunc = func() (int, int, gonvml.Return) { return 0, 1, gonvml.SUCCESS }
-	topo, err := Discover(t.Context(), srv, dgxOptions()...)
+	topo, err := Discover(t.Context(), nvmltest.Lib(srv), dgxOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +142,7 @@ func TestDiscoverMIGPending(t *testing.T) {
 
 func TestDiscoverPCIeBox(t *testing.T) {
 	box := newPCIeBox()
-	topo, err := Discover(t.Context(), box.Lib, box.options()...)
+	topo, err := Discover(t.Context(), nvmltest.Lib(box.Lib), box.options()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +219,7 @@ func TestDiscoverNVLinkBridge(t *testing.T) {
 		}
 		d.GetNvLinkVersionFunc = func(int) (uint32, gonvml.Return) { return uint32(gonvml.NVLINK_VERSION_3_1), gonvml.SUCCESS }
 	}
-	topo, err := Discover(t.Context(), box.Lib, box.options()...)
+	topo, err := Discover(t.Context(), nvmltest.Lib(box.Lib), box.options()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +239,7 @@ func TestDiscoverErrors(t *testing.T) {
 	t.Run("one GPU's UUID", func(t *testing.T) {
 		box := newPCIeBox()
 		box.Devs[2].GetUUIDFunc = func() (string, gonvml.Return) { return "", gonvml.ERROR_UNKNOWN }
-		topo, err := Discover(t.Context(), box.Lib, box.options()...)
+		topo, err := Discover(t.Context(), nvmltest.Lib(box.Lib), box.options()...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,7 +263,7 @@ func TestDiscoverErrors(t *testing.T) {
 			}
 			return get(i)
 		}
-		topo, err := Discover(t.Context(), box.Lib, box.options()...)
+		topo, err := Discover(t.Context(), nvmltest.Lib(box.Lib), box.options()...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +288,7 @@ func TestDiscoverErrors(t *testing.T) {
 		box.Devs[0].GetTopologyCommonAncestorFunc = func(gonvml.Device) (gonvml.GpuTopologyLevel, gonvml.Return) {
 			return 0, gonvml.ERROR_UNKNOWN
 		}
-		topo, err := Discover(t.Context(), box.Lib, box.options()...)
+		topo, err := Discover(t.Context(), nvmltest.Lib(box.Lib), box.options()...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -297,7 +299,7 @@ func TestDiscoverErrors(t *testing.T) {
 	t.Run("GPU count", func(t *testing.T) {
 		box := newPCIeBox()
 		box.Lib.DeviceGetCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_UNINITIALIZED }
-		topo, err := Discover(t.Context(), box.Lib, box.options()...)
+		topo, err := Discover(t.Context(), nvmltest.Lib(box.Lib), box.options()...)
 		if err == nil || topo != nil || !errors.Is(err, gonvml.ERROR_UNINITIALIZED) {
 			t.Errorf("got %v, %v; want no topology and ERROR_UNINITIALIZED", topo, err)
 		}
@@ -305,7 +307,7 @@ func TestDiscoverErrors(t *testing.T) {
 	t.Run("mock without a function", func(t *testing.T) {
 		box := newPCIeBox()
 		box.Devs[1].GetCudaComputeCapabilityFunc = nil
-		topo, err := Discover(t.Context(), box.Lib, box.options()...)
+		topo, err := Discover(t.Context(), nvmltest.Lib(box.Lib), box.options()...)
 		if err == nil || topo != nil || !strings.Contains(err.Error(), "panic") {
 			t.Errorf("got %v, %v; want no topology and a panic turned into an error", topo, err)
 		}
@@ -314,7 +316,7 @@ func TestDiscoverErrors(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		box := newPCIeBox()
-		if _, err := Discover(ctx, box.Lib, box.options()...); !errors.Is(err, context.Canceled) {
+		if _, err := Discover(ctx, nvmltest.Lib(box.Lib), box.options()...); !errors.Is(err, context.Canceled) {
 			t.Errorf("got %v, want context.Canceled", err)
 		}
 	})
@@ -326,7 +328,7 @@ func TestDiscoverNoGPUs(t *testing.T) {
 		SystemGetDriverVersionFunc:     func() (string, gonvml.Return) { return "550.54.15", gonvml.SUCCESS },
 		SystemGetCudaDriverVersionFunc: func() (int, gonvml.Return) { return 12040, gonvml.SUCCESS },
 	}
-	topo, err := Discover(t.Context(), lib, newPCIeBox().options()...)
+	topo, err := Discover(t.Context(), nvmltest.Lib(lib), newPCIeBox().options()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +339,7 @@ func TestDiscoverNoGPUs(t *testing.T) {
 }
 
 func TestTopologyJSON(t *testing.T) {
-	topo, err := Discover(t.Context(), dgxServer(true), dgxOptions()...)
+	topo, err := Discover(t.Context(), nvmltest.Lib(dgxServer(true)), dgxOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +428,7 @@ func TestWriteGPUs(t *testing.T) {
 		}
 		return get(i)
 	}
-	topo, err := Discover(t.Context(), box.Lib, box.options()...)
+	topo, err := Discover(t.Context(), nvmltest.Lib(box.Lib), box.options()...)
 	if err != nil {
 		t.Fatal(err)
 	}

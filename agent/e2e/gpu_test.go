@@ -103,7 +103,7 @@ func TestCPUOnlyNode(t *testing.T) {
 // `ddp-agent status` shows the node's GPUs. This host has none of the
 // DGX's CPUs, so binding is skipped with a warning, not an error.
 func TestDGXPlacement(t *testing.T) {
-	topo, err := nvml.Discover(t.Context(), nvmltest.DGXA100(true), nvml.WithSysFS(nvmltest.DGXSysFS()))
+	topo, err := nvml.Discover(t.Context(), nvmltest.Lib(nvmltest.DGXA100(true)), nvml.WithSysFS(nvmltest.DGXSysFS()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,12 +12,12 @@ import (
 // mocks (nvmltest), not on hand-built topologies: the DGX A100 and the
 // two-socket PCIe box (PIX on socket 0, PHB on socket 1, SYS between).
 func TestDiscoveredMachines(t *testing.T) {
-	dgx, err := nvml.Discover(t.Context(), nvmltest.DGXA100(true), nvml.WithSysFS(nvmltest.DGXSysFS()))
+	dgx, err := nvml.Discover(t.Context(), nvmltest.Lib(nvmltest.DGXA100(true)), nvml.WithSysFS(nvmltest.DGXSysFS()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	box := nvmltest.NewPCIeBox()
-	pcie, err := nvml.Discover(t.Context(), box.Lib, nvml.WithSysFS(box.SysFS()))
+	pcie, err := nvml.Discover(t.Context(), nvmltest.Lib(box.Lib), nvml.WithSysFS(box.SysFS()))
 	if err != nil {
 		t.Fatal(err)
 	}

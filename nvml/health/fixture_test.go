@@ -105,7 +105,7 @@ func (f *fixture) start(t *testing.T, opts ...Option) (w *Watcher, stop func() e
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(&f.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	opts = append([]Option{WithLogger(logger), WithRanks(f.rankOf), WithInterval(20 * time.Millisecond)}, opts...)
-	w = NewWatcher(f.server, f.devices(), opts...)
+	w = NewWatcher(nvmltest.Lib(f.server), f.devices(), opts...)
 	w.waitTimeout = 20 * time.Millisecond
 	w.stopGrace = time.Second
 	ctx, cancel := context.WithCancel(t.Context())

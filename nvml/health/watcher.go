@@ -11,6 +11,7 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/ddp-agent/ddp-agent/nvml"
 	"github.com/ddp-agent/ddp-agent/nvml/internal/nvmlapi"
 )
 
@@ -80,11 +81,11 @@ type logState struct {
 }
 
 // NewWatcher returns a watcher of devices over lib, which the caller
-// has initialized (lib.Init) and shuts down after Run returns. With no
+// has opened (nvml.Open) and shuts down after Run returns. With no
 // devices it watches every GPU NVML reports.
-func NewWatcher(lib gonvml.Interface, devices []Device, opts ...Option) *Watcher {
+func NewWatcher(lib *nvml.Lib, devices []Device, opts ...Option) *Watcher {
 	w := &Watcher{
-		lib:         lib,
+		lib:         nvmlapi.Unwrap(lib),
 		devices:     slices.Clone(devices),
 		logger:      slog.Default(),
 		interval:    10 * time.Second,

@@ -11,6 +11,8 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
 
 func TestPollingOnly(t *testing.T) {
@@ -74,7 +76,7 @@ func TestRunStops(t *testing.T) {
 			<-release // a driver that never returns
 			return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
 		}
-		w := NewWatcher(f.server, f.devices(), WithLogger(slog.New(slog.NewTextHandler(&f.log, nil))))
+		w := NewWatcher(nvmltest.Lib(f.server), f.devices(), WithLogger(slog.New(slog.NewTextHandler(&f.log, nil))))
 		w.stopGrace = 100 * time.Millisecond
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
@@ -123,7 +125,7 @@ func TestIncompleteMock(t *testing.T) {
 		},
 	}
 	var log logBuffer
-	w := NewWatcher(lib, nil, WithLogger(slog.New(slog.NewTextHandler(&log, nil))), WithInterval(10*time.Millisecond))
+	w := NewWatcher(nvmltest.Lib(lib), nil, WithLogger(slog.New(slog.NewTextHandler(&log, nil))), WithInterval(10*time.Millisecond))
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	if err := w.Run(ctx); err != nil {

@@ -77,12 +77,16 @@ func (e *Events) wait(ms uint32) (gonvml.EventData, gonvml.Return) {
 	}
 }
 
+// EventXID is NVML's XID event type (EventTypeXidCriticalError), for
+// Inject from tests that do not import go-nvml.
+const EventXID uint64 = gonvml.EventTypeXidCriticalError
+
 // Inject delivers one event on GPU gpu (an index into the devices; a
 // negative gpu names a GPU the library does not list, with UUID
 // UnwatchedUUID) through the set's Wait. The event is not a MIG one (GPU
-// and compute instance ids 0xFFFFFFFF); for an XID, eventType is
-// nvml.EventTypeXidCriticalError and data the XID. It returns when a Wait
-// has taken the event, or ctx's error if none does first.
+// and compute instance ids 0xFFFFFFFF); for an XID, eventType is EventXID
+// and data the XID. It returns when a Wait has taken the event, or ctx's
+// error if none does first.
 func (e *Events) Inject(ctx context.Context, gpu int, eventType, data uint64) error {
 	if gpu >= len(e.devs) {
 		return fmt.Errorf("nvmltest: inject on GPU %d: there are %d", gpu, len(e.devs))

@@ -19,7 +19,7 @@ import (
 func TestDGXA100Discover(t *testing.T) {
 	for _, remoteType := range []bool{true, false} {
 		s := nvmltest.DGXA100(remoteType)
-		topo, err := nvml.Discover(t.Context(), s, nvml.WithSysFS(nvmltest.DGXSysFS()))
+		topo, err := nvml.Discover(t.Context(), nvmltest.Lib(s), nvml.WithSysFS(nvmltest.DGXSysFS()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +43,7 @@ func TestDGXA100Discover(t *testing.T) {
 
 func TestPCIeBoxDiscover(t *testing.T) {
 	box := nvmltest.NewPCIeBox()
-	topo, err := nvml.Discover(t.Context(), box.Lib, nvml.WithSysFS(box.SysFS()))
+	topo, err := nvml.Discover(t.Context(), nvmltest.Lib(box.Lib), nvml.WithSysFS(box.SysFS()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,12 +83,12 @@ func TestEventsInject(t *testing.T) {
 	ev := nvmltest.NewEvents(s)
 
 	// QuietPolls leaves DGXA100's NVLinks up: discovery still sees them.
-	topo, err := nvml.Discover(t.Context(), s, nvml.WithSysFS(nvmltest.DGXSysFS()))
+	topo, err := nvml.Discover(t.Context(), nvmltest.Lib(s), nvml.WithSysFS(nvmltest.DGXSysFS()))
 	if err != nil || topo.GPUs[0].NVLinks != 12 {
 		t.Fatalf("discover after QuietPolls: %v, %+v", err, topo)
 	}
 
-	w := health.NewWatcher(s, nil,
+	w := health.NewWatcher(nvmltest.Lib(s), nil,
 		health.WithInterval(20*time.Millisecond),
 		health.WithLogger(slog.New(slog.DiscardHandler)))
 	ctx, cancel := context.WithCancel(t.Context())

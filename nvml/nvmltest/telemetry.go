@@ -113,6 +113,11 @@ func AttachTelemetry(devs []gonvml.Device, base GPUTelemetry) *Telemetry {
 	return t
 }
 
+// ThrottleSwPowerCap is the clock event reason "sw power cap"
+// (ClocksThrottleReasonSwPowerCap), for SetThrottle from tests that do not
+// import go-nvml.
+const ThrottleSwPowerCap uint64 = gonvml.ClocksThrottleReasonSwPowerCap
+
 // SetThrottle sets GPU gpu's active clock event reasons (a mask of
 // nvml.ClocksEventReason* and nvml.ClocksThrottleReason* bits; 0 for
 // none). It leaves the clocks as they are: lower SMClockMHz with Update

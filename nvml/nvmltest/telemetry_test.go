@@ -25,7 +25,7 @@ func TestTelemetry(t *testing.T) {
 	tel := nvmltest.NewTelemetry(s)
 	uuid := func(i int) string { return s.Devices[i].(*dgxa100.Device).UUID }
 
-	st, err := nvml.ReadGPUState(s, uuid(6))
+	st, err := nvml.ReadGPUState(nvmltest.Lib(s), uuid(6))
 	if err != nil || st.String() != "64°C, SM 1410/1410 MHz, 250/400 W, 98% busy" || len(st.Missing) != 0 {
 		t.Fatalf("busy GPU6: %q %+v, %v", st, st, err)
 	}
@@ -33,7 +33,7 @@ func TestTelemetry(t *testing.T) {
 		t.Errorf("GPU6 processes %+v, want the worker with PID 4106", p)
 	}
 
-	w := health.NewWatcher(s, nil,
+	w := health.NewWatcher(nvmltest.Lib(s), nil,
 		health.WithInterval(10*time.Millisecond),
 		health.WithLogger(slog.New(slog.DiscardHandler)))
 	ctx, cancel := context.WithCancel(t.Context())
@@ -46,7 +46,7 @@ func TestTelemetry(t *testing.T) {
 	for range 4 {
 		wg.Go(func() {
 			for range 50 {
-				if _, err := nvml.ReadGPUState(s, uuid(6)); err != nil {
+				if _, err := nvml.ReadGPUState(nvmltest.Lib(s), uuid(6)); err != nil {
 					t.Error(err)
 					return
 				}
@@ -60,7 +60,7 @@ func TestTelemetry(t *testing.T) {
 	})
 	wg.Wait()
 
-	st, err = nvml.ReadGPUState(s, uuid(6))
+	st, err = nvml.ReadGPUState(nvmltest.Lib(s), uuid(6))
 	want := "93°C, SM 1005/1410 MHz, 250/400 W, 98% busy, throttled: hw slowdown, hw thermal slowdown, 2 compute processes"
 	if err != nil || st.String() != want {
 		t.Errorf("throttled GPU6: %q, %v; want %q", st, err, want)

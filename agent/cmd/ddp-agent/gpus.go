@@ -9,8 +9,6 @@ import (
 	"os"
 	"strings"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
-
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
@@ -31,11 +29,11 @@ const topologyEnv = "DDP_AGENT_TOPOLOGY"
 // parsed (--nproc-per-node gpu needs them).
 type gpuNode struct {
 	getenv func(string) string
-	topo   *nvml.Topology   // nil: no GPUs
-	lib    gonvml.Interface // the NVML the topology came from; nil with a saved one
-	none   string           // why there are no GPUs, for the one log line
-	warn   bool             // none is a problem (NVML there but failing), not just a CPU-only node
-	err    error            // the saved topology cannot be used: a usage error
+	topo   *nvml.Topology // nil: no GPUs
+	lib    *nvml.Lib      // the NVML the topology came from; nil with a saved one
+	none   string         // why there are no GPUs, for the one log line
+	warn   bool           // none is a problem (NVML there but failing), not just a CPU-only node
+	err    error          // the saved topology cannot be used: a usage error
 }
 
 func discoverGPUs(ctx context.Context, getenv func(string) string) *gpuNode {
