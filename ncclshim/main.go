@@ -1,9 +1,9 @@
 // Command ncclshim is libddpshim.so, the data plane of ddp-agent: a C ABI
 // (ddpshim.h) that all-reduces DDP gradient buckets, built with
-// go build -buildmode=c-shared. The CPU "host" transport lives in
-// ncclshim/host; this package holds the exported functions, the handle
-// table, the bootstrap (through the agent's control socket or through blobs
-// the caller exchanges) and the shipping of timing events to the agent.
+// go build -buildmode=c-shared. This package is glue only: the exported
+// functions, the handle table, and the status codes and last-error
+// message crossing into C. The communicator is ncclshim/comm; the
+// transports are ncclshim/host and ncclshim/nccl.
 package main
 
 // #include <stdint.h>
@@ -15,9 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 	"unsafe"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/comm"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
@@ -29,20 +29,20 @@ func main() {}
 var lib = newTable()
 
 //export ddpshim_open
-func ddpshim_open(config *C.char, comm *C.int64_t) (rc C.int) {
+func ddpshim_open(config *C.char, handle *C.int64_t) (rc C.int) {
 	defer guard("ddpshim_open", &rc)
-	if config == nil || comm == nil {
+	if config == nil || handle == nil {
 		return fail(status.Errorf(status.Invalid, "ddpshim_open: config and comm must not be NULL"))
 	}
-	cfg, err := parseConfig(C.GoString(config))
+	cfg, err := comm.ParseConfig(C.GoString(config))
 	if err != nil {
 		return fail(err)
 	}
-	c, err := openComm(cfg)
+	c, err := comm.Open(cfg)
 	if err != nil {
 		return fail(fmt.Errorf("ddpshim_open (rank %d of %d): %w", *cfg.Rank, *cfg.WorldSize, err))
 	}
-	*comm = C.int64_t(lib.addComm(c))
+	*handle = C.int64_t(lib.addComm(c))
 	return status.OK
 }
 
@@ -53,7 +53,7 @@ func ddpshim_bootstrap_info(comm C.int64_t, buf *C.char, n C.size_t) (rc C.int) 
 	if err != nil {
 		return fail(err)
 	}
-	s, err := c.info()
+	s, err := c.Info()
 	if err != nil {
 		return fail(err)
 	}
@@ -71,8 +71,8 @@ func ddpshim_connect(comm C.int64_t, peers *C.char) (rc C.int) {
 		return fail(status.Errorf(status.Invalid, "ddpshim_connect: peers must not be NULL"))
 	}
 	lines := strings.Split(strings.TrimRight(C.GoString(peers), "\n"), "\n")
-	if err := c.connect(lines); err != nil {
-		return fail(fmt.Errorf("ddpshim_connect (rank %d of %d): %w", c.rank, c.size, err))
+	if err := c.Connect(lines); err != nil {
+		return fail(fmt.Errorf("ddpshim_connect (rank %d of %d): %w", c.Rank(), c.Size(), err))
 	}
 	return status.OK
 }
@@ -88,24 +88,14 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 	if work == nil {
 		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: work must not be NULL"))
 	}
-	if stream != nil && c.cfg.Transport != "nccl" {
-		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: a CUDA stream was given, but transport %q works on host memory", c.cfg.Transport))
+	if stream != nil && c.Transport() != "nccl" {
+		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: a CUDA stream was given, but transport %q works on host memory", c.Transport()))
 	}
 	if dtype < 0 || dtype > 255 || op < 0 || op > 255 {
 		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: unknown dtype %d or op %d", dtype, op))
 	}
-	w, err := c.newWork(buf, int64(count), reduce.DType(dtype), reduce.Op(op), uint64(step), int32(bucket))
+	w, err := c.AllReduce(buf, int64(count), reduce.DType(dtype), reduce.Op(op), stream, uint64(step), int32(bucket))
 	if err != nil {
-		return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
-	}
-	if c.cfg.Transport == "nccl" {
-		if err := c.allreduceNCCL(w, buf, int64(count), stream); err != nil {
-			return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
-		}
-		*work = C.int64_t(lib.addWork(w))
-		return status.OK
-	}
-	if err := c.enqueue(w); err != nil {
 		return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
 	}
 	*work = C.int64_t(lib.addWork(w))
@@ -119,24 +109,7 @@ func ddpshim_work_wait(work C.int64_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	// The transports fail a collective within the timeout of its start; the
-	// extra bound is for a transport bug, so that a wait never hangs a rank.
-	limit := w.c.cfg.timeout() + 30*time.Second
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-w.done:
-			return result(w.err)
-		case <-tick.C:
-		}
-		if s := w.started.Load(); s != 0 && time.Since(time.Unix(0, s)) > limit {
-			err := status.Errorf(status.Timeout, "ddpshim_work_wait: step %d bucket %d still running %v after it started; communicator aborted",
-				w.step, w.bucket, limit)
-			w.c.abort(err)
-			return fail(err)
-		}
-	}
+	return result(w.Wait())
 }
 
 //export ddpshim_work_test
@@ -150,10 +123,8 @@ func ddpshim_work_test(work C.int64_t, done *C.int) (rc C.int) {
 		return fail(status.Errorf(status.Invalid, "ddpshim_work_test: done must not be NULL"))
 	}
 	*done = 0
-	select {
-	case <-w.done:
+	if w.Done() {
 		*done = 1
-	default:
 	}
 	return status.OK
 }
@@ -175,7 +146,7 @@ func ddpshim_abort(comm C.int64_t, reason *C.char) (rc C.int) {
 	if reason != nil {
 		why = C.GoString(reason)
 	}
-	c.abort(errors.New(why))
+	c.Abort(errors.New(why))
 	return status.OK
 }
 
@@ -186,14 +157,14 @@ func ddpshim_close(comm C.int64_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	c.close()
+	c.Close()
 	return status.OK
 }
 
 //export ddpshim_nccl_info
 func ddpshim_nccl_info(buf *C.char, n C.size_t) (rc C.int) {
 	defer guard("ddpshim_nccl_info", &rc)
-	return result(copyOut(buf, n, ncclInfo()))
+	return result(copyOut(buf, n, comm.NCCLInfo()))
 }
 
 //export ddpshim_comm_info
@@ -203,7 +174,7 @@ func ddpshim_comm_info(comm C.int64_t, buf *C.char, n C.size_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	return result(copyOut(buf, n, c.describe()))
+	return result(copyOut(buf, n, c.Describe()))
 }
 
 // copyOut writes s and a NUL into the caller's buffer of n bytes.

@@ -3,6 +3,7 @@ package main
 import (
 	"sync"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/comm"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
@@ -12,16 +13,16 @@ import (
 type table struct {
 	mu     sync.Mutex
 	next   int64
-	comms  map[int64]*comm
-	works  map[int64]*work
+	comms  map[int64]*comm.Comm
+	works  map[int64]*comm.Work
 	closed map[int64]bool // comm handles already closed
 }
 
 func newTable() *table {
-	return &table{next: 1, comms: map[int64]*comm{}, works: map[int64]*work{}, closed: map[int64]bool{}}
+	return &table{next: 1, comms: map[int64]*comm.Comm{}, works: map[int64]*comm.Work{}, closed: map[int64]bool{}}
 }
 
-func (t *table) addComm(c *comm) int64 {
+func (t *table) addComm(c *comm.Comm) int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	h := t.next
@@ -30,7 +31,7 @@ func (t *table) addComm(c *comm) int64 {
 	return h
 }
 
-func (t *table) addWork(w *work) int64 {
+func (t *table) addWork(w *comm.Work) int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	h := t.next
@@ -39,7 +40,7 @@ func (t *table) addWork(w *work) int64 {
 	return h
 }
 
-func (t *table) comm(h int64) (*comm, error) {
+func (t *table) comm(h int64) (*comm.Comm, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if c, ok := t.comms[h]; ok {
@@ -52,7 +53,7 @@ func (t *table) comm(h int64) (*comm, error) {
 }
 
 // takeComm removes a communicator from the table, for closing.
-func (t *table) takeComm(h int64) (*comm, error) {
+func (t *table) takeComm(h int64) (*comm.Comm, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c, ok := t.comms[h]
@@ -67,7 +68,7 @@ func (t *table) takeComm(h int64) (*comm, error) {
 	return c, nil
 }
 
-func (t *table) work(h int64) (*work, error) {
+func (t *table) work(h int64) (*comm.Work, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if w, ok := t.works[h]; ok {

@@ -1,4 +1,4 @@
-package main
+package comm
 
 import (
 	"context"
@@ -133,7 +133,7 @@ const inFlightAfter = time.Second
 
 // reportInFlight pushes an in-flight event for each collective that has
 // been in flight for inFlightAfter and was not reported yet.
-func (c *comm) reportInFlight() {
+func (c *Comm) reportInFlight() {
 	if c.events == nil {
 		return
 	}
@@ -142,7 +142,7 @@ func (c *comm) reportInFlight() {
 	c.mu.Lock()
 	works := c.queue
 	if c.running != nil {
-		works = append([]*work{c.running}, works...)
+		works = append([]*Work{c.running}, works...)
 	}
 	for _, w := range works {
 		if !w.reported && w.arrive.Before(old) {

@@ -1,4 +1,4 @@
-package main
+package comm
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // gpuWorld is ncclWorld with the fake's CUDA driver too, so the watchdog
 // records events, and an event ring on each rank to read what it reports.
 // Each rank gets a stream of its own, as each GPU has.
-func gpuWorld(t *testing.T, knobs map[string]string, n, timeoutMS int) (string, []*comm, []unsafe.Pointer) {
+func gpuWorld(t *testing.T, knobs map[string]string, n, timeoutMS int) (string, []*Comm, []unsafe.Pointer) {
 	t.Helper()
 	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
 		t.Skip("a real CUDA driver is here: the shim would take it before the fake")
@@ -55,7 +55,7 @@ func gpuWorld(t *testing.T, knobs map[string]string, n, timeoutMS int) (string, 
 // gpuAllreduce is allreduce on a locked thread per rank, as from the
 // Python thread that owns a CUDA context; it returns when every rank has
 // enqueued, not when the "GPU" is done.
-func gpuAllreduce(comms []*comm, streams []unsafe.Pointer, step uint64, bucket int32) []error {
+func gpuAllreduce(comms []*Comm, streams []unsafe.Pointer, step uint64, bucket int32) []error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(comms))
 	for r, c := range comms {
@@ -78,7 +78,7 @@ func gpuAllreduce(comms []*comm, streams []unsafe.Pointer, step uint64, bucket i
 }
 
 // waitEvents takes events from c's ring until n have come or 5 s pass.
-func waitEvents(c *comm, n int) []wire.CollectiveEvent {
+func waitEvents(c *Comm, n int) []wire.CollectiveEvent {
 	var got []wire.CollectiveEvent
 	deadline := time.Now().Add(5 * time.Second)
 	for len(got) < n && time.Now().Before(deadline) {
@@ -127,7 +127,7 @@ func TestWatchdogTimesOnTheGPU(t *testing.T) {
 		}
 	}
 	for _, c := range comms {
-		c.close()
+		c.Close()
 	}
 	if n, err := nccltest.LiveEvents(lib); err != nil || n != 0 {
 		t.Errorf("after close: %d CUDA events left (%v)", n, err)
@@ -213,18 +213,18 @@ func TestBlockingInitTakesTheCallersDevice(t *testing.T) {
 	record := t.TempDir() + "/record.txt"
 	lib := fakeNCCL(t, map[string]string{"FAKE_NCCL_VERSION": "21304", "FAKE_NCCL_RECORD": record, "FAKE_CUDA_AUTOCTX": "0"})
 	t.Setenv("DDP_AGENT_CUDA_LIB", lib)
-	comms := make([]*comm, 2)
+	comms := make([]*Comm, 2)
 	blobs := make([]string, 2)
 	for r := range comms {
-		cfg, err := parseConfig(`{"rank":` + strconv.Itoa(r) + `,"world_size":2,"transport":"nccl","nccl_lib":"` + lib + `","name":"t"}`)
+		cfg, err := ParseConfig(`{"rank":` + strconv.Itoa(r) + `,"world_size":2,"transport":"nccl","nccl_lib":"` + lib + `","name":"t"}`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if comms[r], err = openComm(cfg); err != nil {
+		if comms[r], err = Open(cfg); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(comms[r].close)
-		blobs[r], _ = comms[r].info()
+		t.Cleanup(comms[r].Close)
+		blobs[r], _ = comms[r].Info()
 	}
 	errs := make(chan error, 2)
 	for _, c := range comms {
@@ -242,7 +242,7 @@ func TestBlockingInitTakesTheCallersDevice(t *testing.T) {
 				err = cu.Bind(ctx)
 			}
 			if err == nil {
-				err = c.connect(blobs)
+				err = c.Connect(blobs)
 			}
 			errs <- err
 		}()
@@ -296,12 +296,12 @@ func TestInFlightEvents(t *testing.T) {
 		t.Errorf("in-flight events %+v, want one for step 9 bucket 2", evs)
 	}
 	for _, c := range comms { // else close waits the 30 s timeout for the hung kernel
-		c.abort(errors.New("test over"))
+		c.Abort(errors.New("test over"))
 	}
 }
 
 // TestCloseWaitsForTheGPU: a comm closed right after its last enqueue
-// (hook.close() does not synchronize) still reports that collective once
+// (hook.Close() does not synchronize) still reports that collective once
 // it has run, instead of leaving the agent waiting for it.
 func TestCloseWaitsForTheGPU(t *testing.T) {
 	_, comms, streams := gpuWorld(t, map[string]string{"FAKE_CUDA_KERNEL_MS": "300"}, 2, 10000)
@@ -312,7 +312,7 @@ func TestCloseWaitsForTheGPU(t *testing.T) {
 	}
 	for r, c := range comms {
 		start := time.Now()
-		c.close()
+		c.Close()
 		evs := c.events.take().Events
 		if len(evs) != 1 || evs[0].Status != status.OK || evs[0].Step != 4 {
 			t.Errorf("rank %d: events after close %+v, want step 4 finished", r, evs)

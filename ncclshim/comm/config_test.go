@@ -1,4 +1,4 @@
-package main
+package comm
 
 import (
 	"context"
@@ -19,13 +19,13 @@ func TestParseConfig(t *testing.T) {
 		json    string
 		wantRC  int
 		wantErr string
-		check   func(*config) bool
+		check   func(*Config) bool
 	}{
-		{"minimal", `{"rank":0,"world_size":1}`, status.OK, "", func(c *config) bool {
+		{"minimal", `{"rank":0,"world_size":1}`, status.OK, "", func(c *Config) bool {
 			return c.Transport == "host" && c.Bootstrap == "external" && c.timeout() == defaultTimeout && c.Name == "default"
 		}},
-		{"socket means agent", `{"rank":1,"world_size":2,"socket":"/s"}`, status.OK, "", func(c *config) bool { return c.Bootstrap == "agent" }},
-		{"timeout", `{"rank":0,"world_size":1,"timeout_ms":1500}`, status.OK, "", func(c *config) bool { return c.timeout() == 1500*time.Millisecond }},
+		{"socket means agent", `{"rank":1,"world_size":2,"socket":"/s"}`, status.OK, "", func(c *Config) bool { return c.Bootstrap == "agent" }},
+		{"timeout", `{"rank":0,"world_size":1,"timeout_ms":1500}`, status.OK, "", func(c *Config) bool { return c.timeout() == 1500*time.Millisecond }},
 		{"not json", `rank=0`, status.Invalid, "config", nil},
 		{"trailing", `{"rank":0,"world_size":1} {}`, status.Invalid, "trailing", nil},
 		{"missing world", `{"rank":0}`, status.Invalid, "required", nil},
@@ -33,7 +33,7 @@ func TestParseConfig(t *testing.T) {
 		{"negative rank", `{"rank":-1,"world_size":3}`, status.Invalid, "outside", nil},
 		{"zero world", `{"rank":0,"world_size":0}`, status.Invalid, "at least 1", nil},
 		{"typo", `{"rank":0,"world_size":1,"timeout":5}`, status.Invalid, "unknown field", nil},
-		{"nccl", `{"rank":0,"world_size":1,"transport":"nccl","nccl_lib":"/x/libnccl.so.2"}`, status.OK, "", func(c *config) bool {
+		{"nccl", `{"rank":0,"world_size":1,"transport":"nccl","nccl_lib":"/x/libnccl.so.2"}`, status.OK, "", func(c *Config) bool {
 			return c.Transport == "nccl" && c.ncclLib() == "/x/libnccl.so.2"
 		}},
 		{"bad transport", `{"rank":0,"world_size":1,"transport":"ib"}`, status.Invalid, "transport", nil},
@@ -45,7 +45,7 @@ func TestParseConfig(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := parseConfig(tc.json)
+			c, err := ParseConfig(tc.json)
 			if got := status.Of(err); got != tc.wantRC {
 				t.Fatalf("status %d (%v), want %d", got, err, tc.wantRC)
 			}

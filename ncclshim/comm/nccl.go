@@ -1,4 +1,4 @@
-package main
+package comm
 
 // #include <stdlib.h>
 import "C"
@@ -34,7 +34,7 @@ import (
 const ncclIDPrefix = "nccl-id:"
 
 // openNCCLTransport loads NCCL for c and, on rank 0, makes the unique id.
-func (c *comm) openNCCLTransport() error {
+func (c *Comm) openNCCLTransport() error {
 	lib, err := nccl.Load(c.cfg.ncclLib())
 	if err != nil {
 		return status.Errorf(status.Unavailable, "transport nccl: %w", err)
@@ -51,8 +51,8 @@ func (c *comm) openNCCLTransport() error {
 	return nil
 }
 
-// ncclInfo is this rank's blob for the external bootstrap.
-func (c *comm) ncclInfo() string {
+// ncclBlob is this rank's blob for the external bootstrap.
+func (c *Comm) ncclBlob() string {
 	if c.rank == 0 {
 		return ncclIDPrefix + hex.EncodeToString(c.ncID[:])
 	}
@@ -60,7 +60,7 @@ func (c *comm) ncclInfo() string {
 }
 
 // connectNCCL makes the communicator from rank 0's blob.
-func (c *comm) connectNCCL(lines []string) error {
+func (c *Comm) connectNCCL(lines []string) error {
 	if len(lines) != c.size {
 		return status.Errorf(status.Invalid, "got %d bootstrap blobs for world size %d", len(lines), c.size)
 	}
@@ -80,7 +80,7 @@ func (c *comm) connectNCCL(lines []string) error {
 }
 
 // bootstrapAgentNCCL passes rank 0's unique id through the agent's store.
-func (c *comm) bootstrapAgentNCCL(ctx context.Context, cl *agentconn.Client) error {
+func (c *Comm) bootstrapAgentNCCL(ctx context.Context, cl *agentconn.Client) error {
 	key := "ddpshim/" + c.cfg.Name + "/nccl-id"
 	if c.rank == 0 {
 		if err := cl.KVSet(ctx, key, c.ncID[:]); err != nil {
@@ -108,7 +108,7 @@ func (c *comm) bootstrapAgentNCCL(ctx context.Context, cl *agentconn.Client) err
 
 // openNCCL initializes the communicator on the calling thread (NCCL binds
 // it to that thread's CUDA device), bounded by the timeout.
-func (c *comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
+func (c *Comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 	c.mu.Lock()
 	switch {
 	case c.closed:
@@ -153,7 +153,7 @@ func (c *comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 // allreduceNCCL enqueues w on stream and completes it, or returns why it
 // could not (w is then dropped). A failure aborts the communicator: NCCL's state is unknown after
 // one, and every later collective fails at once with the first cause.
-func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream unsafe.Pointer) error {
+func (c *Comm) allreduceNCCL(w *Work, ptr unsafe.Pointer, count int64, stream unsafe.Pointer) error {
 	c.mu.Lock()
 	nc, cu, watch := c.nc, c.cu, c.watch
 	closed := c.closed
@@ -174,7 +174,7 @@ func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream un
 	}
 	ev, timed, err := watch.Events(stream)
 	if err != nil {
-		c.abort(err)
+		c.Abort(err)
 		return err
 	}
 	start := time.Now()
@@ -196,7 +196,7 @@ func (c *comm) allreduceNCCL(w *work, ptr unsafe.Pointer, count int64, stream un
 			watch.Release(ev)
 		}
 		err = status.Errorf(statusOfGPU(err), "all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
-		c.abort(err)
+		c.Abort(err)
 		c.pushEvent(f, start, end, err)
 	case timed:
 		watch.Add(f) // its event, with GPU times, once it has run
@@ -225,7 +225,7 @@ func statusOfGPU(err error) int {
 
 // cudaLib is the explicit CUDA driver path: the config's, else
 // $DDP_AGENT_CUDA_LIB.
-func (c *config) cudaLib() string {
+func (c *Config) cudaLib() string {
 	if c.CUDALib != "" {
 		return c.CUDALib
 	}
@@ -234,7 +234,7 @@ func (c *config) cudaLib() string {
 
 // ncclLib is the explicit NCCL library path: the config's, else
 // $DDP_AGENT_NCCL_LIB.
-func (c *config) ncclLib() string {
+func (c *Config) ncclLib() string {
 	if c.NCCLLib != "" {
 		return c.NCCLLib
 	}
@@ -252,8 +252,8 @@ func getenv(name string) string {
 	return ""
 }
 
-// ncclInfo is ddpshim_nccl_info's JSON: what NCCL this process would use.
-func ncclInfo() string {
+// NCCLInfo is ddpshim_nccl_info's JSON: what NCCL this process would use.
+func NCCLInfo() string {
 	info := map[string]any{"found": false}
 	lib, err := nccl.Load(getenv("DDP_AGENT_NCCL_LIB"))
 	if err != nil {
@@ -277,7 +277,7 @@ func ncclInfo() string {
 }
 
 // pushEvent reports a collective's times to the agent, if there is one.
-func (c *comm) pushEvent(f nccl.Flight, start, end time.Time, err error) {
+func (c *Comm) pushEvent(f nccl.Flight, start, end time.Time, err error) {
 	if c.events == nil {
 		return
 	}
@@ -288,9 +288,9 @@ func (c *comm) pushEvent(f nccl.Flight, start, end time.Time, err error) {
 }
 
 // watchOwner is the comm as its watchdog sees it.
-type watchOwner struct{ c *comm }
+type watchOwner struct{ c *Comm }
 
-func (o watchOwner) Abort(cause error) { o.c.abort(cause) }
+func (o watchOwner) Abort(cause error) { o.c.Abort(cause) }
 func (o watchOwner) Cause() error      { return context.Cause(o.c.ctx) }
 func (o watchOwner) Report(f nccl.Flight, start, end time.Time, err error) {
 	o.c.pushEvent(f, start, end, err)

@@ -1,4 +1,4 @@
-package main
+package comm
 
 import (
 	"encoding/binary"
@@ -36,21 +36,21 @@ func fakeNCCL(t *testing.T, knobs map[string]string) string {
 
 // ncclWorld opens n communicators of the nccl transport on the fake, as n
 // ranks in this process, through the external bootstrap.
-func ncclWorld(t *testing.T, lib string, n int, timeoutMS int) []*comm {
+func ncclWorld(t *testing.T, lib string, n int, timeoutMS int) []*Comm {
 	t.Helper()
-	comms := make([]*comm, n)
+	comms := make([]*Comm, n)
 	blobs := make([]string, n)
 	for r := range n {
-		cfg, err := parseConfig(`{"rank":` + strconv.Itoa(r) + `,"world_size":` + strconv.Itoa(n) + `,"transport":"nccl","nccl_lib":"` + lib +
+		cfg, err := ParseConfig(`{"rank":` + strconv.Itoa(r) + `,"world_size":` + strconv.Itoa(n) + `,"transport":"nccl","nccl_lib":"` + lib +
 			`","timeout_ms":` + strconv.Itoa(timeoutMS) + `,"name":"t"}`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if comms[r], err = openComm(cfg); err != nil {
+		if comms[r], err = Open(cfg); err != nil {
 			t.Fatalf("rank %d: %v", r, err)
 		}
-		t.Cleanup(comms[r].close)
-		if blobs[r], err = comms[r].info(); err != nil {
+		t.Cleanup(comms[r].Close)
+		if blobs[r], err = comms[r].Info(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -60,7 +60,7 @@ func ncclWorld(t *testing.T, lib string, n int, timeoutMS int) []*comm {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[r] = comms[r].connect(blobs) // NCCL's init waits for every rank
+			errs[r] = comms[r].Connect(blobs) // NCCL's init waits for every rank
 		}()
 	}
 	wg.Wait()
@@ -83,7 +83,7 @@ func f32s(vals ...float32) []byte {
 // allreduce runs one all-reduce on every rank at once, as ddpshim_allreduce
 // does, on C copies of bufs (NCCL's memory is never Go's), and copies the
 // results back.
-func allreduce(comms []*comm, bufs [][]byte, op reduce.Op) []error {
+func allreduce(comms []*Comm, bufs [][]byte, op reduce.Op) []error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(comms))
 	for r, c := range comms {
@@ -127,13 +127,13 @@ func TestNCCLTransport(t *testing.T) {
 			t.Errorf("rank %d: avg got %v, %v", r, bufs[r], err)
 		}
 	}
-	info := comms[1].describe()
+	info := comms[1].Describe()
 	for _, want := range []string{`"transport":"nccl"`, `"version":"2.20.5"`, `"source":"` + lib + `"`, `"connected":true`, `"collectives":2`} {
 		if !strings.Contains(info, want) {
 			t.Errorf("comm info %s lacks %s", info, want)
 		}
 	}
-	if _, err := comms[0].info(); err == nil {
+	if _, err := comms[0].Info(); err == nil {
 		t.Error("info after connect: want an error")
 	}
 }
@@ -194,7 +194,7 @@ func TestNCCLHang(t *testing.T) {
 	go func() {
 		time.Sleep(200 * time.Millisecond)
 		for _, c := range comms {
-			c.abort(errors.New("agent says stop"))
+			c.Abort(errors.New("agent says stop"))
 		}
 	}()
 	start = time.Now()
@@ -211,16 +211,16 @@ func TestNCCLHang(t *testing.T) {
 // TestNCCLUnavailable: no NCCL anywhere is DDPSHIM_ERR_UNAVAILABLE naming
 // the places tried.
 func TestNCCLUnavailable(t *testing.T) {
-	cfg, err := parseConfig(`{"rank":0,"world_size":1,"transport":"nccl","nccl_lib":"/nonexistent/libnccl.so.2"}`)
+	cfg, err := ParseConfig(`{"rank":0,"world_size":1,"transport":"nccl","nccl_lib":"/nonexistent/libnccl.so.2"}`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = openComm(cfg)
+	_, err = Open(cfg)
 	if status.Of(err) != status.Unavailable || !strings.Contains(err.Error(), "/nonexistent/libnccl.so.2") || !strings.Contains(err.Error(), "libnccl.so.2") {
 		t.Errorf("got %v (status %d)", err, status.Of(err))
 	}
 	t.Setenv("DDP_AGENT_NCCL_LIB", "/nonexistent/libnccl.so.2")
-	if info := ncclInfo(); !strings.Contains(info, `"found":false`) || !strings.Contains(info, "/nonexistent") {
+	if info := NCCLInfo(); !strings.Contains(info, `"found":false`) || !strings.Contains(info, "/nonexistent") {
 		t.Errorf("nccl info: %s", info)
 	}
 }

@@ -1,4 +1,10 @@
-package main
+// Package comm is the logic of libddpshim.so behind its C ABI (package
+// main in ncclshim, glue only): a communicator's configuration, its
+// bootstrap (through the agent's control socket or through blobs the caller
+// exchanges), the executor of the host transport, the NCCL transport's
+// enqueue with its watchdog, and the shipping of timing events to the
+// agent. Tests run it in Go; the exports hand out integer handles to it.
+package comm
 
 import (
 	"context"
@@ -30,12 +36,12 @@ type allReducer interface {
 	Close() error
 }
 
-// comm is one communicator: a transport, a FIFO of collectives run by one
+// Comm is one communicator: a transport, a FIFO of collectives run by one
 // executor goroutine (every rank runs them in the same order), and, under
 // ddp-agent, the control connection that carries bootstrap, events and
-// Abort.
-type comm struct {
-	cfg  *config
+// Abort. Its methods are safe for concurrent use.
+type Comm struct {
+	cfg  *Config
 	rank int
 	size int
 	log  *slog.Logger
@@ -52,11 +58,11 @@ type comm struct {
 	mu        sync.Mutex
 	ep        *host.Endpoint // until connected
 	tr        allReducer     // nil until connected
-	queue     []*work
+	queue     []*Work
 	wake      chan struct{}
 	closed    bool
 	busy      bool   // the executor is running a collective
-	running   *work  // the one it runs
+	running   *Work  // the one it runs
 	collected uint64 // collectives completed
 
 	agent  *agentconn.Client // nil without ddp-agent
@@ -71,9 +77,9 @@ type comm struct {
 	watch *nccl.Watchdog // from connect
 }
 
-// work is one all-reduce in flight.
-type work struct {
-	c      *comm
+// Work is one all-reduce in flight.
+type Work struct {
+	c      *Comm
 	buf    []byte
 	dt     reduce.DType
 	op     reduce.Op
@@ -87,11 +93,12 @@ type work struct {
 	err      error // set before done is closed
 }
 
-// openComm validates cfg, listens, and under bootstrap "agent" also
-// connects to every peer (blocking up to the timeout).
-func openComm(cfg *config) (*comm, error) {
+// Open makes the communicator cfg describes: it listens (or loads NCCL),
+// and under bootstrap "agent" also connects to every peer, blocking up to
+// the timeout.
+func Open(cfg *Config) (*Comm, error) {
 	lvl, _ := cfg.level()
-	c := &comm{
+	c := &Comm{
 		cfg:  cfg,
 		rank: *cfg.Rank,
 		size: *cfg.WorldSize,
@@ -104,35 +111,35 @@ func openComm(cfg *config) (*comm, error) {
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	if cfg.Transport == "nccl" {
 		if err := c.openNCCLTransport(); err != nil {
-			c.close()
+			c.Close()
 			return nil, err
 		}
 	} else {
 		ep, err := host.Listen(host.Options{Host: cfg.Host, MasterAddr: cfg.MasterAddr})
 		if err != nil {
-			c.close()
+			c.Close()
 			return nil, status.Errorf(status.Unavailable, "listen for peers: %w", err)
 		}
 		c.ep = ep
 	}
 	if cfg.Bootstrap == "agent" {
 		if err := c.bootstrapAgent(); err != nil {
-			c.close()
+			c.Close()
 			return nil, err
 		}
 	}
 	return c, nil
 }
 
-// info is this rank's bootstrap blob.
-func (c *comm) info() (string, error) {
+// Info is this rank's bootstrap blob, for ddpshim_bootstrap_info.
+func (c *Comm) Info() (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ncLib != nil {
 		if c.nc != nil {
 			return "", status.Errorf(status.Invalid, "communicator is already connected")
 		}
-		return c.ncclInfo(), nil
+		return c.ncclBlob(), nil
 	}
 	if c.tr != nil || c.ep == nil {
 		return "", status.Errorf(status.Invalid, "communicator is already connected")
@@ -141,7 +148,7 @@ func (c *comm) info() (string, error) {
 }
 
 // bootstrapAgent exchanges blobs through the agent's store and connects.
-func (c *comm) bootstrapAgent() error {
+func (c *Comm) bootstrapAgent() error {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
 	defer cancel()
 	hello := wire.Hello{Rank: int32(*c.cfg.GlobalRank), LocalRank: int32(c.cfg.LocalRank), PID: int32(os.Getpid()),
@@ -164,7 +171,7 @@ func (c *comm) bootstrapAgent() error {
 		defer c.bg.Done()
 		select {
 		case <-cl.Aborted():
-			c.abort(fmt.Errorf("%w: %s", status.ErrAborted, cl.AbortReason()))
+			c.Abort(fmt.Errorf("%w: %s", status.ErrAborted, cl.AbortReason()))
 		case <-c.bgCtx.Done():
 		}
 	}()
@@ -172,7 +179,7 @@ func (c *comm) bootstrapAgent() error {
 	if c.ncLib != nil {
 		return c.bootstrapAgentNCCL(ctx, cl)
 	}
-	mine, err := c.info()
+	mine, err := c.Info()
 	if err != nil {
 		return err
 	}
@@ -194,7 +201,7 @@ func (c *comm) bootstrapAgent() error {
 		}
 		lines[r] = string(v)
 	}
-	return c.connect(lines)
+	return c.Connect(lines)
 }
 
 func deadline(ctx context.Context) time.Time {
@@ -202,8 +209,9 @@ func deadline(ctx context.Context) time.Time {
 	return dl
 }
 
-// connect builds the transport from every rank's blob, in rank order.
-func (c *comm) connect(lines []string) error {
+// Connect builds the transport from every rank's blob, in rank order,
+// blocking up to the timeout.
+func (c *Comm) Connect(lines []string) error {
 	if c.ncLib != nil {
 		return c.connectNCCL(lines)
 	}
@@ -267,7 +275,7 @@ func (c *comm) connect(lines []string) error {
 }
 
 // enqueue starts an all-reduce; it never waits for data.
-func (c *comm) enqueue(w *work) error {
+func (c *Comm) enqueue(w *Work) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -290,10 +298,10 @@ func (c *comm) enqueue(w *work) error {
 // execute runs queued collectives one at a time until the comm is closed.
 // After the first failure the transport is desynchronized, so the comm
 // aborts and every later collective fails with that cause.
-func (c *comm) execute(tr allReducer) {
+func (c *Comm) execute(tr allReducer) {
 	for {
 		c.mu.Lock()
-		var w *work
+		var w *Work
 		if len(c.queue) > 0 {
 			w = c.queue[0]
 			c.queue[0] = nil
@@ -314,7 +322,7 @@ func (c *comm) execute(tr allReducer) {
 	}
 }
 
-func (c *comm) run(tr allReducer, w *work) {
+func (c *Comm) run(tr allReducer, w *Work) {
 	start := time.Now()
 	w.started.Store(start.UnixNano())
 	err := context.Cause(c.ctx)
@@ -328,7 +336,7 @@ func (c *comm) run(tr allReducer, w *work) {
 			if cause := context.Cause(c.ctx); cause != nil {
 				err = fmt.Errorf("%w (%v)", cause, err)
 			}
-			c.abort(fmt.Errorf("all-reduce of step %d bucket %d (%d bytes): %w", w.step, w.bucket, len(w.buf), err))
+			c.Abort(fmt.Errorf("all-reduce of step %d bucket %d (%d bytes): %w", w.step, w.bucket, len(w.buf), err))
 			err = fmt.Errorf("all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
 		}
 	}
@@ -348,9 +356,9 @@ func (c *comm) run(tr allReducer, w *work) {
 	close(w.done)
 }
 
-// abort fails pending and later collectives with cause; the first cause
+// Abort fails pending and later collectives with cause; the first cause
 // wins. It returns at once.
-func (c *comm) abort(cause error) {
+func (c *Comm) Abort(cause error) {
 	if !errors.Is(cause, status.ErrAborted) {
 		cause = fmt.Errorf("%w: %w", status.ErrAborted, cause)
 	}
@@ -366,10 +374,10 @@ func (c *comm) abort(cause error) {
 	}
 }
 
-// close aborts pending work, stops the goroutines and releases the
+// Close aborts pending work, stops the goroutines and releases the
 // transport and the agent connection. Works still queued fail with
 // status.ErrClosed.
-func (c *comm) close() {
+func (c *Comm) Close() {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -387,7 +395,7 @@ func (c *comm) close() {
 	ep, tr := c.ep, c.tr
 	c.mu.Unlock()
 	if pending {
-		c.abort(status.ErrClosed)
+		c.Abort(status.ErrClosed)
 	}
 	c.cancel(status.ErrClosed)
 	if ep != nil {
@@ -427,8 +435,8 @@ func (c *comm) close() {
 	}
 }
 
-// describe is ddpshim_comm_info's JSON.
-func (c *comm) describe() string {
+// Describe is ddpshim_comm_info's JSON.
+func (c *Comm) Describe() string {
 	c.mu.Lock()
 	info := map[string]any{
 		"rank": c.rank, "world_size": c.size, "name": c.cfg.Name,
@@ -454,7 +462,7 @@ func (c *comm) describe() string {
 
 // newWork checks the arguments of an all-reduce and wraps the caller's
 // memory without copying it.
-func (c *comm) newWork(ptr unsafe.Pointer, count int64, dt reduce.DType, op reduce.Op, step uint64, bucket int32) (*work, error) {
+func (c *Comm) newWork(ptr unsafe.Pointer, count int64, dt reduce.DType, op reduce.Op, step uint64, bucket int32) (*Work, error) {
 	switch {
 	case count < 0:
 		return nil, status.Errorf(status.Invalid, "count %d is negative", count)
@@ -471,5 +479,71 @@ func (c *comm) newWork(ptr unsafe.Pointer, count int64, dt reduce.DType, op redu
 	if count > 0 {
 		buf = unsafe.Slice((*byte)(ptr), count*int64(dt.Size()))
 	}
-	return &work{c: c, buf: buf, dt: dt, op: op, step: step, bucket: bucket, arrive: time.Now(), done: make(chan struct{})}, nil
+	return &Work{c: c, buf: buf, dt: dt, op: op, step: step, bucket: bucket, arrive: time.Now(), done: make(chan struct{})}, nil
+}
+
+// Rank is this communicator's rank.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the world size.
+func (c *Comm) Size() int { return c.size }
+
+// Transport is the configured transport: "host" or "nccl".
+func (c *Comm) Transport() string { return c.cfg.Transport }
+
+// AllReduce starts an all-reduce of count elements at buf, in place. With
+// the nccl transport it is enqueued on stream (a CUDA stream; nil is the
+// default one) before AllReduce returns; with the host transport it is
+// queued for the executor. It never waits for data: the Work tells when
+// the collective is done. buf stays the caller's, and must stay valid
+// until then.
+func (c *Comm) AllReduce(buf unsafe.Pointer, count int64, dt reduce.DType, op reduce.Op, stream unsafe.Pointer,
+	step uint64, bucket int32) (*Work, error) {
+	w, err := c.newWork(buf, count, dt, op, step, bucket)
+	if err != nil {
+		return nil, err
+	}
+	if c.cfg.Transport == "nccl" {
+		if err := c.allreduceNCCL(w, buf, count, stream); err != nil {
+			return nil, err
+		}
+		return w, nil
+	}
+	if err := c.enqueue(w); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// Wait blocks until w is done and returns its error. The transports fail a
+// collective within the timeout of its start; past that and a margin, Wait
+// aborts the communicator itself, so that a transport bug never hangs a
+// rank.
+func (w *Work) Wait() error {
+	limit := w.c.cfg.timeout() + 30*time.Second
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.done:
+			return w.err
+		case <-tick.C:
+		}
+		if s := w.started.Load(); s != 0 && time.Since(time.Unix(0, s)) > limit {
+			err := status.Errorf(status.Timeout, "ddpshim_work_wait: step %d bucket %d still running %v after it started; communicator aborted",
+				w.step, w.bucket, limit)
+			w.c.Abort(err)
+			return err
+		}
+	}
+}
+
+// Done reports whether w has completed, without blocking.
+func (w *Work) Done() bool {
+	select {
+	case <-w.done:
+		return true
+	default:
+		return false
+	}
 }

@@ -1,4 +1,4 @@
-package main
+package comm
 
 import (
 	"bytes"
@@ -12,8 +12,8 @@ import (
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
-// config is the JSON object ddpshim_open takes; ddpshim.h documents the keys.
-type config struct {
+// Config is the JSON object ddpshim_open takes; ddpshim.h documents the keys.
+type Config struct {
 	Rank       *int   `json:"rank"`
 	WorldSize  *int   `json:"world_size"`
 	Transport  string `json:"transport"`
@@ -37,11 +37,11 @@ const (
 	maxTimeout     = 30 * 24 * time.Hour // far beyond any sane collective; keeps deadlines from overflowing
 )
 
-// parseConfig validates the JSON config and fills in defaults.
-func parseConfig(s string) (*config, error) {
+// ParseConfig validates the JSON config and fills in defaults.
+func ParseConfig(s string) (*Config, error) {
 	dec := json.NewDecoder(strings.NewReader(s))
 	dec.DisallowUnknownFields() // a misspelt key is an error, not a silent default
-	var c config
+	var c Config
 	if err := dec.Decode(&c); err != nil {
 		return nil, status.Errorf(status.Invalid, "config: %v", err)
 	}
@@ -96,14 +96,14 @@ func parseConfig(s string) (*config, error) {
 	return &c, nil
 }
 
-func (c *config) timeout() time.Duration {
+func (c *Config) timeout() time.Duration {
 	if c.TimeoutMS == 0 {
 		return defaultTimeout
 	}
 	return time.Duration(c.TimeoutMS) * time.Millisecond
 }
 
-func (c *config) level() (slog.Level, error) {
+func (c *Config) level() (slog.Level, error) {
 	if c.LogLevel == "" {
 		return slog.LevelWarn, nil
 	}
