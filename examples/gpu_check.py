@@ -400,7 +400,7 @@ def check_parity_bf16(ctx: Context) -> Tuple[bool, str, Dict[str, Any]]:
 # copies the bucket into .grad. The host never waits.
 #
 # To catch a hook that breaks this, the comm stream is held back: a wrapper
-# around Hook._enqueue (the hook's one call into the shim) first runs
+# around NcclTransport._enqueue (the hook's one call into the shim) first runs
 # torch.cuda._sleep on the very stream handed to the shim, so the collective
 # and everything after it on that stream runs --delay-ms late. Gradients read
 # on the caller's stream right after backward() are then right only if the
@@ -418,7 +418,7 @@ def check_parity_bf16(ctx: Context) -> Tuple[bool, str, Dict[str, Any]]:
 #     contribution. Expected: 2 x the local gradients; a racing reader sees 1 x.
 # Both are compared with a plain (non-DDP) copy of the model fed the same batch.
 #
-# The negative control replaces Hook._allreduce_cuda with a copy that differs
+# The negative control replaces NcclTransport._allreduce_cuda with a copy that differs
 # in one line: the Future is completed after leaving the comm-stream context,
 # so its event lands on the caller's stream and the reducer waits for nothing.
 # It must give wrong gradients; otherwise the positive check proves nothing.
@@ -436,22 +436,23 @@ _HOOK_INTERNALS = {
 
 
 def _hook_internals_changed() -> str:
-    """Says how hook.py's Hook no longer has the methods the race checks wrap, or ""."""
-    from ddp_agent.hook import Hook
+    """Says how _nccl.py's NcclTransport no longer has the methods the race checks wrap, or ""."""
+    from ddp_agent._nccl import NcclTransport
 
     for name, want in _HOOK_INTERNALS.items():
-        fn = getattr(Hook, name, None)
+        fn = getattr(NcclTransport, name, None)
         if fn is None:
-            return f"ddp_agent.hook.Hook has no {name}: hook.py changed; update gpu_check.py's race checks"
+            return f"ddp_agent._nccl.NcclTransport has no {name}: _nccl.py changed; update gpu_check.py's race checks"
         got = list(inspect.signature(fn).parameters)
         if got != want:
-            return f"Hook.{name}{tuple(got)} is not {tuple(want)}: hook.py changed; update gpu_check.py's race checks"
+            return (f"NcclTransport.{name}{tuple(got)} is not {tuple(want)}: _nccl.py changed; "
+                    "update gpu_check.py's race checks")
     return ""
 
 
 def _install_delay(hook: Any, cycles: int, scale: float, stats: Dict[str, int]) -> None:
-    """Wraps this hook's _enqueue: sleep on the collective's stream, enqueue, then scale there."""
-    enqueue = hook._enqueue  # the bound method
+    """Wraps this hook's _enqueue (its NCCL transport's): sleep on the collective's stream, enqueue, then scale there."""
+    enqueue = hook._nccl._enqueue  # the bound method
 
     def delayed_enqueue(comm, tensor, op, stream, step, index, note=""):
         if stream is None:  # a CPU bucket: no stream to hold back
@@ -471,13 +472,13 @@ def _install_delay(hook: Any, cycles: int, scale: float, stats: Dict[str, int]) 
             with torch.cuda.stream(comm_stream):
                 tensor.mul_(scale)  # in place: nothing allocated on the external stream
 
-    hook._enqueue = delayed_enqueue  # an instance attribute shadows the method for this hook only
+    hook._nccl._enqueue = delayed_enqueue  # an instance attribute shadows the method for this hook only
 
 
 def _wrong_allreduce_cuda(self, comm, plan, buf, step, index):
-    """hook.py's Hook._allreduce_cuda with one deliberate bug: the Future is completed on the caller's stream.
+    """_nccl.py's NcclTransport._allreduce_cuda with one deliberate bug: the Future is completed on the caller's stream.
 
-    Keep in step with hook.py (the race checks compare the signatures). The
+    Keep in step with _nccl.py (the race checks compare the signatures). The
     only difference is where fut.set_result runs: outside the comm-stream
     context, so the Future's event is recorded on the caller's current stream
     and DDP's reducer does not wait for the comm stream.
@@ -529,7 +530,7 @@ def _race_run(ctx: Context, compression: Optional[str], scale: float, wrong: boo
     try:
         _install_delay(hook, cycles, scale, stats)
         if wrong:
-            hook._allreduce_cuda = types.MethodType(_wrong_allreduce_cuda, hook)
+            hook._nccl._allreduce_cuda = types.MethodType(_wrong_allreduce_cuda, hook._nccl)
         batches = _batches(SEED + 8, RACE_STEPS, SMALL_BATCH, SMALL_DIMS[0], SMALL_DIMS[-1], ctx.device)
         for x, y in batches:  # no optimizer step: the weights stay equal to ref's
             ref.zero_grad(set_to_none=True)
@@ -588,7 +589,7 @@ def check_stream_race(ctx: Context) -> Tuple[bool, str, Dict[str, Any]]:
         data[name] = r
         problems = []
         if not r["delayed"]:
-            problems.append("no delay was injected (no CUDA bucket reached Hook._enqueue)")
+            problems.append("no delay was injected (no CUDA bucket reached NcclTransport._enqueue)")
         if r["stream_mismatch"]:
             problems.append(f"{r['stream_mismatch']} enqueues on a stream other than the current one")
         if max(r["bad_fraction"]) > RACE_CORRECT_MAX:

@@ -25,7 +25,9 @@ __version__ = "0.1.0"
 from ._shim import DType, Op, ShimError, Status, nccl_info
 from ._shim import library_path as shim_path
 from ._shim import version as shim_version
-from .hook import BucketInfo, Hook, info, register
+from ._buckets import BucketInfo
+from ._info import info
+from .hook import Hook, register
 
 __all__ = [
     "BucketInfo",

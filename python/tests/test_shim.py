@@ -24,7 +24,9 @@ import torch
 import ddp_agent
 from ddp_agent import _shim
 from ddp_agent._shim import Comm, DType, Op, ShimError, Status, Work
+from ddp_agent import _options
 from ddp_agent import hook as hook_mod
+from ddp_agent._bootstrap import Communicators
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEADER = ROOT / "ncclshim" / "ddpshim.h"
@@ -617,31 +619,30 @@ def test_nccl_info_is_json_with_found():
 
 
 def test_timeouts(monkeypatch):
-    monkeypatch.delenv(hook_mod.ENV_TIMEOUT, raising=False)
-    assert hook_mod._timeout_ms(None) == 600_000
-    assert hook_mod._timeout_ms(5) == 5000
-    assert hook_mod._timeout_ms(0.25) == 250
-    assert hook_mod._timeout_ms(datetime.timedelta(minutes=2)) == 120_000
-    monkeypatch.setenv(hook_mod.ENV_TIMEOUT, "42.5")
-    assert hook_mod._timeout_ms(None) == 42_500
-    assert hook_mod._timeout_ms(3) == 3000  # the argument wins
-    monkeypatch.setenv(hook_mod.ENV_TIMEOUT, "soon")
-    with pytest.raises(ValueError, match=hook_mod.ENV_TIMEOUT):
-        hook_mod._timeout_ms(None)
+    monkeypatch.delenv(_options.ENV_TIMEOUT, raising=False)
+    assert _options.timeout_ms(None) == 600_000
+    assert _options.timeout_ms(5) == 5000
+    assert _options.timeout_ms(0.25) == 250
+    assert _options.timeout_ms(datetime.timedelta(minutes=2)) == 120_000
+    monkeypatch.setenv(_options.ENV_TIMEOUT, "42.5")
+    assert _options.timeout_ms(None) == 42_500
+    assert _options.timeout_ms(3) == 3000  # the argument wins
+    monkeypatch.setenv(_options.ENV_TIMEOUT, "soon")
+    with pytest.raises(ValueError, match=_options.ENV_TIMEOUT):
+        _options.timeout_ms(None)
     for bad in (0, -1, float("inf"), float("nan"), datetime.timedelta(0)):
         with pytest.raises(ValueError):
-            hook_mod._timeout_ms(bad)
+            _options.timeout_ms(bad)
     with pytest.raises(TypeError):
-        hook_mod._timeout_ms("10")
+        _options.timeout_ms("10")
 
 
 def test_extra_config_from_the_environment(monkeypatch):
     monkeypatch.delenv("DDP_AGENT_SOCKET", raising=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    h = hook_mod.Hook.__new__(hook_mod.Hook)  # just the config: no process group needed
-    h.rank, h.world_size, h.timeout_ms, h.name = 1, 2, 5000, "ddp_agent-7"
+    h = Communicators("ddp_agent-7", rank=1, world_size=2, timeout_ms=5000)  # just the config: no process group needed
     monkeypatch.setenv(hook_mod.ENV_SHIM_CONFIG, '{"shm": false, "log_level": "debug"}')
-    cfg = h._config()
+    cfg = h.config()
     assert cfg == {"rank": 1, "world_size": 2, "transport": "host", "timeout_ms": 5000, "name": "ddp_agent-7",
                    "master_addr": "127.0.0.1", "bootstrap": "external", "shm": False, "log_level": "debug"}
     c = Comm.open(dict(cfg, rank=0, world_size=1))  # the shim takes it
@@ -649,34 +650,33 @@ def test_extra_config_from_the_environment(monkeypatch):
     for bad in ("{", "[1]", '{"rank": 0}', '{"name": "x"}'):
         monkeypatch.setenv(hook_mod.ENV_SHIM_CONFIG, bad)
         with pytest.raises(ValueError, match=hook_mod.ENV_SHIM_CONFIG):
-            h._config()
+            h.config()
     monkeypatch.delenv(hook_mod.ENV_SHIM_CONFIG)
     monkeypatch.setenv("DDP_AGENT_SOCKET", "/run/x/control.sock")
     monkeypatch.setenv("DDP_AGENT_GENERATION", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    cfg = h._config()
+    cfg = h.config()
     assert (cfg["bootstrap"], cfg["socket"], cfg["generation"], cfg["local_rank"], cfg["global_rank"]) == (
         "agent", "/run/x/control.sock", 3, 1, 1)
     monkeypatch.setenv("WORLD_SIZE", "4")  # a subgroup of the job: through torch's store
-    assert h._config()["bootstrap"] == "external"
+    assert h.config()["bootstrap"] == "external"
 
 
 def test_nccl_config(monkeypatch):
     monkeypatch.delenv("DDP_AGENT_SOCKET", raising=False)
     monkeypatch.delenv(hook_mod.ENV_SHIM_CONFIG, raising=False)
     monkeypatch.delenv("MASTER_ADDR", raising=False)
-    h = hook_mod.Hook.__new__(hook_mod.Hook)
-    h.rank, h.world_size, h.timeout_ms, h.name = 0, 2, 5000, "ddp_agent-3"
+    h = Communicators("ddp_agent-3", rank=0, world_size=2, timeout_ms=5000)
     monkeypatch.delenv(_shim.ENV_NCCL_LIB, raising=False)
     # A communicator of its own, beside the host one.
-    assert h._config("nccl") == {"rank": 0, "world_size": 2, "transport": "nccl", "timeout_ms": 5000,
+    assert h.config("nccl") == {"rank": 0, "world_size": 2, "transport": "nccl", "timeout_ms": 5000,
                                  "name": "ddp_agent-3-nccl", "bootstrap": "external"}
     # The library's Go runtime does not see variables set after the process
     # started: the hook passes $DDP_AGENT_NCCL_LIB on itself.
     monkeypatch.setenv(_shim.ENV_NCCL_LIB, "/opt/nccl/libnccl.so.2")
-    assert h._config("nccl")["nccl_lib"] == "/opt/nccl/libnccl.so.2"
-    assert "nccl_lib" not in h._config("host")
+    assert h.config("nccl")["nccl_lib"] == "/opt/nccl/libnccl.so.2"
+    assert "nccl_lib" not in h.config("host")
     monkeypatch.setenv(hook_mod.ENV_SHIM_CONFIG, '{"nccl_lib": "/elsewhere/libnccl.so.2"}')
-    assert h._config("nccl")["nccl_lib"] == "/elsewhere/libnccl.so.2"
+    assert h.config("nccl")["nccl_lib"] == "/elsewhere/libnccl.so.2"

@@ -1,0 +1,241 @@
+"""The hook's communicators: their names and configs, and opening them (through ddp-agent or torch's store).
+
+A hook has up to two communicators, "host" and "nccl", each opened at its
+first bucket. Under ``ddp-agent run`` the shim bootstraps through the
+agent's control socket; otherwise (plain torchrun, a subgroup, a static
+multi-node job) the ranks exchange their addresses through torch's default
+store.
+"""
+
+import datetime
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _shim
+from ._failure import FirstError
+from ._shim import ShimError, Status
+
+log = logging.getLogger("ddp_agent")
+
+ENV_SHIM_CONFIG = "DDP_AGENT_SHIM_CONFIG"
+"""Extra keys for the communicator's ddpshim_open config, as a JSON object.
+
+For example ``{"shm": false}`` (TCP between ranks on one host too),
+``{"log_level": "debug"}``, ``{"host": "10.0.0.5"}`` or ``{"nccl_lib":
+"/opt/nccl/lib/libnccl.so.2"}``; see ddpshim.h. The keys go to the host and
+the NCCL communicator alike.
+"""
+
+_OWN_KEYS = ("rank", "world_size", "name")  # set from the process group and the registration only
+
+
+class Communicators:
+    """Opens, holds and closes one hook's communicators.
+
+    Attributes:
+        name: the host communicator's name, the same on every rank; the NCCL
+            communicator's is this plus "-nccl".
+        rank, world_size: this process's rank in the hook's group and its size.
+        timeout_ms: bound on the bootstrap (and, in the config, on each collective).
+        lock: held while a communicator opens (the bootstrap blocks under it),
+            and by the host transport while it queues work, so that close()
+            sees either all of it or none.
+        closed: set once, under lock, by the hook's close.
+        nccl_device: the device the NCCL communicator was opened on.
+    """
+
+    def __init__(
+        self, name: str, rank: int, world_size: int, timeout_ms: int, failure: Optional[FirstError] = None
+    ) -> None:
+        self.name = name
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_ms = timeout_ms
+        self.lock = threading.Lock()
+        self.closed = False
+        self.nccl_device: Optional[torch.device] = None
+        self._failure = failure if failure is not None else FirstError(name, rank)
+        self._opened: Dict[str, _shim.Comm] = {}
+        self._open_errors: Dict[str, BaseException] = {}
+
+    def name_of(self, transport: str) -> str:
+        """Returns the name of the transport's communicator."""
+        return self.name if transport == "host" else f"{self.name}-{transport}"
+
+    def get(self, transport: str) -> Optional[_shim.Comm]:
+        """Returns the transport's communicator if it is open (without locking: it is set once)."""
+        return self._opened.get(transport)
+
+    def check_open(self) -> None:
+        """Raises ShimError CLOSED once the hook is closed."""
+        if self.closed:  # the communicators (and the waiter) are gone
+            raise ShimError(Status.CLOSED, f"ddp_agent hook {self.name} was closed", "ddp_agent hook")
+
+    def open(self, transport: str, device: Optional[torch.device] = None) -> _shim.Comm:
+        """Opens the host or NCCL communicator at its first bucket; blocks for the bootstrap.
+
+        A communicator that failed to open fails every later call at once.
+        """
+        with self.lock:
+            self.check_open()
+            comm = self._opened.get(transport)
+            if comm is not None:
+                return comm
+            err = self._open_errors.get(transport)
+            if err is not None:
+                raise ShimError(
+                    Status.UNAVAILABLE,
+                    f"communicator {self.name_of(transport)} failed to open earlier: {err}",
+                    "ddp_agent hook",
+                )
+            try:
+                if device is not None and device.type == "cuda":
+                    with torch.cuda.device(device):  # NCCL binds a communicator to the caller's device
+                        comm = self._bootstrap(transport)
+                else:
+                    comm = self._bootstrap(transport)
+            except BaseException as e:
+                self._open_errors[transport] = e
+                if isinstance(e, Exception):
+                    self._failure.record(e)
+                raise
+            self._opened[transport] = comm
+            if transport == "nccl":
+                self.nccl_device = device
+            log.info("ddp_agent: communicator %s open: %s", self.name_of(transport), comm.info())
+            return comm
+
+    def config(self, transport: str = "host") -> Dict[str, Any]:
+        """Returns the ddpshim_open config of the transport's communicator, from the environment."""
+        cfg: Dict[str, Any] = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "transport": transport,
+            "timeout_ms": self.timeout_ms,
+            "name": self.name_of(transport),
+        }
+        if os.environ.get("MASTER_ADDR"):
+            cfg["master_addr"] = os.environ["MASTER_ADDR"]
+        if transport == "nccl" and os.environ.get(_shim.ENV_NCCL_LIB):
+            # Passed on rather than left to the library: its Go runtime sees
+            # only the environment the process started with, not a variable
+            # the script added since.
+            cfg["nccl_lib"] = os.environ[_shim.ENV_NCCL_LIB]
+        sock = os.environ.get("DDP_AGENT_SOCKET")
+        # The agent admits the job's world; a smaller group bootstraps
+        # through torch's store instead, and so does every group when the
+        # agent says its store does not span the job (static multi-node).
+        if sock and self.world_size != int(os.environ.get("WORLD_SIZE") or -1):
+            sock = None
+        if os.environ.get("DDP_AGENT_BOOTSTRAP") == "external":
+            sock = None
+        if sock:
+            cfg.update(
+                bootstrap="agent",
+                socket=sock,
+                generation=int(os.environ.get("DDP_AGENT_GENERATION") or 0),
+                local_rank=int(os.environ.get("LOCAL_RANK") or 0),
+            )
+            if os.environ.get("RANK"):
+                # the agent admits a worker by its global rank; "rank" is the group's
+                cfg["global_rank"] = int(os.environ["RANK"])
+        else:
+            cfg["bootstrap"] = "external"
+        extra = os.environ.get(ENV_SHIM_CONFIG)
+        if extra:
+            try:
+                extra_cfg = json.loads(extra)
+            except ValueError as e:
+                raise ValueError(f"${ENV_SHIM_CONFIG} is not JSON: {e}") from None
+            if not isinstance(extra_cfg, dict) or any(k in extra_cfg for k in _OWN_KEYS):
+                raise ValueError(f"${ENV_SHIM_CONFIG} must be a JSON object without {', '.join(_OWN_KEYS)}: {extra}")
+            cfg.update(extra_cfg)
+        return cfg
+
+    def _bootstrap(self, transport: str) -> _shim.Comm:
+        cfg = self.config(transport)
+        comm = _shim.Comm.open(cfg)
+        if cfg["bootstrap"] == "agent":
+            return comm
+        try:
+            blob = comm.bootstrap_info()
+            peers = self.exchange(cfg["name"], "rank", blob, f"bootstrap of {cfg['name']}", "its address")
+            comm.connect(peers)
+        except BaseException:
+            try:
+                comm.close()
+            except ShimError as e:
+                log.debug("ddp_agent: close after failed bootstrap: %s", e)
+            raise
+        return comm
+
+    def exchange(self, name: str, key: str, value: str, purpose: str, item: str) -> List[str]:
+        """Publishes value in torch's store and returns every rank's, in rank order.
+
+        Blocks until every rank of the group has published, or the timeout
+        (then raises ShimError TIMEOUT naming the first missing rank).
+        """
+        store = _store(name)
+        store.set(f"{key}_{self.rank}", value)
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        for r in range(self.world_size):  # one at a time, to name a missing rank
+            try:
+                left = max(deadline - time.monotonic(), 0.001)
+                store.wait([f"{key}_{r}"], datetime.timedelta(seconds=left))
+            except RuntimeError as e:  # the wait's timeout, or the store gone
+                raise ShimError(
+                    Status.TIMEOUT,
+                    f"{purpose}: rank {r} did not publish {item} within {self.timeout_ms / 1000:g} s ({e})",
+                    "ddp_agent bootstrap",
+                ) from None
+        return [
+            value if r == self.rank else bytes(store.get(f"{key}_{r}")).decode("utf-8")
+            for r in range(self.world_size)
+        ]
+
+    def abort(self, transport: str, reason: str) -> None:
+        """Aborts the transport's communicator, if open; logs (never raises) a failure."""
+        comm = self._opened.get(transport)
+        if comm is None:
+            return
+        try:
+            comm.abort(reason)
+        except ShimError as e:
+            log.warning("ddp_agent: abort %s: %s", self.name_of(transport), e)
+
+    def mark_closed(self) -> bool:
+        """Marks the hook closed; returns False if it already was. No communicator opens after it."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.closed = True
+            return True
+
+    def close(self, at_exit: bool) -> None:
+        """Closes every communicator (after mark_closed); at exit, aborts NCCL's first.
+
+        The shim says goodbye to the host transport's peers and finalizes
+        NCCL's communicator, each bounded by the timeout.
+        """
+        if at_exit:
+            self.abort("nccl", "the process is exiting")
+        for transport, comm in dict(self._opened).items():
+            try:
+                comm.close()
+            except ShimError as e:
+                log.warning("ddp_agent: close %s: %s", self.name_of(transport), e)
+
+
+def _store(name: str) -> Any:
+    """Returns the namespace of communicator name in torch's default store (raises if there is none)."""
+    # torchrun's store outlives restarts: the restart count keeps one
+    # attempt's keys from being read by the next.
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"ddp_agent/{name}/restart_{restart}/", dist.distributed_c10d._get_default_store())

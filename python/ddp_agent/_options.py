@@ -1,0 +1,61 @@
+"""register()'s options: the transports, the compressions and the collective timeout."""
+
+import datetime
+import os
+from typing import Optional, Union
+
+import torch
+
+ENV_TIMEOUT = "DDP_AGENT_COLLECTIVE_TIMEOUT"
+"""Default collective timeout in seconds, when register() gets no timeout."""
+
+DEFAULT_TIMEOUT_S = 600.0
+"""Collective timeout without timeout= and without $DDP_AGENT_COLLECTIVE_TIMEOUT."""
+
+TRANSPORTS = ("auto", "host", "nccl")
+"""Values of register()'s transport."""
+
+COMPRESSIONS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+"""Values of register()'s compression (besides None), and the type buckets are cast to."""
+
+Timeout = Union[None, float, int, datetime.timedelta]
+
+
+def check(transport: str, compression: Optional[str]) -> None:
+    """Raises ValueError for a transport or compression register() does not support."""
+    if compression is not None and compression not in COMPRESSIONS:
+        raise ValueError(
+            f"ddp_agent.register: compression={compression!r} is not supported; use None, "
+            + " or ".join(repr(c) for c in COMPRESSIONS)
+        )
+    if transport not in TRANSPORTS:
+        raise ValueError(
+            f"ddp_agent.register: transport={transport!r} is not supported; use one of {', '.join(TRANSPORTS)}"
+        )
+
+
+def timeout_ms(timeout: Timeout) -> int:
+    """Returns register()'s timeout in milliseconds: the argument, else $DDP_AGENT_COLLECTIVE_TIMEOUT, else 600 s.
+
+    Raises ValueError for a value that is not a positive, finite number of
+    seconds, TypeError for a type that is neither seconds nor a timedelta.
+    """
+    if timeout is None:
+        env = os.environ.get(ENV_TIMEOUT)
+        if env:
+            try:
+                seconds = float(env)
+            except ValueError:
+                raise ValueError(f"${ENV_TIMEOUT}={env!r} is not a number of seconds") from None
+            source = f"${ENV_TIMEOUT}"
+        else:
+            seconds, source = DEFAULT_TIMEOUT_S, "default"
+    elif isinstance(timeout, datetime.timedelta):
+        seconds, source = timeout.total_seconds(), "timeout"
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds, source = float(timeout), "timeout"
+    else:
+        raise TypeError(f"timeout must be a datetime.timedelta or seconds, not {type(timeout).__name__}")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{source} must be a positive, finite number of seconds, got {seconds}")
+    return max(1, round(seconds * 1000))
