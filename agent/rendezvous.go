@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
@@ -96,7 +94,7 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 	}
 	// The agent that hosts the store may start after this one, as with
 	// torchrun's c10d: keep trying for the join timeout.
-	var cli *clientv3.Client
+	var cli *store.Client
 	deadline := time.Now().Add(cfg.JoinTimeout)
 	for {
 		cli, err = store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tls, Logger: a.log})

@@ -356,7 +356,7 @@ func TestRefusedAgents(t *testing.T) {
 	defer cli.Close()
 	prefix := rdzv.Prefix(rdzv.RootPrefix, j.id)
 	for k, v := range map[string]string{"nodes/intruder": "{oops", "rounds/00000000000000000000/x": "\xff", "kv/" + j.id + "/0/junk": "1"} {
-		if _, err := cli.Put(t.Context(), prefix+k, v); err != nil {
+		if err := store.NewKV(cli, "").Set(t.Context(), prefix+k, []byte(v)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // Config configures one agent's side of an etcd rendezvous.
@@ -71,11 +73,11 @@ type Etcd struct {
 // Open joins the job's rendezvous: it checks that the store belongs to
 // this job and the token matches, creates the job if this is its first
 // agent, and registers this node on a fresh lease.
-func Open(ctx context.Context, cli *clientv3.Client, cfg Config) (*Etcd, error) {
+func Open(ctx context.Context, cli *store.Client, cfg Config) (*Etcd, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	e := &Etcd{cfg: cfg, cli: cli, log: cfg.Logger, node: newNodeID(cfg.Host), mac: tokenMAC(cfg.Token, cfg.JobID), state: NodeActive, opened: time.Now()}
+	e := &Etcd{cfg: cfg, cli: cli.Etcd(), log: cfg.Logger, node: newNodeID(cfg.Host), mac: tokenMAC(cfg.Token, cfg.JobID), state: NodeActive, opened: time.Now()}
 	if err := e.checkHost(ctx); err != nil {
 		return nil, err
 	}

@@ -8,12 +8,11 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // testStore starts an embedded etcd for one test and returns a client
 // factory: every agent gets its own client, as separate processes would.
-func testStore(t *testing.T) func() *clientv3.Client {
+func testStore(t *testing.T) func() *store.Client {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	srv, err := store.Start(t.Context(), store.ServerConfig{Logger: log})
@@ -21,7 +20,7 @@ func testStore(t *testing.T) func() *clientv3.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	return func() *clientv3.Client {
+	return func() *store.Client {
 		cli, err := store.Dial(t.Context(), store.ClientConfig{Endpoints: []string{srv.Endpoint()}, Logger: log})
 		if err != nil {
 			t.Fatal(err)
@@ -41,7 +40,7 @@ func testConfig(t *testing.T, min, max int) Config {
 	}
 }
 
-func open(t *testing.T, cli *clientv3.Client, cfg Config) *Etcd {
+func open(t *testing.T, cli *store.Client, cfg Config) *Etcd {
 	t.Helper()
 	e, err := Open(t.Context(), cli, cfg)
 	if err != nil {

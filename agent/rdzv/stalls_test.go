@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 func publish(t *testing.T, e *Etcd, s NodeStalls) {
@@ -20,9 +22,9 @@ func publish(t *testing.T, e *Etcd, s NodeStalls) {
 }
 
 // stallKeys counts the job's stalls/ keys.
-func stallKeys(t *testing.T, cli *clientv3.Client) int64 {
+func stallKeys(t *testing.T, cli *store.Client) int64 {
 	t.Helper()
-	resp, err := cli.Get(t.Context(), Prefix(RootPrefix, "job")+stallsDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := cli.Etcd().Get(t.Context(), Prefix(RootPrefix, "job")+stallsDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +86,7 @@ func TestPublishStallsReadBack(t *testing.T) {
 	if g := n.Stalls; g == nil || !g.Updated.Equal(before) || len(g.Stalls) != 0 || len(g.Stragglers) != 0 || g.Hang != "step 10 bucket 0 hung" {
 		t.Fatalf("second report: %+v", n.Stalls)
 	}
-	resp, err := cli.Get(t.Context(), Prefix(RootPrefix, "job")+stallsDir+a.Node())
+	resp, err := cli.Etcd().Get(t.Context(), Prefix(RootPrefix, "job")+stallsDir+a.Node())
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease != n.Entry.Lease || n.Entry.Lease == 0 {
 		t.Fatalf("stalls key: %v, %+v; node entry's lease %x", err, resp.Kvs, n.Entry.Lease)
 	}
@@ -134,7 +136,7 @@ func TestStallsGoWithTheAgent(t *testing.T) {
 	if err := b.PublishStalls(t.Context(), NodeStalls{}); err == nil || !strings.Contains(err.Error(), "closed") {
 		t.Errorf("PublishStalls after Close: %v", err)
 	}
-	if _, err := cli.Revoke(t.Context(), clientv3.LeaseID(lease)); err != nil {
+	if _, err := cli.Etcd().Revoke(t.Context(), clientv3.LeaseID(lease)); err != nil {
 		t.Fatal(err)
 	}
 	if n := stallKeys(t, cli); n != 0 {

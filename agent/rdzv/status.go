@@ -9,6 +9,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // This file reads a job for `ddp-agent status`. It only reads: a status
@@ -141,7 +143,8 @@ func (s *Status) Joined() int {
 // neither the job, its state nor a node of it. Malformed values are listed
 // in Status.Malformed, never an error: the store is shared, and a status
 // tool is what one runs to find such a thing.
-func ReadStatus(ctx context.Context, cli *clientv3.Client, root, id string) (*Status, error) {
+func ReadStatus(ctx context.Context, c *store.Client, root, id string) (*Status, error) {
+	cli := c.Etcd()
 	prefix := Prefix(root, id)
 	k, err := readJobKeys(ctx, cli, prefix)
 	if err != nil {
@@ -406,7 +409,8 @@ const listBatch = 40
 // together under root+id+"/", so it skips from one job to the next with a
 // one-key read each instead of reading the workers' keys too, all pinned
 // to the revision of the first read.
-func ListJobs(ctx context.Context, cli *clientv3.Client, root string) (*JobList, error) {
+func ListJobs(ctx context.Context, c *store.Client, root string) (*JobList, error) {
+	cli := c.Etcd()
 	end := clientv3.GetPrefixRangeEnd(root)
 	hostResp, err := cli.Get(ctx, HostKey)
 	if err != nil {

@@ -14,21 +14,23 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // put writes v at key: a string as it is, anything else as JSON.
-func put(t *testing.T, cli *clientv3.Client, key string, v any) {
+func put(t *testing.T, cli *store.Client, key string, v any) {
 	t.Helper()
 	s, ok := v.(string)
 	if !ok {
 		s = encode(v)
 	}
-	if _, err := cli.Put(t.Context(), key, s); err != nil {
+	if _, err := cli.Etcd().Put(t.Context(), key, s); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func readStatus(t *testing.T, cli *clientv3.Client, root, id string) *Status {
+func readStatus(t *testing.T, cli *store.Client, root, id string) *Status {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
@@ -75,7 +77,7 @@ func background(t *testing.T, es ...*Etcd) {
 }
 
 // waitStatus reads the job until ok accepts it.
-func waitStatus(t *testing.T, cli *clientv3.Client, id string, within time.Duration, ok func(*Status) bool) *Status {
+func waitStatus(t *testing.T, cli *store.Client, id string, within time.Duration, ok func(*Status) bool) *Status {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -154,7 +156,7 @@ func TestStatusLostMember(t *testing.T) {
 	// b dies; revoking its lease is what the lease running out would do,
 	// without waiting for it.
 	b.Close()
-	if _, err := cli.Revoke(t.Context(), clientv3.LeaseID(lease)); err != nil {
+	if _, err := cli.Etcd().Revoke(t.Context(), clientv3.LeaseID(lease)); err != nil {
 		t.Fatal(err)
 	}
 	waitDone(t, rounds[0], 5*time.Second) // a moved the job on
@@ -276,10 +278,11 @@ func TestStatusUnreachable(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, Logger: zap.NewNop()})
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	cli := store.NewClient(etcd)
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()

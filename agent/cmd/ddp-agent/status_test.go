@@ -14,15 +14,13 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // startStore starts an embedded etcd for one test and returns its endpoint
 // and a client of it.
-func startStore(t *testing.T) (string, *clientv3.Client) {
+func startStore(t *testing.T) (string, *store.Client) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	srv, err := store.Start(t.Context(), store.ServerConfig{Logger: log})
@@ -33,7 +31,7 @@ func startStore(t *testing.T) (string, *clientv3.Client) {
 	return srv.Endpoint(), dialStore(t, srv.Endpoint())
 }
 
-func dialStore(t *testing.T, endpoint string) *clientv3.Client {
+func dialStore(t *testing.T, endpoint string) *store.Client {
 	t.Helper()
 	cli, err := store.Dial(t.Context(), store.ClientConfig{Endpoints: []string{endpoint}})
 	if err != nil {
@@ -269,7 +267,7 @@ func TestStatusSeveralJobs(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 	// A store started for a job shows that one.
-	if _, err := cli.Put(t.Context(), rdzv.HostKey, "t2"); err != nil {
+	if err := store.NewKV(cli, "").Set(t.Context(), rdzv.HostKey, []byte("t2")); err != nil {
 		t.Fatal(err)
 	}
 	if code, out, _ := runCLI("status", "--rdzv-endpoint", ep); code != 0 || !strings.HasPrefix(out, "job t2 (store "+ep+", hosted for it)") {
@@ -345,7 +343,7 @@ func TestStatusMalformedValues(t *testing.T) {
 		rdzv.HostKey:    "t1",
 		p + "kv/ignore": "\x00",
 	} {
-		if _, err := cli.Put(t.Context(), k, v); err != nil {
+		if err := store.NewKV(cli, "").Set(t.Context(), k, []byte(v)); err != nil {
 			t.Fatal(err)
 		}
 	}

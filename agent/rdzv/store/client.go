@@ -35,11 +35,28 @@ type ClientConfig struct {
 	Logger             *slog.Logger  // the client's warnings go here; nil = discard
 }
 
+// Client is a connection to the rendezvous store. It is what the agent
+// holds and hands to rdzv.Open, rdzv.ReadStatus and NewKV; the etcd client
+// underneath stays inside agent/rdzv, so no other package of the agent
+// speaks etcd's API. Safe for concurrent use; whoever dialled it closes it.
+type Client struct{ etcd *clientv3.Client }
+
+// NewClient wraps an etcd client made elsewhere, such as one of a store
+// that is not there (Dial refuses to make that).
+func NewClient(cli *clientv3.Client) *Client { return &Client{etcd: cli} }
+
+// Etcd is the etcd client underneath, for the rendezvous (agent/rdzv) and
+// for tools that instrument its requests; it is closed with c.
+func (c *Client) Etcd() *clientv3.Client { return c.etcd }
+
+// Close closes the connection: every watch and lease keep-alive on it ends.
+func (c *Client) Close() error { return c.etcd.Close() }
+
 // Dial connects to the store and checks that it answers before returning, so
 // a wrong address or dead store fails here with a clear error rather than
 // later as a hung rendezvous. ctx bounds only the dial: the client outlives
 // it, and the caller closes it.
-func Dial(ctx context.Context, cfg ClientConfig) (*clientv3.Client, error) {
+func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("dial rendezvous store: no endpoints")
 	}
@@ -102,7 +119,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*clientv3.Client, error) {
 		}
 		return nil, fmt.Errorf("rendezvous store at %s unreachable after %v: %w", where, timeout, err)
 	}
-	return cli, nil
+	return &Client{etcd: cli}, nil
 }
 
 // checkReachable asks the store for its members, which needs a quorum (the

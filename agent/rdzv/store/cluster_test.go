@@ -43,7 +43,7 @@ func TestCluster(t *testing.T) {
 		t.Errorf("Grant(1).TTL = %d, want 2", lease.TTL)
 	}
 
-	kv := NewKV(cli, "/cluster/")
+	kv := NewKV(NewClient(cli), "/cluster/")
 	if err := kv.Set(ctx, "before", []byte("1")); err != nil {
 		t.Fatalf("Set: %v", err)
 	}

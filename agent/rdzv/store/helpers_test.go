@@ -41,7 +41,8 @@ func startServer(t *testing.T, cfg ServerConfig) *Server {
 	return s
 }
 
-// dial dials endpoints, closing the client when the test ends.
+// dial dials endpoints, closing the client when the test ends. It returns
+// the etcd client underneath, for the tests to drive the store directly.
 func dial(t *testing.T, cfg ClientConfig) *clientv3.Client {
 	t.Helper()
 	if cfg.Logger == nil {
@@ -52,7 +53,7 @@ func dial(t *testing.T, cfg ClientConfig) *clientv3.Client {
 		t.Fatalf("Dial: %v", err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	return cli
+	return cli.Etcd()
 }
 
 // deadAddr returns a loopback address nobody listens on.

@@ -24,9 +24,9 @@ type KV struct {
 	prefix string
 }
 
-// NewKV returns a KV that stores every key at prefix+key.
-func NewKV(cli *clientv3.Client, prefix string) *KV {
-	return &KV{cli: cli, prefix: prefix}
+// NewKV returns a KV that stores every key at prefix+key of cli's store.
+func NewKV(cli *Client, prefix string) *KV {
+	return &KV{cli: cli.etcd, prefix: prefix}
 }
 
 // Set stores value under key.

@@ -23,7 +23,7 @@ type kvFixture struct {
 func newKV(t *testing.T, f *kvFixture, prefix string) *KV {
 	t.Helper()
 	cli := dial(t, ClientConfig{Endpoints: []string{f.srv.Endpoint()}})
-	return NewKV(cli, prefix)
+	return NewKV(NewClient(cli), prefix)
 }
 
 func TestKV(t *testing.T) {
@@ -127,7 +127,7 @@ func testKVPrefix(t *testing.T, f *kvFixture) {
 		t.Fatalf("raw Get /job1/rank0 = %v, want addr", resp.Kvs)
 	}
 	// Another prefix does not see it.
-	other := NewKV(kv.cli, "/job2/")
+	other := NewKV(NewClient(kv.cli), "/job2/")
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	if _, err := other.Get(ctx, "rank0"); !errors.Is(err, context.DeadlineExceeded) {

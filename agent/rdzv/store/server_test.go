@@ -160,7 +160,7 @@ func TestCloseCleansUp(t *testing.T) {
 		t.Fatalf("data dir not in use: %v", err)
 	}
 	cli = dial(t, ClientConfig{Endpoints: []string{s.Endpoint()}})
-	kv := NewKV(cli, "/t/")
+	kv := NewKV(NewClient(cli), "/t/")
 	if err := kv.Set(t.Context(), "a", []byte("b")); err != nil {
 		t.Fatal(err)
 	}

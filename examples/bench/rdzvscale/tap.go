@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // The agents' store requests, counted (-detail): the clients' KV, Lease
@@ -19,8 +20,9 @@ import (
 // of the benchmark that imports etcd: the rest dials and opens through
 // agent/rdzv/store and agent/rdzv, and names the client etcdClient.
 
-// etcdClient is what store.Dial returns and rdzv.Open takes.
-type etcdClient = clientv3.Client
+// etcdClient is what store.Dial returns and rdzv.Open takes; its Etcd is
+// the etcd client that tapClients wraps.
+type etcdClient = store.Client
 
 // opStat is one kind of request in one phase: latencies, when the first
 // and the last completed, bytes read, errors.
@@ -227,7 +229,8 @@ func (w watchTap) Watch(ctx context.Context, key string, opts ...clientv3.OpOpti
 // tapClients wraps each client's KV, Lease and Watcher, so that their
 // requests are counted in tp's current phase.
 func tapClients(clis []*etcdClient, tp *tap) {
-	for _, c := range clis {
+	for _, cli := range clis {
+		c := cli.Etcd()
 		c.KV = kvTap{KV: c.KV, t: tp}
 		c.Lease = leaseTap{Lease: c.Lease, t: tp}
 		c.Watcher = watchTap{Watcher: c.Watcher, t: tp}
