@@ -78,40 +78,20 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 			if member && st.Generation >= e.lastGenSeen() {
 				return e.startRound(st, me, rev, read), nil
 			}
-			var bumpErr error
-			switch {
-			case member:
-				// This node ran this generation and lost it (its lease
-				// expired) before anyone moved the job on.
-				_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s lost its lease and rejoined", e.node), true)
-			case st.Nodes() < e.cfg.NNodesMax:
-				_, bumpErr = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s) joined; scaling up from %d nodes", e.node, e.cfg.Host, st.Nodes()), false)
-			default:
-				// A full job whose members are gone (a run killed without
-				// leaving, whose leases ran out) must not keep spares out.
-				gone, err := e.missingMembers(ctx, st)
-				if err != nil {
-					bumpErr = err
-					break
+			isSpare, err := e.claimPlace(ctx, st, member)
+			if err != nil {
+				if err := retry(err); err != nil {
+					return nil, err
 				}
-				if len(gone) > 0 {
-					// Its entry is gone, and its last value with it: lost.
-					d := departureOf(gone[0], NodeInfo{})
-					_, bumpErr = e.bump(ctx, st.Generation, d.Reason, d.Fault)
-					break
-				}
+				continue
+			}
+			if isSpare {
 				if !spare {
 					e.log.Info("the job is full; standing by as a spare", "generation", st.Generation, "nodes", st.Nodes())
 					spare = true
 				}
 				deadline = time.Now().Add(e.cfg.JoinTimeout) // a spare of a healthy job waits as long as the job runs
 				if err := e.waitStateChange(ctx, read); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			if bumpErr != nil {
-				if err := retry(bumpErr); err != nil {
 					return nil, err
 				}
 			}
@@ -134,6 +114,37 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 			}
 		}
 	}
+}
+
+// claimPlace asks for a place in the job, which runs generation st
+// without this node (member: this node was in it, but lost its lease):
+// it moves the job to a new generation when this node lost its place, the
+// job has room for it (a scale-up), or a member of the full job is gone.
+// It reports spare when the job is full and healthy, and moves nothing.
+func (e *Etcd) claimPlace(ctx context.Context, st *State, member bool) (spare bool, err error) {
+	switch {
+	case member:
+		// This node ran this generation and lost it (its lease
+		// expired) before anyone moved the job on.
+		_, err = e.bump(ctx, st.Generation, fmt.Sprintf("node %s lost its lease and rejoined", e.node), true)
+		return false, err
+	case st.Nodes() < e.cfg.NNodesMax:
+		_, err = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s) joined; scaling up from %d nodes", e.node, e.cfg.Host, st.Nodes()), false)
+		return false, err
+	}
+	// A full job whose members are gone (a run killed without leaving,
+	// whose leases ran out) must not keep spares out.
+	gone, err := e.missingMembers(ctx, st)
+	if err != nil {
+		return false, err
+	}
+	if len(gone) > 0 {
+		// Its entry is gone, and its last value with it: lost.
+		d := departureOf(gone[0], NodeInfo{})
+		_, err = e.bump(ctx, st.Generation, d.Reason, d.Fault)
+		return false, err
+	}
+	return true, nil
 }
 
 func (e *Etcd) lastGenSeen() uint64 {
