@@ -68,7 +68,7 @@ type Comm struct {
 	agent  *agentconn.Client // nil without ddp-agent
 	events *eventRing        // nil without ddp-agent
 
-	// The nccl transport (ncclcomm.go): the library, rank 0's unique id,
+	// The nccl transport (nccl.go): the library, rank 0's unique id,
 	// and the communicator once connected; ep and tr stay nil.
 	ncLib *nccl.Lib
 	ncID  [nccl.UniqueIDBytes]byte

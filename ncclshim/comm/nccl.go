@@ -27,7 +27,7 @@ import (
 // Future on that stream right after, so the enqueue must have happened by
 // then, and NCCL takes the communicator's device from the calling thread
 // at init. The work handle is complete when ddpshim_allreduce returns; the
-// stream orders the rest, and the watchdog (watchdog.go) watches it.
+// stream orders the rest, and the watchdog (nccl.Watchdog) watches it.
 
 // ncclIDPrefix marks rank 0's bootstrap blob: the NCCL unique id in hex.
 // The other ranks' blobs only say who they are.
