@@ -57,61 +57,18 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 	if err := rdzv.CheckID(runID); err != nil {
 		return nil, err
 	}
-	var srv *store.Server
-	endpoints := cfg.Endpoints
-	closeAll := func() {
-		if srv != nil {
-			srv.Close()
-		}
-	}
-	tls := cfg.TLS
-	hostIt, err := a.shouldHost(endpoints)
+	srv, endpoints, err := a.hostStore(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if hostIt {
-		addr := "127.0.0.1:0"
-		if !cfg.Standalone {
-			// etcd binds only to IP addresses: a host name (the usual
-			// --rdzv-endpoint $(hostname):29400) becomes the local address
-			// it resolves to.
-			if addr, err = bindAddr(stripScheme(endpoints[0])); err != nil {
-				return nil, err
-			}
+	cli, err := a.dialStore(ctx, endpoints, srv != nil)
+	if err != nil {
+		if srv != nil {
+			srv.Close()
 		}
-		srv, err = store.Start(ctx, store.ServerConfig{ClientAddr: addr, Logger: a.log.With("component", "etcd"), TLS: tls})
-		switch {
-		case errors.Is(err, store.ErrAddrInUse) && !cfg.Standalone:
-			// Another agent on this host started it first: be its client.
-			a.log.Info("rendezvous store already hosted on this host; joining it as a client", "endpoint", endpoints[0])
-			srv = nil
-		case err != nil:
-			return nil, fmt.Errorf("host the rendezvous store: %w", err)
-		default:
-			a.log.Info("hosting the rendezvous store (embedded etcd)", "endpoint", srv.Endpoint())
-			endpoints = []string{srv.Endpoint()}
-		}
+		return nil, err
 	}
-	// The agent that hosts the store may start after this one, as with
-	// torchrun's c10d: keep trying for the join timeout.
-	var cli *store.Client
-	deadline := time.Now().Add(cfg.JoinTimeout)
-	for {
-		cli, err = store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tls, Logger: a.log})
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) || srv != nil {
-			closeAll()
-			return nil, err
-		}
-		a.log.Warn("rendezvous store not reachable yet; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
-	closeAll = func() {
+	closeAll := func() {
 		cli.Close()
 		if srv != nil {
 			srv.Close()
@@ -147,6 +104,58 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 			closeAll()
 		},
 	}, nil
+}
+
+// hostStore starts the embedded store when this agent should host it,
+// and returns it (nil when it does not) with the endpoints to dial.
+func (a *Agent) hostStore(ctx context.Context) (*store.Server, []string, error) {
+	cfg := a.cfg.Rendezvous
+	endpoints := cfg.Endpoints
+	hostIt, err := a.shouldHost(endpoints)
+	if err != nil || !hostIt {
+		return nil, endpoints, err
+	}
+	addr := "127.0.0.1:0"
+	if !cfg.Standalone {
+		// etcd binds only to IP addresses: a host name (the usual
+		// --rdzv-endpoint $(hostname):29400) becomes the local address
+		// it resolves to.
+		if addr, err = bindAddr(stripScheme(endpoints[0])); err != nil {
+			return nil, nil, err
+		}
+	}
+	srv, err := store.Start(ctx, store.ServerConfig{ClientAddr: addr, Logger: a.log.With("component", "etcd"), TLS: cfg.TLS})
+	switch {
+	case errors.Is(err, store.ErrAddrInUse) && !cfg.Standalone:
+		// Another agent on this host started it first: be its client.
+		a.log.Info("rendezvous store already hosted on this host; joining it as a client", "endpoint", endpoints[0])
+		return nil, endpoints, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("host the rendezvous store: %w", err)
+	}
+	a.log.Info("hosting the rendezvous store (embedded etcd)", "endpoint", srv.Endpoint())
+	return srv, []string{srv.Endpoint()}, nil
+}
+
+// dialStore connects to the store. The agent that hosts it may start
+// after this one, as with torchrun's c10d: unless this agent hosts it,
+// keep trying for the join timeout.
+func (a *Agent) dialStore(ctx context.Context, endpoints []string, hosted bool) (*store.Client, error) {
+	deadline := time.Now().Add(a.cfg.Rendezvous.JoinTimeout)
+	for {
+		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: a.cfg.Rendezvous.TLS, Logger: a.log})
+		if err == nil {
+			return cli, nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) || hosted {
+			return nil, err
+		}
+		a.log.Warn("rendezvous store not reachable yet; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // shouldHost decides whether this agent starts the embedded store: with
