@@ -18,15 +18,16 @@ build:
 	@echo "built bin/ddp-agent bin/libddpshim.so"
 
 # The README's test command: vet, then every Go test (unit and end-to-end,
-# with real Python workers) under the race detector, then the Python suite
-# (real DDP with gloo against the shim; under ddp-agent and torchrun).
+# with real Python workers under ddp-agent and torchrun) under the race
+# detector, then the Python suite (real DDP with gloo against the shim).
 test: build
 	@go=$$(scripts/deps.sh) && \
 	  test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; $$(dirname $$go)/gofmt -l $$(git ls-files '*.go'); exit 1; } && \
 	  $$go vet ./... && \
-	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) $$go test -race -count=1 -timeout 30m ./... && \
-	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_BIN=$(CURDIR)/bin/ddp-agent \
-	  DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
+	  $$go run ./scripts/sizes -top 0 && \
+	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
+	    $$go test -race -count=1 -timeout 30m ./... && \
+	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 # A real 2-worker DDP job (gloo on CPU) under ddp-agent.
@@ -59,7 +60,8 @@ bench: build
 	$(PYTHON) examples/bench/telemetry_overhead.py --agent bin/ddp-agent --python $(PYTHON) --reps 5 --steps 40 --warmup-steps 10 --batch-size 8
 
 lint:
-	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./...
+	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./... && \
+	  $$go run ./scripts/sizes
 
 fuzz:
 	@go=$$(scripts/deps.sh go) && $$go test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./wire

@@ -21,6 +21,7 @@ var (
 	python   string // interpreter for workers (DDP_AGENT_PYTHON, default /usr/bin/python3)
 	hasTorch bool
 	repoRoot string
+	shimLib  string // libddpshim.so, built by TestMain next to agentBin
 )
 
 func TestMain(m *testing.M) {
@@ -52,8 +53,9 @@ func setup(m *testing.M) int {
 	}
 	// examples/train.py uses the comm hook by default: the agent points its
 	// workers at the libddpshim.so next to its executable, as in bin/.
+	shimLib = filepath.Join(dir, "libddpshim.so")
 	shim := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared",
-		"-o", filepath.Join(dir, "libddpshim.so"), "./ncclshim")
+		"-o", shimLib, "./ncclshim")
 	shim.Dir = repoRoot
 	shim.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := shim.CombinedOutput(); err != nil {
@@ -70,6 +72,25 @@ func setup(m *testing.M) int {
 		return 1
 	}
 	return m.Run()
+}
+
+// launcherFreeEnv returns the test's environment without what a launcher
+// sets for its workers, so that a test run under one starts its own jobs clean.
+func launcherFreeEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(k, "DDP_AGENT_SOCKET"), strings.HasPrefix(k, "DDP_AGENT_GENERATION"),
+			strings.HasPrefix(k, "TORCHELASTIC_"), strings.HasPrefix(k, "PET_"):
+		case k == "RANK", k == "LOCAL_RANK", k == "WORLD_SIZE", k == "LOCAL_WORLD_SIZE", k == "GROUP_RANK",
+			k == "ROLE_RANK", k == "MASTER_ADDR", k == "MASTER_PORT":
+			// a launcher's: left out
+		default:
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 func needTorch(t *testing.T) {
@@ -115,7 +136,7 @@ func startAgent(t *testing.T, extraEnv []string, args ...string) *agentRun {
 	r := &agentRun{t: t, out: t.TempDir(), stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
 	r.cmd = exec.Command(agentBin, append([]string{"run", "--python", python}, args...)...)
 	r.cmd.Dir = filepath.Join(repoRoot, "agent", "e2e", "testdata")
-	r.cmd.Env = append(append(os.Environ(), "E2E_OUT="+r.out), extraEnv...)
+	r.cmd.Env = append(append(launcherFreeEnv(), "E2E_OUT="+r.out), extraEnv...)
 	r.cmd.Stdout, r.cmd.Stderr = r.stdout, r.stderr
 	r.started = time.Now()
 	if err := r.cmd.Start(); err != nil {

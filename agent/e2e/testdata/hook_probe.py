@@ -6,7 +6,7 @@ Each rank trains a few steps, then prints one line
 
 where info is the hook's communicator as the shim describes it (transport,
 collectives, events_sent, agent: connected to ddp-agent's control socket).
-Run under ddp-agent or torchrun; the e2e tests read the lines.
+Run under ddp-agent or torchrun; the e2e tests (hook_test.go) read the lines.
 PROBE_TRANSPORT picks the hook's transport (default auto).
 """
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # <repo>/python
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "python"))  # <repo>/python
 import ddp_agent  # noqa: E402
 
 
