@@ -1,0 +1,1 @@
+/* Stub for the layout check: nccl.h includes it, uses nothing from it. */
