@@ -5,6 +5,7 @@ Run it through examples/gpu_check.sh, which points the package at
 bin/libddpshim.so and sets up the one-rank torch.distributed environment:
 
     examples/gpu_check.sh [--steps 50] [--timing-steps 200] [--json OUT] [--trace OUT] [--only NAME,...]
+    examples/gpu_check.sh --dry-run [...]   everything short of the GPU; CI runs it
 
 Each check prints one line, ``PASS name: detail`` or ``FAIL name: detail``,
 and a summary follows. Exit status: 0 when every check passed, 1 when one
@@ -883,6 +884,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--json", metavar="OUT", help="write every result, with its figures, to OUT as JSON")
     p.add_argument("--trace", metavar="OUT", help="keep the overlap check's Chrome trace at OUT")
     p.add_argument("--only", metavar="NAMES", help="comma-separated checks to run: " + ", ".join(CHECKS))
+    p.add_argument("--dry-run", action="store_true",
+                   help="check everything short of the GPU (arguments, imports, the shim and NCCL it finds), "
+                        "print what would run, and exit 0 (even without a CUDA device)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.timing_steps < 1 or args.delay_ms <= 0:
         p.error("--steps and --timing-steps must be positive, --delay-ms above 0")
@@ -933,12 +937,48 @@ def _write_json(path: str, results: List[Result], env: Dict[str, Any], args: arg
         json.dump(doc, f, indent=2, sort_keys=True, default=str)
 
 
+def _dry_run(args: argparse.Namespace) -> int:
+    """--dry-run: everything main does short of CUDA, so a lent GPU's minutes go to the GPU, not to a typo.
+
+    Imports every module a check imports, loads the shim and asks it for
+    NCCL (ddp_agent.info, which never initializes CUDA), and prints what
+    would run. Returns 0, or EXIT_CANNOT_RUN when the shim is missing or
+    does not load.
+    """
+    problem = _point_at_shim()
+    if problem:
+        print(f"gpu_check: {problem}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    import ddp_agent
+    import ddp_agent.hook  # noqa: F401  (host-cost patches it)
+    import torch.profiler  # noqa: F401  (overlap)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: F401  (parity, host-cost)
+
+    info = ddp_agent.info(transport="nccl")
+    if "error" in info["shim"]:
+        print(f"gpu_check: the shim does not load: {info['shim']['error']}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    nccl = info["nccl"]
+    found = (f"NCCL {nccl.get('version')} from {nccl.get('source')}" if nccl.get("found")
+             else f"no NCCL ({nccl.get('error')})")
+    cuda = torch.cuda.is_available()
+    print(f"gpu_check: dry run: torch {torch.__version__} (CUDA build {torch.version.cuda}), "
+          f"shim {info['shim'].get('version')} at {ddp_agent.shim_path()}, {found}, "
+          f"CUDA device {'present' if cuda else 'absent: a real run would exit 2 (no CUDA device)'}")
+    print(f"gpu_check: would run: {', '.join(args.only or CHECKS)} (steps {args.steps}, "
+          f"timing steps {args.timing_steps}, delay {args.delay_ms:g} ms"
+          + (f", json {args.json}" if args.json else "") + (f", trace {args.trace}" if args.trace else "") + ")")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if torch is None:
         print(f"gpu_check: no CUDA device: torch cannot be imported by {sys.executable} ({_TORCH_IMPORT_ERROR})",
               file=sys.stderr)
         return EXIT_CANNOT_RUN
+    if args.dry_run:
+        return _dry_run(args)
     if not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
               f"run it on a machine with an NVIDIA GPU", file=sys.stderr)

@@ -2,6 +2,7 @@
 # GPU verification of ddp_agent's NCCL transport, on a machine with one NVIDIA GPU.
 #
 #   examples/gpu_check.sh [--steps 50] [--timing-steps 200] [--json OUT] [--trace OUT] [--only a,b]
+#   examples/gpu_check.sh --dry-run [...]   arguments, imports, the shim and its NCCL; no GPU needed
 #   PYTHON=/opt/venv/bin/python examples/gpu_check.sh --json /tmp/gpu_check.json
 #
 # Builds nothing (the GPU machine may have no Go): it uses bin/libddpshim.so as
@@ -11,14 +12,18 @@
 # torchrun gives a single worker (WORLD_SIZE=1, RANK=0, MASTER_ADDR=127.0.0.1,
 # a free MASTER_PORT). The arguments go to gpu_check.py.
 #
-# Exit status: 0 every check passed; 1 a check failed; 2 it cannot run here
-# (no python, no torch, no CUDA device, no bin/libddpshim.so).
+# Exit status: 0 every check passed (with --dry-run: all is ready short of
+# the GPU); 1 a check failed; 2 it cannot run here (no python, no torch, no
+# CUDA device, no bin/libddpshim.so, a bad argument).
+# $DDP_AGENT_SHIM, when set, names the library instead of bin/libddpshim.so.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
-SHIM="$ROOT/bin/libddpshim.so"
+SHIM="$(realpath -m "${DDP_AGENT_SHIM:-$ROOT/bin/libddpshim.so}")"
+cd "$ROOT"
+DRY_RUN=0
+for a in "$@"; do [[ $a == --dry-run ]] && DRY_RUN=1; done
 
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
   echo "gpu_check.sh: python '$PYTHON' not found; set PYTHON to an interpreter with PyTorch" >&2
@@ -78,7 +83,7 @@ echo "== examples/gpu_check.py $* (rank 0 of 1, MASTER_PORT=$MASTER_PORT)"
 rc=0
 "$PYTHON" "$ROOT/examples/gpu_check.py" "$@" || rc=$?
 case $rc in
-  0) echo "gpu_check.sh: every check passed" ;;
+  0) if [[ $DRY_RUN == 1 ]]; then echo "gpu_check.sh: dry run passed: ready for a GPU"; else echo "gpu_check.sh: every check passed"; fi ;;
   2) echo "gpu_check.sh: gpu_check.py cannot run here (exit 2)" >&2 ;;
   *) echo "gpu_check.sh: some check failed (exit $rc)" >&2 ;;
 esac
