@@ -20,9 +20,10 @@ const (
 	// envHeaders is the directory of cached headers, VERSION/nccl.h, as
 	// scripts/nccl-headers.sh writes them.
 	envHeaders = "DDP_AGENT_NCCL_HEADERS"
-	// envLib is the real libnccl.so.2; its wheel's include/nccl.h is
-	// compared too.
-	envLib = "DDP_AGENT_NCCL_LIB"
+	// envLib is the real libnccl.so.2 (a wheel's nvidia/nccl/lib); its
+	// include/nccl.h is compared too. Not DDP_AGENT_NCCL_LIB, which would
+	// hand the real NCCL to every other test of the run.
+	envLib = "DDP_AGENT_TEST_NCCL_LIB"
 	// envRequire, when not empty, turns a missing header or library from
 	// a skip into a failure (CI sets it).
 	envRequire = "DDP_AGENT_REQUIRE_NCCL"
@@ -33,7 +34,7 @@ const (
 type ncclHeader struct{ name, dir string }
 
 // headerDirs lists the cached headers, oldest first, then the installed
-// one next to $DDP_AGENT_NCCL_LIB.
+// one next to $DDP_AGENT_TEST_NCCL_LIB.
 func headerDirs() []ncclHeader {
 	root := os.Getenv(envHeaders)
 	if root == "" {

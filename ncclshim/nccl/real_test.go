@@ -85,7 +85,7 @@ func TestRealNCCLHelper(t *testing.T) {
 	}
 }
 
-// realLib returns $DDP_AGENT_NCCL_LIB, skipping (or failing, with
+// realLib returns $DDP_AGENT_TEST_NCCL_LIB, skipping (or failing, with
 // $DDP_AGENT_REQUIRE_NCCL) without it.
 func realLib(t *testing.T) string {
 	t.Helper()
@@ -158,7 +158,7 @@ func runReal(t *testing.T, limit time.Duration, preload, libPath, path string, e
 	return realReport{}
 }
 
-// TestRealNCCL loads the real libnccl.so.2 ($DDP_AGENT_NCCL_LIB) through
+// TestRealNCCL loads the real libnccl.so.2 ($DDP_AGENT_TEST_NCCL_LIB) through
 // each step of Load's order in a child process, reads its version (the
 // one its wheel's nccl.h declares) and checks the features it gates.
 func TestRealNCCL(t *testing.T) {
