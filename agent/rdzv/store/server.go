@@ -22,7 +22,6 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 )
 
 // ErrAddrInUse is returned by Start when the client address is already bound
@@ -368,7 +367,8 @@ func dialHost(host string) string {
 // two polls in a row, then each millisecond until the member leads, stops,
 // or a second has passed (etcd's own election comes within 500 ms anyway).
 func campaignAlone(srv *etcdserver.EtcdServer) {
-	hup := &raftpb.Message{Type: raftpb.MsgHup.Enum(), To: proto.Uint64(uint64(srv.MemberID())), From: proto.Uint64(raft.LocalAppendThread)}
+	to, from := uint64(srv.MemberID()), uint64(raft.LocalAppendThread)
+	hup := &raftpb.Message{Type: raftpb.MsgHup.Enum(), To: &to, From: &from}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	t := time.NewTicker(time.Millisecond)
