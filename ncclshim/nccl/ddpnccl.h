@@ -95,8 +95,9 @@ typedef enum {
  * rejects a blocking other than 0 or 1, so blocking is always set.
  *
  * The copy includes our trailing padding (sizeof is 48 on LP64, splitShare
- * ends at 44), which lands on 2.25's trafficClass; the version check resets
- * that field, and ddpnccl_config_init zeroes the padding. Declaring more
+ * ends at 44), which lands on trafficClass (new in 2.26, as the layout
+ * test's headers show); the version check resets that field, and
+ * ddpnccl_config_init zeroes the padding. Declaring more
  * fields means raising DDPNCCL_CONFIG_VERSION to the release that has them.
  */
 typedef struct {
