@@ -86,6 +86,9 @@ func New(cfg Config, log *slog.Logger, stdout, stderr *supervisor.Console, baseE
 // (*JobFailedError), or ctx is done: then the workers are stopped within the
 // grace period and context.Cause(ctx) is returned.
 func (a *Agent) Run(ctx context.Context) error {
+	if err := a.cfg.check(); err != nil {
+		return err
+	}
 	runID := a.cfg.RunID
 	if runID == "" {
 		runID = newRunID()

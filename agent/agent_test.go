@@ -35,3 +35,35 @@ func TestRunDirNeverReused(t *testing.T) {
 	}
 	os.RemoveAll(d)
 }
+
+// TestConfigCheck: Run refuses a configuration it cannot run instead of
+// failing deep inside (the command line never builds one).
+func TestConfigCheck(t *testing.T) {
+	ok := Config{Command: []string{"python3", "t.py"}, NProcPerNode: 1, Rendezvous: Rendezvous{NNodesMin: 1, NNodesMax: 1}}
+	tests := []struct {
+		name   string
+		change func(*Config)
+		bad    bool
+	}{
+		{"ok", func(*Config) {}, false},
+		{"no command", func(c *Config) { c.Command = nil }, true},
+		{"no workers", func(c *Config) { c.NProcPerNode = 0 }, true},
+		{"min over max", func(c *Config) { c.Rendezvous.NNodesMin = 2 }, true},
+		{"dynamic without endpoints", func(c *Config) { c.Rendezvous.Dynamic = true }, true},
+		{"standalone needs no endpoints", func(c *Config) { c.Rendezvous.Dynamic, c.Rendezvous.Standalone = true, true }, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.change(&c)
+			if err := c.check(); (err != nil) != tc.bad {
+				t.Errorf("check: %v, want an error: %v", err, tc.bad)
+			}
+			if tc.bad {
+				if err := testAgent(c).Run(t.Context()); err == nil {
+					t.Error("Run accepted it")
+				}
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"strconv"
 	"time"
 
@@ -73,4 +74,22 @@ func (c *Config) nnodes() string {
 		return strconv.Itoa(r.NNodesMax)
 	}
 	return strconv.Itoa(r.NNodesMin) + ":" + strconv.Itoa(r.NNodesMax)
+}
+
+// check reports a configuration the agent cannot run: the command line
+// never makes one (package launch validates the flags), a caller of
+// package agent might.
+func (c *Config) check() error {
+	r := c.Rendezvous
+	switch {
+	case len(c.Command) == 0:
+		return errors.New("agent config: no worker command")
+	case c.NProcPerNode < 1:
+		return errors.New("agent config: NProcPerNode must be at least 1")
+	case r.NNodesMin < 1 || r.NNodesMax < r.NNodesMin:
+		return errors.New("agent config: want 1 <= NNodesMin <= NNodesMax")
+	case r.Dynamic && !r.Standalone && len(r.Endpoints) == 0:
+		return errors.New("agent config: a dynamic rendezvous needs the store's endpoints")
+	}
+	return nil
 }

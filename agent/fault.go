@@ -105,6 +105,12 @@ func (q *faults) report(f *Fault) {
 // that started at started, dropping the stale ones before it (passed to
 // drop, for the log); nil when there is none.
 func (q *faults) take(gen uint64, started time.Time, drop func(*Fault)) *Fault {
+	var stale []*Fault
+	defer func() { // outside the lock: drop logs, and a blocked stderr must not block report
+		for _, f := range stale {
+			drop(f)
+		}
+	}()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for len(q.pending) > 0 {
@@ -113,7 +119,7 @@ func (q *faults) take(gen uint64, started time.Time, drop func(*Fault)) *Fault {
 		if !f.stale(gen, started) {
 			return f
 		}
-		drop(f)
+		stale = append(stale, f)
 	}
 	return nil
 }

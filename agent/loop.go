@@ -40,8 +40,12 @@ func (a *Agent) loop(ctx context.Context, s *session) error {
 		f, err := a.wait(ctx, s, at)
 		s.watch.End()
 		switch {
-		case err != nil: // ctx done: a signal or the caller
+		case err != nil && ctx.Err() != nil: // a signal or the caller
 			return a.stop(ctx, s, at)
+		case err != nil: // the supervisor failed: not the workers' fault
+			at.r.Stop()
+			at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
+			return err
 		case f == nil:
 			return a.succeed(ctx, s, at)
 		}
@@ -131,10 +135,15 @@ func (a *Agent) spec(s *session, r *rdzv.Round, attemptDir, stackDir string) *su
 // reported to the fault queue like every other source.
 func (a *Agent) wait(ctx context.Context, s *session, at *attempt) (*Fault, error) {
 	rctx, end := context.WithCancel(ctx)
-	defer end()
+	watched := make(chan struct{})
+	defer func() {
+		end()
+		<-watched // no round fault of this attempt is reported after it
+	}()
 	exited := make(chan error, 1)
 	go func() { exited <- at.g.Wait(rctx) }()
 	go func() {
+		defer close(watched)
 		select {
 		case <-at.r.Done():
 			s.faults.report(roundFault(at.gen, at.r.Reason()))
@@ -175,8 +184,10 @@ func (a *Agent) exitFault(ctx context.Context, at *attempt, err error) (*Fault, 
 		return nil, nil
 	case errors.As(err, &failed):
 		return workerFault(at.gen, failed), nil
+	case ctx.Err() != nil:
+		return nil, context.Cause(ctx)
 	}
-	return nil, context.Cause(ctx)
+	return nil, fmt.Errorf("attempt %d: wait for the workers: %w", at.n, err)
 }
 
 // dropStale logs a fault from an earlier attempt that is ignored.
@@ -192,13 +203,14 @@ func (a *Agent) dropStale(f *Fault) {
 // become a restart of the job, a move to the next generation, or the end
 // of the job. done: Run returns err.
 func (a *Agent) recover(ctx context.Context, s *session, at *attempt, f *Fault) (done bool, err error) {
-	switch f.Source {
-	case FromRound:
+	if !f.restartsJob() {
 		a.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
 		s.abort("job moving to a new generation: " + f.Reason)
 		at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
 		a.dropGeneration(s, at.gen)
 		return false, nil
+	}
+	switch f.Source {
 	case FromWorker:
 		s.mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
 	case FromGPU:

@@ -57,10 +57,14 @@ func logDirAttr(dir string, keep bool) string {
 }
 
 // streams is the supervisor's Spec.Streams: the configured one, or the
-// console only.
+// console, and with a log dir every stream's file too (as --log-dir alone
+// does).
 func (a *Agent) streams() func(int) supervisor.Streams {
 	if a.cfg.Streams != nil {
 		return a.cfg.Streams
 	}
-	return func(int) supervisor.Streams { return supervisor.Streams{ConsoleOut: true, ConsoleErr: true} }
+	files := a.cfg.LogDir != ""
+	return func(int) supervisor.Streams {
+		return supervisor.Streams{ConsoleOut: true, ConsoleErr: true, FileOut: files, FileErr: files}
+	}
 }

@@ -79,10 +79,11 @@ func (s *Watch) checkHang(ctx context.Context, now time.Time) {
 	if s.exp != nil {
 		s.exp.Hang(*h, stacks)
 	}
+	// Under the lock, so that an attempt that ended while the stacks were
+	// collected is not ended again (OnHang never blocks).
 	s.mu.Lock()
-	ended := s.at != at // the attempt ended while the stacks were collected: nothing to end
-	s.mu.Unlock()
-	if !ended && s.onHang != nil {
+	defer s.mu.Unlock()
+	if s.at == at && s.onHang != nil {
 		s.onHang(&HangError{Hang: *h, Report: report})
 	}
 }
