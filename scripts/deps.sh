@@ -3,10 +3,19 @@
 # a Go toolchain (>= 1.26, which etcd v3.7 needs), the Go modules, gcc, and Debian's PyTorch (python3-torch,
 # CPU, gloo), pytest and pip for /usr/bin/python3. Prints the Go binary to use.
 # Safe to run again: it installs only what is missing.
-#   scripts/deps.sh go    only the Go toolchain, modules and gcc (for make build)
-#   scripts/deps.sh       everything (for make test, demo, bench)
+#   scripts/deps.sh go      only the Go toolchain, modules and gcc (for make build)
+#   scripts/deps.sh         that and Debian's PyTorch 1.13 for $PYTHON (make demo, bench)
+#   scripts/deps.sh torch2  only the PyTorch 2.x venv (below); prints its python
+#   scripts/deps.sh all     everything (make test): prints the Go binary
+#
+# The PyTorch 2.x venv is $DDP_AGENT_TORCH2_VENV, by default
+# ${XDG_CACHE_HOME:-$HOME/.cache}/ddp-agent/torch2-venv, kept between runs: made
+# with `python3 -m venv` (python3-venv) when missing, then pip installs from PyPI
+# what it lacks of the newest torch 2.x (the CUDA build, ~5.6 GB, ~7 minutes the
+# first time), pytest, numpy, setuptools, wheel and nvidia-nccl-cu12. When
+# nothing is missing, pip is not run at all (no network needed).
 set -euo pipefail
-what=${1:-all}
+what=${1:-python}
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-/usr/bin/python3}
@@ -29,6 +38,51 @@ apt_install() {
 	# shellcheck disable=SC2086
 	apt-get update -qq >&2 && apt-get install -y -qq $2 >&2
 }
+
+# torch2_missing VENV_PYTHON: prints the pip requirements the venv lacks, one
+# a line (package metadata only: torch is not imported).
+torch2_missing() {
+	"$1" - <<'PY'
+from importlib import metadata
+def major(name):
+    try:
+        return int(metadata.version(name).split(".")[0])
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+for req, ok in (("torch>=2", (major("torch") or 0) >= 2), ("pytest", major("pytest") is not None),
+                ("numpy", major("numpy") is not None), ("setuptools>=61", (major("setuptools") or 0) >= 61),
+                ("wheel", major("wheel") is not None), ("nvidia-nccl-cu12", major("nvidia-nccl-cu12") is not None)):
+    if not ok:
+        print(req)
+PY
+}
+
+torch2_venv() {
+	local venv=${DDP_AGENT_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ddp-agent/torch2-venv}
+	local py=$venv/bin/python missing
+	if ! "$py" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' 2>/dev/null; then
+		if [ -e "$venv" ] && [ ! -f "$venv/pyvenv.cfg" ]; then
+			say "$venv is not a venv (no pyvenv.cfg): remove it, or set DDP_AGENT_TORCH2_VENV"
+			exit 1
+		fi
+		"$PYTHON" -c 'import ensurepip' 2>/dev/null || apt_install "venv for $PYTHON" "python3-venv"
+		say "creating the PyTorch 2.x venv $venv"
+		mkdir -p "$(dirname "$venv")"
+		"$PYTHON" -m venv --clear "$venv" >&2
+	fi
+	missing=$(torch2_missing "$py")
+	if [ -n "$missing" ]; then
+		# shellcheck disable=SC2086
+		say "installing into $venv from PyPI:" $missing
+		# shellcheck disable=SC2086
+		"$py" -m pip install -q --disable-pip-version-check $missing >&2
+		missing=$(torch2_missing "$py")
+		if [ -n "$missing" ]; then say "still missing in $venv:" $missing; exit 1; fi
+	fi
+	echo "$py"
+}
+
+if [ "$what" = torch2 ]; then torch2_venv; exit 0; fi
 
 go_ok() {
 	local v
@@ -73,4 +127,5 @@ fi
 if ! "$PYTHON" -m pip --version >/dev/null 2>&1 || ! "$PYTHON" -c 'import setuptools, wheel' 2>/dev/null; then
 	apt_install "pip, setuptools and wheel for $PYTHON" "python3-pip python3-setuptools python3-wheel"
 fi
+if [ "$what" = all ]; then torch2_venv >/dev/null; fi
 echo "$GO_BIN"

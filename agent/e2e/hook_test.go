@@ -230,7 +230,12 @@ func TestHookNCCLUniqueIDThroughAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(fakeDir) })
-	env := []string{"PROBE_TRANSPORT=nccl", "DDP_AGENT_NCCL_LIB=" + lib, "FAKE_NCCL_DIR=" + fakeDir, "FAKE_NCCL_VERSION=22005"}
+	// LD_PRELOAD: PyTorch 2.x from PyPI loads its own libnccl.so.2 on import,
+	// and the shim takes an NCCL already in the process before
+	// DDP_AGENT_NCCL_LIB; preloaded, the fake is the one in the process (and
+	// the one found on torch 1.13, which brings none).
+	env := []string{"PROBE_TRANSPORT=nccl", "DDP_AGENT_NCCL_LIB=" + lib, "LD_PRELOAD=" + lib,
+		"FAKE_NCCL_DIR=" + fakeDir, "FAKE_NCCL_VERSION=22005"}
 	r := startAgent(t, env, hookTrainArgs(hookProbe(), "4")...)
 	if code := r.wait(90 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())

@@ -331,6 +331,10 @@ def run_ranks(args, tmp, fake_lib, fake_dir, world=2):
         del env[k]  # the fake's defaults (NCCL 2.20.5, non-blocking, no failures), no record file
     # The fake is the CUDA driver too: the shim records its two events per
     # bucket and runs its watchdog, as on a GPU.
+    # LD_PRELOAD: PyTorch 2.x from PyPI loads its own libnccl.so.2 on import,
+    # which the shim would take before $DDP_AGENT_NCCL_LIB; preloaded, the
+    # fake is the NCCL in the process on every PyTorch.
+    env["LD_PRELOAD"] = " ".join(p for p in (fake_lib, env.get("LD_PRELOAD", "")) if p)
     env.update(DDP_AGENT_NCCL_LIB=fake_lib, DDP_AGENT_CUDA_LIB=fake_lib, FAKE_NCCL_DIR=fake_dir, OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))

@@ -41,7 +41,9 @@ def info(transport: str = "auto") -> Dict[str, Any]:
 
     cuda = torch.cuda.is_available()  # does not initialize CUDA
     tinfo: Dict[str, Any] = {
-        "version": torch.__version__,
+        # str(): torch 2.x's TorchVersion is a str subclass that
+        # torch.load(weights_only=True), its default since 2.6, refuses.
+        "version": str(torch.__version__),
         "cuda": torch.version.cuda,
         "cuda_available": cuda,
         "devices": torch.cuda.device_count() if cuda else 0,

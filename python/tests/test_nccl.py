@@ -16,6 +16,13 @@ the fake sums the halves in float32 in rank order and rounds once; the
 worker does exactly that with gloo (all_gather) as a reference, and the
 hook must match it bit for bit.
 
+PyTorch 2.x from PyPI brings its own NCCL (nvidia-nccl-*) into every process
+that imports torch, and the shim takes an NCCL already there before
+$DDP_AGENT_NCCL_LIB (as it must on a GPU: the one PyTorch uses). There the
+workers get the fake through LD_PRELOAD, so it is the NCCL in the process
+(source "process") and the real one, still loaded, is never called; the
+three tests of a rank without NCCL cannot have one there and are skipped.
+
 Skipped without gcc, or when the shim predates ddpshim_nccl_info.
 """
 
@@ -54,6 +61,21 @@ pytestmark = [
     pytest.mark.skipif(not _shim_has_nccl(), reason="the shim has no ddpshim_nccl_info (rebuild: make build)"),
 ]
 
+def _torch_nccl() -> str:
+    """The libnccl that importing torch loaded into this process, or "" (Debian's torch has none)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libnccl.so"):
+                return path
+    return ""
+
+
+TORCH_NCCL = _torch_nccl()
+needs_no_torch_nccl = pytest.mark.skipif(
+    bool(TORCH_NCCL), reason=f"torch {torch.__version__} loads its own NCCL ({TORCH_NCCL}): no rank can lack one"
+)
+
 # ncclDataType_t and ncclRedOp_t values, as the fake records them.
 FLOAT16, FLOAT32, BFLOAT16 = 6, 7, 9
 SUM, AVG = 0, 4
@@ -90,12 +112,19 @@ class FakeDir:
 def fake_env(lib: pathlib.Path, fake_dir: str, cuda: bool = False, **knobs: str) -> Dict[str, str]:
     """The fake NCCL's environment; with cuda, the same library is the CUDA driver too (the shim's watchdog records events)."""
     env = {"DDP_AGENT_NCCL_LIB": str(lib), "FAKE_NCCL_DIR": fake_dir, "DDP_AGENT_CUDA_LIB": str(lib) if cuda else ""}
+    if TORCH_NCCL:  # the fake goes before torch's NCCL in the process (see the module's comment)
+        env["LD_PRELOAD"] = " ".join(p for p in (str(lib), os.environ.get("LD_PRELOAD", "")) if p)
     for k in ("FAKE_NCCL_VERSION", "FAKE_NCCL_INPROGRESS", "FAKE_NCCL_FAIL", "FAKE_NCCL_HANG", "FAKE_NCCL_RECORD",
               "FAKE_CUDA_KERNEL_MS", "FAKE_CUDA_FAIL"):
         env[k] = ""  # none inherited from the caller's environment
     for k, v in knobs.items():  # hang="stream" is FAKE_NCCL_HANG, cuda_kernel_ms="5" FAKE_CUDA_KERNEL_MS
         env["FAKE_CUDA_" + k[5:].upper() if k.startswith("cuda_") else f"FAKE_NCCL_{k.upper()}"] = v
     return env
+
+
+def fake_source(lib: pathlib.Path) -> str:
+    """Where the shim reports the fake came from: its path, or "process" when preloaded."""
+    return "process" if TORCH_NCCL else str(lib)
 
 
 # -- parity -------------------------------------------------------------------
@@ -177,7 +206,7 @@ def test_ops_and_types_reach_nccl(nccl_world):
     for rank, r in enumerate(nccl_world["results"]):
         info = r["none"]["info"]
         assert (info["transport"], info["rank"], info["world_size"]) == ("nccl", rank, world_size), info
-        assert info["nccl"]["source"] == str(nccl_world["fake"]), info
+        assert info["nccl"]["source"] == fake_source(nccl_world["fake"]), info
         assert info["nccl"]["version"] == _version_string(version), info
         assert info["nccl"]["nonblocking"] == (version >= 21400), info
 
@@ -295,6 +324,7 @@ def test_gpu_timing_leaves_training_alone(tmp_path, fake_nccl):
         assert res["hook_error_code"] is None, res
 
 
+@needs_no_torch_nccl
 def test_no_nccl_anywhere(tmp_path, fake_nccl):
     nowhere = tmp_path / "no-such-dir" / "libnccl.so.2"
     results = run_fail(tmp_path, fake_nccl, per_rank_env={r: {"DDP_AGENT_NCCL_LIB": str(nowhere)} for r in (0, 1)})
@@ -306,6 +336,7 @@ def test_no_nccl_anywhere(tmp_path, fake_nccl):
         assert res["seconds"] < 10, res
 
 
+@needs_no_torch_nccl
 def test_nccl_missing_on_one_rank_fails_all_at_once(tmp_path, fake_nccl):
     """Rank 1 has no NCCL: the ranks agree on it at the first bucket, instead of
     rank 0 waiting in the NCCL bootstrap for a rank that will never come."""
@@ -340,7 +371,7 @@ def test_info_reports_the_fake(fake_nccl, version, want, features):
         got = run_info(fake_env(fake_nccl, fake_dir, version=str(version)))
     auto = got["auto"]
     nccl = auto["nccl"]
-    assert nccl["found"] is True and nccl["source"] == str(fake_nccl) and nccl["version"] == want, nccl
+    assert nccl["found"] is True and nccl["source"] == fake_source(fake_nccl) and nccl["version"] == want, nccl
     assert nccl["features"]["avg"] is features and nccl["features"]["bfloat16"] is features, nccl
     assert auto["shim"]["version"].startswith("ddpshim ") and auto["shim"]["path"] == os.environ["DDP_AGENT_SHIM"]
     assert auto["torch"]["version"] == torch.__version__
@@ -350,6 +381,7 @@ def test_info_reports_the_fake(fake_nccl, version, want, features):
     assert (got["nccl"]["transport"]["cpu"], got["nccl"]["transport"]["cuda"]) == ("nccl", "nccl")
 
 
+@needs_no_torch_nccl
 def test_info_without_nccl_names_every_place_tried(tmp_path):
     if ctypes.util.find_library("nccl"):
         pytest.skip("this machine has an NCCL on the loader's path")
