@@ -7,11 +7,12 @@ DEMO_DIR ?= /tmp/ddp-agent-demo
 TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py
 # PyTorch 2.x for `make test`'s second pass: empty means the venv that
 # `scripts/deps.sh torch2` makes (once) and reuses. TORCH2_E2E picks the
-# end-to-end tests run on it: the hook under ddp-agent and under torch 2.x's
+# end-to-end tests run on it: the workers' environment against torch 2.x's
+# torchrun, the hook under ddp-agent and under torch 2.x's
 # own torchrun, its NCCL bootstrap (fake NCCL), a worker dying with the hook
 # registered (restart and resume), a hang (stacks, restart).
 TORCH2_PYTHON ?=
-TORCH2_E2E ?= ^(TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted)$$/^raise$$
+TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted)$$/^raise$$
 
 .PHONY: build test demo demo-fault bench lint fuzz clean
 
@@ -31,17 +32,19 @@ build:
 # TORCH2_E2E end-to-end tests and the Python suite again.
 test: build
 	@go=$$(scripts/deps.sh all) && py2="$(TORCH2_PYTHON)" && { [ -n "$$py2" ] || py2=$$(scripts/deps.sh torch2); } && \
+	  nccl=$$($$py2 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))') && \
 	  test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; $$(dirname $$go)/gofmt -l $$(git ls-files '*.go'); exit 1; } && \
 	  $$go vet ./... && \
 	  $$go run ./scripts/sizes -top 0 && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
+	  DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_TEST_NCCL_LIB=$$nccl \
 	    $$go test -race -count=1 -timeout 30m ./... && \
-	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
+	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider python/tests && \
 	  echo "== PyTorch $$($$py2 -c 'import torch; print(torch.__version__)') ($$py2)" && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$$py2 DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
 	    $$go test -race -count=1 -timeout 15m -run '$(TORCH2_E2E)' ./agent/e2e && \
-	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
+	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $$py2 -m pytest -q -p no:cacheprovider python/tests
 
 # A real 2-worker DDP job (gloo on CPU) under ddp-agent. On PyTorch 2.x:

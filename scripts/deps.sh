@@ -127,5 +127,10 @@ fi
 if ! "$PYTHON" -m pip --version >/dev/null 2>&1 || ! "$PYTHON" -c 'import setuptools, wheel' 2>/dev/null; then
 	apt_install "pip, setuptools and wheel for $PYTHON" "python3-pip python3-setuptools python3-wheel"
 fi
-if [ "$what" = all ]; then torch2_venv >/dev/null; fi
+if [ "$what" = all ]; then
+	torch2_venv >/dev/null
+	# The real nccl.h of NCCL 2.18 to the newest, for ncclshim/nccl's layout
+	# test (cached; about 4 GB of wheels fetched the first time, headers kept).
+	PYTHON=$PYTHON scripts/nccl-headers.sh >/dev/null
+fi
 echo "$GO_BIN"

@@ -55,6 +55,12 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile string, placed map[st
 	if !have["TORCH_NCCL_ASYNC_ERROR_HANDLING"] { // PyTorch 2.x name
 		set["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
 	}
+	// PyTorch 2.x's torchrun tells its workers which signals it forwards
+	// to them (--signals-to-handle, this default); ddp-agent stops workers
+	// on the same four.
+	if !have["TORCHELASTIC_SIGNALS_TO_HANDLE"] {
+		set["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+	}
 	if s.ControlSocket == "" {
 		delete(set, "DDP_AGENT_SOCKET")
 	}
@@ -91,7 +97,7 @@ var envOrder = []string{
 	"LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
 	"MASTER_ADDR", "MASTER_PORT",
 	"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-	"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+	"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 	"OMP_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 	"DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION", "DDP_AGENT_BOOTSTRAP",
 }
