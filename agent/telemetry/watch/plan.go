@@ -45,17 +45,11 @@ const relayWait = 10 * time.Second
 // at most relayWait (a follower waiting for the leader's address). End
 // ends the attempt.
 func (s *Watch) Begin(ctx context.Context, a Attempt) {
-	p := s.plan(ctx, a)
-	s.start(a.Gen, p.base, p.size, a.Workers, a.RankOffset, a.StackDir, p.fwd, p.asker)
-	s.mu.Lock()
-	if s.at != nil {
-		s.at.done = p.done
-	}
-	s.mu.Unlock()
+	s.start(a.Gen, s.plan(ctx, a), a.Workers, a.RankOffset, a.StackDir)
 }
 
 // analysis is who analyzes what in one attempt, and the func that ends
-// this node's part of it.
+// this node's part of it (nil: nothing to end).
 type analysis struct {
 	base, size int
 	fwd        forwarder
@@ -79,7 +73,7 @@ func (l *leaderRelay) close() {
 }
 
 func (s *Watch) plan(ctx context.Context, a Attempt) analysis {
-	local := analysis{base: a.RankOffset, size: len(a.Workers), done: func() {}}
+	local := analysis{base: a.RankOffset, size: len(a.Workers)}
 	if a.NNodes <= 1 || a.KV == nil {
 		return local
 	}
@@ -139,7 +133,7 @@ func (s *Watch) lead(ctx context.Context, a Attempt, key, token string, local an
 		s.log.Warn("stall analysis of this node's ranks only: cannot publish the relay address", "err", err)
 		return local
 	}
-	return analysis{base: 0, size: a.WorldSize, asker: srv, done: func() {}}
+	return analysis{base: 0, size: a.WorldSize, asker: srv}
 }
 
 // relayNode names this node to the leader.

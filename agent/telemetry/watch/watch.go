@@ -115,13 +115,18 @@ func (s *Watch) SetExporter(exp Exporter) { s.exp = exp }
 // Close stops the leader's relay server, if this agent ever led.
 func (s *Watch) Close() { s.relay.close() }
 
-// start begins an attempt. Its analysis covers ranks [base, base+size):
-// all of them on the leader (or a single node), this node's when the
-// records cannot be gathered. A follower (fwd not nil) forwards instead.
-func (s *Watch) start(gen uint64, base, size int, local []telemetry.Worker, offset int, stackDir string, fwd forwarder, asker stackAsker) {
-	at := &attempt{gen: gen, base: base, local: local, offset: offset, fwd: fwd, asker: asker, stackDir: stackDir, done: func() {}}
+// start begins an attempt as p plans it. Its analysis covers ranks
+// [p.base, p.base+p.size): all of them on the leader (or a single node),
+// this node's when the records cannot be gathered. A follower (p.fwd not
+// nil) forwards instead.
+func (s *Watch) start(gen uint64, p analysis, local []telemetry.Worker, offset int, stackDir string) {
+	at := &attempt{gen: gen, base: p.base, local: local, offset: offset, fwd: p.fwd, asker: p.asker, stackDir: stackDir, done: p.done}
+	if at.done == nil {
+		at.done = func() {}
+	}
+	fwd := p.fwd
 	if fwd == nil {
-		an, err := stall.New(stall.Config{WorldSize: size})
+		an, err := stall.New(stall.Config{WorldSize: p.size})
 		if err != nil { // only an empty world fails, and then there is nothing to watch
 			s.log.Warn("stall analysis off", "err", err)
 		}

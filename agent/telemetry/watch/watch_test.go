@@ -65,7 +65,7 @@ func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 		{Rank: 0, LocalRank: 0, Host: "node-a", PID: 100, GPU: "GPU-other", GPUIndex: 0},
 		{Rank: 1, LocalRank: 1, Host: "node-a", PID: 101, GPU: uuid, GPUIndex: 1},
 	}
-	s.start(0, 0, 2, local, 0, "", nil, nil)
+	s.start(0, analysis{size: 2}, local, 0, "")
 	base := time.Unix(1_700_000_000, 0)
 	for step := range uint64(20) {
 		t0 := base.Add(time.Duration(step) * time.Second)
@@ -109,7 +109,7 @@ func TestSeconds(t *testing.T) {
 func TestHangNeedsQuiet(t *testing.T) {
 	hangs := make(chan *HangError, 1)
 	s := New(Config{Log: slog.New(slog.DiscardHandler), HangTimeout: 2 * time.Second, OnHang: func(h *HangError) { hangs <- h }})
-	s.start(0, 0, 2, []telemetry.Worker{{Rank: 0}, {Rank: 1, LocalRank: 1}}, 0, "", nil, nil)
+	s.start(0, analysis{size: 2}, []telemetry.Worker{{Rank: 0}, {Rank: 1, LocalRank: 1}}, 0, "")
 	at := s.current()
 	now := time.Now()
 	done := func(step uint64) {
