@@ -129,8 +129,11 @@ int ddpshim_connect(int64_t comm, const char *peers);
  * or an asynchronous NCCL error, aborts the communicator, and the next call
  * fails with DDPSHIM_ERR_ABORTED naming the cause (step and bucket).
  * step and bucket label the timing event sent to the agent. count may be 0.
+ * work may be NULL with the nccl transport, whose work is complete at
+ * return: no handle is made and none needs freeing (the cheaper call, one
+ * fewer trip into the library per bucket).
  * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf with count > 0, null
- * work, negative count, unknown dtype or op, unknown handle, not
+ * work with the host transport, negative count, unknown dtype or op, unknown handle, not
  * connected), DDPSHIM_ERR_CLOSED, DDPSHIM_ERR_ABORTED (aborted, or an
  * earlier collective failed). */
 int ddpshim_allreduce(int64_t comm, void *buf, int64_t count, int dtype, int op,

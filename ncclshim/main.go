@@ -85,8 +85,10 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 	if err != nil {
 		return fail(err)
 	}
-	if work == nil {
-		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: work must not be NULL"))
+	// The nccl transport's work is complete at return, so a caller may skip
+	// the handle (and the call that frees it); the host transport's is not.
+	if work == nil && c.Transport() != "nccl" {
+		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: work must not be NULL with transport %q", c.Transport()))
 	}
 	if stream != nil && c.Transport() != "nccl" {
 		return fail(status.Errorf(status.Invalid, "ddpshim_allreduce: a CUDA stream was given, but transport %q works on host memory", c.Transport()))
@@ -98,7 +100,9 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 	if err != nil {
 		return fail(fmt.Errorf("ddpshim_allreduce: %w", err))
 	}
-	*work = C.int64_t(lib.addWork(w))
+	if work != nil {
+		*work = C.int64_t(lib.addWork(w))
+	}
 	return status.OK
 }
 

@@ -17,7 +17,8 @@ them alike):
 The function each model registers is wrapped so that every call DDP makes to
 it (one per bucket) is timed with time.perf_counter_ns: the host time from
 the hook's entry to the Future it returns. Inside that, the calls into the
-shim's binding (Comm.allreduce, and Work.free where the hook itself frees)
+shim's binding (Comm.enqueue for the NCCL transport; Comm.allreduce, and
+Work.free where the hook itself frees, for the host transport)
 are timed as well; the rest is the hook's Python. DDP's own cost of calling
 a Python hook (the GIL, wrapping the bucket for Python) is outside it and
 the same for all three.
@@ -201,7 +202,7 @@ def _probe_shim(args, rank, world, dist, torch, _shim):
         t3 = clock()
         lib.ddpshim_work_free(work.value)
         t4 = clock()
-        comm.allreduce(ptr, 0, f32, avg, step=i, bucket=0).free()  # what the hook's _enqueue calls
+        comm.enqueue(ptr, 0, f32, avg, None, step=i, bucket=0)  # what the hook's _enqueue calls
         t5 = clock()
         out["version"].append(t1 - t0)
         out["allreduce0_raw"].append(t2 - t1)
@@ -213,7 +214,7 @@ def _probe_shim(args, rank, world, dist, torch, _shim):
     out["allreduce_bucket_binding"] = []
     for i in range(min(n, 50)):
         t0 = clock()
-        comm.allreduce(real.data_ptr(), real.numel(), f32, avg, step=n + i, bucket=0).free()
+        comm.enqueue(real.data_ptr(), real.numel(), f32, avg, None, step=n + i, bucket=0)
         out["allreduce_bucket_binding"].append(clock() - t0)
     out["bucket_bytes"] = real.numel() * 4
     info = comm.info()
@@ -238,6 +239,7 @@ def worker(args):
     # Every Comm.allreduce and Work.free inside a timed hook is timed too
     # (the class attributes, in this process only).
     _shim.Comm.allreduce = _timed_shim_call(_shim.Comm.allreduce)
+    _shim.Comm.enqueue = _timed_shim_call(_shim.Comm.enqueue)
     _shim.Work.free = _timed_shim_call(_shim.Work.free)
 
     def make():
@@ -454,7 +456,7 @@ def main():
         ("work_test", "ddpshim_work_test: ctypes, cgo into Go, a table lookup"),
         ("allreduce0_raw", "ddpshim_allreduce, count 0, raw ctypes (the fake returns at once)"),
         ("work_free_raw", "ddpshim_work_free, raw ctypes"),
-        ("allreduce0_binding", "Comm.allreduce(count 0).free(): the binding, as the hook calls it"),
+        ("allreduce0_binding", "Comm.enqueue(count 0): the binding, as the hook calls it"),
         ("allreduce_bucket_binding", "the same with one %d KiB float32 bucket (the fake's file exchange)"
          % (r0["probe"]["bucket_bytes"] // 1024)),
     ]

@@ -20,6 +20,7 @@ import (
 // at a fresh directory; the knobs go through the environment.
 func fakeNCCL(t *testing.T, knobs map[string]string) string {
 	t.Helper()
+	nccltest.SkipIfInstalled(t, nccltest.LibName, "libcuda.so.1")
 	path, err := nccltest.Build(t.TempDir())
 	if errors.Is(err, nccltest.ErrNoCompiler) {
 		t.Skip(err)
@@ -211,6 +212,7 @@ func TestNCCLHang(t *testing.T) {
 // TestNCCLUnavailable: no NCCL anywhere is DDPSHIM_ERR_UNAVAILABLE naming
 // the places tried.
 func TestNCCLUnavailable(t *testing.T) {
+	nccltest.SkipIfInstalled(t, nccltest.LibName) // then Load finds it, whatever the config says
 	cfg, err := ParseConfig(`{"rank":0,"world_size":1,"transport":"nccl","nccl_lib":"/nonexistent/libnccl.so.2"}`)
 	if err != nil {
 		t.Fatal(err)

@@ -94,6 +94,7 @@ func fake(t *testing.T) string {
 // the record file's path. Extra knobs are "NAME=value".
 func setup(t *testing.T, code int, knobs ...string) (*Lib, string) {
 	t.Helper()
+	nccltest.SkipIfInstalled(t, nccltest.LibName)
 	path := fake(t)
 	dir := t.TempDir()
 	rec := dir + "/record"

@@ -181,6 +181,11 @@ func TestRealNCCL(t *testing.T) {
 			if rep.LoadErr != "" {
 				t.Fatalf("Load: %s", rep.LoadErr)
 			}
+			if tc.preload == "" && tc.libPath == "" && rep.Source == FromSoname {
+				// A CUDA image has one in the loader's cache, often of another
+				// version than the wheel's; Load rightly takes it first.
+				t.Skip("a libnccl.so.2 is installed on this machine (the loader finds it without LD_LIBRARY_PATH)")
+			}
 			if rep.Source != tc.wantSource {
 				t.Errorf("source: got %q, want %q", rep.Source, tc.wantSource)
 			}

@@ -19,6 +19,12 @@ package nccltest
 //   dlclose(h);
 //   return n;
 // }
+// static int resolvable(const char *soname) {
+//   void *h = dlopen(soname, RTLD_LAZY | RTLD_LOCAL);
+//   if (h == NULL) return 0;
+//   dlclose(h);
+//   return 1;
+// }
 // static const char *preload(const char *path) {
 //   dlerror();
 //   return dlopen(path, RTLD_NOW | RTLD_GLOBAL) ? NULL : dlerror();
@@ -75,6 +81,30 @@ func Build(dir string) (string, error) {
 		return "", fmt.Errorf("nccltest: build the fake NCCL: %v\n%s", err, b)
 	}
 	return out, nil
+}
+
+// Installed reports whether the loader finds soname ("libnccl.so.2",
+// "libcuda.so.1") on this machine without help, as on a machine with a GPU
+// or a CUDA image. There the shim's load order takes it before an explicit
+// path, so a test that needs the fake in its own process cannot have it:
+// such tests skip (CI, without either, runs them).
+func Installed(soname string) bool {
+	cs := C.CString(soname)
+	defer C.free(unsafe.Pointer(cs))
+	return C.resolvable(cs) == 1
+}
+
+// SkipIfInstalled skips t when the loader finds a real soname (see Installed).
+func SkipIfInstalled(t interface {
+	Helper()
+	Skipf(format string, args ...any)
+}, sonames ...string) {
+	t.Helper()
+	for _, s := range sonames {
+		if Installed(s) {
+			t.Skipf("a real %s is installed here and would be loaded before the fake; the fake-library tests run where there is none (CI)", s)
+		}
+	}
 }
 
 // Preload dlopens path with RTLD_GLOBAL, so its symbols are the process's
