@@ -66,6 +66,9 @@ type Telemetry struct {
 	OTLPProtocol string        // export.ProtocolGRPC or ProtocolHTTP; "" leaves it to the OTEL_* variables
 	TraceSample  float64       // share of normal steps traced; stalled steps always are
 	MetricsAddr  string        // Prometheus endpoint; "" none
+	// StragglerCost: the share of step time a persistent straggler's waits
+	// must cost before it is named; 0: stall.DefaultCost.
+	StragglerCost float64
 }
 
 func (c *Config) nnodes() string {

@@ -75,7 +75,7 @@ func (a *Agent) startTelemetry(ctx context.Context, s *session) (func(), error) 
 		}
 	}
 	s.watch = watch.New(watch.Config{Log: a.log, HangTimeout: a.cfg.Telemetry.HangTimeout, HangAuto: a.cfg.Telemetry.HangAuto,
-		RankOf: a.authorize, ReadGPU: readGPU, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
+		StragglerCost: a.cfg.Telemetry.StragglerCost, RankOf: a.authorize, ReadGPU: readGPU, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
 	exp, closeExp, err := a.openExporter(ctx, s.runID, s.runDir, s.keep, s.watch.Worker)
 	if err != nil {
 		s.watch.Close()

@@ -57,7 +57,7 @@ func TestHangReportedWithStackAndRestarted(t *testing.T) {
 }
 
 // TestStallNamesStraggler: rank 1 is a second late before its
-// backward in steps 8-10; the agent logs a stall naming rank 1 for those
+// backward in steps 14-16 (after the buckets have a history); the agent logs a stall naming rank 1 for those
 // steps only, and writes a Perfetto trace file with the collectives.
 func TestStallNamesStraggler(t *testing.T) {
 	needTorch(t)
@@ -66,18 +66,18 @@ func TestStallNamesStraggler(t *testing.T) {
 	r := startAgent(t, nil, "--rdzv-backend", "c10d", "--rdzv-endpoint", ep, "--nproc-per-node", "2", "--log-dir", logDir,
 		"--rdzv-id", "stalls", "--trace-sample", "1",
 		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "40", "--ckpt-every", "0", "--log-every", "10",
-		"--ckpt-dir", t.TempDir(), "--batch-size", "4", "--slow-rank", "1", "--slow-steps", "8,9,10", "--slow-seconds", "1",
+		"--ckpt-dir", t.TempDir(), "--batch-size", "4", "--slow-rank", "1", "--slow-steps", "14,15,16", "--slow-seconds", "1",
 		"--sleep-per-step", "0.1")
 	// While the job runs, `ddp-agent status` lists the stalls.
 	waitFor(t, 2*time.Minute, func() bool {
-		return strings.Contains(r.stderr.String(), "stall: step 9 ")
+		return strings.Contains(r.stderr.String(), "stall: step 14 ")
 	}, r.logs)
 	var st string
 	waitFor(t, 10*time.Second, func() bool {
 		st = agentOutput(t, "status", "--rdzv-endpoint", ep)
-		return strings.Contains(st, "stall: step 9 ")
+		return strings.Contains(st, "stall: step 14 ")
 	}, func() string { return st + "\n" + r.logs() })
-	if !strings.Contains(st, "STALLS\n") || !strings.Contains(st, "stall: step 8 bucket") || !strings.Contains(st, "arrived") {
+	if !strings.Contains(st, "STALLS\n") || !strings.Contains(st, "stall: step 13 bucket") || !strings.Contains(st, "arrived") {
 		t.Errorf("status lacks the stalls:\n%s", st)
 	}
 	if code := r.wait(3 * time.Minute); code != 0 {
@@ -102,14 +102,14 @@ func TestStallNamesStraggler(t *testing.T) {
 		}
 		steps[m[1]] = true
 	}
-	// Hook steps count from 0: train.py's steps 8-10 are hook steps 7-9.
-	for _, s := range []string{"7", "8", "9"} {
+	// Hook steps count from 0: train.py's steps 14-16 are hook steps 13-15.
+	for _, s := range []string{"13", "14", "15"} {
 		if !steps[s] {
 			t.Errorf("no stall reported in step %s (got %v)\n%s", s, steps, r.logs())
 		}
 	}
 	if len(steps) != 3 {
-		t.Errorf("one-second stalls in steps %v, want exactly 7, 8, 9\n%s", steps, r.logs())
+		t.Errorf("one-second stalls in steps %v, want exactly 13, 14, 15\n%s", steps, r.logs())
 	}
 	b, err := os.ReadFile(filepath.Join(logDir, "stalls", "trace-gen0.json"))
 	if err != nil {
@@ -133,15 +133,15 @@ func TestStallNamesStraggler(t *testing.T) {
 // TestTracesOverOTLP: the same straggler with --otel-endpoint pointing at
 // a real OTLP/gRPC receiver: the spans of a stalled step share one trace
 // id (the one derived from job, generation and step), a "stall: rank 1"
-// span names the straggler in steps 7-9 and in no other, and the
+// span names the straggler in steps 13-15 and in no other, and the
 // all-reduce spans carry their attributes.
 func TestTracesOverOTLP(t *testing.T) {
 	needTorch(t)
 	rcv := otlptest.Start(t)
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--rdzv-id", "otlp", "--trace-sample", "0",
 		"--otel-endpoint", rcv.Addr(),
-		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "14", "--ckpt-every", "0", "--log-every", "7",
-		"--ckpt-dir", t.TempDir(), "--batch-size", "4", "--slow-rank", "1", "--slow-steps", "8,9,10", "--slow-seconds", "1")
+		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "20", "--ckpt-every", "0", "--log-every", "10",
+		"--ckpt-dir", t.TempDir(), "--batch-size", "4", "--slow-rank", "1", "--slow-steps", "14,15,16", "--slow-seconds", "1")
 	if code := r.wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
 	}
@@ -177,8 +177,8 @@ func TestTracesOverOTLP(t *testing.T) {
 			}
 		}
 	}
-	if len(injected) != 3 || !injected[7] || !injected[8] || !injected[9] {
-		t.Errorf("one-second stall spans in steps %v, want 7, 8 and 9\n%s", injected, r.logs())
+	if len(injected) != 3 || !injected[13] || !injected[14] || !injected[15] {
+		t.Errorf("one-second stall spans in steps %v, want 13, 14 and 15\n%s", injected, r.logs())
 	}
 	// --trace-sample 0 keeps only the stalled steps.
 	for _, step := range traces {
@@ -189,14 +189,14 @@ func TestTracesOverOTLP(t *testing.T) {
 }
 
 // TestStallsAcrossNodes: 2 agents × 2 workers. Rank 3 (on the second
-// node) is a second late in train.py's steps 8-10: the leader, which
+// node) is a second late in train.py's steps 14-16: the leader, which
 // gets the other node's records with its clock corrected, names rank 3 as
 // the straggler that 3 ranks waited for, and the traces it exports put all
 // four ranks' spans of a step in one trace.
 func TestStallsAcrossNodes(t *testing.T) {
 	needTorch(t)
 	rcv := otlptest.Start(t)
-	j := newJob(t, "2", 0, 20, "--batch-size", "4", "--slow-rank", "3", "--slow-steps", "8,9,10", "--slow-seconds", "1")
+	j := newJob(t, "2", 0, 20, "--batch-size", "4", "--slow-rank", "3", "--slow-steps", "14,15,16", "--slow-seconds", "1")
 	j.args = append(j.args, "--otel-endpoint", rcv.Addr(), "--trace-sample", "0")
 	a := j.startHost()
 	b := j.start()
@@ -224,8 +224,8 @@ func TestStallsAcrossNodes(t *testing.T) {
 	for _, l := range regexp.MustCompile(`.*stall: .*`).FindAllString(logs, -1) {
 		t.Log(l)
 	}
-	if len(steps) != 3 || !steps["7"] || !steps["8"] || !steps["9"] {
-		t.Errorf("one-second stalls across nodes in steps %v, want 7, 8, 9\n%s\n%s", steps, a.logs(), b.logs())
+	if len(steps) != 3 || !steps["13"] || !steps["14"] || !steps["15"] {
+		t.Errorf("one-second stalls across nodes in steps %v, want 13, 14, 15\n%s\n%s", steps, a.logs(), b.logs())
 	}
 	ranksInStep := map[int64]map[int64]bool{}
 	injected := map[int64]bool{}
@@ -253,10 +253,10 @@ func TestStallsAcrossNodes(t *testing.T) {
 		}
 		ranksInStep[step][rank] = true
 	}
-	if len(injected) != 3 || !injected[7] || !injected[8] || !injected[9] {
-		t.Errorf("stall spans naming rank 3 in steps %v, want 7, 8 and 9", injected)
+	if len(injected) != 3 || !injected[13] || !injected[14] || !injected[15] {
+		t.Errorf("stall spans naming rank 3 in steps %v, want 13, 14 and 15", injected)
 	}
-	for _, step := range []int64{7, 8, 9} {
+	for _, step := range []int64{13, 14, 15} {
 		if len(ranksInStep[step]) != 4 {
 			t.Errorf("step %d has spans of ranks %v, want all 4", step, ranksInStep[step])
 		}

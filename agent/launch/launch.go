@@ -129,6 +129,9 @@ type Config struct {
 	OTelEndpoint string        // OTLP collector; "" leaves it to the OTEL_* variables
 	TraceSample  float64       // share of normal steps traced; stalled steps always are
 	MetricsAddr  string        // Prometheus endpoint; "" none
+	// StragglerCost: a persistent straggler is named only when the waits it
+	// causes cost at least this share of step time.
+	StragglerCost float64
 
 	Script     string
 	ScriptArgs []string
@@ -206,6 +209,7 @@ var flagSpecs = []flagSpec{
 	{name: "otel-endpoint", help: "OpenTelemetry collector for traces and metrics (host:port for OTLP/gRPC, or an http:// URL for OTLP/HTTP); default: the OTEL_EXPORTER_OTLP_* variables; without one, a Perfetto trace file per generation in the log dir"},
 	{name: "trace-sample", def: "0.1", help: "share of normal training steps traced (0 to 1); steps with a stall or hang are always traced"},
 	{name: "metrics-addr", help: "serve Prometheus metrics at this address (e.g. :9464); default none"},
+	{name: "straggler-cost", def: "0.05", help: "name a persistent straggler only when the waits it causes cost at least this share of step time (0 to 1, exclusive)"},
 	{name: "log-dir", help: "directory for per-rank stdout/stderr files, kept per attempt"},
 	{name: "redirects", short: "r", def: "0", help: "streams sent only to log files: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2 per local rank"},
 	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
@@ -383,6 +387,9 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	c.OTelEndpoint, c.MetricsAddr = r["otel-endpoint"], r["metrics-addr"]
 	if c.TraceSample, err = strconv.ParseFloat(r["trace-sample"], 64); err != nil || c.TraceSample < 0 || c.TraceSample > 1 {
 		return usagef("--trace-sample must be a number from 0 to 1, got %q", r["trace-sample"])
+	}
+	if c.StragglerCost, err = strconv.ParseFloat(r["straggler-cost"], 64); err != nil || !(c.StragglerCost > 0 && c.StragglerCost < 1) {
+		return usagef("--straggler-cost must be a share of step time between 0 and 1 (exclusive), got %q", r["straggler-cost"])
 	}
 	if c.MonitorInterval, err = r.seconds("monitor-interval"); err != nil {
 		return err

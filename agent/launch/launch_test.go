@@ -172,7 +172,7 @@ var torchrunLines = []torchrunLine{
 		check: func(c *Config) string {
 			want := &Config{NProcPerNode: 1, NProcSpec: "1", NNodesMin: 1, NNodesMax: 1, RdzvBackend: "static",
 				MonitorInterval: 5 * time.Second, StopTimeout: 10 * time.Second, StartMethod: "spawn", Role: "default",
-				Python: "python3", LogLevel: "info", HangTimeout: time.Minute, TraceSample: 0.1, Script: "train.py", Rdzv: DefaultRdzvConf}
+				Python: "python3", LogLevel: "info", HangTimeout: time.Minute, TraceSample: 0.1, StragglerCost: 0.05, Script: "train.py", Rdzv: DefaultRdzvConf}
 			if !reflect.DeepEqual(c, want) {
 				return "the documented defaults"
 			}
@@ -241,6 +241,8 @@ func TestParseErrors(t *testing.T) {
 		{"bad hang timeout", "--hang-timeout soon train.py", "--hang-timeout must be a duration (seconds, or like 500ms), got \"soon\""},
 		{"trace sample above 1", "--trace-sample 1.5 train.py", "--trace-sample must be a number from 0 to 1"},
 		{"trace sample not a number", "--trace-sample all train.py", "--trace-sample must be a number from 0 to 1"},
+		{"straggler cost 0", "--straggler-cost 0 train.py", "--straggler-cost must be a share of step time between 0 and 1"},
+		{"straggler cost not a number", "--straggler-cost x train.py", "--straggler-cost must be a share of step time"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

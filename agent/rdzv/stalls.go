@@ -3,6 +3,7 @@ package rdzv
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -75,6 +76,9 @@ func limitStalls(s NodeStalls, now time.Time) (NodeStalls, error) {
 	for _, g := range s.Stragglers {
 		if g.Rank < 0 || g.Last < 0 || g.Steps < g.Last {
 			return NodeStalls{}, fmt.Errorf("straggler rank %d: last in %d of %d steps", g.Rank, g.Last, g.Steps)
+		}
+		if !(g.LateMS >= 0 && g.LateMS < math.MaxInt32) || !(g.Share >= 0 && g.Share <= 1) {
+			return NodeStalls{}, fmt.Errorf("straggler rank %d: late %v ms, share %v of step time", g.Rank, g.LateMS, g.Share)
 		}
 		if len(out.Stragglers) == MaxStragglers {
 			continue // still check the rest: a bad one is the caller's bug

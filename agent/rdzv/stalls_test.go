@@ -227,6 +227,8 @@ func TestLimitStalls(t *testing.T) {
 		},
 		{name: "negative rank", in: NodeStalls{Stragglers: []StragglerInfo{{Rank: -1}}}, err: "straggler rank -1: last in 0 of 0 steps"},
 		{name: "negative count", in: NodeStalls{Stragglers: []StragglerInfo{{Rank: 1, Last: -1, Steps: 2}}}, err: "straggler rank 1: last in -1 of 2 steps"},
+		{name: "negative late", in: NodeStalls{Stragglers: []StragglerInfo{{Rank: 1, Last: 1, Steps: 2, LateMS: -1}}}, err: "straggler rank 1: late -1 ms, share 0 of step time"},
+		{name: "share above 1", in: NodeStalls{Stragglers: []StragglerInfo{{Rank: 1, Last: 1, Steps: 2, Share: 1.5}}}, err: "straggler rank 1: late 0 ms, share 1.5 of step time"},
 		{
 			name: "a bad straggler past the cap",
 			in:   NodeStalls{Stragglers: append(slices.Repeat([]StragglerInfo{{Rank: 1, Last: 1, Steps: 2}}, 10), StragglerInfo{Rank: 2, Last: 3, Steps: 2})},

@@ -214,8 +214,11 @@ type StragglerInfo struct {
 	Rank  int    `json:"rank"`  // global rank
 	Host  string `json:"host"`  // where it runs, "" if unknown
 	GPU   string `json:"gpu"`   // the UUID of its GPU, "" without one
-	Last  int    `json:"last"`  // of the last Steps steps, how many it arrived last in
+	Last  int    `json:"last"`  // of the last Steps steps, how many it held the others back in
 	Steps int    `json:"steps"` // the steps looked at
+	// The wait it caused (median, in its steps) and its share of step time.
+	LateMS float64 `json:"late_ms,omitempty"`
+	Share  float64 `json:"share,omitempty"`
 }
 
 // JoinInfo is a node's request to join one round.

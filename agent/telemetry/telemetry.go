@@ -105,9 +105,17 @@ type Hang struct {
 	Missing []int     // ranks that never arrived
 }
 
-// Straggler is a rank that arrived last in most of the recent steps.
+// Straggler is a rank that holds the job back step after step: late more
+// often than chance, by more than the job's noise, at a cost (see package
+// stall for the test).
 type Straggler struct {
-	Rank  int
-	Last  int // steps in which it arrived last
-	Steps int // recent steps looked at
+	Rank        int
+	Last        int           // significant steps in which it was the straggler
+	Steps       int           // recent steps looked at (the window)
+	Significant int           // of which steps whose straggler waited out the noise band
+	Late        time.Duration // the median wait it caused in its steps
+	StepTime    time.Duration // the job's median step time over the window
+	Noise       time.Duration // the noise band: waits below it are not counted
+	Share       float64       // the waits it caused, as a share of step time
+	P           float64       // the chance of being the straggler that often in a balanced job
 }

@@ -48,12 +48,13 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 			TTL:         rc.TTL(),
 		},
 		Telemetry: agent.Telemetry{
-			HangTimeout:  cfg.HangTimeout,
-			HangAuto:     cfg.HangAuto,
-			OTelEndpoint: cfg.OTelEndpoint,
-			OTLPProtocol: otlpProtocol(cfg.OTelEndpoint, getenv),
-			TraceSample:  cfg.TraceSample,
-			MetricsAddr:  cfg.MetricsAddr,
+			HangTimeout:   cfg.HangTimeout,
+			HangAuto:      cfg.HangAuto,
+			OTelEndpoint:  cfg.OTelEndpoint,
+			OTLPProtocol:  otlpProtocol(cfg.OTelEndpoint, getenv),
+			TraceSample:   cfg.TraceSample,
+			MetricsAddr:   cfg.MetricsAddr,
+			StragglerCost: cfg.StragglerCost,
 		},
 	}
 }

@@ -392,7 +392,11 @@ func renderStalls(w io.Writer, st *rdzv.Status, now time.Time) {
 			if g.GPU != "" {
 				fmt.Fprintf(w, " (GPU %s)", g.GPU)
 			}
-			fmt.Fprintf(w, ", last in %d of %d steps\n", g.Last, g.Steps)
+			fmt.Fprintf(w, ", held the others back in %d of %d steps", g.Last, g.Steps)
+			if g.Share > 0 {
+				fmt.Fprintf(w, " by %.0f ms, %.1f%% of step time", g.LateMS, 100*g.Share)
+			}
+			fmt.Fprintln(w)
 		}
 		lines := s.Stalls
 		if len(lines) > stallLines {

@@ -1,9 +1,9 @@
 // Package stall finds slow and hung collectives in the workers' telemetry.
 // An Analyzer joins the per-rank records of each DDP bucket all-reduce into
-// a telemetry.Collective, judges its duration against the bucket's recent
-// ones, names the rank that made the others wait, follows ranks that come
-// last step after step, and reports the oldest collective that never
-// completed. It does no I/O and reads no clock: callers pass the records
+// a telemetry.Collective, judges its duration against the bucket's own
+// recent distribution, names the rank that made the others wait, names the
+// ranks that hold the job back step after step (straggler.go), and reports
+// the oldest collective that never completed. It does no I/O and reads no clock: callers pass the records
 // and, for hangs, the time.
 package stall
 
@@ -18,13 +18,11 @@ import (
 
 // Defaults for the zero fields of Config.
 const (
-	DefaultFloor          = 100 * time.Millisecond
-	DefaultK              = 3
-	DefaultWindow         = 50
-	DefaultMinSamples     = 5
-	DefaultStragglerSteps = 20
-	DefaultStragglerShare = 0.5
-	DefaultMaxPending     = 4096
+	DefaultFloor      = 100 * time.Millisecond
+	DefaultK          = 6
+	DefaultWindow     = 50
+	DefaultMinSamples = 10
+	DefaultMaxPending = 4096
 )
 
 const (
@@ -35,11 +33,10 @@ const (
 	// rank) is not blamed on anyone.
 	earlyFactor = 10
 
-	// minLate and lateShare say when the last arrival is meaningfully late
-	// (see history): more than minLate and more than lateShare of the
-	// bucket's median duration.
-	minLate   = time.Millisecond
-	lateShare = 0.1
+	// minRatio: a stall takes at least this many times the bucket's median,
+	// whatever its spread. A bucket whose durations barely vary (a MAD of
+	// zero) would otherwise call any microsecond over the median a stall.
+	minRatio = 2
 )
 
 // Config tunes an Analyzer. Zero fields take the defaults above; only
@@ -47,18 +44,29 @@ const (
 type Config struct {
 	WorldSize int // ranks in the generation (required, > 0)
 
-	// A collective is a stall when it is slower than
-	// max(Floor, K × the median of its bucket's last Window durations),
-	// once the bucket has MinSamples of them.
+	// A collective is a stall when it is slower than Floor, than minRatio
+	// times the median of its bucket's last Window durations, and than
+	// that median plus K robust standard deviations (1.4826 × the median
+	// absolute deviation) of those durations and of the job's step times,
+	// once the bucket has MinSamples of them: judged against the bucket's
+	// own distribution, so a big bucket that always takes 130 ms is not a
+	// stall at 141 ms, and against the job's noise, so a hiccup smaller
+	// than step times vary anyway is not one either.
 	Floor      time.Duration
 	K          float64 // >= 1
 	Window     int
 	MinSamples int // <= Window; default min(DefaultMinSamples, Window)
 
-	// A rank is a persistent straggler when it arrived last, meaningfully
-	// late, in more than StragglerShare of the last StragglerSteps steps.
+	// The persistent straggler test (straggler.go) looks at the last
+	// StragglerSteps steps after WarmupSteps: a rank is named when it is
+	// the straggler of the steps beyond NoiseK robust standard deviations
+	// of step time more often than chance (P < Alpha / WorldSize), and the
+	// waits it causes cost at least Cost of step time.
 	StragglerSteps int
-	StragglerShare float64 // in (0, 1)
+	WarmupSteps    int     // < 0: none
+	Alpha          float64 // in (0, 1)
+	NoiseK         float64 // >= 0
+	Cost           float64 // in (0, 1)
 
 	// MaxPending bounds the incomplete collectives kept (lost records
 	// leave collectives that never complete); beyond it the oldest are
@@ -87,8 +95,20 @@ func (c Config) withDefaults() (Config, error) {
 	if c.StragglerSteps == 0 {
 		c.StragglerSteps = DefaultStragglerSteps
 	}
-	if c.StragglerShare == 0 {
-		c.StragglerShare = DefaultStragglerShare
+	switch {
+	case c.WarmupSteps == 0:
+		c.WarmupSteps = DefaultWarmupSteps
+	case c.WarmupSteps < 0:
+		c.WarmupSteps = 0
+	}
+	if c.Alpha == 0 {
+		c.Alpha = DefaultAlpha
+	}
+	if c.NoiseK == 0 {
+		c.NoiseK = DefaultNoiseK
+	}
+	if c.Cost == 0 {
+		c.Cost = DefaultCost
 	}
 	if c.MaxPending == 0 {
 		c.MaxPending = DefaultMaxPending
@@ -106,8 +126,12 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("stall config: MinSamples %d, want 1..Window (%d)", c.MinSamples, c.Window)
 	case c.StragglerSteps < 0:
 		return c, fmt.Errorf("stall config: StragglerSteps %d, want > 0", c.StragglerSteps)
-	case math.IsNaN(c.StragglerShare) || c.StragglerShare <= 0 || c.StragglerShare >= 1:
-		return c, fmt.Errorf("stall config: StragglerShare %v, want in (0, 1)", c.StragglerShare)
+	case math.IsNaN(c.Alpha) || c.Alpha <= 0 || c.Alpha >= 1:
+		return c, fmt.Errorf("stall config: Alpha %v, want in (0, 1)", c.Alpha)
+	case math.IsNaN(c.NoiseK) || math.IsInf(c.NoiseK, 0) || c.NoiseK < 0:
+		return c, fmt.Errorf("stall config: NoiseK %v, want a finite number >= 0", c.NoiseK)
+	case math.IsNaN(c.Cost) || c.Cost <= 0 || c.Cost >= 1:
+		return c, fmt.Errorf("stall config: Cost %v, want in (0, 1)", c.Cost)
 	case c.MaxPending < 0:
 		return c, fmt.Errorf("stall config: MaxPending %d, want > 0", c.MaxPending)
 	}
@@ -144,7 +168,7 @@ type Analyzer struct {
 	pending map[telemetry.Key]*pending
 	done    recent
 	buckets map[uint32]*window
-	steps   history
+	steps   stepLog
 	stats   Stats
 }
 
@@ -185,7 +209,7 @@ func (a *Analyzer) clear() {
 	// Bucket durations and straggler history start afresh: a new
 	// generation may have another world size, other hosts, other buckets.
 	a.buckets = make(map[uint32]*window)
-	a.steps = newHistory(a.cfg.StragglerSteps)
+	a.steps = newStepLog(a.cfg.StragglerSteps)
 }
 
 // Reset starts generation gen when it is newer than the current one (or
@@ -311,8 +335,11 @@ func (a *Analyzer) judge(k telemetry.Key, recs []telemetry.Record) telemetry.Col
 		a.buckets[k.Bucket] = w
 	}
 	d := c.Duration()
-	median := w.median()
-	threshold := max(a.cfg.Floor, time.Duration(float64(median)*a.cfg.K))
+	median, sigma := spread(w.sorted)
+	// Above the bucket's own spread, and by more than the job's step times
+	// vary (as many robust standard deviations): a collective that much
+	// slower cost the step time it would not otherwise have lost.
+	threshold := max(a.cfg.Floor, minRatio*median, median+time.Duration(a.cfg.K*float64(max(sigma, a.steps.sigma))))
 	samples := w.len()
 	// The window gets the duration clipped at the threshold. Left out,
 	// stalls would freeze the median: after a lasting slowdown (bigger
@@ -322,15 +349,15 @@ func (a *Analyzer) judge(k telemetry.Key, recs []telemetry.Record) telemetry.Col
 	// stall for a window), and while the window is still small one NCCL
 	// setup of several seconds weighs on a two-sample median. Clipped, a
 	// stall only says "above the threshold": occasional stalls leave the
-	// median where it was, and a lasting slowdown raises it, by at most K
-	// per collective, until it is the new normal after about Window/2.
+	// median where it was, and a lasting slowdown raises it until it is the
+	// new normal after about Window/2.
 	w.add(min(d, threshold))
 
 	if a.cfg.WorldSize == 1 {
 		return c // nobody to wait for, nobody to blame
 	}
 	straggler, late, waited := blame(recs)
-	a.steps.observe(k.Step, straggler, late > max(minLate, time.Duration(float64(median)*lateShare)))
+	a.steps.observe(k.Step, firstArrival(recs), c.Bytes, straggler, late)
 
 	stalled := samples >= a.cfg.MinSamples && d > threshold
 	if samples < a.cfg.MinSamples {
@@ -375,14 +402,28 @@ func blame(recs []telemetry.Record) (straggler int, late, waited time.Duration) 
 	return straggler, last.Sub(prev), waited
 }
 
-// Stragglers returns the ranks that arrived last, meaningfully late, in
-// more than StragglerShare of the last StragglerSteps steps, the most
-// frequent first; nil until at least StragglerSteps/2 steps have been seen
-// in the current generation.
+// firstArrival is the earliest non-zero arrival of recs.
+func firstArrival(recs []telemetry.Record) time.Time {
+	var first time.Time
+	for _, r := range recs {
+		if !r.Arrive.IsZero() && (first.IsZero() || r.Arrive.Before(first)) {
+			first = r.Arrive
+		}
+	}
+	return first
+}
+
+// Stragglers runs the persistent straggler test (straggler.go) over the
+// current generation's recent steps and returns the ranks named, the most
+// costly first; nil while too few steps have been seen. A rank named stays
+// named, call after call, until it recovers.
 func (a *Analyzer) Stragglers() []telemetry.Straggler {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.steps.stragglers(a.cfg.StragglerShare, max(1, a.cfg.StragglerSteps/2))
+	return a.steps.judge(stragglerParams{
+		world: a.cfg.WorldSize, window: a.cfg.StragglerSteps, alpha: a.cfg.Alpha,
+		noiseK: a.cfg.NoiseK, cost: a.cfg.Cost, warmup: a.cfg.WarmupSteps,
+	})
 }
 
 // Hang returns the incomplete collective whose first arrival is the

@@ -35,7 +35,8 @@ func (s *Watch) Publish(ctx context.Context, pub Publisher) {
 		s.mu.Unlock()
 		for _, st := range stragglers {
 			w := s.Worker(st.Rank)
-			ns.Stragglers = append(ns.Stragglers, rdzv.StragglerInfo{Rank: st.Rank, Last: st.Last, Steps: st.Steps, Host: w.Host, GPU: w.GPU})
+			ns.Stragglers = append(ns.Stragglers, rdzv.StragglerInfo{Rank: st.Rank, Last: st.Last, Steps: st.Steps, Host: w.Host, GPU: w.GPU,
+				LateMS: float64(st.Late) / float64(time.Millisecond), Share: st.Share})
 		}
 		if err := pub.PublishStalls(ctx, ns); err != nil {
 			s.log.Debug("publish stalls for status", "err", err)

@@ -9,35 +9,56 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
-// noteStragglers logs each new persistent straggler of the attempt once
-// and returns them all, by global rank.
+// noteStragglers logs each rank that becomes a persistent straggler, and
+// each that stops being one, and returns those named now, by global rank.
 func (s *Watch) noteStragglers() []telemetry.Straggler {
 	at := s.current()
 	if at == nil || at.an == nil {
 		return nil
 	}
 	all := at.an.Stragglers()
+	now := make(map[int]bool, len(all))
 	for i := range all {
 		all[i].Rank += at.base
-		rank := all[i].Rank
-		s.mu.Lock()
-		seen := s.known[rank]
-		if s.known == nil {
-			s.known = map[int]bool{}
+		now[all[i].Rank] = true
+	}
+	s.mu.Lock()
+	was := s.known
+	s.known = now
+	for r := range now {
+		s.dirty = s.dirty || !was[r]
+	}
+	for r := range was {
+		s.dirty = s.dirty || !now[r]
+	}
+	s.mu.Unlock()
+	for _, st := range all {
+		if !was[st.Rank] {
+			s.logStraggler(st)
 		}
-		s.known[rank] = true
-		s.dirty = s.dirty || !seen
-		s.mu.Unlock()
-		if !seen {
-			w := s.Worker(rank)
-			msg := fmt.Sprintf("persistent straggler: rank %s arrived last in %d of the last %d steps", s.describe(rank), all[i].Last, all[i].Steps)
-			if st := s.gpuState(w); st != "" {
-				msg += "; its GPU " + w.GPU + ": " + st
-			}
-			s.log.Warn(msg, "rank", rank, "gpu", w.GPU)
+	}
+	for r := range was {
+		if !now[r] {
+			s.log.Info(fmt.Sprintf("rank %s is no longer a persistent straggler", s.describe(r)), "rank", r)
 		}
 	}
 	return all
+}
+
+// logStraggler is the paragraph a person can act on: who, by how much, how
+// sure, at what cost.
+func (s *Watch) logStraggler(st telemetry.Straggler) {
+	w := s.Worker(st.Rank)
+	msg := fmt.Sprintf("persistent straggler: rank %s held the others back in %d of the last %d steps, "+
+		"by %s (median), %.1f%% of the %s step time; the job's noise band is %s, and a balanced job "+
+		"would do this with probability %.1g",
+		s.describe(st.Rank), st.Last, st.Steps, seconds(st.Late), 100*st.Share, seconds(st.StepTime),
+		seconds(st.Noise), st.P)
+	if gs := s.gpuState(w); gs != "" {
+		msg += "; its GPU " + w.GPU + ": " + gs
+	}
+	s.log.Warn(msg, "rank", st.Rank, "gpu", w.GPU, "late", st.Late.Round(time.Microsecond),
+		"share", fmt.Sprintf("%.3f", st.Share), "p", st.P)
 }
 
 // gpuState is what NVML says of w's GPU now, when it is on this node.

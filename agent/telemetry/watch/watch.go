@@ -49,6 +49,9 @@ type Config struct {
 	Log         *slog.Logger
 	HangTimeout time.Duration // 0: no hang detection
 	HangAuto    bool          // the timeout grows to 10 × the median step time
+	// StragglerCost is stall.Config.Cost: the share of step time a
+	// persistent straggler must cost to be named; 0: the default.
+	StragglerCost float64
 	// RankOf is the rank of a worker or of one of its descendants; only
 	// such a process is sent SIGUSR2 for its stack.
 	RankOf func(pid int) (int, error)
@@ -67,6 +70,7 @@ type Watch struct {
 	log         *slog.Logger
 	hangTimeout time.Duration
 	hangAuto    bool
+	cost        float64
 	rankOf      func(pid int) (int, error)
 	readGPU     func(uuid string) (string, error)
 	onHang      func(*HangError)
@@ -80,7 +84,7 @@ type Watch struct {
 	hung     bool // this attempt's hang was reported
 	stalls   []string
 	lastHang string
-	known    map[int]bool // persistent stragglers already logged, this attempt
+	known    map[int]bool // the persistent stragglers named at the last look, this attempt
 	dirty    bool         // something to publish
 	steps    stepClock
 	// progress is when a collective last completed, on this agent's
@@ -104,7 +108,7 @@ type attempt struct {
 
 // New returns a watch with no attempt.
 func New(cfg Config) *Watch {
-	return &Watch{log: cfg.Log, hangTimeout: cfg.HangTimeout, hangAuto: cfg.HangAuto, rankOf: cfg.RankOf,
+	return &Watch{log: cfg.Log, hangTimeout: cfg.HangTimeout, hangAuto: cfg.HangAuto, cost: cfg.StragglerCost, rankOf: cfg.RankOf,
 		readGPU: cfg.ReadGPU, onHang: cfg.OnHang, remote: make(chan map[int]string, 16)}
 }
 
@@ -126,7 +130,7 @@ func (s *Watch) start(gen uint64, p analysis, local []telemetry.Worker, offset i
 	}
 	fwd := p.fwd
 	if fwd == nil {
-		an, err := stall.New(stall.Config{WorldSize: p.size})
+		an, err := stall.New(stall.Config{WorldSize: p.size, Cost: s.cost})
 		if err != nil { // only an empty world fails, and then there is nothing to watch
 			s.log.Warn("stall analysis off", "err", err)
 		}

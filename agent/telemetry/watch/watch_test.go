@@ -45,9 +45,9 @@ func TestHangTimeoutAuto(t *testing.T) {
 	}
 }
 
-// TestPersistentStragglerNamesItsGPUState: a rank last in every step is
+// TestPersistentStragglerNamesItsGPUState: a rank 10% late in every step is
 // logged once as a persistent straggler, with what NVML says of its GPU
-// (here throttled for power).
+// (here throttled for power), and once more when it recovers.
 func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 	srv := nvmltest.DGXA100(false)
 	nvmltest.QuietPolls(srv)
@@ -67,24 +67,33 @@ func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 	}
 	s.start(0, analysis{size: 2}, local, 0, "")
 	base := time.Unix(1_700_000_000, 0)
-	for step := range uint64(20) {
-		t0 := base.Add(time.Duration(step) * time.Second)
-		for rank, late := range []time.Duration{0, 50 * time.Millisecond} {
-			arrive := t0.Add(late)
-			s.analyze(s.current(), []telemetry.Record{{Gen: 0, Step: step, Bucket: 0, Rank: rank, Bytes: 1 << 20, DType: 7,
-				Arrive: arrive, Start: arrive, End: t0.Add(60 * time.Millisecond)}})
+	feed := func(from, to uint64, late time.Duration) {
+		for step := from; step < to; step++ {
+			t0 := base.Add(time.Duration(step) * time.Second)
+			for rank, late := range []time.Duration{0, late} {
+				arrive := t0.Add(late)
+				s.analyze(s.current(), []telemetry.Record{{Gen: 0, Step: step, Bucket: 0, Rank: rank, Bytes: 1 << 20, DType: 7,
+					Arrive: arrive, Start: arrive, End: t0.Add(late + 10*time.Millisecond)}})
+			}
 		}
 	}
+	feed(0, 20, 100*time.Millisecond)
 	s.noteStragglers()
 	s.noteStragglers() // once
 	out := logs.String()
 	if n := strings.Count(out, "persistent straggler"); n != 1 {
 		t.Fatalf("%d persistent straggler lines, want 1:\n%s", n, out)
 	}
-	for _, want := range []string{"rank 1 (node-a, GPU 1, pid 101) arrived last in", "its GPU " + uuid, "throttled: sw power cap"} {
+	for _, want := range []string{"rank 1 (node-a, GPU 1, pid 101) held the others back in 14 of the last 14 steps",
+		"by 100ms (median), 10.0% of the 1.00 s step time", "its GPU " + uuid, "throttled: sw power cap"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}
+	}
+	feed(20, 100, 0) // recovered
+	s.noteStragglers()
+	if out := logs.String(); !strings.Contains(out, "rank 1 (node-a, GPU 1, pid 101) is no longer a persistent straggler") {
+		t.Errorf("no recovery line:\n%s", out)
 	}
 }
 

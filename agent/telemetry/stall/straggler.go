@@ -1,0 +1,259 @@
+package stall
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+)
+
+// A persistent straggler is a rank that holds the job back step after step
+// by more than noise, at a cost worth a person's attention. With W ranks
+// someone is always last: a balanced job makes each rank last about 1/W of
+// the time, and the step's straggler by a few microseconds of jitter. So a
+// rank is named only when all three hold over the window of recent steps
+// (issue 16):
+//
+//   - significant: among the steps whose straggler made the others wait
+//     longer than the job's noise band, it was that straggler more often
+//     than chance allows: P(X >= k) < Alpha/W for X ~ Binomial(m, 1/W),
+//     Bonferroni-corrected for the W ranks tested;
+//   - beyond noise: the noise band is NoiseK robust standard deviations
+//     (median absolute deviation) of the job's own step times, at least
+//     1 ms; only waits above it count;
+//   - costly: the waits it caused add up to at least Cost of step time.
+//
+// Warm-up steps and the steps around a bucket rebuild (the layout changed:
+// other buckets, other timings) are left out. A rank named stays named
+// until its cost falls below half the bar or it is no longer late more
+// often than chance (hysteresis), so logs do not flap.
+
+// Defaults of the persistent straggler test.
+const (
+	DefaultStragglerSteps = 40
+	DefaultAlpha          = 0.01
+	DefaultNoiseK         = 3
+	DefaultCost           = 0.05
+	DefaultWarmupSteps    = 5
+)
+
+const (
+	// minStragglerSteps: fewer steps than this are not judged. With 2
+	// ranks, 8 significant steps out of 8 is the least that passes
+	// Alpha/W = 0.005 (0.5^8 = 0.0039).
+	minStragglerSteps = 8
+	// rebuildSteps: steps left out from a change of the bucket layout on.
+	rebuildSteps = 2
+	// minNoise: the noise band is never narrower than this.
+	minNoise = time.Millisecond
+)
+
+// stepObs is what the test keeps of one step of the generation.
+type stepObs struct {
+	start       time.Time             // earliest arrival among its collectives
+	collectives int                   // complete collectives seen
+	bytes       uint64                // their sizes: the bucket layout's signature
+	cost        map[int]time.Duration // rank → the longest it alone made the others wait
+}
+
+// stepLog keeps the last steps of a generation and the ranks named.
+type stepLog struct {
+	size  int // steps kept
+	steps map[uint64]*stepObs
+	first uint64 // the first step seen in the generation
+	seen  bool
+	named map[int]bool
+	// sigma is the robust standard deviation of the job's step times, 0
+	// until enough steps were seen; recomputed at each new step. A stall
+	// within a few of it cost the job nothing it would notice.
+	sigma time.Duration
+}
+
+func newStepLog(window int) stepLog {
+	size := window + 2*rebuildSteps + 2
+	return stepLog{size: size, steps: make(map[uint64]*stepObs, size+1), named: map[int]bool{}}
+}
+
+// observe records a complete collective of step: its first arrival, its
+// size, and the rank that arrived last with how long after the others.
+func (l *stepLog) observe(step uint64, first time.Time, bytes uint64, last int, late time.Duration) {
+	if !l.seen || step < l.first {
+		l.first, l.seen = step, true
+	}
+	o := l.steps[step]
+	if o == nil {
+		if len(l.steps) >= l.size {
+			lowest := step
+			for s := range l.steps {
+				lowest = min(lowest, s)
+			}
+			if lowest == step {
+				return // older than every step kept
+			}
+			delete(l.steps, lowest)
+		}
+		o = &stepObs{start: first, cost: map[int]time.Duration{}}
+		l.steps[step] = o
+		l.sigma = l.stepSigma()
+	}
+	if first.Before(o.start) {
+		o.start = first
+	}
+	o.collectives++
+	o.bytes += bytes
+	if late > o.cost[last] {
+		o.cost[last] = late
+	}
+}
+
+// stepSigma is the robust standard deviation of the step times between the
+// consecutive steps kept, the newest left out (it may be incomplete); 0
+// with fewer than minStragglerSteps/2 of them.
+func (l *stepLog) stepSigma() time.Duration {
+	nums := make([]uint64, 0, len(l.steps))
+	for s := range l.steps {
+		nums = append(nums, s)
+	}
+	slices.Sort(nums)
+	if len(nums) > 0 {
+		nums = nums[:len(nums)-1]
+	}
+	var times []time.Duration
+	for i := 1; i < len(nums); i++ {
+		if nums[i] == nums[i-1]+1 {
+			times = append(times, l.steps[nums[i]].start.Sub(l.steps[nums[i-1]].start))
+		}
+	}
+	if len(times) < minStragglerSteps/2 {
+		return 0
+	}
+	slices.Sort(times)
+	_, sigma := spread(times)
+	return sigma
+}
+
+// stragglerParams are the test's knobs, from Config.
+type stragglerParams struct {
+	world  int
+	window int
+	alpha  float64
+	noiseK float64
+	cost   float64
+	warmup int
+}
+
+// judge runs the test over the kept steps and updates the named ranks.
+func (l *stepLog) judge(p stragglerParams) []telemetry.Straggler {
+	nums := make([]uint64, 0, len(l.steps))
+	for s := range l.steps {
+		nums = append(nums, s)
+	}
+	slices.Sort(nums)
+	window := eligible(l.steps, nums, l.first, p.warmup, p.window)
+	out, named := decide(window, p, l.named)
+	l.named = named
+	return out
+}
+
+// step is one step of the window: its number and what was kept of it.
+type step struct {
+	n   uint64
+	obs *stepObs
+}
+
+// eligible returns the last window steps of nums (sorted) that count:
+// not the newest (its collectives may still be coming), not warm-up, and
+// not within rebuildSteps of a change of the bucket layout.
+func eligible(steps map[uint64]*stepObs, nums []uint64, first uint64, warmup, window int) []step {
+	if len(nums) > 0 {
+		nums = nums[:len(nums)-1]
+	}
+	var out []step
+	skip := 0
+	var prev *stepObs
+	for _, n := range nums {
+		o := steps[n]
+		if prev != nil && (o.collectives != prev.collectives || o.bytes != prev.bytes) {
+			skip = rebuildSteps
+		}
+		prev = o
+		if skip > 0 {
+			skip--
+			continue
+		}
+		if n < first+uint64(warmup) {
+			continue
+		}
+		out = append(out, step{n: n, obs: o})
+	}
+	if len(out) > window {
+		out = out[len(out)-window:]
+	}
+	return out
+}
+
+// decide is the test itself, a pure function of the window: it returns the
+// ranks named (the most costly first) and the new named set.
+func decide(window []step, p stragglerParams, was map[int]bool) ([]telemetry.Straggler, map[int]bool) {
+	named := map[int]bool{}
+	if p.world < 2 || len(window) < minStragglerSteps {
+		return nil, named
+	}
+	// Step times between consecutive steps of the window, and their noise.
+	var times []time.Duration
+	for i := 1; i < len(window); i++ {
+		if window[i].n == window[i-1].n+1 {
+			times = append(times, window[i].obs.start.Sub(window[i-1].obs.start))
+		}
+	}
+	if len(times) < minStragglerSteps/2 {
+		return nil, named
+	}
+	slices.Sort(times)
+	stepTime, sigma := spread(times)
+	if stepTime <= 0 {
+		return nil, named
+	}
+	noise := max(minNoise, time.Duration(p.noiseK*float64(sigma)))
+
+	// The straggler of each step whose wait exceeded the noise band.
+	significant := 0
+	count := map[int]int{}
+	waits := map[int][]time.Duration{}
+	total := map[int]time.Duration{}
+	for _, s := range window {
+		rank, wait := -1, time.Duration(0)
+		for r, c := range s.obs.cost {
+			if c > wait || c == wait && r < rank {
+				rank, wait = r, c
+			}
+		}
+		if rank < 0 || wait <= noise {
+			continue
+		}
+		significant++
+		count[rank]++
+		waits[rank] = append(waits[rank], wait)
+		total[rank] += wait
+	}
+	var out []telemetry.Straggler
+	for rank, k := range count {
+		pv := binomTail(significant, k, 1/float64(p.world))
+		share := float64(total[rank]) / float64(len(window)) / float64(stepTime)
+		isNew := pv < p.alpha/float64(p.world) && share >= p.cost
+		stays := was[rank] && pv < 0.5 && share >= p.cost/2
+		if !isNew && !stays {
+			continue
+		}
+		named[rank] = true
+		out = append(out, telemetry.Straggler{
+			Rank: rank, Last: k, Steps: len(window), Significant: significant,
+			Late: medianOf(waits[rank]), StepTime: stepTime, Noise: noise, Share: share, P: pv,
+		})
+	}
+	slices.SortFunc(out, func(a, b telemetry.Straggler) int {
+		return cmp.Or(cmp.Compare(b.Share, a.Share), cmp.Compare(a.Rank, b.Rank))
+	})
+	return out, named
+}
