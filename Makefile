@@ -17,12 +17,16 @@ TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnde
 .PHONY: build test demo demo-fault bench lint fuzz clean
 
 # bin/ddp-agent, and bin/libddpshim.so with its header; the .so is also
-# copied into python/ddp_agent/ so `pip install ./python` ships it.
+# copied into python/ddp_agent/ so `pip install ./python` ships it. Each
+# lands under a temporary name and is renamed into place: overwriting a
+# library that running workers have mapped crashes them (SIGSEGV or SIGBUS),
+# and a new inode leaves them theirs.
 build:
 	@go=$$(scripts/deps.sh go) && \
-	  $$go build -ldflags "$(LDFLAGS)" -o bin/ddp-agent ./agent/cmd/ddp-agent && \
-	  CGO_ENABLED=1 $$go build -buildmode=c-shared -o bin/libddpshim.so ./ncclshim && \
-	  rm -f bin/libddpshim.h && cp ncclshim/ddpshim.h bin/ && cp bin/libddpshim.so python/ddp_agent/
+	  $$go build -ldflags "$(LDFLAGS)" -o bin/.ddp-agent.tmp ./agent/cmd/ddp-agent && mv -f bin/.ddp-agent.tmp bin/ddp-agent && \
+	  CGO_ENABLED=1 $$go build -buildmode=c-shared -o bin/.libddpshim.so.tmp ./ncclshim && mv -f bin/.libddpshim.so.tmp bin/libddpshim.so && \
+	  rm -f bin/.libddpshim.so.h bin/.libddpshim.h bin/libddpshim.h && cp ncclshim/ddpshim.h bin/ && \
+	  cp bin/libddpshim.so python/ddp_agent/.libddpshim.so.tmp && mv -f python/ddp_agent/.libddpshim.so.tmp python/ddp_agent/libddpshim.so
 	@echo "built bin/ddp-agent bin/libddpshim.so"
 
 # The README's test command: vet, then every Go test (unit and end-to-end,
@@ -76,6 +80,7 @@ bench: build
 	$(PYTHON) examples/bench/ddp_step.py --agent bin/ddp-agent --python $(PYTHON) --reps 3 --steps 30 --warmup-steps 5
 	$(PYTHON) examples/bench/hook_cost.py --steps 50 --warmup 5
 	$(PYTHON) examples/bench/telemetry_overhead.py --agent bin/ddp-agent --python $(PYTHON) --reps 5 --steps 40 --warmup-steps 10 --batch-size 8
+	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/stragglers -agent bin/ddp-agent -python $(PYTHON)
 
 lint:
 	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./... && \
