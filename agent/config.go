@@ -36,10 +36,13 @@ type Config struct {
 
 // Rendezvous says how this node joins the job.
 type Rendezvous struct {
-	// Dynamic joins through a store (c10d, etcd, --standalone); otherwise
-	// the ranks are fixed by NodeRank and NNodesMax (static).
-	Dynamic    bool
-	Standalone bool     // a single node hosting its own store on loopback
+	// Dynamic joins through a store (c10d, etcd); otherwise the ranks are
+	// fixed by NodeRank and NNodesMax (static).
+	Dynamic bool
+	// Standalone is a single node that meets nobody: no store, its state
+	// and the workers' key-value store in the agent's memory, a fresh
+	// loopback port for the workers' master every round.
+	Standalone bool
 	External   bool     // the store is an etcd the agent does not host
 	Endpoints  []string // the store's; the first decides who hosts it
 	IsHost     *bool    // whether this agent hosts the store; nil: by address

@@ -41,12 +41,18 @@ type joined struct {
 	close       func()
 }
 
-// openRendezvous joins the job: with fixed ranks (static), or through an
-// etcd store that this agent hosts (c10d, --standalone) or that exists
-// already (etcd).
+// openRendezvous joins the job: with fixed ranks (static, and --standalone:
+// one node has nobody to meet), or through an etcd store that this agent
+// hosts (c10d) or that exists already (etcd).
+//
+// --standalone once hosted an embedded etcd on loopback too. A store for
+// one node buys nothing (no other node reads it; `ddp-agent status` is for
+// multi-node jobs) and its timers kept an idle agent at 0.9 % of a core,
+// against torchrun's 0.1 % (docs/benchmarks.md): the node's state and the
+// workers' key-value store live in the agent's memory instead.
 func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, error) {
 	cfg := a.cfg.Rendezvous
-	if !cfg.Dynamic {
+	if !cfg.Dynamic || cfg.Standalone {
 		return &joined{
 			rz: &rdzv.Static{NodeRank: cfg.NodeRank, NNodes: cfg.NNodesMax, NProc: a.cfg.NProcPerNode,
 				MaxRestarts: a.cfg.MaxRestarts, MasterAddr: a.masterAddr(), MasterPort: cfg.MasterPort},
@@ -115,18 +121,16 @@ func (a *Agent) hostStore(ctx context.Context) (*store.Server, []string, error) 
 	if err != nil || !hostIt {
 		return nil, endpoints, err
 	}
-	addr := "127.0.0.1:0"
-	if !cfg.Standalone {
-		// etcd binds only to IP addresses: a host name (the usual
-		// --rdzv-endpoint $(hostname):29400) becomes the local address
-		// it resolves to.
-		if addr, err = bindAddr(stripScheme(endpoints[0])); err != nil {
-			return nil, nil, err
-		}
+	// etcd binds only to IP addresses: a host name (the usual
+	// --rdzv-endpoint $(hostname):29400) becomes the local address it
+	// resolves to.
+	addr, err := bindAddr(stripScheme(endpoints[0]))
+	if err != nil {
+		return nil, nil, err
 	}
 	srv, err := store.Start(ctx, store.ServerConfig{ClientAddr: addr, Logger: a.log.With("component", "etcd"), TLS: cfg.TLS})
 	switch {
-	case errors.Is(err, store.ErrAddrInUse) && !cfg.Standalone:
+	case errors.Is(err, store.ErrAddrInUse):
 		// Another agent on this host started it first: be its client.
 		a.log.Info("rendezvous store already hosted on this host; joining it as a client", "endpoint", endpoints[0])
 		return nil, endpoints, nil
@@ -159,13 +163,11 @@ func (a *Agent) dialStore(ctx context.Context, endpoints []string, hosted bool) 
 }
 
 // shouldHost decides whether this agent starts the embedded store: with
-// --standalone always; with c10d when is_host says so or the endpoint is
-// an address of this host; with an external etcd never.
+// c10d when is_host says so or the endpoint is an address of this host;
+// with an external etcd never.
 func (a *Agent) shouldHost(endpoints []string) (bool, error) {
 	cfg := a.cfg.Rendezvous
 	switch {
-	case cfg.Standalone:
-		return true, nil
 	case cfg.External:
 		return false, nil
 	case cfg.IsHost != nil:
