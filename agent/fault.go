@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 )
 
@@ -19,8 +18,8 @@ type Fault struct {
 	Gen    uint64    // the generation it belongs to
 	Seen   time.Time // when it was observed; a fault from before the attempt started is stale
 	Reason string    // one line, for the rendezvous, the log and the trace
-	// Err is the source's own error: *supervisor.WorkerExitError,
-	// *GPUFaultError, *watch.HangError, or *RoundEndedError.
+	// Err is the source's own error: *WorkerFailedError, *GPUFaultError,
+	// *watch.HangError, or *RoundEndedError.
 	Err error
 }
 
@@ -41,6 +40,28 @@ type RoundEndedError struct{ Reason string }
 
 func (e *RoundEndedError) Error() string { return "generation ended: " + e.Reason }
 
+// WorkerFailedError is the fault of an attempt in which this node's
+// workers failed, with its root cause: the rank whose failure came first
+// (maybe not the first to exit), and the ranks that failed only because of
+// it.
+type WorkerFailedError struct {
+	Blame Blame
+	// Decided is when the root cause was worked out: what workers noted
+	// or how they exited after it comes from the agent stopping them.
+	Decided time.Time
+}
+
+func (e *WorkerFailedError) Error() string { return e.Blame.reason() }
+
+// Unwrap is the root cause's exit, when it is a worker of this node that
+// has exited.
+func (e *WorkerFailedError) Unwrap() error {
+	if e.Blame.Exit == nil {
+		return nil
+	}
+	return e.Blame.Exit
+}
+
 // restartsJob reports whether the fault is this node's, to be told to the
 // rendezvous and charged to the restart budget; a round that ended is
 // somebody else's (or no fault at all: a membership change).
@@ -57,8 +78,8 @@ func (f *Fault) stale(gen uint64, started time.Time) bool {
 	return f.Gen != gen
 }
 
-func workerFault(gen uint64, e *supervisor.WorkerExitError) *Fault {
-	return &Fault{Source: FromWorker, Gen: gen, Seen: time.Now(), Reason: e.Error(), Err: e}
+func workerFault(gen uint64, e *WorkerFailedError) *Fault {
+	return &Fault{Source: FromWorker, Gen: gen, Seen: e.Decided, Reason: e.Error(), Err: e}
 }
 
 func roundFault(gen uint64, reason string) *Fault {

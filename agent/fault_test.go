@@ -24,7 +24,7 @@ func TestFaultStale(t *testing.T) {
 		f    *Fault
 		want bool
 	}{
-		{"worker of this generation", workerFault(4, &supervisor.WorkerExitError{Rank: 1, Code: 1}), false},
+		{"worker of this generation", workerFault(4, &WorkerFailedError{Blame: Blame{Root: 1, Exit: &supervisor.WorkerExitError{Rank: 1, Code: 1}}}), false},
 		{"hang of this generation", hangFault(&watch.HangError{Hang: telemetry.Hang{Key: telemetry.Key{Gen: 4}}}), false},
 		{"hang of the last generation", hangFault(&watch.HangError{Hang: telemetry.Hang{Key: telemetry.Key{Gen: 3}}}), true},
 		{"round of the last generation", roundFault(3, "node b left"), true},
@@ -79,7 +79,7 @@ func TestFaultQueue(t *testing.T) {
 
 // TestFaultRestartsJob: only a round that ended is not this node's fault.
 func TestFaultRestartsJob(t *testing.T) {
-	for _, f := range []*Fault{workerFault(0, &supervisor.WorkerExitError{}), hangFault(&watch.HangError{}), {Source: FromGPU}} {
+	for _, f := range []*Fault{workerFault(0, &WorkerFailedError{}), hangFault(&watch.HangError{}), {Source: FromGPU}} {
 		if !f.restartsJob() {
 			t.Errorf("source %d: does not restart the job", f.Source)
 		}

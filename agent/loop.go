@@ -183,11 +183,56 @@ func (a *Agent) exitFault(ctx context.Context, at *attempt, err error) (*Fault, 
 	case err == nil:
 		return nil, nil
 	case errors.As(err, &failed):
-		return workerFault(at.gen, failed), nil
+		return workerFault(at.gen, a.workerFailure(ctx, at)), nil
 	case ctx.Err() != nil:
 		return nil, context.Cause(ctx)
 	}
 	return nil, fmt.Errorf("attempt %d: wait for the workers: %w", at.n, err)
+}
+
+// rootSettle bounds how long a failed attempt waits for its root cause to
+// show itself (at most the stop timeout): a worker of this node that a
+// victim named and that has not exited yet (it closed its communicator at
+// interpreter exit and is still tearing down), or another node's agent
+// telling the rendezvous about its own worker, with its report.
+const rootSettle = 5 * time.Second
+
+// workerFailure works out the root cause of the attempt, whose first
+// failed worker has just been reaped: it may be another worker, which the
+// first one's shim named.
+func (a *Agent) workerFailure(ctx context.Context, at *attempt) *WorkerFailedError {
+	deadline := time.Now().Add(min(rootSettle, a.cfg.StopTimeout))
+	for {
+		now := time.Now()
+		b := blame(at.g.Outcomes(), now)
+		if !b.Local {
+			b.Elsewhere = at.r.Reason() // "" until another node's agent has told the rendezvous
+		}
+		left := time.Until(deadline)
+		switch {
+		case b.Root < 0 || b.Exit != nil || b.Elsewhere != "" || left <= 0 || ctx.Err() != nil:
+		case b.Local:
+			a.log.Info("a worker failed only because another failed first: waiting for that one to exit",
+				"rank", b.Root, "victims", b.victimRanks(), "wait", left.Round(time.Millisecond))
+			if !at.g.WaitExited(ctx, b.Root, left) { // else its exit, error file and stderr go into the report
+				deadline = time.Now() // once more with what the workers noted meanwhile, then decide
+			}
+			continue
+		default: // another node's worker: give its agent the chance to say so first
+			a.log.Info("a worker failed only because a rank of another node failed first: waiting for its node to report it",
+				"rank", b.Root, "victims", b.victimRanks(), "wait", left.Round(time.Millisecond))
+			t := time.NewTimer(left)
+			select {
+			case <-at.r.Done():
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			deadline = time.Now() // once more with what the workers noted meanwhile, then decide
+			continue
+		}
+		return &WorkerFailedError{Blame: b, Decided: now}
+	}
 }
 
 // dropStale logs a fault from an earlier attempt that is ignored.
@@ -242,8 +287,8 @@ func (a *Agent) failAttempt(ctx context.Context, s *session, at *attempt, f *Fau
 	at.r.Stop()
 	at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
 	a.dropGeneration(s, at.gen)
-	if wf, ok := errorsAs[*supervisor.WorkerExitError](f); ok {
-		a.report(wf, at.r.Restarts, time.Since(at.started), at.g.PIDs(), s.mon)
+	if wf, ok := errorsAs[*WorkerFailedError](f); ok {
+		a.report(wf, at, s.mon)
 	}
 	var jf *rdzv.JobFailedError
 	if errors.As(ferr, &jf) {

@@ -10,49 +10,100 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
-// report writes the root cause of a failed attempt to the agent's stderr as
-// one block a person can act on: who failed and how, what it said last, and
-// the state of every worker and of the node when it happened.
-func (a *Agent) report(e *supervisor.WorkerExitError, attempt int, ran time.Duration, pids map[int]int, mon *hostmon.Monitor) {
-	a.log.Error("worker failed", "rank", e.Rank, "local_rank", e.LocalRank, "pid", e.PID,
-		"exit_code", e.Code, "signal", signalName(e), "attempt", attempt, "after", ran.Round(time.Millisecond))
-	a.stderr.Write([]byte(formatReport(e, attempt, a.cfg.MaxRestarts, ran, pids, mon)))
+// report writes the root cause of a failed attempt, whose workers have
+// stopped, to the agent's stderr as one block a person can act on: who
+// failed first and how, what it said last, which ranks failed only
+// because of it, and the state of every worker and of the node when it
+// happened.
+func (a *Agent) report(wf *WorkerFailedError, at *attempt, mon *hostmon.Monitor) {
+	b := blameAgain(at.g.Outcomes(), wf.Decided, wf.Blame) // the exits and notes of them all, now
+	attrs := []any{"rank", b.Root, "attempt", at.r.Restarts}
+	if e := b.Exit; e != nil {
+		attrs = append(attrs, "local_rank", e.LocalRank, "pid", e.PID, "exit_code", e.Code, "signal", signalName(e),
+			"after", e.Time.Sub(at.started).Round(time.Millisecond))
+	} else {
+		attrs = append(attrs, "local", b.Local)
+	}
+	if len(b.Victims) > 0 {
+		attrs = append(attrs, "victims", b.victimRanks())
+	}
+	a.log.Error("worker failed", attrs...)
+	a.stderr.Write([]byte(formatReport(b, at.r.Restarts, a.cfg.MaxRestarts, at.started, at.g.PIDs(), mon)))
 }
 
-func formatReport(e *supervisor.WorkerExitError, attempt, maxRestarts int, ran time.Duration, pids map[int]int, mon *hostmon.Monitor) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "==== ddp-agent: root cause (attempt %d, restarts used %d of %d) ====\n", attempt, attempt, maxRestarts)
-	fmt.Fprintf(&b, "  %v, %s after start\n", e, ran.Round(time.Millisecond))
+func formatReport(b Blame, attempt, maxRestarts int, started time.Time, pids map[int]int, mon *hostmon.Monitor) string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "==== ddp-agent: root cause (attempt %d, restarts used %d of %d) ====\n", attempt, attempt, maxRestarts)
+	if e := b.Exit; e != nil {
+		fmt.Fprintf(&s, "  %v, %s after start\n", e, e.Time.Sub(started).Round(time.Millisecond))
+	} else {
+		fmt.Fprintf(&s, "  %s\n", b.root())
+		if !b.Local {
+			s.WriteString("  (its own node's agent reports it)\n")
+		}
+	}
+	if b.Note != nil {
+		fmt.Fprintf(&s, "  its collective failed after %s %s: %s\n", rankName(b.Note.Peer), peerDid(b.Note.Kind), b.Note.Message)
+	}
+	writeLastWords(&s, b.Exit)
+	if len(b.Victims) > 0 {
+		s.WriteString("  failed only because of another rank (victims, not root causes):\n")
+		for _, l := range b.victimLines() {
+			fmt.Fprintf(&s, "    %s\n", l)
+		}
+		for _, v := range b.Victims {
+			fmt.Fprintf(&s, "    rank %d: %s\n", v.Rank, v.Note.Message)
+		}
+	}
+	if len(b.Others) > 0 {
+		s.WriteString("  also failed, later:\n")
+		for _, e := range b.Others {
+			fmt.Fprintf(&s, "    %v, %s after start\n", e, e.Time.Sub(started).Round(time.Millisecond))
+		}
+	}
+	writeWorkers(&s, pids, mon)
+	return s.String()
+}
+
+// writeLastWords writes what a worker that exited left: its error file
+// and the end of its stderr.
+func writeLastWords(s *strings.Builder, e *supervisor.WorkerExitError) {
+	if e == nil {
+		return
+	}
 	if e.ErrorFile != nil {
-		fmt.Fprintf(&b, "  error file: %s\n", e.ErrorFile.Message)
+		fmt.Fprintf(s, "  error file: %s\n", e.ErrorFile.Message)
 		if tb := strings.TrimRight(e.ErrorFile.Traceback, "\n"); tb != "" {
-			b.WriteString("  traceback:\n")
+			s.WriteString("  traceback:\n")
 			for _, l := range strings.Split(tb, "\n") {
-				fmt.Fprintf(&b, "    %s\n", l)
+				fmt.Fprintf(s, "    %s\n", l)
 			}
 		}
 	}
 	if len(e.StderrTail) > 0 {
-		fmt.Fprintf(&b, "  last %d stderr lines of rank %d:\n", len(e.StderrTail), e.Rank)
+		fmt.Fprintf(s, "  last %d stderr lines of rank %d:\n", len(e.StderrTail), e.Rank)
 		for _, l := range e.StderrTail {
-			fmt.Fprintf(&b, "    %s\n", l)
+			fmt.Fprintf(s, "    %s\n", l)
 		}
 	}
+}
+
+// writeWorkers writes the state of every worker and of the node.
+func writeWorkers(s *strings.Builder, pids map[int]int, mon *hostmon.Monitor) {
 	ranks := make([]int, 0, len(pids))
 	for r := range pids {
 		ranks = append(ranks, r)
 	}
 	sort.Ints(ranks)
-	b.WriteString("  workers at failure:\n")
+	s.WriteString("  workers at failure:\n")
 	for _, r := range ranks {
-		if s, ok := mon.Worker(r); ok {
-			fmt.Fprintf(&b, "    %s\n", s)
+		if st, ok := mon.Worker(r); ok {
+			fmt.Fprintf(s, "    %s\n", st)
 		} else {
-			fmt.Fprintf(&b, "    rank %d pid %d: not sampled yet\n", r, pids[r])
+			fmt.Fprintf(s, "    rank %d pid %d: not sampled yet\n", r, pids[r])
 		}
 	}
-	fmt.Fprintf(&b, "  %s\n", mon.Node())
-	return b.String()
+	fmt.Fprintf(s, "  %s\n", mon.Node())
 }
 
 func signalName(e *supervisor.WorkerExitError) string {

@@ -21,8 +21,10 @@ Works on PyTorch 1.13 (CPU, gloo) and 2.x (CUDA, nccl).
 """
 
 import argparse
+import atexit
 import hashlib
 import os
+import signal
 import statistics
 import sys
 import time
@@ -80,6 +82,11 @@ def parse_args():
                    help="fail while TORCHELASTIC_RESTART_COUNT is below this (default: the first attempt only)")
     p.add_argument("--exit-code", type=int, default=None,
                    help="fail with os._exit(CODE) instead of raising RuntimeError")
+    p.add_argument("--fail-signal", default=None,
+                   help="fail by sending itself this signal (e.g. KILL) instead of raising RuntimeError")
+    p.add_argument("--exit-delay", type=float, default=0.0,
+                   help="seconds --fail-rank lingers at interpreter exit after its raise, once its comm hook "
+                        "has closed: a slow teardown, so that the peers it failed may exit before it does")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds")
     p.add_argument("--slow-rank", type=int, default=-1, help="rank made slow before its backward (default: none)")
     p.add_argument("--slow-steps", default="", help="comma-separated steps at which --slow-rank is slow")
@@ -143,6 +150,10 @@ def print_step_times(args, step_times):
 @record
 def main():
     args = parse_args()
+    if args.exit_delay > 0 and int(os.environ["RANK"]) == args.fail_rank:
+        # atexit runs handlers last-registered first: registered before
+        # ddp_agent is imported, this runs after its hooks are closed.
+        atexit.register(time.sleep, args.exit_delay)
     ddp_agent = import_ddp_agent() if args.comm_hook == "ddp-agent" else None  # fail before any rendezvous
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -190,6 +201,9 @@ def main():
             if args.exit_code is not None:
                 print(f"{msg}: exiting with code {args.exit_code}", flush=True)
                 os._exit(args.exit_code)
+            if args.fail_signal is not None:
+                print(f"{msg}: sending itself SIG{args.fail_signal}", flush=True)
+                os.kill(os.getpid(), getattr(signal, "SIG" + args.fail_signal))
             raise RuntimeError(msg)
 
         x, y = batch(args, teacher, step, rank, device)

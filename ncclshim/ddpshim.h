@@ -94,6 +94,12 @@ const char *ddpshim_last_error(void);
  *   shm                    false disables shared memory between ranks on one host
  *   name                   distinguishes communicators opened in the same job
  *   log_level              the shim's own log on stderr: debug, info, warn (default), error
+ *   note_file              where the process's communicators note, as JSON,
+ *                          when one first closed and, when a first failed
+ *                          collective was a peer's doing (it closed, aborted,
+ *                          or its connection broke), the peer, how and when:
+ *                          the agent names the rank that failed first from it
+ *                          (default $DDP_AGENT_COMM_NOTE_FILE)
  * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null pointer, bad JSON, bad
  * rank/world_size), DDPSHIM_ERR_UNAVAILABLE (no agent, no port, no NCCL),
  * DDPSHIM_ERR_TIMEOUT, DDPSHIM_ERR_PEER. */

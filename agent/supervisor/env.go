@@ -16,7 +16,9 @@ type Worker struct {
 // workerEnv is the environment of one worker: base (the agent's own
 // environment) with torchrun's variables and ddp-agent's added on top, so a
 // script written for torchrun runs unchanged.
-func workerEnv(base []string, s *Spec, w Worker, errorFile string, placed map[string]string) []string {
+// errorFile and noteFile are its TORCHELASTIC_ERROR_FILE and
+// DDP_AGENT_COMM_NOTE_FILE.
+func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, placed map[string]string) []string {
 	set := map[string]string{
 		"LOCAL_RANK":                 strconv.Itoa(w.LocalRank),
 		"RANK":                       strconv.Itoa(w.Rank),
@@ -39,6 +41,8 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile string, placed map[st
 		"DDP_AGENT_SOCKET":             s.ControlSocket,
 		"DDP_AGENT_GENERATION":         strconv.FormatUint(s.Generation, 10),
 		"DDP_AGENT_BOOTSTRAP":          s.Bootstrap,
+		// where the shim notes when it closed, and a collective that a peer failed
+		"DDP_AGENT_COMM_NOTE_FILE": noteFile,
 	}
 	have := map[string]bool{}
 	for _, kv := range base {
@@ -99,5 +103,5 @@ var envOrder = []string{
 	"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
 	"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 	"OMP_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-	"DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION", "DDP_AGENT_BOOTSTRAP",
+	"DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION", "DDP_AGENT_BOOTSTRAP", "DDP_AGENT_COMM_NOTE_FILE",
 }

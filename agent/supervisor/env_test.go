@@ -37,6 +37,7 @@ func TestWorkerEnv(t *testing.T) {
 				"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job1", "TORCHELASTIC_USE_AGENT_STORE": "False",
 				"TORCHELASTIC_ERROR_FILE": "/tmp/e.json", "OMP_NUM_THREADS": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
 				"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "DDP_AGENT_SOCKET": "/run/ddp/control.sock", "DDP_AGENT_GENERATION": "7",
+				"DDP_AGENT_COMM_NOTE_FILE": "/tmp/p.json",
 			},
 		},
 		{
@@ -56,7 +57,7 @@ func TestWorkerEnv(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := envMap(workerEnv(tc.base, spec, Worker{LocalRank: 2, Rank: 6}, "/tmp/e.json", tc.placed))
+			got := envMap(workerEnv(tc.base, spec, Worker{LocalRank: 2, Rank: 6}, "/tmp/e.json", "/tmp/p.json", tc.placed))
 			for k, v := range tc.want {
 				if got[k] != v {
 					t.Errorf("%s: got %q, want %q", k, got[k], v)
@@ -67,7 +68,7 @@ func TestWorkerEnv(t *testing.T) {
 }
 
 func TestWorkerEnvSingleProcNoOMP(t *testing.T) {
-	got := envMap(workerEnv(nil, &Spec{NProc: 1, WorldSize: 1}, Worker{}, "e", nil))
+	got := envMap(workerEnv(nil, &Spec{NProc: 1, WorldSize: 1}, Worker{}, "e", "p", nil))
 	if _, ok := got["OMP_NUM_THREADS"]; ok {
 		t.Error("OMP_NUM_THREADS set for a single worker; torchrun leaves it alone")
 	}

@@ -101,7 +101,11 @@ type WorkerExitError struct {
 	Signal               syscall.Signal // 0 unless killed by a signal
 	StderrTail           []string       // last lines of its stderr
 	ErrorFile            *ErrorFile     // what it wrote to TORCHELASTIC_ERROR_FILE, if anything
+	Time                 time.Time      // when it was reaped
 }
+
+// Failed reports whether the worker failed: a code other than 0, or a signal.
+func (e *WorkerExitError) Failed() bool { return e.Code != 0 || e.Signal != 0 }
 
 func (e *WorkerExitError) Error() string {
 	if e.Signal != 0 {
@@ -114,12 +118,17 @@ type worker struct {
 	Worker
 	pid         int
 	errorFile   string
+	noteFile    string // DDP_AGENT_COMM_NOTE_FILE
 	stdout      *stream
 	stderr      *stream
 	streamsDone sync.WaitGroup
 	readers     []*os.File
 	done        chan struct{} // closed when the process has been reaped
 	state       *os.ProcessState
+	exitedAt    time.Time // when it was reaped; set before done is closed
+
+	exitOnce sync.Once
+	exitErr  *WorkerExitError // its exit, once reaped (exitError)
 }
 
 // exit is sent by a worker's wait goroutine.
@@ -186,7 +195,8 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create worker dir: %w", err)
 	}
-	w := &worker{Worker: id, errorFile: filepath.Join(dir, "error.json"), done: make(chan struct{})}
+	w := &worker{Worker: id, errorFile: filepath.Join(dir, "error.json"), noteFile: filepath.Join(dir, "comm_note.json"),
+		done: make(chan struct{})}
 	var streams Streams
 	if spec.Streams != nil {
 		streams = spec.Streams(id.LocalRank)
@@ -245,7 +255,7 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 		argv = append(slices.Clone(place.Prefix), argv...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = workerEnv(spec.BaseEnv, spec, id, w.errorFile, place.Env)
+	cmd.Env = workerEnv(spec.BaseEnv, spec, id, w.errorFile, w.noteFile, place.Env)
 	cmd.Stdout, cmd.Stderr = outW, errW
 	// Pdeathsig fires when the thread that forked the child exits; the Go
 	// runtime only ends threads whose goroutine locked them and exited, and
@@ -268,6 +278,7 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 	go func() {
 		_ = cmd.Wait() // the exit status is in ProcessState
 		w.state = cmd.ProcessState
+		w.exitedAt = time.Now()
 		// Its children (DataLoader workers, shells) must not outlive it.
 		// Right after the reap the group id cannot have been reused yet:
 		// the kernel keeps a pid while any process uses it as a group id.
@@ -346,10 +357,18 @@ func (g *Group) Wait(ctx context.Context) error {
 	return nil
 }
 
+// exitError is reaped worker w's exit (Code 0 when it succeeded), made
+// once.
 func (g *Group) exitError(w *worker) *WorkerExitError {
+	w.exitOnce.Do(func() { w.exitErr = g.makeExitError(w) })
+	return w.exitErr
+}
+
+func (g *Group) makeExitError(w *worker) *WorkerExitError {
 	// Give its stderr a moment to reach EOF, so the tail holds its last words.
 	waitTimeout(&w.streamsDone, time.Second)
-	e := &WorkerExitError{Rank: w.Rank, LocalRank: w.LocalRank, PID: w.pid, Code: -1, StderrTail: w.stderr.lastLines()}
+	e := &WorkerExitError{Rank: w.Rank, LocalRank: w.LocalRank, PID: w.pid, Code: -1, StderrTail: w.stderr.lastLines(),
+		Time: w.exitedAt}
 	if w.state != nil {
 		if ws, ok := w.state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			e.Signal = ws.Signal()
@@ -363,6 +382,58 @@ func (g *Group) exitError(w *worker) *WorkerExitError {
 		g.log.Warn("unreadable worker error file", "rank", w.Rank, "path", w.errorFile, "err", err)
 	}
 	return e
+}
+
+// Outcome is what the supervisor knows of one worker when an attempt
+// fails, for working out its root cause.
+type Outcome struct {
+	Rank, LocalRank, PID int
+	Exit                 *WorkerExitError // nil while it runs; Code 0 when it succeeded
+	Peer                 *PeerFailure     // its shim's note that a peer failed it, if any
+	// Closed is when it first closed a communicator (its shim's note), zero
+	// if it never did: its peers saw it go then, maybe long before its exit.
+	Closed time.Time
+}
+
+// Outcomes returns every worker's outcome so far, in local rank order. It
+// reads files the workers write, and may wait up to a second for each
+// reaped worker's stderr to end.
+func (g *Group) Outcomes() []Outcome {
+	var out []Outcome
+	for _, w := range g.list() {
+		o := Outcome{Rank: w.Rank, LocalRank: w.LocalRank, PID: w.pid}
+		select {
+		case <-w.done:
+			o.Exit = g.exitError(w)
+		default:
+		}
+		var err error
+		if o.Closed, o.Peer, err = readCommNote(w.noteFile, g.spec.WorldSize); err != nil && !errors.Is(err, os.ErrNotExist) {
+			g.log.Warn("unreadable communicator note", "rank", w.Rank, "path", w.noteFile, "err", err)
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// WaitExited waits until the worker of global rank has been reaped, ctx
+// is done, or d has passed; it reports whether the worker was reaped.
+func (g *Group) WaitExited(ctx context.Context, rank int, d time.Duration) bool {
+	for _, w := range g.list() {
+		if w.Rank != rank {
+			continue
+		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-w.done:
+			return true
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		return false
+	}
+	return false
 }
 
 // Stop stops every worker still running: sig (SIGTERM, or SIGINT to let

@@ -335,6 +335,8 @@ func (c *Comm) run(tr allReducer, w *Work) {
 		if err != nil {
 			if cause := context.Cause(c.ctx); cause != nil {
 				err = fmt.Errorf("%w (%v)", cause, err)
+			} else {
+				c.notePeerFailure(err, time.Now()) // before the caller hears of it, and exits
 			}
 			c.Abort(fmt.Errorf("all-reduce of step %d bucket %d (%d bytes): %w", w.step, w.bucket, len(w.buf), err))
 			err = fmt.Errorf("all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
@@ -387,6 +389,9 @@ func (c *Comm) Close() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
+	}
+	if c.tr != nil || c.nc != nil {
+		c.noteClosed(time.Now()) // before the peers can see it go
 	}
 	// Abort only with work outstanding: the shared-memory transport tells
 	// the peers about an abort, and they may still be finishing the last

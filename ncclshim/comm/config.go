@@ -30,6 +30,8 @@ type Config struct {
 	LogLevel   string `json:"log_level"`
 	NCCLLib    string `json:"nccl_lib"`
 	CUDALib    string `json:"cuda_lib"`
+	// NoteFile: see Note.
+	NoteFile string `json:"note_file"`
 }
 
 const (

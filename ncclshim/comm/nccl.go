@@ -241,6 +241,16 @@ func (c *Config) ncclLib() string {
 	return getenv("DDP_AGENT_NCCL_LIB")
 }
 
+// noteFile is where the process's communicators leave their Note: the
+// config's, else $DDP_AGENT_COMM_NOTE_FILE (set by the agent); "" for
+// nowhere.
+func (c *Config) noteFile() string {
+	if c.NoteFile != "" {
+		return c.NoteFile
+	}
+	return getenv("DDP_AGENT_COMM_NOTE_FILE")
+}
+
 // getenv reads the C environment: Go's os.Getenv sees a copy taken when the
 // runtime started, which misses what Python's os.environ set since.
 func getenv(name string) string {

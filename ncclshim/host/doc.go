@@ -46,3 +46,29 @@ var (
 	// ErrInvalid: a bad argument; nothing was sent and the Comm is intact.
 	ErrInvalid = errors.New("host: invalid argument")
 )
+
+// The ways a peer can fail a Comm, as PeerError.Kind says them.
+const (
+	PeerClosed  = "closed"  // it closed its communicator
+	PeerLost    = "lost"    // its connection broke: the process died, or reset it
+	PeerAborted = "aborted" // it aborted its communicator (shared memory's abort flag)
+)
+
+// PeerError is a failure that one peer caused: it closed its communicator,
+// its connection broke, or it aborted. It wraps ErrPeer (Err says the
+// rest); Rank is the peer's rank in the communicator. The shim tells the
+// agent who failed whom with it, so that a rank that failed only because
+// a peer went first is not taken for the root cause.
+type PeerError struct {
+	Rank int
+	Kind string // PeerClosed, PeerLost or PeerAborted
+	Err  error
+}
+
+func (e *PeerError) Error() string { return e.Err.Error() }
+func (e *PeerError) Unwrap() error { return e.Err }
+
+// peerError is err as a failure that peer caused.
+func peerError(peer int, kind string, err error) error {
+	return &PeerError{Rank: peer, Kind: kind, Err: err}
+}

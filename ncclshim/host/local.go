@@ -131,8 +131,13 @@ func fromSHM(err error) error {
 		{shm.ErrClosed, ErrAborted},
 	} {
 		if errors.Is(err, m.from) && !errors.Is(err, m.to) {
-			return fmt.Errorf("%w: %w", m.to, err)
+			err = fmt.Errorf("%w: %w", m.to, err)
+			break
 		}
+	}
+	var pe *shm.PeerError
+	if errors.As(err, &pe) {
+		return peerError(pe.Rank, pe.Kind, err)
 	}
 	return err
 }

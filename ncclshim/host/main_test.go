@@ -190,6 +190,35 @@ func TestPeerKilled(t *testing.T) {
 					t.Errorf("rank %d failed after %v, want well within the %v timeout", r, d, timeout)
 				}
 			}
+			checkBlamesDead(t, errs, tc.dead)
 		})
+	}
+}
+
+// checkBlamesDead: every survivor's error is a PeerError naming the dead
+// rank or a survivor that failed before it, so that following them leads
+// to the dead rank: what the agent relies on to name the root cause.
+func checkBlamesDead(t *testing.T, errs []error, dead int) {
+	t.Helper()
+	blamed := map[int]int{}
+	for r, err := range errs {
+		var pe *PeerError
+		if r == dead {
+			continue
+		}
+		if !errors.As(err, &pe) || pe.Kind != PeerLost && pe.Kind != PeerAborted {
+			t.Errorf("rank %d: got %v, want a PeerError (lost or aborted)", r, err)
+			return
+		}
+		blamed[r] = pe.Rank
+	}
+	for r := range blamed {
+		p, hops := r, 0
+		for ; p != dead && hops <= len(errs); hops++ {
+			p = blamed[p]
+		}
+		if p != dead {
+			t.Errorf("following the ranks that failed rank %d does not lead to the dead rank %d: %v", r, dead, blamed)
+		}
 	}
 }

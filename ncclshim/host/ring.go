@@ -420,7 +420,7 @@ func (c *Comm) sendAll(col *collective) error {
 	// The header and segment 0 of step 0 leave in one system call.
 	first := net.Buffers{col.hdr[:], col.segment(c.rank, 0)}
 	if _, err := first.WriteTo(c.send); err != nil {
-		return c.ioError(col, fmt.Sprintf("send header to rank %d", mod(c.rank+1, n)), err)
+		return c.ioError(col, mod(c.rank+1, n), "send header to", err)
 	}
 	for t := range 2 * (n - 1) {
 		i := mod(c.rank-t, n)
@@ -436,7 +436,7 @@ func (c *Comm) sendAll(col *collective) error {
 			}
 			if seg := col.segment(i, k); len(seg) > 0 {
 				if _, err := c.send.Write(seg); err != nil {
-					return c.ioError(col, fmt.Sprintf("send step %d/%d (chunk %d segment %d) to rank %d", t+1, 2*(n-1), i, k, mod(c.rank+1, n)), err)
+					return c.ioError(col, mod(c.rank+1, n), fmt.Sprintf("send step %d/%d (chunk %d segment %d) to", t+1, 2*(n-1), i, k), err)
 				}
 			}
 			c.sent.add()
@@ -492,11 +492,13 @@ func (c *Comm) receive() {
 	var received int64 // collectives fully received
 	for {
 		if _, err := io.ReadFull(c.recv, hdr[:]); err != nil {
-			c.fail(fmt.Errorf("rank %d: read header from rank %d: %w: %w", c.rank, mod(c.rank-1, c.size), classify(err), err))
+			prev := mod(c.rank-1, c.size)
+			c.fail(lostPeer(prev, fmt.Errorf("rank %d: read header from rank %d: %w: %w", c.rank, prev, classify(err), err)))
 			return
 		}
 		if string(hdr[:4]) == byeMagic {
-			c.neighbourClosed(fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, ErrPeer, mod(c.rank-1, c.size)), received)
+			prev := mod(c.rank-1, c.size)
+			c.neighbourClosed(peerError(prev, PeerClosed, fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, ErrPeer, prev)), received)
 			return
 		}
 		var col *collective
@@ -561,7 +563,7 @@ func (c *Comm) receiveAll(col *collective, hdr *[hdrLen]byte, staging []byte) er
 // read fills dst from the predecessor: segment k of chunk i in step t.
 func (c *Comm) read(col *collective, dst []byte, t, i, k int) error {
 	if _, err := io.ReadFull(c.recv, dst); err != nil {
-		return c.ioError(col, fmt.Sprintf("receive step %d/%d (chunk %d segment %d) from rank %d", t+1, 2*(c.size-1), i, k, mod(c.rank-1, c.size)), err)
+		return c.ioError(col, mod(c.rank-1, c.size), fmt.Sprintf("receive step %d/%d (chunk %d segment %d) from", t+1, 2*(c.size-1), i, k), err)
 	}
 	return nil
 }
@@ -591,17 +593,31 @@ func (c *Comm) watchSuccessor() {
 	if err == nil && b[0] == byeByte {
 		// It has received everything this rank sent it: nothing in flight
 		// needs it any more.
-		c.neighbourClosed(fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, ErrPeer, mod(c.rank+1, c.size)), -1)
+		next := mod(c.rank+1, c.size)
+		c.neighbourClosed(peerError(next, PeerClosed, fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, ErrPeer, next)), -1)
 		return
 	}
+	next := mod(c.rank+1, c.size)
 	if err == nil {
-		err = errors.New("unexpected data")
+		c.fail(fmt.Errorf("rank %d: connection to rank %d: %w: unexpected data", c.rank, next, ErrPeer))
+		return
 	}
-	c.fail(fmt.Errorf("rank %d: connection to rank %d: %w: %w", c.rank, mod(c.rank+1, c.size), ErrPeer, err))
+	c.fail(peerError(next, PeerLost, fmt.Errorf("rank %d: connection to rank %d: %w: %w", c.rank, next, ErrPeer, err)))
 }
 
-func (c *Comm) ioError(col *collective, what string, err error) error {
-	return fmt.Errorf("all-reduce #%d on rank %d: %s: %w: %w", col.seq, c.rank, what, classify(err), err)
+// ioError is an I/O error of a collective with peer: what is "send ... to"
+// or "receive ... from", completed with the peer's rank.
+func (c *Comm) ioError(col *collective, peer int, what string, err error) error {
+	return lostPeer(peer, fmt.Errorf("all-reduce #%d on rank %d: %s rank %d: %w: %w", col.seq, c.rank, what, peer, classify(err), err))
+}
+
+// lostPeer makes err, an I/O error with peer, a PeerError (PeerLost)
+// unless it is a timeout: a deadline says nothing about who failed.
+func lostPeer(peer int, err error) error {
+	if errors.Is(err, ErrTimeout) {
+		return err
+	}
+	return peerError(peer, PeerLost, err)
 }
 
 // classify maps an I/O error to ErrTimeout (a deadline) or ErrPeer.

@@ -285,13 +285,14 @@ func (c *Comm) check(j *job, p int) error {
 		return err
 	}
 	if p >= 0 && atomic.LoadUint32(c.ctl[p].closed) != 0 {
-		return fmt.Errorf("%w: rank %d closed its communicator", ErrPeer, p)
+		return &PeerError{Rank: p, Kind: PeerClosed, Err: fmt.Errorf("%w: rank %d closed its communicator", ErrPeer, p)}
 	}
 	if a := atomic.LoadUint32(c.abort); a != 0 {
 		if a&abortMismatch != 0 {
 			return fmt.Errorf("%w: rank %d found that %w", ErrPeer, a&abortRankMask-1, ErrMismatch)
 		}
-		return fmt.Errorf("%w: rank %d raised the abort flag", ErrPeer, a&abortRankMask-1)
+		r := int(a&abortRankMask) - 1
+		return &PeerError{Rank: r, Kind: PeerAborted, Err: fmt.Errorf("%w: rank %d raised the abort flag", ErrPeer, r)}
 	}
 	if time.Now().After(j.deadline) {
 		if j.ctxDeadline {

@@ -58,6 +58,24 @@ var (
 	ErrClosed = errors.New("communicator closed")
 )
 
+// The ways a peer can fail a collective, as PeerError.Kind says them (the
+// same words as package host's).
+const (
+	PeerClosed  = "closed"  // it closed its communicator
+	PeerAborted = "aborted" // it raised the abort flag
+)
+
+// PeerError is a failure that one peer caused; it wraps ErrPeer. Rank is
+// the peer's.
+type PeerError struct {
+	Rank int
+	Kind string // PeerClosed or PeerAborted
+	Err  error
+}
+
+func (e *PeerError) Error() string { return e.Err.Error() }
+func (e *PeerError) Unwrap() error { return e.Err }
+
 // Config tunes a communicator. The zero value is usable.
 type Config struct {
 	// Timeout bounds each AllReduce when ctx has no earlier deadline
