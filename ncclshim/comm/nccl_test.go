@@ -39,11 +39,21 @@ func fakeNCCL(t *testing.T, knobs map[string]string) string {
 // ranks in this process, through the external bootstrap.
 func ncclWorld(t *testing.T, lib string, n int, timeoutMS int) []*Comm {
 	t.Helper()
+	return openWorld(t, n, func(r int) string {
+		return `{"rank":` + strconv.Itoa(r) + `,"world_size":` + strconv.Itoa(n) + `,"transport":"nccl","nccl_lib":"` + lib +
+			`","timeout_ms":` + strconv.Itoa(timeoutMS) + `,"name":"t"}`
+	})
+}
+
+// openWorld opens n communicators in this process from config(rank) and
+// connects them through the external bootstrap: every rank's blob to every
+// rank, all connecting at once (NCCL's init waits for every rank).
+func openWorld(t *testing.T, n int, config func(rank int) string) []*Comm {
+	t.Helper()
 	comms := make([]*Comm, n)
 	blobs := make([]string, n)
 	for r := range n {
-		cfg, err := ParseConfig(`{"rank":` + strconv.Itoa(r) + `,"world_size":` + strconv.Itoa(n) + `,"transport":"nccl","nccl_lib":"` + lib +
-			`","timeout_ms":` + strconv.Itoa(timeoutMS) + `,"name":"t"}`)
+		cfg, err := ParseConfig(config(r))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,7 +71,7 @@ func ncclWorld(t *testing.T, lib string, n int, timeoutMS int) []*Comm {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[r] = comms[r].Connect(blobs) // NCCL's init waits for every rank
+			errs[r] = comms[r].Connect(blobs)
 		}()
 	}
 	wg.Wait()

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -20,37 +19,14 @@ import (
 func hostWorld(t *testing.T, n int) (comms []*Comm, notes []string) {
 	t.Helper()
 	dir := t.TempDir()
-	comms, notes = make([]*Comm, n), make([]string, n)
-	blobs := make([]string, n)
+	notes = make([]string, n)
 	for r := range n {
 		notes[r] = filepath.Join(dir, "note_"+strconv.Itoa(r)+".json")
-		cfg, err := ParseConfig(`{"rank":` + strconv.Itoa(r) + `,"world_size":` + strconv.Itoa(n) +
-			`,"timeout_ms":20000,"name":"t","shm":false,"note_file":"` + notes[r] + `"}`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if comms[r], err = Open(cfg); err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-		t.Cleanup(comms[r].Close)
-		if blobs[r], err = comms[r].Info(); err != nil {
-			t.Fatal(err)
-		}
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = comms[r].Connect(blobs)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return comms, notes
+	return openWorld(t, n, func(r int) string {
+		return `{"rank":` + strconv.Itoa(r) + `,"world_size":` + strconv.Itoa(n) +
+			`,"timeout_ms":20000,"name":"t","shm":false,"note_file":"` + notes[r] + `"}`
+	}), notes
 }
 
 func hostAllReduce(c *Comm, buf []float32) error {
