@@ -167,10 +167,23 @@ type Analyzer struct {
 	seq     uint64 // creation order of pending collectives
 	pending map[telemetry.Key]*pending
 	done    recent
-	buckets map[uint32]*window
+	buckets map[shape]*window
 	steps   stepLog
 	stats   Stats
 }
+
+// shape is what a collective's durations are compared within: the same
+// bucket of the same size. DDP's buckets keep their sizes (but for its one
+// rebuild after the first step); a job that all-reduces other sizes under
+// one bucket index (a benchmark sweeping 64 KiB to 256 MiB) must not have
+// its big collectives judged by its small ones.
+type shape struct {
+	bucket uint32
+	bytes  uint64
+}
+
+// maxShapes bounds the windows kept: DDP has tens of buckets.
+const maxShapes = 1024
 
 // rankState is what a pending collective holds for one rank.
 type rankState uint8
@@ -208,7 +221,7 @@ func (a *Analyzer) clear() {
 	a.done = newRecent(a.cfg.MaxPending)
 	// Bucket durations and straggler history start afresh: a new
 	// generation may have another world size, other hosts, other buckets.
-	a.buckets = make(map[uint32]*window)
+	a.buckets = make(map[shape]*window)
 	a.steps = newStepLog(a.cfg.StragglerSteps)
 }
 
@@ -329,10 +342,14 @@ func (a *Analyzer) judge(k telemetry.Key, recs []telemetry.Record) telemetry.Col
 	c := telemetry.Collective{Key: k, Bytes: recs[0].Bytes, DType: recs[0].DType, Records: recs}
 	a.stats.Complete++
 
-	w := a.buckets[k.Bucket]
+	sh := shape{bucket: k.Bucket, bytes: c.Bytes}
+	w := a.buckets[sh]
 	if w == nil {
+		if len(a.buckets) >= maxShapes {
+			clear(a.buckets) // a job whose every collective has another size: start afresh
+		}
 		w = newWindow(a.cfg.Window)
-		a.buckets[k.Bucket] = w
+		a.buckets[sh] = w
 	}
 	d := c.Duration()
 	median, sigma := spread(w.sorted)

@@ -396,6 +396,27 @@ func TestMedian(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a size sweep under one bucket index", func(t *testing.T) {
+		// The all-reduce benchmark goes from 64 KiB in 1 ms to 256 MiB in
+		// 150 ms under bucket 0: each size is judged against its own
+		// durations, and none is a stall (issue 16 saw these called stalls).
+		a := newAnalyzer(t, Config{WorldSize: 2})
+		i := 0
+		for size := uint64(64 << 10); size <= 256<<20; size *= 4 {
+			d := max(time.Millisecond, time.Duration(float64(size)/float64(256<<20)*float64(150*time.Millisecond)))
+			for range 20 {
+				at := t0.Add(time.Duration(i) * time.Second)
+				recs := collective(1, uint64(i), 0, at, d, 0, 0)
+				for j := range recs {
+					recs[j].Bytes = size
+				}
+				if cs := add(a, recs...); cs[0].Stall != nil {
+					t.Fatalf("collective %d (%d bytes, %v): stall %+v", i, size, d, cs[0].Stall)
+				}
+				i++
+			}
+		}
+	})
 	t.Run("lasting slowdown", func(t *testing.T) {
 		// From collective 50 on, every collective takes 10×: stalls at
 		// first, until they fill half the window.
