@@ -25,7 +25,7 @@ build:
 	@go=$$(scripts/deps.sh go) && \
 	  $$go build -ldflags "$(LDFLAGS)" -o bin/.ddp-agent.tmp ./agent/cmd/ddp-agent && mv -f bin/.ddp-agent.tmp bin/ddp-agent && \
 	  CGO_ENABLED=1 $$go build -buildmode=c-shared -o bin/.libddpshim.so.tmp ./ncclshim && mv -f bin/.libddpshim.so.tmp bin/libddpshim.so && \
-	  rm -f bin/.libddpshim.so.h bin/.libddpshim.h bin/libddpshim.h && cp ncclshim/ddpshim.h bin/ && \
+	  rm -f bin/.libddpshim.so.h && cp ncclshim/ddpshim.h bin/ && \
 	  cp bin/libddpshim.so python/ddp_agent/.libddpshim.so.tmp && mv -f python/ddp_agent/.libddpshim.so.tmp python/ddp_agent/libddpshim.so
 	@echo "built bin/ddp-agent bin/libddpshim.so"
 

@@ -37,7 +37,7 @@ type Config struct {
 // Rendezvous says how this node joins the job.
 type Rendezvous struct {
 	// Dynamic joins through a store (c10d, etcd); otherwise the ranks are
-	// fixed by NodeRank and NNodesMax (static).
+	// fixed by NodeRank and NNodesMax (static). Standalone overrides it.
 	Dynamic bool
 	// Standalone is a single node that meets nobody: no store, its state
 	// and the workers' key-value store in the agent's memory, a fresh

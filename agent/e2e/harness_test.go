@@ -167,13 +167,22 @@ func startAgent(t *testing.T, extraEnv []string, args ...string) *agentRun {
 // wait returns the agent's exit code, failing the test if it runs past d.
 func (r *agentRun) wait(d time.Duration) int {
 	r.t.Helper()
+	return r.waitHint(d, "")
+}
+
+// waitHint is wait with a hint on what to look at when the agent runs past d.
+func (r *agentRun) waitHint(d time.Duration, hint string) int {
+	r.t.Helper()
 	select {
 	case <-r.done:
 		return r.code
 	case <-time.After(d):
 		r.cmd.Process.Kill()
 		<-r.done
-		r.t.Fatalf("agent still running after %v\nstdout:\n%s\nstderr:\n%s", d, tail(r.stdout.String()), tail(r.stderr.String()))
+		if hint != "" {
+			hint = " " + hint
+		}
+		r.t.Fatalf("agent still running after %v, killed%s\n%s", d, hint, r.logs())
 		return -1
 	}
 }

@@ -25,20 +25,6 @@ func trainPy() string { return filepath.Join(repoRoot, "examples", "train.py") }
 
 func hookProbe() string { return filepath.Join(repoRoot, "agent", "e2e", "testdata", "hook_probe.py") }
 
-// waitHint is wait with a hint on what to look at when the agent runs past d.
-func (r *agentRun) waitHint(d time.Duration, hint string) int {
-	r.t.Helper()
-	select {
-	case <-r.done:
-		return r.code
-	case <-time.After(d):
-		r.cmd.Process.Kill()
-		<-r.done
-		r.t.Fatalf("agent still running after %v, killed %s\n%s", d, hint, r.logs())
-		return -1
-	}
-}
-
 var collectiveEventsRE = regexp.MustCompile(`msg="collective events".*?generation=(\d+).*?received=(\d+).*?dropped=(\d+)`)
 
 // collectiveEvent is one of the agent's `collective events` log lines.

@@ -102,7 +102,7 @@ class NcclTransport:
         # host time delays backward: plain calls rather than torch.cuda's
         # device and stream context managers, and one reused event rather than
         # wait_stream's new one (about 30 us less per bucket on an H100 host;
-        # docs/gpu-check.md).
+        # docs/gpu-runs/README.md).
         device = buf.device
         if torch.cuda.current_device() != device.index:
             # set_stream below would leave the bucket's device current.
@@ -143,8 +143,8 @@ class NcclTransport:
         """Has the shim enqueue an NCCL all-reduce of tensor; blocks until enqueued (at most the timeout)."""
         dtype, count = _buckets.shim_count(tensor)
         try:
-            # The NCCL transport fails the call itself when the enqueue fails;
-            # the work it returns is complete, so there is nothing to wait for.
+            # The NCCL transport fails the call itself when the enqueue fails,
+            # and its work is complete at return: no handle to wait on or free.
             comm.enqueue(tensor.data_ptr(), count, dtype, op, stream, step, index)
         except ShimError as e:
             if note:

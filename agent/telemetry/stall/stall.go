@@ -306,7 +306,7 @@ func (a *Analyzer) Add(r telemetry.Record) []telemetry.Collective {
 	}
 	delete(a.pending, k)
 	a.done.add(k)
-	return []telemetry.Collective{a.judge(k, p.recs)}
+	return []telemetry.Collective{a.judge(k, p.recs, p.first)}
 }
 
 // open starts a pending collective for k, dropping the oldest one when
@@ -338,7 +338,7 @@ func (a *Analyzer) open(k telemetry.Key) *pending {
 
 // judge builds the completed collective, decides whether it stalled, and
 // feeds the bucket's window and the straggler history.
-func (a *Analyzer) judge(k telemetry.Key, recs []telemetry.Record) telemetry.Collective {
+func (a *Analyzer) judge(k telemetry.Key, recs []telemetry.Record, first time.Time) telemetry.Collective {
 	c := telemetry.Collective{Key: k, Bytes: recs[0].Bytes, DType: recs[0].DType, Records: recs}
 	a.stats.Complete++
 
@@ -374,7 +374,7 @@ func (a *Analyzer) judge(k telemetry.Key, recs []telemetry.Record) telemetry.Col
 		return c // nobody to wait for, nobody to blame
 	}
 	straggler, late, waited := blame(recs)
-	a.steps.observe(k.Step, firstArrival(recs), c.Bytes, straggler, late)
+	a.steps.observe(k.Step, first, c.Bytes, straggler, late)
 
 	stalled := samples >= a.cfg.MinSamples && d > threshold
 	if samples < a.cfg.MinSamples {
@@ -417,17 +417,6 @@ func blame(recs []telemetry.Record) (straggler int, late, waited time.Duration) 
 		waited += last.Sub(r.Arrive)
 	}
 	return straggler, last.Sub(prev), waited
-}
-
-// firstArrival is the earliest non-zero arrival of recs.
-func firstArrival(recs []telemetry.Record) time.Time {
-	var first time.Time
-	for _, r := range recs {
-		if !r.Arrive.IsZero() && (first.IsZero() || r.Arrive.Before(first)) {
-			first = r.Arrive
-		}
-	}
-	return first
 }
 
 // Stragglers runs the persistent straggler test (straggler.go) over the

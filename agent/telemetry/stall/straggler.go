@@ -111,26 +111,44 @@ func (l *stepLog) observe(step uint64, first time.Time, bytes uint64, last int, 
 // consecutive steps kept, the newest left out (it may be incomplete); 0
 // with fewer than minStragglerSteps/2 of them.
 func (l *stepLog) stepSigma() time.Duration {
+	nums := l.sorted()
+	if len(nums) > 0 {
+		nums = nums[:len(nums)-1]
+	}
+	kept := make([]step, len(nums))
+	for i, n := range nums {
+		kept[i] = step{n: n, obs: l.steps[n]}
+	}
+	times := stepTimes(kept)
+	if len(times) < minStragglerSteps/2 {
+		return 0
+	}
+	_, sigma := spread(times)
+	return sigma
+}
+
+// sorted returns the numbers of the steps kept, in order.
+func (l *stepLog) sorted() []uint64 {
 	nums := make([]uint64, 0, len(l.steps))
 	for s := range l.steps {
 		nums = append(nums, s)
 	}
 	slices.Sort(nums)
-	if len(nums) > 0 {
-		nums = nums[:len(nums)-1]
-	}
+	return nums
+}
+
+// stepTimes returns, sorted, the times between the consecutive steps of
+// steps (in step order): a step's time is from its first arrival to the
+// next step's.
+func stepTimes(steps []step) []time.Duration {
 	var times []time.Duration
-	for i := 1; i < len(nums); i++ {
-		if nums[i] == nums[i-1]+1 {
-			times = append(times, l.steps[nums[i]].start.Sub(l.steps[nums[i-1]].start))
+	for i := 1; i < len(steps); i++ {
+		if steps[i].n == steps[i-1].n+1 {
+			times = append(times, steps[i].obs.start.Sub(steps[i-1].obs.start))
 		}
 	}
-	if len(times) < minStragglerSteps/2 {
-		return 0
-	}
 	slices.Sort(times)
-	_, sigma := spread(times)
-	return sigma
+	return times
 }
 
 // stragglerParams are the test's knobs, from Config.
@@ -145,12 +163,7 @@ type stragglerParams struct {
 
 // judge runs the test over the kept steps and updates the named ranks.
 func (l *stepLog) judge(p stragglerParams) []telemetry.Straggler {
-	nums := make([]uint64, 0, len(l.steps))
-	for s := range l.steps {
-		nums = append(nums, s)
-	}
-	slices.Sort(nums)
-	window := eligible(l.steps, nums, l.first, p.warmup, p.window)
+	window := eligible(l.steps, l.sorted(), l.first, p.warmup, p.window)
 	out, named := decide(window, p, l.named)
 	l.named = named
 	return out
@@ -201,16 +214,10 @@ func decide(window []step, p stragglerParams, was map[int]bool) ([]telemetry.Str
 		return nil, named
 	}
 	// Step times between consecutive steps of the window, and their noise.
-	var times []time.Duration
-	for i := 1; i < len(window); i++ {
-		if window[i].n == window[i-1].n+1 {
-			times = append(times, window[i].obs.start.Sub(window[i-1].obs.start))
-		}
-	}
+	times := stepTimes(window)
 	if len(times) < minStragglerSteps/2 {
 		return nil, named
 	}
-	slices.Sort(times)
 	stepTime, sigma := spread(times)
 	if stepTime <= 0 {
 		return nil, named

@@ -13,7 +13,7 @@ func report(w io.Writer, rs []result, now time.Time) {
 	fmt.Fprintln(w, "| scenario | step | named | steps to detection | seconds to detection | stall lines | false alarms |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
 	var balancedHours float64
-	falseAlarms, due, caught := 0, 0, 0
+	falseAlarms, balancedAlarms, due, caught := 0, 0, 0, 0
 	var steps []int
 	var secs []float64
 	for _, r := range rs {
@@ -30,6 +30,7 @@ func report(w io.Writer, rs []result, now time.Time) {
 		falseAlarms += r.falseAlarms()
 		if r.s.balanced() {
 			balancedHours += r.duration.Hours()
+			balancedAlarms += r.falseAlarms()
 		}
 		if !r.s.balanced() && r.s.extraPct >= 10 {
 			due++
@@ -42,14 +43,8 @@ func report(w io.Writer, rs []result, now time.Time) {
 	}
 	fmt.Fprintln(w)
 	if balancedHours > 0 {
-		var bal int
-		for _, r := range rs {
-			if r.s.balanced() {
-				bal += r.falseAlarms()
-			}
-		}
 		fmt.Fprintf(w, "- false alarms in balanced training: %d in %.1f minutes (%.1f per hour; goal 0)\n",
-			bal, balancedHours*60, float64(bal)/balancedHours)
+			balancedAlarms, balancedHours*60, float64(balancedAlarms)/balancedHours)
 	}
 	fmt.Fprintf(w, "- false alarms in all runs (a wrong rank named, or a stall in a balanced job): %d\n", falseAlarms)
 	if due > 0 {

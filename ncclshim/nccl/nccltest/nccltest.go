@@ -38,6 +38,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"testing"
 	"unsafe"
 )
 
@@ -95,10 +96,7 @@ func Installed(soname string) bool {
 }
 
 // SkipIfInstalled skips t when the loader finds a real soname (see Installed).
-func SkipIfInstalled(t interface {
-	Helper()
-	Skipf(format string, args ...any)
-}, sonames ...string) {
+func SkipIfInstalled(t testing.TB, sonames ...string) {
 	t.Helper()
 	for _, s := range sonames {
 		if Installed(s) {
