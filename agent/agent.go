@@ -17,6 +17,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/ddp-agent/ddp-agent/agent/hostmon"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
@@ -102,7 +103,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	ctx, cancel := context.WithCancelCause(ctx)
-	s := &session{runID: runID, runDir: runDir, keep: keep, events: newEventTally(), faults: newFaults()}
+	s := &session{runID: runID, runDir: runDir, keep: keep, events: newEventTally(), faults: newFaults(),
+		mon: hostmon.NewMonitor(a.log)}
 	defer s.bg.Wait()
 	defer cancel(nil) // runs first: stop the background parts, then wait for them
 

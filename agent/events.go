@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -29,7 +28,7 @@ func (t *eventTally) add(rank int, ev wire.Events) {
 	t.received += uint64(len(ev.Events))
 	t.dropped += ev.Dropped
 	for _, e := range ev.Events {
-		if e.Status != 0 && e.Status != telemetry.StatusInFlight {
+		if e.Failed() {
 			t.failed++
 		}
 	}

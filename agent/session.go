@@ -64,18 +64,19 @@ func (s *session) goBackground(f func()) {
 // startTelemetry starts the collective watch and its exporter; the
 // returned func flushes and closes them.
 func (a *Agent) startTelemetry(ctx context.Context, s *session) (func(), error) {
-	var readGPU func(string) (string, error)
+	var readGPU func(string) (watch.GPUReading, error)
 	if a.gpus != nil && a.gpus.State != nil {
-		readGPU = func(uuid string) (string, error) {
+		readGPU = func(uuid string) (watch.GPUReading, error) {
 			st, err := a.gpus.State(uuid)
 			if err != nil {
-				return "", err
+				return watch.GPUReading{}, err
 			}
-			return st.String(), nil
+			return watch.GPUReading{State: st.String(), Slowdown: st.Slowdown()}, nil
 		}
 	}
 	s.watch = watch.New(watch.Config{Log: a.log, HangTimeout: a.cfg.Telemetry.HangTimeout, HangAuto: a.cfg.Telemetry.HangAuto,
-		StragglerCost: a.cfg.Telemetry.StragglerCost, RankOf: a.authorize, ReadGPU: readGPU, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
+		StragglerCost: a.cfg.Telemetry.StragglerCost, RankOf: a.authorize, ReadGPU: readGPU, ReadHost: s.mon.Slowdown,
+		OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
 	exp, closeExp, err := a.openExporter(ctx, s.runID, s.runDir, s.keep, s.watch.Worker)
 	if err != nil {
 		s.watch.Close()
@@ -121,7 +122,6 @@ func (a *Agent) startControl(ctx context.Context, s *session) (func(), error) {
 // finding that calls for a restart is a fault of the attempt; one that
 // drains the node cancels the run with a *GPUFaultError.
 func (a *Agent) startMonitors(ctx context.Context, cancel context.CancelCauseFunc, s *session) {
-	s.mon = hostmon.NewMonitor(a.log)
 	s.goBackground(func() { _ = s.mon.Run(ctx) })
 	s.goBackground(func() { a.watchGPUs(ctx, s.faults.report, func(f *GPUFaultError) { cancel(f) }) })
 }

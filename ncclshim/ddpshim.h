@@ -145,6 +145,16 @@ int ddpshim_connect(int64_t comm, const char *peers);
 int ddpshim_allreduce(int64_t comm, void *buf, int64_t count, int dtype, int op,
                       void *stream, uint64_t step, int32_t bucket, int64_t *work);
 
+/* ddpshim_mark tells ddp-agent that this rank started the forward pass of
+ * step (the step number its buckets of that iteration will carry) now;
+ * kind is DDPSHIM_MARK_FORWARD. The agent splits a persistent straggler's
+ * lateness into input (before forward), compute and communication with it.
+ * It never blocks (a slow agent drops marks, counted with the events) and
+ * does nothing without ddp-agent. Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID
+ * (unknown handle or kind), DDPSHIM_ERR_CLOSED. */
+#define DDPSHIM_MARK_FORWARD 0
+int ddpshim_mark(int64_t comm, uint64_t step, int kind);
+
 /* ddpshim_work_wait blocks until the work completes and returns its status:
  * DDPSHIM_OK; DDPSHIM_ERR_TIMEOUT, DDPSHIM_ERR_PEER or DDPSHIM_ERR_MISMATCH
  * for the collective that failed first; DDPSHIM_ERR_ABORTED for every later

@@ -20,6 +20,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/ncclshim/comm"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 func main() {}
@@ -103,6 +104,20 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 	if work != nil {
 		*work = C.int64_t(lib.addWork(w))
 	}
+	return status.OK
+}
+
+//export ddpshim_mark
+func ddpshim_mark(comm C.int64_t, step C.uint64_t, kind C.int) (rc C.int) {
+	defer guard("ddpshim_mark", &rc)
+	c, err := lib.comm(int64(comm))
+	if err != nil {
+		return fail(err)
+	}
+	if kind != C.int(wire.MarkForward) {
+		return fail(status.Errorf(status.Invalid, "ddpshim_mark: unknown kind %d", kind))
+	}
+	c.Mark(uint64(step), uint32(kind))
 	return status.OK
 }
 

@@ -205,3 +205,32 @@ func (s GPUState) String() string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// slowClockShare: an SM clock below this share of its maximum, on a GPU
+// that is busy, is running slow (an idle GPU lowers its clocks by design).
+const (
+	slowClockShare = 0.8
+	busyPercent    = 50
+)
+
+// Slowdown is what in s would make a rank on this GPU compute slower than
+// its peers, in one short clause ("throttled: hw thermal slowdown; SM
+// 900/1980 MHz"), or "" when NVML shows nothing of the kind: an active
+// throttle reason, an SM clock well below its maximum while the GPU is
+// busy, or other compute processes sharing it. It is the evidence behind a
+// straggler's cause "gpu"; a field NVML could not read is no evidence.
+func (s GPUState) Slowdown() string {
+	has := func(field string) bool { return !slices.Contains(s.Missing, field) }
+	var parts []string
+	if len(s.ThrottleReasons) > 0 {
+		parts = append(parts, "throttled: "+strings.Join(s.ThrottleReasons, ", "))
+	}
+	if has(stateSMClock) && has(stateMaxSMClock) && has(stateUtilization) && s.MaxSMClockMHz > 0 &&
+		s.UtilizationGPU >= busyPercent && float64(s.SMClockMHz) < slowClockShare*float64(s.MaxSMClockMHz) {
+		parts = append(parts, fmt.Sprintf("SM clock %d of %d MHz while %d%% busy", s.SMClockMHz, s.MaxSMClockMHz, s.UtilizationGPU))
+	}
+	if s.Processes > 1 {
+		parts = append(parts, fmt.Sprintf("shared with %d other compute processes", s.Processes-1))
+	}
+	return strings.Join(parts, "; ")
+}

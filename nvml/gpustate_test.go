@@ -273,3 +273,35 @@ func gpuStateEqual(a, b GPUState) bool {
 		a.UtilizationGPU == b.UtilizationGPU && slices.Equal(a.ThrottleReasons, b.ThrottleReasons) &&
 		a.Processes == b.Processes && slices.Equal(a.Missing, b.Missing)
 }
+
+// TestGPUStateSlowdown: only what slows a busy GPU is evidence; an idle
+// GPU's low clocks and a field NVML could not read are not.
+func TestGPUStateSlowdown(t *testing.T) {
+	healthy := GPUState{UUID: "GPU-1", TemperatureC: 64, SMClockMHz: 1410, MaxSMClockMHz: 1410, UtilizationGPU: 98, Processes: 1}
+	with := func(f func(*GPUState)) GPUState {
+		s := healthy
+		f(&s)
+		return s
+	}
+	for _, tc := range []struct {
+		name string
+		s    GPUState
+		want string
+	}{
+		{"healthy", healthy, ""},
+		{"throttled and clocked down", with(func(s *GPUState) {
+			s.SMClockMHz, s.ThrottleReasons = 900, []string{"hw thermal slowdown"}
+		}), "throttled: hw thermal slowdown; SM clock 900 of 1410 MHz while 98% busy"},
+		{"idle GPU clocks down by design", with(func(s *GPUState) { s.SMClockMHz, s.UtilizationGPU = 210, 3 }), ""},
+		{"slightly below max", with(func(s *GPUState) { s.SMClockMHz = 1200 }), ""},
+		{"clock unknown", with(func(s *GPUState) { s.SMClockMHz, s.Missing = 0, []string{stateSMClock} }), ""},
+		{"shared", with(func(s *GPUState) { s.Processes = 3 }), "shared with 2 other compute processes"},
+		{"processes unknown", with(func(s *GPUState) { s.Processes = -1 }), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.s.Slowdown(); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -21,6 +21,23 @@ type CollectiveEvent struct {
 // collective that hangs. It is outside the C ABI's status codes.
 const StatusInFlight = 255
 
+// StatusMark is the Status of a record that is no collective but a step
+// mark: the rank started the forward pass of Step at TArrive (the hook's
+// forward pre-hook), which splits a straggler's lateness into input and
+// compute. Bucket is the kind of mark (MarkForward); the other fields are
+// zero. It is outside the C ABI's status codes, and a record like any
+// other on the wire, so the relay carries it unchanged.
+const StatusMark = 254
+
+// The kinds of step marks, in Bucket of a StatusMark record.
+const MarkForward = 0
+
+// Failed reports whether ev is the final record of a collective that
+// returned an error.
+func (ev CollectiveEvent) Failed() bool {
+	return ev.Status != 0 && ev.Status != StatusInFlight && ev.Status != StatusMark
+}
+
 // RankedEvent is a CollectiveEvent with the generation and the rank it
 // belongs to: the record the telemetry relay forwards from a follower's
 // agent to the leader's.

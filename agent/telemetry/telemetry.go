@@ -19,6 +19,10 @@ import (
 // the wire's value, which the shim sends.
 const StatusInFlight = wire.StatusInFlight
 
+// StatusMark marks a record that is no collective: the rank started the
+// forward pass of Step at Arrive (wire.StatusMark).
+const StatusMark = wire.StatusMark
+
 // Record is one rank's view of one collective. Times are on the clock of
 // the agent that analyzes them (the leader): records from other nodes are
 // corrected by the estimated offset before they get here.
@@ -39,6 +43,9 @@ type Record struct {
 // Done reports whether r is a final record (the collective finished, well
 // or not), as opposed to an in-flight one.
 func (r Record) Done() bool { return r.Status != StatusInFlight }
+
+// IsMark reports whether r is a step mark rather than a collective's record.
+func (r Record) IsMark() bool { return r.Status == StatusMark }
 
 // Key identifies a collective within a job.
 type Key struct {
@@ -66,6 +73,11 @@ type Worker struct {
 	// (nvml.GPUState.String), so the leader can report on other nodes'
 	// GPUs; empty when unknown.
 	GPUState string
+	// GPUSlowdown and HostSlowdown are what its node's agent last saw
+	// that would slow it down (nvml.GPUState.Slowdown,
+	// hostmon.Slowdown): the evidence of a straggler's cause "gpu" or
+	// "host"; empty when nothing.
+	GPUSlowdown, HostSlowdown string
 }
 
 // Collective is one all-reduce as every rank saw it.
@@ -118,4 +130,32 @@ type Straggler struct {
 	Noise       time.Duration // the noise band: waits below it are not counted
 	Share       float64       // the waits it caused, as a share of step time
 	P           float64       // the chance of being the straggler that often in a balanced job
+
+	// Where its lateness comes from (package stall): how much more than
+	// the other ranks' median it spent, median over its significant steps
+	// whose phases are known (Phased of them; 0 when the hook does not
+	// mark forward starts), before forward (Input: data loading, the
+	// optimizer, anything between steps), in forward and backward up to
+	// its last bucket (Compute), and waiting for its previous step's
+	// all-reduces to finish (Comm). Together they make up its lateness.
+	Input, Compute, Comm time.Duration
+	Phased               int
+
+	// Cause and Evidence say why, with the numbers behind it; the watch
+	// sets them (stall.Explain), adding what NVML and the host show.
+	Cause    Cause
+	Evidence string
 }
+
+// Cause is why a persistent straggler is slow.
+type Cause string
+
+// The causes. Unknown is said, never a guess.
+const (
+	CauseInput   Cause = "input"   // time before forward grows: the data pipeline, or work between steps
+	CauseCompute Cause = "compute" // forward and backward take longer, input does not
+	CauseGPU     Cause = "gpu"     // compute is slow and NVML shows why: throttled, clocked down, shared
+	CauseHost    Cause = "host"    // compute is slow and its threads wait for a CPU
+	CauseNetwork Cause = "network" // its all-reduces finish after the others'
+	CauseUnknown Cause = "unknown" // the phases do not say
+)

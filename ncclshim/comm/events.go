@@ -163,3 +163,15 @@ func (c *Comm) reportInFlight() {
 		c.events.push(ev)
 	}
 }
+
+// Mark records that the caller started the forward pass of step now (kind
+// wire.MarkForward), for the agent's split of a straggler's lateness into
+// input and compute. It costs a ring push; without ddp-agent it does
+// nothing. It does not touch the collectives, so it works on a closed or
+// aborted communicator as a no-op.
+func (c *Comm) Mark(step uint64, kind uint32) {
+	if c.events == nil {
+		return
+	}
+	c.events.push(wire.CollectiveEvent{Step: step, Bucket: kind, Status: wire.StatusMark, TArrive: time.Now().UnixNano()})
+}

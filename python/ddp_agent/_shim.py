@@ -147,6 +147,7 @@ PROTOTYPES: Dict[str, Tuple[Any, Tuple[Any, ...]]] = {
             _c_int64_p,       # work
         ),
     ),
+    "ddpshim_mark": (ctypes.c_int, (ctypes.c_int64, ctypes.c_uint64, ctypes.c_int)),
     "ddpshim_work_wait": (ctypes.c_int, (ctypes.c_int64,)),
     "ddpshim_work_test": (ctypes.c_int, (ctypes.c_int64, _c_int_p)),
     "ddpshim_work_free": (ctypes.c_int, (ctypes.c_int64,)),
@@ -405,6 +406,17 @@ class Comm:
         rc = lib.ddpshim_allreduce(self.handle, ptr, count, dtype, op, stream, step, bucket, None)
         if rc:
             _check(lib, rc, "ddpshim_allreduce")
+
+    def mark(self, step: int, kind: int = 0) -> None:
+        """Tells ddp-agent that this rank starts the forward pass of step now (ddpshim_mark).
+
+        kind 0 is the forward start, the only kind. Never blocks; does
+        nothing without ddp-agent.
+        """
+        lib = _library()
+        rc = lib.ddpshim_mark(self.handle, step, kind)
+        if rc:
+            _check(lib, rc, "ddpshim_mark")
 
     def abort(self, reason: Optional[str] = None) -> None:
         """Fails every pending and future collective with ABORTED and unblocks their waiters. Idempotent."""

@@ -38,6 +38,11 @@ meets it:
 - Buckets change: the first iteration's buckets are rebuilt after it (after
   two with ``static_graph``), so nothing here assumes fixed sizes. The
   schedule is logged and kept on :attr:`Hook.schedule`.
+- A forward pre-hook on the model tells the agent when each forward
+  starts (``ddpshim_mark``): with the buckets' arrival and end times, that
+  splits a persistent straggler's lateness into input, compute and
+  communication. It costs one call into the library per forward and never
+  raises.
 - ``DDP.join()`` calls the hook outside backward, for zero-filled shadow
   buckets; nothing here depends on being called from backward.
 - Where NCCL cannot be loaded on some rank, transport="auto" all-reduces
@@ -139,6 +144,7 @@ class Hook:
         self._host = HostTransport(self._comms, self._failure, compression)
         self._nccl = NcclTransport(self._comms, self._agreement, self._failure, compression)
         self._fallback = TorchFallback(group, transport, compression, self.world_size)
+        self._forward_hook: Any = None  # the forward pre-hook's handle, removed at close
 
     @property
     def step(self) -> int:
@@ -170,6 +176,25 @@ class Hook:
                 return self._nccl.allreduce(buf, step, index)
             self._fallback.reason = plan.why
         return self._fallback.allreduce(buf)
+
+    def _mark_forward(self) -> None:
+        """DDP's forward pre-hook: tells the agent this rank starts the forward of the next step.
+
+        With the batch's arrival and the buckets' times, the agent splits a
+        straggler's lateness into input (before forward), compute and
+        communication. Before the first bucket no communicator is open yet
+        (step 0 is warm-up anyway); a closed or failed hook marks nothing. A
+        mark must never fail a training step: errors are dropped.
+        """
+        if self._comms.closed or _shim._forked_child:
+            return
+        comm = self._comms.get("host") or self._comms.get("nccl")
+        if comm is None:
+            return
+        try:
+            comm.mark(self._schedule.step)
+        except _shim.ShimError:
+            pass
 
     def info(self) -> Optional[Dict[str, Any]]:
         """Returns the communicator's description (ddpshim_comm_info), or None before the first bucket.
@@ -209,6 +234,9 @@ class Hook:
         if not self._comms.mark_closed():
             return
         _live.discard(self)
+        if self._forward_hook is not None:
+            self._forward_hook.remove()
+            self._forward_hook = None
         self._host.stop(at_exit)
         self._comms.close(at_exit)
 
@@ -322,6 +350,7 @@ def register(
         name=f"ddp_agent-{n}{_group_tag(group)}",
     )
     ddp_model.register_comm_hook(hook, _comm_hook)
+    hook._forward_hook = ddp_model.register_forward_pre_hook(lambda _module, _inputs: hook._mark_forward())
     _live.add(hook)
     return hook
 

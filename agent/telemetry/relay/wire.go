@@ -117,6 +117,8 @@ type workerJSON struct {
 	GPU       string `json:"gpu,omitempty"`
 	GPUIndex  int    `json:"gpu_index"`
 	GPUState  string `json:"gpu_state,omitempty"`
+	GPUSlow   string `json:"gpu_slowdown,omitempty"`
+	HostSlow  string `json:"host_slowdown,omitempty"`
 }
 
 type workersMsg struct {
@@ -149,7 +151,7 @@ func encodeWorkers(ws []telemetry.Worker) ([]byte, error) {
 	m := workersMsg{Workers: make([]workerJSON, len(ws))}
 	for i, w := range ws {
 		m.Workers[i] = workerJSON{Rank: w.Rank, LocalRank: w.LocalRank, Host: w.Host, PID: w.PID, GPU: w.GPU, GPUIndex: w.GPUIndex,
-			GPUState: w.GPUState}
+			GPUState: w.GPUState, GPUSlow: w.GPUSlowdown, HostSlow: w.HostSlowdown}
 	}
 	return json.Marshal(m)
 }
@@ -167,11 +169,12 @@ func decodeWorkers(b []byte) ([]telemetry.Worker, error) {
 		if !validRank(w.Rank) {
 			return nil, fmt.Errorf("workers: rank %d out of range", w.Rank)
 		}
-		if len(w.Host) > maxText || len(w.GPU) > maxText || len(w.GPUState) > maxText {
-			return nil, fmt.Errorf("workers: rank %d: host, GPU or GPU state longer than %d bytes", w.Rank, maxText)
+		if len(w.Host) > maxText || len(w.GPU) > maxText || len(w.GPUState) > maxText ||
+			len(w.GPUSlow) > maxText || len(w.HostSlow) > maxText {
+			return nil, fmt.Errorf("workers: rank %d: host, GPU, GPU state or slowdown longer than %d bytes", w.Rank, maxText)
 		}
 		ws[i] = telemetry.Worker{Rank: w.Rank, LocalRank: w.LocalRank, Host: w.Host, PID: w.PID, GPU: w.GPU, GPUIndex: w.GPUIndex,
-			GPUState: w.GPUState}
+			GPUState: w.GPUState, GPUSlowdown: w.GPUSlow, HostSlowdown: w.HostSlow}
 	}
 	return ws, nil
 }

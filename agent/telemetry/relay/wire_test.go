@@ -232,7 +232,8 @@ func TestJobToken(t *testing.T) {
 // reaches the leader as sent.
 func TestWorkersRoundTrip(t *testing.T) {
 	ws := []telemetry.Worker{
-		{Rank: 5, LocalRank: 1, Host: "node-b", PID: 4411, GPU: "GPU-5c1e", GPUIndex: 1, GPUState: "83°C, SM 1200/1410 MHz, throttled: sw power cap"},
+		{Rank: 5, LocalRank: 1, Host: "node-b", PID: 4411, GPU: "GPU-5c1e", GPUIndex: 1, GPUState: "83°C, SM 1200/1410 MHz, throttled: sw power cap",
+			GPUSlowdown: "throttled: sw power cap", HostSlowdown: "its threads waited for a CPU 23% of the time"},
 		{Rank: 4, LocalRank: 0, Host: "node-b", PID: 4410, GPUIndex: -1},
 	}
 	b, err := encodeWorkers(ws)

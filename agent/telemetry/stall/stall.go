@@ -374,7 +374,7 @@ func (a *Analyzer) judge(k telemetry.Key, recs []telemetry.Record, first time.Ti
 		return c // nobody to wait for, nobody to blame
 	}
 	straggler, late, waited := blame(recs)
-	a.steps.observe(k.Step, first, c.Bytes, straggler, late)
+	a.steps.observe(k.Step, first, c.Bytes, straggler, late, recs)
 
 	stalled := samples >= a.cfg.MinSamples && d > threshold
 	if samples < a.cfg.MinSamples {
@@ -417,6 +417,28 @@ func blame(recs []telemetry.Record) (straggler int, late, waited time.Duration) 
 		waited += last.Sub(r.Arrive)
 	}
 	return straggler, last.Sub(prev), waited
+}
+
+// Mark records that rank started a forward pass for step of generation
+// gen at t (the hook's forward pre-hook): what splits a straggler's
+// lateness into input, compute and communication (phases.go). Marks of
+// older generations and of ranks out of range are ignored; one of a newer
+// generation starts it, as a record does.
+func (a *Analyzer) Mark(gen uint64, rank int, step uint64, t time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rank < 0 || rank >= a.cfg.WorldSize || t.IsZero() {
+		a.stats.BadRank++
+		return
+	}
+	if !a.started || gen > a.gen {
+		a.resetLocked(gen)
+	}
+	if gen < a.gen {
+		a.stats.OtherGen++
+		return
+	}
+	a.steps.mark(step, rank, a.cfg.WorldSize, t)
 }
 
 // Stragglers runs the persistent straggler test (straggler.go) over the

@@ -55,6 +55,7 @@ type stepObs struct {
 	collectives int                   // complete collectives seen
 	bytes       uint64                // their sizes: the bucket layout's signature
 	cost        map[int]time.Duration // rank → the longest it alone made the others wait
+	phases                            // each rank's last arrival and end (phases.go)
 }
 
 // stepLog keeps the last steps of a generation and the ranks named.
@@ -64,6 +65,8 @@ type stepLog struct {
 	first uint64 // the first step seen in the generation
 	seen  bool
 	named map[int]bool
+	// marks holds the ranks' forward starts by step (phases.go).
+	marks map[uint64][]time.Time
 	// sigma is the robust standard deviation of the job's step times, 0
 	// until enough steps were seen; recomputed at each new step. A stall
 	// within a few of it cost the job nothing it would notice.
@@ -72,12 +75,13 @@ type stepLog struct {
 
 func newStepLog(window int) stepLog {
 	size := window + 2*rebuildSteps + 2
-	return stepLog{size: size, steps: make(map[uint64]*stepObs, size+1), named: map[int]bool{}}
+	return stepLog{size: size, steps: make(map[uint64]*stepObs, size+1), named: map[int]bool{}, marks: map[uint64][]time.Time{}}
 }
 
 // observe records a complete collective of step: its first arrival, its
-// size, and the rank that arrived last with how long after the others.
-func (l *stepLog) observe(step uint64, first time.Time, bytes uint64, last int, late time.Duration) {
+// size, the rank that arrived last with how long after the others, and
+// each rank's arrival and end (recs, by rank).
+func (l *stepLog) observe(step uint64, first time.Time, bytes uint64, last int, late time.Duration, recs []telemetry.Record) {
 	if !l.seen || step < l.first {
 		l.first, l.seen = step, true
 	}
@@ -92,11 +96,13 @@ func (l *stepLog) observe(step uint64, first time.Time, bytes uint64, last int, 
 				return // older than every step kept
 			}
 			delete(l.steps, lowest)
+			l.pruneMarks(lowest)
 		}
-		o = &stepObs{start: first, cost: map[int]time.Duration{}}
+		o = &stepObs{start: first, cost: map[int]time.Duration{}, phases: newPhases(len(recs))}
 		l.steps[step] = o
 		l.sigma = l.stepSigma()
 	}
+	o.phases.observe(recs)
 	if first.Before(o.start) {
 		o.start = first
 	}
@@ -164,15 +170,23 @@ type stragglerParams struct {
 // judge runs the test over the kept steps and updates the named ranks.
 func (l *stepLog) judge(p stragglerParams) []telemetry.Straggler {
 	window := eligible(l.steps, l.sorted(), l.first, p.warmup, p.window)
+	for i := range window {
+		window[i].prev = l.steps[window[i].n-1]
+		window[i].marks = l.marks[window[i].n]
+	}
 	out, named := decide(window, p, l.named)
 	l.named = named
 	return out
 }
 
-// step is one step of the window: its number and what was kept of it.
+// step is one step of the window: its number and what was kept of it,
+// with the step before it (nil when not kept) and the ranks' forward
+// starts (nil without marks), for the split into phases.
 type step struct {
-	n   uint64
-	obs *stepObs
+	n     uint64
+	obs   *stepObs
+	prev  *stepObs
+	marks []time.Time
 }
 
 // eligible returns the last window steps of nums (sorted) that count:
@@ -229,6 +243,7 @@ func decide(window []step, p stragglerParams, was map[int]bool) ([]telemetry.Str
 	count := map[int]int{}
 	waits := map[int][]time.Duration{}
 	total := map[int]time.Duration{}
+	splits := map[int][]split{}
 	for _, s := range window {
 		rank, wait := -1, time.Duration(0)
 		for r, c := range s.obs.cost {
@@ -243,6 +258,9 @@ func decide(window []step, p stragglerParams, was map[int]bool) ([]telemetry.Str
 		count[rank]++
 		waits[rank] = append(waits[rank], wait)
 		total[rank] += wait
+		if sp, ok := excess(s, rank); ok {
+			splits[rank] = append(splits[rank], sp)
+		}
 	}
 	var out []telemetry.Straggler
 	for rank, k := range count {
@@ -254,13 +272,27 @@ func decide(window []step, p stragglerParams, was map[int]bool) ([]telemetry.Str
 			continue
 		}
 		named[rank] = true
-		out = append(out, telemetry.Straggler{
+		st := telemetry.Straggler{
 			Rank: rank, Last: k, Steps: len(window), Significant: significant,
 			Late: medianOf(waits[rank]), StepTime: stepTime, Noise: noise, Share: share, P: pv,
-		})
+		}
+		st.Input, st.Compute, st.Comm, st.Phased = medianSplit(splits[rank])
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b telemetry.Straggler) int {
 		return cmp.Or(cmp.Compare(b.Share, a.Share), cmp.Compare(a.Rank, b.Rank))
 	})
 	return out, named
+}
+
+// medianSplit is the median of each phase over sps, and how many.
+func medianSplit(sps []split) (input, compute, comm time.Duration, n int) {
+	if len(sps) == 0 {
+		return 0, 0, 0, 0
+	}
+	in, cp, cm := make([]time.Duration, len(sps)), make([]time.Duration, len(sps)), make([]time.Duration, len(sps))
+	for i, s := range sps {
+		in[i], cp[i], cm[i] = s.input, s.compute, s.comm
+	}
+	return medianOf(in), medianOf(cp), medianOf(cm), len(sps)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // analyze feeds global-rank records of at to its analyzer.
@@ -20,6 +21,12 @@ func (s *Watch) analyze(at *attempt, recs []telemetry.Record) {
 			continue
 		}
 		r.Rank -= at.base
+		if r.IsMark() {
+			if r.Bucket == wire.MarkForward {
+				at.an.Mark(r.Gen, r.Rank, r.Step, r.Arrive)
+			}
+			continue
+		}
 		done = append(done, at.an.Add(r)...)
 	}
 	if len(done) == 0 {

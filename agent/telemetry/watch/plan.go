@@ -106,7 +106,7 @@ func (s *Watch) plan(ctx context.Context, a Attempt) analysis {
 	}
 	hctx, stop := context.WithCancel(ctx)
 	go s.answerHangs(hctx, cl)
-	go s.sendGPUStates(hctx, cl, a.Workers)
+	go s.sendStates(hctx, cl, a.Workers)
 	return analysis{fwd: cl, done: func() { stop(); cl.Close() }}
 }
 

@@ -7,87 +7,117 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/stall"
 )
 
-// noteStragglers logs each rank that becomes a persistent straggler, and
-// each that stops being one, and returns those named now, by global rank.
+// noteStragglers logs each rank that becomes a persistent straggler, each
+// whose cause changes, and each that stops being one, and returns those
+// named now, by global rank, their causes set.
 func (s *Watch) noteStragglers() []telemetry.Straggler {
 	at := s.current()
 	if at == nil || at.an == nil {
 		return nil
 	}
 	all := at.an.Stragglers()
-	now := make(map[int]bool, len(all))
+	now := make(map[int]telemetry.Cause, len(all))
+	gpuStates := make(map[int]string, len(all))
 	for i := range all {
-		all[i].Rank += at.base
-		now[all[i].Rank] = true
+		st := &all[i]
+		st.Rank += at.base
+		ev := s.evidence(at, st.Rank)
+		st.Cause, st.Evidence = stall.Explain(*st, ev.gpuSlow, ev.hostSlow)
+		now[st.Rank] = st.Cause
+		gpuStates[st.Rank] = ev.gpuState
 	}
 	s.mu.Lock()
 	was := s.known
 	s.known = now
-	for r := range now {
-		s.dirty = s.dirty || !was[r]
+	for r, c := range now {
+		if old, ok := was[r]; !ok || old != c {
+			s.dirty = true
+		}
 	}
 	for r := range was {
-		s.dirty = s.dirty || !now[r]
+		s.dirty = s.dirty || now[r] == ""
 	}
 	s.mu.Unlock()
 	for _, st := range all {
-		if !was[st.Rank] {
-			s.logStraggler(st)
+		switch old, ok := was[st.Rank]; {
+		case !ok:
+			s.logStraggler(st, gpuStates[st.Rank])
+		case old != st.Cause:
+			s.log.Warn(fmt.Sprintf("persistent straggler: rank %s: cause now %s (was %s): %s", s.describe(st.Rank), st.Cause, old, st.Evidence),
+				"rank", st.Rank, "cause", string(st.Cause))
 		}
 	}
 	for r := range was {
-		if !now[r] {
+		if _, ok := now[r]; !ok {
 			s.log.Info(fmt.Sprintf("rank %s is no longer a persistent straggler", s.describe(r)), "rank", r)
 		}
+	}
+	if s.onStraggler != nil {
+		s.onStraggler(slices.Clone(all))
 	}
 	return all
 }
 
 // logStraggler is the paragraph a person can act on: who, by how much, how
-// sure, at what cost.
-func (s *Watch) logStraggler(st telemetry.Straggler) {
+// sure, at what cost, and why.
+func (s *Watch) logStraggler(st telemetry.Straggler, gpuState string) {
 	w := s.Worker(st.Rank)
 	msg := fmt.Sprintf("persistent straggler: rank %s held the others back in %d of the last %d steps, "+
 		"by %s (median), %.1f%% of the %s step time; the job's noise band is %s, and a balanced job "+
-		"would do this with probability %.1g",
+		"would do this with probability %.1g; cause %s: %s",
 		s.describe(st.Rank), st.Last, st.Steps, seconds(st.Late), 100*st.Share, seconds(st.StepTime),
-		seconds(st.Noise), st.P)
-	if gs := s.gpuState(w); gs != "" {
-		msg += "; its GPU " + w.GPU + ": " + gs
+		seconds(st.Noise), st.P, st.Cause, st.Evidence)
+	if gpuState != "" {
+		msg += "; its GPU " + w.GPU + ": " + gpuState
 	}
 	s.log.Warn(msg, "rank", st.Rank, "gpu", w.GPU, "late", st.Late.Round(time.Microsecond),
-		"share", fmt.Sprintf("%.3f", st.Share), "p", st.P)
+		"share", fmt.Sprintf("%.3f", st.Share), "p", st.P, "cause", string(st.Cause))
 }
 
-// gpuState is what NVML says of w's GPU now, when it is on this node.
-func (s *Watch) gpuState(w telemetry.Worker) string {
+// evidence is what a rank's node shows now: its GPU's state and slowdown
+// (NVML), and its host's slowdown.
+type evidence struct {
+	gpuState, gpuSlow, hostSlow string
+}
+
+// evidence reads it for rank: here for a rank of this node, else as its
+// agent last sent it.
+func (s *Watch) evidence(at *attempt, rank int) evidence {
+	w := s.Worker(rank)
+	if rank < at.offset || rank >= at.offset+len(at.local) {
+		return evidence{gpuState: w.GPUState, gpuSlow: w.GPUSlowdown, hostSlow: w.HostSlowdown}
+	}
+	var ev evidence
+	if s.readHost != nil {
+		ev.hostSlow = s.readHost(rank)
+	}
 	if w.GPU == "" || s.readGPU == nil {
-		return ""
+		return ev
 	}
-	at := s.current()
-	if at == nil || w.Rank < at.offset || w.Rank >= at.offset+len(at.local) {
-		return w.GPUState // on another node: as its agent last read it
-	}
-	st, err := s.readGPU(w.GPU)
+	g, err := s.readGPU(w.GPU)
 	if err != nil {
-		return "state unknown (" + err.Error() + ")"
+		ev.gpuState = "state unknown (" + err.Error() + ")"
+		return ev
 	}
-	return st
+	ev.gpuState, ev.gpuSlow = g.State, g.Slowdown
+	return ev
 }
 
-// gpuStateEvery is how often a follower sends its workers' GPU states.
-const gpuStateEvery = 10 * time.Second
+// stateEvery is how often a follower sends its workers' GPU and host
+// states.
+const stateEvery = 10 * time.Second
 
-// sendGPUStates is a follower's side of persistent stragglers: the leader
-// cannot read this node's NVML, so the workers go to it again every
-// gpuStateEvery with their GPUs' states, until ctx ends.
-func (s *Watch) sendGPUStates(ctx context.Context, fwd forwarder, local []telemetry.Worker) {
-	if s.readGPU == nil {
+// sendStates is a follower's side of persistent stragglers: the leader
+// cannot read this node's NVML or /proc, so the workers go to it again
+// every stateEvery with their GPUs' states and slowdowns, until ctx ends.
+func (s *Watch) sendStates(ctx context.Context, fwd forwarder, local []telemetry.Worker) {
+	if s.readGPU == nil && s.readHost == nil {
 		return
 	}
-	t := time.NewTicker(gpuStateEvery)
+	t := time.NewTicker(stateEvery)
 	defer t.Stop()
 	for {
 		select {
@@ -97,11 +127,14 @@ func (s *Watch) sendGPUStates(ctx context.Context, fwd forwarder, local []teleme
 		}
 		ws := slices.Clone(local)
 		for i := range ws {
-			if ws[i].GPU == "" {
+			if s.readHost != nil {
+				ws[i].HostSlowdown = s.readHost(ws[i].Rank)
+			}
+			if ws[i].GPU == "" || s.readGPU == nil {
 				continue
 			}
-			if st, err := s.readGPU(ws[i].GPU); err == nil {
-				ws[i].GPUState = st
+			if g, err := s.readGPU(ws[i].GPU); err == nil {
+				ws[i].GPUState, ws[i].GPUSlowdown = g.State, g.Slowdown
 			}
 		}
 		fwd.SendWorkers(ws)

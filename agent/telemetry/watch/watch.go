@@ -56,12 +56,27 @@ type Config struct {
 	// such a process is sent SIGUSR2 for its stack.
 	RankOf func(pid int) (int, error)
 	// ReadGPU reads the state of a GPU of this node now (temperature,
-	// clocks, throttling) for the line of a persistent straggler; nil
-	// without NVML.
-	ReadGPU func(uuid string) (string, error)
+	// clocks, throttling) for the line of a persistent straggler and its
+	// cause; nil without NVML.
+	ReadGPU func(uuid string) (GPUReading, error)
+	// ReadHost is what slows a rank of this node down on its host, in a
+	// clause ("its threads waited for a CPU 23% of the time"), or "":
+	// the evidence of cause "host" (hostmon.Monitor.Slowdown); nil: none.
+	ReadHost func(rank int) string
+	// OnStragglers, if set, gets the persistent stragglers named at each
+	// look (every 2 s while they last, their causes set; empty once none
+	// is), from one goroutine; it must not block. The straggler action
+	// policy hangs here.
+	OnStragglers func([]telemetry.Straggler)
 	// OnHang ends the attempt whose collective hung; it is called at most
 	// once per attempt, from the watch's goroutine, and must not block.
 	OnHang func(*HangError)
+}
+
+// GPUReading is NVML's view of a GPU now.
+type GPUReading struct {
+	State    string // nvml.GPUState.String
+	Slowdown string // nvml.GPUState.Slowdown; "" when nothing slows it
 }
 
 // Watch watches the collectives of one attempt at a time. Its methods are
@@ -72,7 +87,9 @@ type Watch struct {
 	hangAuto    bool
 	cost        float64
 	rankOf      func(pid int) (int, error)
-	readGPU     func(uuid string) (string, error)
+	readGPU     func(uuid string) (GPUReading, error)
+	readHost    func(rank int) string
+	onStraggler func([]telemetry.Straggler)
 	onHang      func(*HangError)
 	exp         Exporter            // set before the first attempt
 	remote      chan map[int]string // stacks from followers
@@ -84,7 +101,7 @@ type Watch struct {
 	hung     bool // this attempt's hang was reported
 	stalls   []string
 	lastHang string
-	known    map[int]bool // the persistent stragglers named at the last look, this attempt
+	known    map[int]telemetry.Cause // the persistent stragglers named at the last look, this attempt, and their causes
 	dirty    bool         // something to publish
 	steps    stepClock
 	// progress is when a collective last completed, on this agent's
@@ -109,7 +126,7 @@ type attempt struct {
 // New returns a watch with no attempt.
 func New(cfg Config) *Watch {
 	return &Watch{log: cfg.Log, hangTimeout: cfg.HangTimeout, hangAuto: cfg.HangAuto, cost: cfg.StragglerCost, rankOf: cfg.RankOf,
-		readGPU: cfg.ReadGPU, onHang: cfg.OnHang, remote: make(chan map[int]string, 16)}
+		readGPU: cfg.ReadGPU, readHost: cfg.ReadHost, onStraggler: cfg.OnStragglers, onHang: cfg.OnHang, remote: make(chan map[int]string, 16)}
 }
 
 // SetExporter sets where complete collectives, hangs and restarts go;

@@ -57,9 +57,9 @@ func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 	uuid, _ := dev.GetUUID()
 
 	var logs strings.Builder
-	s := New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil)), HangTimeout: time.Minute, ReadGPU: func(u string) (string, error) {
+	s := New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil)), HangTimeout: time.Minute, ReadGPU: func(u string) (GPUReading, error) {
 		st, err := nvml.ReadGPUState(nvmltest.Lib(srv), u)
-		return st.String(), err
+		return GPUReading{State: st.String(), Slowdown: st.Slowdown()}, err
 	}})
 	local := []telemetry.Worker{
 		{Rank: 0, LocalRank: 0, Host: "node-a", PID: 100, GPU: "GPU-other", GPUIndex: 0},
@@ -71,9 +71,14 @@ func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 		for step := from; step < to; step++ {
 			t0 := base.Add(time.Duration(step) * time.Second)
 			for rank, late := range []time.Duration{0, late} {
+				// Both start forward together; rank 1's forward and
+				// backward take late longer; the all-reduce ends for both
+				// 10 ms after rank 1 arrives.
 				arrive := t0.Add(late)
-				s.analyze(s.current(), []telemetry.Record{{Gen: 0, Step: step, Bucket: 0, Rank: rank, Bytes: 1 << 20, DType: 7,
-					Arrive: arrive, Start: arrive, End: t0.Add(late + 10*time.Millisecond)}})
+				s.analyze(s.current(), []telemetry.Record{
+					{Gen: 0, Step: step, Bucket: 0, Rank: rank, Status: telemetry.StatusMark, Arrive: t0.Add(-500 * time.Millisecond)},
+					{Gen: 0, Step: step, Bucket: 0, Rank: rank, Bytes: 1 << 20, DType: 7,
+						Arrive: arrive, Start: arrive, End: t0.Add(100*time.Millisecond + 10*time.Millisecond)}})
 			}
 		}
 	}
@@ -85,7 +90,9 @@ func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 		t.Fatalf("%d persistent straggler lines, want 1:\n%s", n, out)
 	}
 	for _, want := range []string{"rank 1 (node-a, GPU 1, pid 101) held the others back in 14 of the last 14 steps",
-		"by 100ms (median), 10.0% of the 1.00 s step time", "its GPU " + uuid, "throttled: sw power cap"} {
+		"by 100ms (median), 10.0% of the 1.00 s step time", "its GPU " + uuid, "throttled: sw power cap",
+		"cause gpu: forward and backward take 100ms longer and its GPU is slowed: throttled: sw power cap",
+		"input +0s, compute +100ms, all-reduce +0s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}
