@@ -2,6 +2,11 @@
 // that, when a worker dies, the agent can say what it looked like just before:
 // its memory, CPU, state and number of processes, and how much memory the
 // node had left.
+//
+// It also keeps the evidence that a slow rank is slow because of its host
+// (Slowdown): how long the threads of the worker's tree waited runnable for a
+// CPU (their run delay, from the scheduler's schedstat), the node's CPU
+// pressure (PSI) and the CPU time the hypervisor stole from the node.
 package hostmon
 
 import (
@@ -31,16 +36,23 @@ type WorkerSample struct {
 	Rank, PID  int
 	RSSBytes   uint64  // resident memory of the whole tree
 	CPUPercent float64 // tree CPU since the previous sample, 100 = one core; 0 on the first sample
-	NumProcs   int     // processes in the tree, the worker included
-	State      string  // of the worker itself: "running", "sleeping", "disk-sleep", ...
-	Threads    int32   // of the worker itself
-	At         time.Time
+	// RunDelayPercent is how long the threads of the tree waited runnable for
+	// a CPU since the previous sample, summed over the threads, as a share of
+	// the wall time: 100 = one thread waited the whole interval. 0 on the
+	// first sample, and where the kernel keeps no schedstat.
+	RunDelayPercent float64
+	NumProcs        int    // processes in the tree, the worker included
+	State           string // of the worker itself: "running", "sleeping", "disk-sleep", ...
+	Threads         int32  // of the worker itself
+	At              time.Time
 }
 
-// NodeSample is one reading of the node's memory and load.
+// NodeSample is one reading of the node's memory, CPU contention and load.
 type NodeSample struct {
 	MemTotal, MemAvailable, SwapUsed uint64
 	MemPressureSome10                float64 // "some avg10" of /proc/pressure/memory, -1 when unavailable
+	CPUPressureSome10                float64 // "some avg10" of /proc/pressure/cpu, -1 when unavailable
+	StealPercent                     float64 // CPU time stolen by the hypervisor since the previous pass, % of all; 0 on the first pass
 	Load1                            float64
 	At                               time.Time
 }
@@ -65,7 +77,8 @@ type Monitor struct {
 	pageSize uint64
 
 	passMu sync.Mutex       // serializes sampling passes
-	cpu    map[int]procStat // tree processes of the previous pass, for CPU deltas; guarded by passMu
+	tree   map[int]treeProc // tree processes of the previous pass, for CPU and run delay deltas; guarded by passMu
+	times  cpuTimes         // the node's CPU times at the previous pass, for steal; guarded by passMu
 
 	mu      sync.Mutex
 	workers map[int]int          // rank → pid
@@ -82,6 +95,21 @@ type procStat struct {
 	rssPages     uint64
 }
 
+// treeProc is what a pass keeps of one process of a worker's tree, for the
+// next pass's deltas.
+type treeProc struct {
+	stat   procStat
+	delays map[int]uint64 // thread id → run delay (ns); nil when its threads could not be read
+}
+
+// pass is what one sampling pass reads once and shares between the workers.
+type pass struct {
+	procs    map[int]procStat // every process on the node
+	children map[int][]int    // pid → child pids
+	tree     map[int]treeProc // the workers' tree processes seen so far in this pass
+	buf      []byte           // for listing threads and reading their schedstat files
+}
+
 // NewMonitor returns a Monitor watching no workers yet.
 func NewMonitor(logger *slog.Logger, opts ...Option) *Monitor {
 	m := &Monitor{
@@ -90,7 +118,7 @@ func NewMonitor(logger *slog.Logger, opts ...Option) *Monitor {
 		pageSize: uint64(os.Getpagesize()),
 		workers:  map[int]int{},
 		samples:  map[int]WorkerSample{},
-		node:     NodeSample{MemPressureSome10: -1},
+		node:     NodeSample{MemPressureSome10: -1, CPUPressureSome10: -1},
 	}
 	for _, o := range opts {
 		o(m)
@@ -143,8 +171,8 @@ func (m *Monitor) Run(ctx context.Context) error {
 }
 
 // Sample makes one sampling pass now. It blocks while it reads the stat file
-// of every process on the node (about 10-20 µs each), and waits for a pass
-// already running.
+// of every process on the node (about 10-20 µs each) and the schedstat file of
+// every thread of the workers' trees, and waits for a pass already running.
 func (m *Monitor) Sample() {
 	m.passMu.Lock()
 	defer m.passMu.Unlock()
@@ -156,7 +184,7 @@ func (m *Monitor) Sample() {
 	workers, prev := maps.Clone(m.workers), maps.Clone(m.samples)
 	m.mu.Unlock()
 	if len(workers) == 0 {
-		m.cpu = nil
+		m.tree = nil
 		return
 	}
 
@@ -165,11 +193,10 @@ func (m *Monitor) Sample() {
 		m.logger.Warn("sample worker processes", "err", err)
 		return
 	}
-	children := map[int][]int{}
-	for _, p := range procs {
-		children[p.ppid] = append(children[p.ppid], p.pid)
+	p := &pass{procs: procs, children: map[int][]int{}, tree: map[int]treeProc{}, buf: make([]byte, 4096)}
+	for _, st := range procs {
+		p.children[st.ppid] = append(p.children[st.ppid], st.pid)
 	}
-	cpu := map[int]procStat{}
 	fresh := map[int]WorkerSample{}
 	for rank, pid := range workers {
 		w, ok := procs[pid]
@@ -180,29 +207,15 @@ func (m *Monitor) Sample() {
 		last, seen := prev[rank]
 		seen = seen && last.PID == pid
 		s := WorkerSample{Rank: rank, PID: pid, State: stateName(w.state), Threads: w.threads, At: now}
-		var ticks uint64
-		for stack := []int{pid}; len(stack) > 0; {
-			p, ok := procs[stack[len(stack)-1]]
-			stack = stack[:len(stack)-1]
-			if _, done := cpu[p.pid]; !ok || done {
-				continue
-			}
-			s.NumProcs++
-			s.RSSBytes += p.rssPages * m.pageSize
-			cpu[p.pid] = p
-			if b, ok := m.cpu[p.pid]; ok && b.start == p.start && p.ticks >= b.ticks {
-				ticks += p.ticks - b.ticks
-			} else if seen { // born since the previous pass
-				ticks += p.ticks
-			}
-			stack = append(stack, children[p.pid]...)
-		}
-		if elapsed := now.Sub(last.At).Seconds(); seen && elapsed > 0 {
-			s.CPUPercent = float64(ticks) / clockTicks / elapsed * 100
+		elapsed := now.Sub(last.At)
+		ticks, delay := m.walkTree(&s, p, seen, elapsed)
+		if seen && elapsed > 0 {
+			s.CPUPercent = float64(ticks) / clockTicks / elapsed.Seconds() * 100
+			s.RunDelayPercent = float64(delay) / float64(elapsed.Nanoseconds()) * 100
 		}
 		fresh[rank] = s
 	}
-	m.cpu = cpu
+	m.tree = p.tree
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -213,9 +226,45 @@ func (m *Monitor) Sample() {
 	}
 }
 
-// sampleNode reads the node's memory, memory pressure and load.
+// walkTree adds the process tree of s.PID to s and to p.tree, and returns its
+// CPU ticks and its threads' run delay (ns) since the previous pass, elapsed
+// ago. seen says whether that pass sampled this worker: a process it did not
+// see in the tree was born since, so all its time counts.
+func (m *Monitor) walkTree(s *WorkerSample, p *pass, seen bool, elapsed time.Duration) (ticks, delay uint64) {
+	for stack := []int{s.PID}; len(stack) > 0; {
+		st, ok := p.procs[stack[len(stack)-1]]
+		stack = stack[:len(stack)-1]
+		if _, done := p.tree[st.pid]; !ok || done {
+			continue
+		}
+		s.NumProcs++
+		s.RSSBytes += st.rssPages * m.pageSize
+		b, known := m.tree[st.pid]
+		known = known && b.stat.start == st.start // not a reused pid
+		if known && st.ticks >= b.stat.ticks {
+			ticks += st.ticks - b.stat.ticks
+		} else if seen { // born since the previous pass
+			ticks += st.ticks
+		}
+		delays, err := readDelays(st.pid, p.buf)
+		if err != nil { // most likely exited since the listing
+			m.logger.Debug("read thread run delays", "pid", st.pid, "err", err)
+		}
+		switch {
+		case known && b.delays != nil:
+			delay += delaySince(delays, b.delays, uint64(max(elapsed, 0)))
+		case !known && seen: // born since the previous pass; a known process without a baseline adds nothing
+			delay += delaySince(delays, nil, uint64(max(elapsed, 0)))
+		}
+		p.tree[st.pid] = treeProc{stat: st, delays: delays}
+		stack = append(stack, p.children[st.pid]...)
+	}
+	return ticks, delay
+}
+
+// sampleNode reads the node's memory, memory pressure, CPU contention and load.
 func (m *Monitor) sampleNode(now time.Time) NodeSample {
-	n := NodeSample{MemPressureSome10: -1, At: now}
+	n := NodeSample{MemPressureSome10: -1, CPUPressureSome10: -1, At: now}
 	if vm, err := mem.VirtualMemory(); err != nil {
 		m.logger.Debug("sample node memory", "err", err)
 	} else {
@@ -232,6 +281,7 @@ func (m *Monitor) sampleNode(now time.Time) NodeSample {
 	if b, err := os.ReadFile("/proc/pressure/memory"); err == nil {
 		n.MemPressureSome10 = parsePressure(b)
 	}
+	m.sampleCPU(&n)
 	return n
 }
 
@@ -315,27 +365,41 @@ func stateName(c byte) string {
 }
 
 // String formats s on one line, e.g. "rank 1 pid 4242: rss 812.3 MiB (3 procs),
-// cpu 97%, state sleeping, 12 threads, sampled 0.8s ago".
+// cpu 97%, run delay 23%, state sleeping, 12 threads, sampled 0.8s ago"; the
+// run delay only when there is one.
 func (s WorkerSample) String() string {
 	procs := "procs"
 	if s.NumProcs == 1 {
 		procs = "proc"
 	}
-	return fmt.Sprintf("rank %d pid %d: rss %s (%d %s), cpu %.0f%%, state %s, %d threads, sampled %.1fs ago",
-		s.Rank, s.PID, formatBytes(s.RSSBytes), s.NumProcs, procs, s.CPUPercent, s.State, s.Threads,
+	delay := ""
+	if s.RunDelayPercent > 0 {
+		delay = fmt.Sprintf(", run delay %.0f%%", s.RunDelayPercent)
+	}
+	return fmt.Sprintf("rank %d pid %d: rss %s (%d %s), cpu %.0f%%%s, state %s, %d threads, sampled %.1fs ago",
+		s.Rank, s.PID, formatBytes(s.RSSBytes), s.NumProcs, procs, s.CPUPercent, delay, s.State, s.Threads,
 		time.Since(s.At).Seconds())
 }
 
 // String formats n on one line, e.g. "node: mem 3.1/23.4 GiB available, swap
-// 0 B used, memory pressure some avg10 0.00%, load1 0.52".
+// 0 B used, memory pressure some avg10 0.00%, cpu pressure some avg10 41.00%,
+// steal 6%, load1 0.52"; the CPU pressure only when known, the steal only
+// when there is some.
 func (n NodeSample) String() string {
 	pressure := "n/a"
 	if n.MemPressureSome10 >= 0 {
 		pressure = fmt.Sprintf("some avg10 %.2f%%", n.MemPressureSome10)
 	}
+	cpu := ""
+	if n.CPUPressureSome10 >= 0 {
+		cpu = fmt.Sprintf(", cpu pressure some avg10 %.2f%%", n.CPUPressureSome10)
+	}
+	if n.StealPercent > 0 {
+		cpu += fmt.Sprintf(", steal %.0f%%", n.StealPercent)
+	}
 	const gib = 1 << 30
-	return fmt.Sprintf("node: mem %.1f/%.1f GiB available, swap %s used, memory pressure %s, load1 %.2f",
-		float64(n.MemAvailable)/gib, float64(n.MemTotal)/gib, formatBytes(n.SwapUsed), pressure, n.Load1)
+	return fmt.Sprintf("node: mem %.1f/%.1f GiB available, swap %s used, memory pressure %s%s, load1 %.2f",
+		float64(n.MemAvailable)/gib, float64(n.MemTotal)/gib, formatBytes(n.SwapUsed), pressure, cpu, n.Load1)
 }
 
 // formatBytes formats b with a binary unit, e.g. "0 B", "812.3 MiB".

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -127,6 +130,206 @@ func schedNanos(t *testing.T, pid int) float64 {
 	return ns
 }
 
+// busyPinned starts a command on CPU 0 alone, or skips the test where it
+// cannot be pinned there.
+func busyPinned(t *testing.T, env []string, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	if _, err := exec.LookPath("taskset"); err != nil || runtime.NumCPU() < 1 {
+		t.Skipf("cannot pin to CPU 0: taskset %v, %d CPUs", err, runtime.NumCPU())
+	}
+	if out, err := exec.Command("taskset", "-c", "0", "true").CombinedOutput(); err != nil {
+		t.Skipf("cannot pin to CPU 0: %v: %s", err, out)
+	}
+	cmd := exec.Command("taskset", append([]string{"-c", "0", name}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+// sampleSlowly samples every half second, up to 10 times, until cond holds
+// for rank's sample, and returns the samples it took. Half a second spans
+// hundreds of scheduler slices, so the run delay is an average, not a
+// slice's luck.
+func sampleSlowly(m *Monitor, rank int, cond func(WorkerSample) bool) []WorkerSample {
+	var got []WorkerSample
+	for range 10 {
+		time.Sleep(500 * time.Millisecond)
+		m.Sample()
+		s, _ := m.Worker(rank)
+		if got = append(got, s); cond(s) {
+			break
+		}
+	}
+	return got
+}
+
+// TestRunDelay: of two busy loops pinned to one CPU, each waits for it about
+// half the time (more on a loaded machine, where others take CPU 0 too); a
+// sleeping process never waits.
+func TestRunDelay(t *testing.T) {
+	loop := []string{"/bin/sh", "-c", "while :; do :; done"}
+	busy := busyPinned(t, nil, loop[0], loop[1:]...)
+	busyPinned(t, nil, loop[0], loop[1:]...)
+	idle := start(t, "sleep", "30")
+	m := newMonitor()
+	m.SetWorkers(map[int]int{0: busy.Process.Pid, 1: idle.Process.Pid})
+	m.Sample()
+	if s, _ := m.Worker(0); s.RunDelayPercent != 0 {
+		t.Errorf("got run delay %.0f%% on the first sample, want 0", s.RunDelayPercent)
+	}
+	got := sampleSlowly(m, 0, func(s WorkerSample) bool { return s.RunDelayPercent > 20 })
+	for _, s := range got {
+		t.Logf("busy: cpu %.0f%%, run delay %.0f%%", s.CPUPercent, s.RunDelayPercent)
+	}
+	if s := got[len(got)-1]; s.RunDelayPercent <= 20 {
+		t.Errorf("got run delay %.0f%% after %d samples, want > 20%%", s.RunDelayPercent, len(got))
+	}
+	if s, _ := m.Worker(1); s.RunDelayPercent > 5 {
+		t.Errorf("got sleeping run delay %.1f%%, want < 5%%", s.RunDelayPercent)
+	}
+	if got := m.Slowdown(0); !strings.Contains(got, "its threads waited for a CPU") {
+		t.Errorf("got slowdown %q, want the run delay", got)
+	}
+	if got := m.Slowdown(7); got != "" {
+		t.Errorf("got slowdown %q of a rank without a sample, want none", got)
+	}
+}
+
+// TestRunDelayThreads: the run delay counts every thread, not only the main
+// one that /proc/<pid>/schedstat reports. Two busy threads pinned to one CPU
+// are each always running or waiting, so the tree's CPU and run delay add up
+// to about 200%, which no single thread can reach.
+func TestRunDelayThreads(t *testing.T) {
+	busy := busyPinned(t, []string{"HOSTMON_BUSY_THREADS=2", "GOMAXPROCS=2"}, os.Args[0], "-test.run=^TestBusyThreadsHelper$")
+	m := newMonitor()
+	m.SetWorkers(map[int]int{0: busy.Process.Pid})
+	m.Sample()
+	main0, t0 := schedDelay(t, busy.Process.Pid), time.Now()
+	got := sampleSlowly(m, 0, func(s WorkerSample) bool { return s.CPUPercent+s.RunDelayPercent > 130 })
+	main1 := schedDelay(t, busy.Process.Pid)
+	for _, s := range got {
+		t.Logf("2 threads: cpu %.0f%%, run delay %.0f%%", s.CPUPercent, s.RunDelayPercent)
+	}
+	t.Logf("the main thread's /proc/<pid>/schedstat alone: run delay %.0f%%", (main1-main0)/float64(time.Since(t0).Nanoseconds())*100)
+	if s := got[len(got)-1]; s.CPUPercent+s.RunDelayPercent <= 130 {
+		t.Errorf("got cpu %.0f%% + run delay %.0f%% after %d samples, want > 130%%", s.CPUPercent, s.RunDelayPercent, len(got))
+	}
+}
+
+// TestBusyThreadsHelper is the process TestRunDelayThreads starts: it spins
+// HOSTMON_BUSY_THREADS goroutines until killed.
+func TestBusyThreadsHelper(t *testing.T) {
+	n, err := strconv.Atoi(os.Getenv("HOSTMON_BUSY_THREADS"))
+	if err != nil {
+		t.Skip("only run by TestRunDelayThreads")
+	}
+	for range n {
+		go func() {
+			for {
+			}
+		}()
+	}
+	select {}
+}
+
+// schedDelay returns how long pid's main thread has waited for a CPU, from
+// /proc/<pid>/schedstat.
+func schedDelay(t *testing.T, pid int) float64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if err != nil {
+		t.Skipf("no scheduler statistics: %v", err)
+	}
+	d, err := parseSchedstat(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return float64(d)
+}
+
+func TestSlowdown(t *testing.T) {
+	calm := NodeSample{CPUPressureSome10: 3, StealPercent: 0.5}
+	tests := []struct {
+		name string
+		w    WorkerSample
+		n    NodeSample
+		want string
+	}{
+		{name: "calm", w: WorkerSample{RunDelayPercent: 1}, n: calm, want: ""},
+		{name: "first sample, pressure unknown", n: NodeSample{CPUPressureSome10: -1}, want: ""},
+		{name: "waits just under", w: WorkerSample{RunDelayPercent: 9.9}, n: calm, want: ""},
+		{name: "waits", w: WorkerSample{RunDelayPercent: 23}, n: calm, want: "its threads waited for a CPU 23% of the time"},
+		{
+			name: "waits on a pressed node", w: WorkerSample{RunDelayPercent: 23}, n: NodeSample{CPUPressureSome10: 41},
+			want: "its threads waited for a CPU 23% of the time; the node's CPU pressure is 41%",
+		},
+		{name: "pressure alone is every rank's", w: WorkerSample{RunDelayPercent: 2}, n: NodeSample{CPUPressureSome10: 80}, want: ""},
+		{
+			name: "pressure and some waiting", w: WorkerSample{RunDelayPercent: 6}, n: NodeSample{CPUPressureSome10: 20},
+			want: "its threads waited for a CPU 6% of the time; the node's CPU pressure is 20%",
+		},
+		{name: "some waiting, pressure unknown", w: WorkerSample{RunDelayPercent: 6}, n: NodeSample{CPUPressureSome10: -1}, want: ""},
+		{name: "steal", n: NodeSample{StealPercent: 7.4}, want: "the hypervisor stole 7% of the node's CPU time"},
+		{name: "steal just under", n: NodeSample{StealPercent: 4.9}, want: ""},
+		{
+			name: "everything", w: WorkerSample{RunDelayPercent: 35}, n: NodeSample{CPUPressureSome10: 50, StealPercent: 12},
+			want: "its threads waited for a CPU 35% of the time; the node's CPU pressure is 50%; " +
+				"the hypervisor stole 12% of the node's CPU time",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Slowdown(tc.w, tc.n); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestDelaySince(t *testing.T) {
+	const limit = 1000
+	tests := []struct {
+		name        string
+		now, before map[int]uint64
+		want        uint64
+	}{
+		{name: "threads that waited", now: map[int]uint64{1: 500, 2: 900}, before: map[int]uint64{1: 400, 2: 900}, want: 100},
+		{name: "process born since", now: map[int]uint64{1: 300, 2: 200}, want: 500},
+		{name: "thread born since", now: map[int]uint64{1: 500, 3: 70}, before: map[int]uint64{1: 400}, want: 170},
+		{name: "thread gone", now: map[int]uint64{1: 500}, before: map[int]uint64{1: 400, 2: 50}, want: 100},
+		{name: "reused thread id", now: map[int]uint64{1: 30}, before: map[int]uint64{1: 5000}, want: 30},
+		{name: "no thread waits longer than the wall time", now: map[int]uint64{1: 9e9, 2: 1500}, before: map[int]uint64{2: 100}, want: 2 * limit},
+		{name: "no threads", before: map[int]uint64{1: 5}, want: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := delaySince(tc.now, tc.before, limit); got != tc.want {
+				t.Errorf("got %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestReadDelays(t *testing.T) {
+	got, err := readDelays(os.Getpid(), make([]byte, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got[os.Getpid()]; !ok || len(got) < 2 { // a Go program has a few threads
+		t.Errorf("got the delays of threads %v, want the main thread %d and others", slices.Sorted(maps.Keys(got)), os.Getpid())
+	}
+	if _, err := readDelays(1<<30, nil); err == nil {
+		t.Errorf("got no error for a missing process")
+	}
+}
+
 func TestSampleSurvivesExit(t *testing.T) {
 	tests := []struct {
 		name string
@@ -236,9 +439,14 @@ func sampleAt(t *testing.T, m *Monitor, after time.Time) time.Time {
 
 func TestNodeSample(t *testing.T) {
 	m := newMonitor()
-	if got := m.Node().MemPressureSome10; got != -1 {
-		t.Errorf("got pressure %v before sampling, want -1", got)
+	if got := m.Node(); got.MemPressureSome10 != -1 || got.CPUPressureSome10 != -1 {
+		t.Errorf("got memory pressure %v, cpu pressure %v before sampling, want -1", got.MemPressureSome10, got.CPUPressureSome10)
 	}
+	m.Sample()
+	if got := m.Node().StealPercent; got != 0 {
+		t.Errorf("got steal %v%% on the first pass, want 0", got)
+	}
+	time.Sleep(100 * time.Millisecond)
 	m.Sample()
 	n := m.Node()
 	if n.MemTotal == 0 || n.MemAvailable == 0 || n.MemAvailable > n.MemTotal {
@@ -246,6 +454,12 @@ func TestNodeSample(t *testing.T) {
 	}
 	if p := n.MemPressureSome10; p != -1 && (p < 0 || p > 100) {
 		t.Errorf("got pressure %v, want -1 or in [0, 100]", p)
+	}
+	if p := n.CPUPressureSome10; p != -1 && (p < 0 || p > 100) {
+		t.Errorf("got cpu pressure %v, want -1 or in [0, 100]", p)
+	}
+	if n.StealPercent < 0 || n.StealPercent > 100 {
+		t.Errorf("got steal %v%%, want in [0, 100]", n.StealPercent)
 	}
 	if n.Load1 < 0 || time.Since(n.At) > 5*time.Second {
 		t.Errorf("got load1 %v at %v, want >= 0, recent", n.Load1, n.At)
@@ -267,6 +481,12 @@ func TestStrings(t *testing.T) {
 			want: "rank 1 pid 4242: rss 812.3 MiB (3 procs), cpu 97%, state sleeping, 12 threads, sampled 0.8s ago",
 		},
 		{
+			name: "worker waiting for a CPU",
+			got: WorkerSample{Rank: 2, PID: 9, RSSBytes: 1 << 20, CPUPercent: 48, RunDelayPercent: 52.4, NumProcs: 1,
+				State: "running", Threads: 1, At: at}.String(),
+			want: "rank 2 pid 9: rss 1.0 MiB (1 proc), cpu 48%, run delay 52%, state running, 1 threads, sampled 0.8s ago",
+		},
+		{
 			name: "worker one proc",
 			got:  WorkerSample{PID: 7, RSSBytes: 1000, NumProcs: 1, State: "zombie", At: at}.String(),
 			want: "rank 0 pid 7: rss 1000 B (1 proc), cpu 0%, state zombie, 0 threads, sampled 0.8s ago",
@@ -274,12 +494,13 @@ func TestStrings(t *testing.T) {
 		{
 			name: "node",
 			got: NodeSample{MemTotal: 234 << 30 / 10, MemAvailable: 31 << 30 / 10, MemPressureSome10: 0,
-				Load1: 0.5}.String(),
-			want: "node: mem 3.1/23.4 GiB available, swap 0 B used, memory pressure some avg10 0.00%, load1 0.50",
+				CPUPressureSome10: 41, StealPercent: 6.2, Load1: 0.5}.String(),
+			want: "node: mem 3.1/23.4 GiB available, swap 0 B used, memory pressure some avg10 0.00%, " +
+				"cpu pressure some avg10 41.00%, steal 6%, load1 0.50",
 		},
 		{
 			name: "node without pressure",
-			got:  NodeSample{MemTotal: 1 << 30, SwapUsed: 3 << 29, MemPressureSome10: -1}.String(),
+			got:  NodeSample{MemTotal: 1 << 30, SwapUsed: 3 << 29, MemPressureSome10: -1, CPUPressureSome10: -1}.String(),
 			want: "node: mem 0.0/1.0 GiB available, swap 1.5 GiB used, memory pressure n/a, load1 0.00",
 		},
 	}
@@ -356,6 +577,92 @@ func BenchmarkSample(b *testing.B) {
 	for b.Loop() {
 		m.Sample()
 	}
+}
+
+func TestParseSchedstat(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    uint64
+		wantErr bool
+	}{
+		{name: "schedstat", in: "195095032 23413191 847\n", want: 23413191},
+		{name: "never waited", in: "397806 0 1\n", want: 0},
+		{name: "one field", in: "397806\n", wantErr: true},
+		{name: "garbage", in: "1 x 2", wantErr: true},
+		{name: "empty", in: "", wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseSchedstat([]byte(tc.in))
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Errorf("got %d, %v; want %d, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestParseCPUTimes(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    cpuTimes
+		wantErr bool
+	}{
+		{
+			name: "proc stat", in: "cpu  1865805 1369 356723 1379165 11528 0 8877 11220 40 2\ncpu0 932902 684 178361 689582 5764 0 4438 5610 0 0\nintr 1 2 3\n",
+			want: cpuTimes{steal: 11220, total: 1865805 + 1369 + 356723 + 1379165 + 11528 + 8877 + 11220},
+		},
+		{name: "no guest times", in: "cpu  10 0 5 80 0 0 0 5\n", want: cpuTimes{steal: 5, total: 100}},
+		{name: "before steal (Linux < 2.6.11)", in: "cpu  10 0 5 80 0 0 0\n", wantErr: true},
+		{name: "not the cpu line", in: "cpu0 10 0 5 80 0 0 0 5\n", wantErr: true},
+		{name: "garbage", in: "cpu  10 0 5 80 x 0 0 5\n", wantErr: true},
+		{name: "empty", in: "", wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseCPUTimes([]byte(tc.in))
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Errorf("got %+v, %v; want %+v, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestStealPercent(t *testing.T) {
+	tests := []struct {
+		name        string
+		before, now cpuTimes
+		want        float64
+	}{
+		{name: "first pass", now: cpuTimes{steal: 50, total: 1000}, want: 0},
+		{name: "steal", before: cpuTimes{steal: 50, total: 1000}, now: cpuTimes{steal: 60, total: 1200}, want: 5},
+		{name: "no time passed", before: cpuTimes{steal: 50, total: 1000}, now: cpuTimes{steal: 50, total: 1000}, want: 0},
+		{name: "a CPU went offline", before: cpuTimes{steal: 50, total: 1000}, now: cpuTimes{steal: 40, total: 900}, want: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := stealPercent(tc.before, tc.now); got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// BenchmarkReadDelays measures what a pass adds per process of a worker's
+// tree for its run delay: listing its threads and reading their schedstat,
+// here of the test binary's own threads.
+func BenchmarkReadDelays(b *testing.B) {
+	buf := make([]byte, 4096)
+	threads := 0
+	for b.Loop() {
+		d, err := readDelays(os.Getpid(), buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		threads = len(d)
+	}
+	b.ReportMetric(float64(threads), "threads")
 }
 
 func TestStateName(t *testing.T) {
