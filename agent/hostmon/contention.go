@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -32,17 +33,39 @@ const (
 // Slowdown says why the host would slow the worker of w down: "" when the
 // host shows no contention that would, else one short clause with the
 // numbers, e.g. "its threads waited for a CPU 23% of the time; the node's CPU
-// pressure is 41%".
-func Slowdown(w WorkerSample, n NodeSample) string {
+// pressure is 41%". others are the node's other workers: when there are
+// some, only contention that stands out from theirs counts (its run delay
+// runDelaySlow points above their median): a busy node slows every rank on
+// it alike, and that does not make one of them the straggler.
+func Slowdown(w WorkerSample, others []WorkerSample, n NodeSample) string {
 	starved := w.RunDelayPercent >= runDelaySlow
 	pressed := n.CPUPressureSome10 >= cpuPressureSlow && w.RunDelayPercent >= runDelayUnderPressure
 	stolen := n.StealPercent >= stealSlow
+	if len(others) > 0 {
+		delays := make([]float64, len(others))
+		for i, o := range others {
+			delays[i] = o.RunDelayPercent
+		}
+		slices.Sort(delays)
+		median := delays[len(delays)/2]
+		if len(delays)%2 == 0 {
+			median = (delays[len(delays)/2-1] + median) / 2
+		}
+		if w.RunDelayPercent-median < runDelaySlow {
+			return ""
+		}
+		starved = true
+	}
 	if !starved && !pressed && !stolen {
 		return ""
 	}
 	var clauses []string
 	if w.RunDelayPercent >= runDelayUnderPressure {
-		clauses = append(clauses, fmt.Sprintf("its threads waited for a CPU %.0f%% of the time", w.RunDelayPercent))
+		clause := fmt.Sprintf("its threads waited for a CPU %.0f%% of the time", w.RunDelayPercent)
+		if len(others) > 0 {
+			clause += fmt.Sprintf(" (the node's other ranks: %s)", delayList(others))
+		}
+		clauses = append(clauses, clause)
 	}
 	if n.CPUPressureSome10 >= cpuPressureSlow {
 		clauses = append(clauses, fmt.Sprintf("the node's CPU pressure is %.0f%%", n.CPUPressureSome10))
@@ -53,17 +76,37 @@ func Slowdown(w WorkerSample, n NodeSample) string {
 	return strings.Join(clauses, "; ")
 }
 
-// Slowdown is Slowdown of rank's last sample and the last node sample; ""
-// when rank has no sample.
+// delayList is "3%, 5%" for at most four workers, then "…".
+func delayList(ws []WorkerSample) string {
+	var parts []string
+	for i, w := range ws {
+		if i == 4 {
+			parts = append(parts, "…")
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%.0f%%", w.RunDelayPercent))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Slowdown is Slowdown of rank's last sample against the node's other
+// workers' and the last node sample; "" when rank has no sample.
 func (m *Monitor) Slowdown(rank int) string {
 	m.mu.Lock()
 	w, ok := m.samples[rank]
 	n := m.node
+	var others []WorkerSample
+	for r, o := range m.samples {
+		if r != rank && o.RunDelayPercent >= 0 {
+			others = append(others, o)
+		}
+	}
 	m.mu.Unlock()
 	if !ok {
 		return ""
 	}
-	return Slowdown(w, n)
+	slices.SortFunc(others, func(a, b WorkerSample) int { return a.Rank - b.Rank })
+	return Slowdown(w, others, n)
 }
 
 // sampleCPU reads the node's CPU pressure, and its steal time since the

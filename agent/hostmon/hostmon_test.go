@@ -257,10 +257,11 @@ func schedDelay(t *testing.T, pid int) float64 {
 func TestSlowdown(t *testing.T) {
 	calm := NodeSample{CPUPressureSome10: 3, StealPercent: 0.5}
 	tests := []struct {
-		name string
-		w    WorkerSample
-		n    NodeSample
-		want string
+		name   string
+		w      WorkerSample
+		others []WorkerSample
+		n      NodeSample
+		want   string
 	}{
 		{name: "calm", w: WorkerSample{RunDelayPercent: 1}, n: calm, want: ""},
 		{name: "first sample, pressure unknown", n: NodeSample{CPUPressureSome10: -1}, want: ""},
@@ -283,10 +284,19 @@ func TestSlowdown(t *testing.T) {
 			want: "its threads waited for a CPU 35% of the time; the node's CPU pressure is 50%; " +
 				"the hypervisor stole 12% of the node's CPU time",
 		},
+		{
+			name: "every rank of the node waits alike", w: WorkerSample{RunDelayPercent: 45},
+			others: []WorkerSample{{RunDelayPercent: 40}, {RunDelayPercent: 52}}, n: NodeSample{CPUPressureSome10: 60}, want: "",
+		},
+		{
+			name: "it stands out", w: WorkerSample{RunDelayPercent: 45}, others: []WorkerSample{{RunDelayPercent: 20}},
+			n: calm, want: "its threads waited for a CPU 45% of the time (the node's other ranks: 20%)",
+		},
+		{name: "steal with other ranks is every rank's", others: []WorkerSample{{}}, n: NodeSample{StealPercent: 9}, want: ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := Slowdown(tc.w, tc.n); got != tc.want {
+			if got := Slowdown(tc.w, tc.others, tc.n); got != tc.want {
 				t.Errorf("got %q, want %q", got, tc.want)
 			}
 		})

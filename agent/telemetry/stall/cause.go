@@ -13,8 +13,9 @@ import (
 // (hostmon.Slowdown); "" when nothing. It is a pure function of its
 // arguments.
 //
-// A phase explains the lateness when it is the largest of the three and at
-// least half of it: otherwise the cause is unknown, never a guess. Slow
+// A phase explains the lateness when it is at least half of it and at
+// least twice either other phase: otherwise the cause is unknown, never a
+// guess. Slow
 // compute is the GPU's doing when NVML shows a slowdown, the host's when
 // the rank's threads wait for a CPU, else the rank's own work (a bigger
 // batch, a slower kernel, a check run on one rank). Without marks (a hook
@@ -31,14 +32,14 @@ func Explain(st telemetry.Straggler, gpu, host string) (telemetry.Cause, string)
 	}
 	phases := fmt.Sprintf("beyond the others' median over %d steps: input %s, compute %s, all-reduce %s",
 		st.Phased, signed(st.Input), signed(st.Compute), signed(st.Comm))
-	top, d := telemetry.CauseInput, st.Input
+	top, d, second := telemetry.CauseInput, st.Input, max(st.Compute, st.Comm)
 	if st.Compute > d {
-		top, d = telemetry.CauseCompute, st.Compute
+		top, d, second = telemetry.CauseCompute, st.Compute, max(st.Input, st.Comm)
 	}
 	if st.Comm > d {
-		top, d = telemetry.CauseNetwork, st.Comm
+		top, d, second = telemetry.CauseNetwork, st.Comm, max(st.Input, st.Compute)
 	}
-	if d <= 0 || d < st.Late/2 {
+	if d <= 0 || d < st.Late/2 || d < 2*second {
 		return telemetry.CauseUnknown, "no phase explains its lateness of " + st.Late.Round(time.Microsecond).String() + " (" + phases + ")"
 	}
 	switch top {

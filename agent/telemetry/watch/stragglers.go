@@ -24,7 +24,7 @@ func (s *Watch) noteStragglers() []telemetry.Straggler {
 	for i := range all {
 		st := &all[i]
 		st.Rank += at.base
-		ev := s.evidence(at, st.Rank)
+		ev := s.evidenceFor(at, st.Rank)
 		st.Cause, st.Evidence = stall.Explain(*st, ev.gpuSlow, ev.hostSlow)
 		now[st.Rank] = st.Cause
 		gpuStates[st.Rank] = ev.gpuState
@@ -77,33 +77,78 @@ func (s *Watch) logStraggler(st telemetry.Straggler, gpuState string) {
 		"share", fmt.Sprintf("%.3f", st.Share), "p", st.P, "cause", string(st.Cause))
 }
 
-// evidence is what a rank's node shows now: its GPU's state and slowdown
+// evidence is what a rank's node shows: its GPU's state and slowdown
 // (NVML), and its host's slowdown.
 type evidence struct {
 	gpuState, gpuSlow, hostSlow string
 }
 
-// evidence reads it for rank: here for a rank of this node, else as its
-// agent last sent it.
-func (s *Watch) evidence(at *attempt, rank int) evidence {
-	w := s.Worker(rank)
-	if rank < at.offset || rank >= at.offset+len(at.local) {
-		return evidence{gpuState: w.GPUState, gpuSlow: w.GPUSlowdown, hostSlow: w.HostSlowdown}
+// evidenceEvery bounds how often the evidence of every rank is read again
+// while stragglers are named: NVML's calls can block while a GPU is in
+// trouble, and a GPU's throttling does not come and go by the second.
+const evidenceEvery = 10 * time.Second
+
+// evidenceFor returns rank's evidence, read afresh for all ranks at most
+// every evidenceEvery. A GPU slowdown counts only when most of the other
+// ranks' GPUs show none: a slowdown every GPU shares (a hot machine room,
+// one power cap on all) does not explain why one rank is behind.
+func (s *Watch) evidenceFor(at *attempt, rank int) evidence {
+	s.mu.Lock()
+	ev, fresh := s.evid, time.Since(s.evidAt) < evidenceEvery
+	s.mu.Unlock()
+	if _, ok := ev[rank]; !ok || !fresh {
+		ev = s.readEvidence(at)
+		s.mu.Lock()
+		s.evid, s.evidAt = ev, time.Now()
+		s.mu.Unlock()
 	}
-	var ev evidence
-	if s.readHost != nil {
-		ev.hostSlow = s.readHost(rank)
+	mine := ev[rank]
+	if mine.gpuSlow != "" {
+		others, slowed := 0, 0
+		for r, e := range ev {
+			if r != rank && s.Worker(r).GPU != "" {
+				others++
+				if e.gpuSlow != "" {
+					slowed++
+				}
+			}
+		}
+		if others > 0 && 2*slowed >= others {
+			mine.gpuSlow = ""
+		}
 	}
-	if w.GPU == "" || s.readGPU == nil {
-		return ev
+	return mine
+}
+
+// readEvidence reads every known rank's evidence: here for this node's
+// ranks, else as their agent last sent it.
+func (s *Watch) readEvidence(at *attempt) map[int]evidence {
+	s.mu.Lock()
+	ws := make([]telemetry.Worker, 0, len(s.workers))
+	for _, w := range s.workers {
+		ws = append(ws, w)
 	}
-	g, err := s.readGPU(w.GPU)
-	if err != nil {
-		ev.gpuState = "state unknown (" + err.Error() + ")"
-		return ev
+	s.mu.Unlock()
+	out := make(map[int]evidence, len(ws))
+	for _, w := range ws {
+		if w.Rank < at.offset || w.Rank >= at.offset+len(at.local) {
+			out[w.Rank] = evidence{gpuState: w.GPUState, gpuSlow: w.GPUSlowdown, hostSlow: w.HostSlowdown}
+			continue
+		}
+		var ev evidence
+		if s.readHost != nil {
+			ev.hostSlow = s.readHost(w.Rank)
+		}
+		if w.GPU != "" && s.readGPU != nil {
+			if g, err := s.readGPU(w.GPU); err != nil {
+				ev.gpuState = "state unknown (" + err.Error() + ")"
+			} else {
+				ev.gpuState, ev.gpuSlow = g.State, g.Slowdown
+			}
+		}
+		out[w.Rank] = ev
 	}
-	ev.gpuState, ev.gpuSlow = g.State, g.Slowdown
-	return ev
+	return out
 }
 
 // stateEvery is how often a follower sends its workers' GPU and host

@@ -102,7 +102,9 @@ type Watch struct {
 	stalls   []string
 	lastHang string
 	known    map[int]telemetry.Cause // the persistent stragglers named at the last look, this attempt, and their causes
-	dirty    bool         // something to publish
+	dirty    bool                    // something to publish
+	evid     map[int]evidence        // every rank's evidence for a straggler's cause, as read at evidAt
+	evidAt   time.Time
 	steps    stepClock
 	// progress is when a collective last completed, on this agent's
 	// monotonic clock: the workers' arrival times are wall-clock times,
@@ -155,6 +157,7 @@ func (s *Watch) start(gen uint64, p analysis, local []telemetry.Worker, offset i
 	}
 	s.mu.Lock()
 	s.at, s.hung, s.known, s.steps, s.progress = at, false, nil, stepClock{}, time.Now()
+	s.evid = nil
 	s.workers = map[int]telemetry.Worker{}
 	for _, w := range local {
 		s.workers[w.Rank] = w

@@ -47,14 +47,34 @@ func TestHangTimeoutAuto(t *testing.T) {
 
 // TestPersistentStragglerNamesItsGPUState: a rank 10% late in every step is
 // logged once as a persistent straggler, with what NVML says of its GPU
-// (here throttled for power), and once more when it recovers.
+// (here throttled for power) and the cause that follows, and once more when
+// it recovers. When every GPU is throttled alike, the throttling explains
+// nothing: the cause is compute.
 func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		throttled []int
+		cause     string
+	}{
+		{"its GPU throttled", []int{1}, "cause gpu: forward and backward take 100ms longer and its GPU is slowed: throttled: sw power cap"},
+		{"every GPU throttled", []int{0, 1}, "cause compute: forward and backward take 100ms longer while its input time does not grow"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testStragglerGPU(t, tc.throttled, tc.cause) })
+	}
+}
+
+func testStragglerGPU(t *testing.T, throttled []int, cause string) {
 	srv := nvmltest.DGXA100(false)
 	nvmltest.QuietPolls(srv)
 	tel := nvmltest.NewTelemetry(srv)
-	tel.SetThrottle(1, nvmltest.ThrottleSwPowerCap)
-	dev, _ := srv.DeviceGetHandleByIndex(1)
-	uuid, _ := dev.GetUUID()
+	for _, i := range throttled {
+		tel.SetThrottle(i, nvmltest.ThrottleSwPowerCap)
+	}
+	uuid := func(i int) string {
+		dev, _ := srv.DeviceGetHandleByIndex(i)
+		u, _ := dev.GetUUID()
+		return u
+	}
 
 	var logs strings.Builder
 	s := New(Config{Log: slog.New(slog.NewTextHandler(&logs, nil)), HangTimeout: time.Minute, ReadGPU: func(u string) (GPUReading, error) {
@@ -62,8 +82,8 @@ func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 		return GPUReading{State: st.String(), Slowdown: st.Slowdown()}, err
 	}})
 	local := []telemetry.Worker{
-		{Rank: 0, LocalRank: 0, Host: "node-a", PID: 100, GPU: "GPU-other", GPUIndex: 0},
-		{Rank: 1, LocalRank: 1, Host: "node-a", PID: 101, GPU: uuid, GPUIndex: 1},
+		{Rank: 0, LocalRank: 0, Host: "node-a", PID: 100, GPU: uuid(0), GPUIndex: 0},
+		{Rank: 1, LocalRank: 1, Host: "node-a", PID: 101, GPU: uuid(1), GPUIndex: 1},
 	}
 	s.start(0, analysis{size: 2}, local, 0, "")
 	base := time.Unix(1_700_000_000, 0)
@@ -90,8 +110,7 @@ func TestPersistentStragglerNamesItsGPUState(t *testing.T) {
 		t.Fatalf("%d persistent straggler lines, want 1:\n%s", n, out)
 	}
 	for _, want := range []string{"rank 1 (node-a, GPU 1, pid 101) held the others back in 14 of the last 14 steps",
-		"by 100ms (median), 10.0% of the 1.00 s step time", "its GPU " + uuid, "throttled: sw power cap",
-		"cause gpu: forward and backward take 100ms longer and its GPU is slowed: throttled: sw power cap",
+		"by 100ms (median), 10.0% of the 1.00 s step time", "its GPU " + uuid(1), "throttled: sw power cap", cause,
 		"input +0s, compute +100ms, all-reduce +0s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
