@@ -83,7 +83,8 @@ func limitStalls(s NodeStalls, now time.Time) (NodeStalls, error) {
 		if len(out.Stragglers) == MaxStragglers {
 			continue // still check the rest: a bad one is the caller's bug
 		}
-		g.Host, g.GPU = oneLine(g.Host, maxNameBytes), oneLine(g.GPU, maxNameBytes)
+		g.Host, g.GPU, g.Cause = oneLine(g.Host, maxNameBytes), oneLine(g.GPU, maxNameBytes), oneLine(g.Cause, maxNameBytes)
+		g.Evidence = oneLine(g.Evidence, MaxStallLineBytes)
 		out.Stragglers = append(out.Stragglers, g)
 	}
 	return out, nil

@@ -219,6 +219,9 @@ type StragglerInfo struct {
 	// The wait it caused (median, in its steps) and its share of step time.
 	LateMS float64 `json:"late_ms,omitempty"`
 	Share  float64 `json:"share,omitempty"`
+	// Why: input, compute, gpu, host, network or unknown, and the evidence.
+	Cause    string `json:"cause,omitempty"`
+	Evidence string `json:"evidence,omitempty"`
 }
 
 // JoinInfo is a node's request to join one round.

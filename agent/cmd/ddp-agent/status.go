@@ -396,6 +396,9 @@ func renderStalls(w io.Writer, st *rdzv.Status, now time.Time) {
 			if g.Share > 0 {
 				fmt.Fprintf(w, " by %.0f ms, %.1f%% of step time", g.LateMS, 100*g.Share)
 			}
+			if g.Cause != "" {
+				fmt.Fprintf(w, "; cause %s: %s", g.Cause, g.Evidence)
+			}
 			fmt.Fprintln(w)
 		}
 		lines := s.Stalls

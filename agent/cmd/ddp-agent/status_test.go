@@ -414,7 +414,8 @@ func TestRenderStatus(t *testing.T) {
 			"step 811 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.28 s after the others; 1 ranks waited 2.3 GPU-seconds",
 			"step 812 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds",
 		},
-		Stragglers: []rdzv.StragglerInfo{{Rank: 5, Host: "vm3", GPU: "GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c", Last: 15, Steps: 20, LateMS: 212, Share: 0.104}, {Rank: 4, Last: 6, Steps: 20}},
+		Stragglers: []rdzv.StragglerInfo{{Rank: 5, Host: "vm3", GPU: "GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c", Last: 15, Steps: 20, LateMS: 212, Share: 0.104,
+			Cause: "gpu", Evidence: "forward and backward take 210ms longer and its GPU is slowed: throttled: hw thermal slowdown"}, {Rank: 4, Last: 6, Steps: 20}},
 		Hang:       "step 813 bucket 0 (generation 3) has not finished 30.00 s after the first rank arrived; waiting: rank 4; never arrived: rank 5 (vm3, GPU 1, pid 4411). Aborting the communicators and restarting the job.",
 	}
 	var b strings.Builder
@@ -435,7 +436,7 @@ vm3-12-ffee01   2× NVIDIA H100 80GB HBM3, NVLink between all pairs (NV18 or mor
 
 STALLS
 vm3-12-ffee01  updated 10:17:01 (12s)
-  persistent straggler: rank 5 on vm3 (GPU GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c), held the others back in 15 of 20 steps by 212 ms, 10.4% of step time
+  persistent straggler: rank 5 on vm3 (GPU GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c), held the others back in 15 of 20 steps by 212 ms, 10.4% of step time; cause gpu: forward and backward take 210ms longer and its GPU is slowed: throttled: hw thermal slowdown
   persistent straggler: rank 4, held the others back in 6 of 20 steps
   (2 earlier stalls in --json)
   stall: step 810 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.25 s after the others; 1 ranks waited 2.3 GPU-seconds

@@ -115,6 +115,7 @@ type Exporter struct {
 	done    map[stepKey]stepState // the steps exported lately
 	order   []stepKey             // of done, oldest first
 	timer   *time.Timer
+	named   map[int]telemetry.Cause // the persistent stragglers named at the last look
 }
 
 // stepKey is one step of one generation: one trace.

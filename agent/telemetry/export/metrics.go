@@ -19,11 +19,12 @@ type instruments struct {
 	waited      metric.Float64Counter   // ddp.stall.waited, GPU-seconds
 	hangs       metric.Int64Counter     // ddp.hangs
 	restarts    metric.Int64Counter     // ddp.restarts
+	stragglers  metric.Int64Gauge       // ddp.stragglers, by rank and cause
 }
 
 func newInstruments(m metric.Meter) (instruments, error) {
 	var in instruments
-	var errs [7]error
+	var errs [8]error
 	in.duration, errs[0] = m.Float64Histogram("ddp.allreduce.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time of a gradient all-reduce: the longest any rank spent in it, the early ranks waiting inside."),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
@@ -40,6 +41,8 @@ func newInstruments(m metric.Meter) (instruments, error) {
 		metric.WithDescription("Collectives not finished by the hang timeout."))
 	in.restarts, errs[6] = m.Int64Counter("ddp.restarts", metric.WithUnit("{restart}"),
 		metric.WithDescription("Restarts of the worker group."))
+	in.stragglers, errs[7] = m.Int64Gauge("ddp.stragglers", metric.WithUnit("{rank}"),
+		metric.WithDescription("1 while the rank is named a persistent straggler, with its cause (input, compute, gpu, host, network, unknown); 0 after."))
 	for _, err := range errs {
 		if err != nil {
 			return instruments{}, fmt.Errorf("metric instruments: %w", err)

@@ -165,7 +165,7 @@ func (e *Exporter) exportRoot(k stepKey, from, to time.Time, cs []telemetry.Coll
 		for _, c := range cs {
 			if c.Stall != nil {
 				span.AddEvent("stall", trace.WithTimestamp(stragglerArrival(c)),
-					trace.WithAttributes(append(stallAttrs(c.Stall), attribute.Int("ddp.bucket", int(c.Bucket)))...))
+					trace.WithAttributes(append(append(stallAttrs(c.Stall), e.causeAttrs(c.Stall)...), attribute.Int("ddp.bucket", int(c.Bucket)))...))
 			}
 		}
 		span.End(trace.WithTimestamp(to))
@@ -208,7 +208,7 @@ func (e *Exporter) exportCollective(k stepKey, c telemetry.Collective) {
 				span.SetStatus(codes.Error, status)
 			}
 			if straggler {
-				span.AddEvent("stall", trace.WithTimestamp(r.Arrive), trace.WithAttributes(stallAttrs(c.Stall)...))
+				span.AddEvent("stall", trace.WithTimestamp(r.Arrive), trace.WithAttributes(append(stallAttrs(c.Stall), e.causeAttrs(c.Stall)...)...))
 			}
 			span.End(trace.WithTimestamp(r.End))
 		}
@@ -240,7 +240,7 @@ func (e *Exporter) exportStall(k stepKey, c telemetry.Collective) {
 	s := c.Stall
 	at := stragglerArrival(c)
 	w := e.worker(s.Straggler)
-	attrs := append(workerAttrs(w), stallAttrs(s)...)
+	attrs := append(append(workerAttrs(w), stallAttrs(s)...), e.causeAttrs(s)...)
 	attrs = append(attrs,
 		attribute.Int("ddp.bucket", int(c.Bucket)),
 		attribute.Int64("ddp.step", int64(c.Step)),

@@ -36,7 +36,7 @@ func (s *Watch) Publish(ctx context.Context, pub Publisher) {
 		for _, st := range stragglers {
 			w := s.Worker(st.Rank)
 			ns.Stragglers = append(ns.Stragglers, rdzv.StragglerInfo{Rank: st.Rank, Last: st.Last, Steps: st.Steps, Host: w.Host, GPU: w.GPU,
-				LateMS: float64(st.Late) / float64(time.Millisecond), Share: st.Share})
+				LateMS: float64(st.Late) / float64(time.Millisecond), Share: st.Share, Cause: string(st.Cause), Evidence: st.Evidence})
 		}
 		if err := pub.PublishStalls(ctx, ns); err != nil {
 			s.log.Debug("publish stalls for status", "err", err)

@@ -55,6 +55,9 @@ func (s *Watch) noteStragglers() []telemetry.Straggler {
 			s.log.Info(fmt.Sprintf("rank %s is no longer a persistent straggler", s.describe(r)), "rank", r)
 		}
 	}
+	if s.exp != nil {
+		s.exp.Stragglers(at.gen, all)
+	}
 	if s.onStraggler != nil {
 		s.onStraggler(slices.Clone(all))
 	}

@@ -29,6 +29,7 @@ type Exporter interface {
 	Hang(telemetry.Hang, map[int]string)
 	Restart(gen uint64, reason string)
 	Generation(gen uint64)
+	Stragglers(gen uint64, named []telemetry.Straggler)
 }
 
 // forwarder carries a follower's records to the leader (relay.Client).
