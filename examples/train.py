@@ -91,6 +91,9 @@ def parse_args():
     p.add_argument("--slow-rank", type=int, default=-1, help="rank made slow before its backward (default: none)")
     p.add_argument("--slow-steps", default="", help="comma-separated steps at which --slow-rank is slow")
     p.add_argument("--slow-seconds", type=float, default=0.5, help="how slow --slow-rank is")
+    p.add_argument("--slow-phase", choices=["compute", "input"], default="compute",
+                   help="where --slow-rank loses the time: between forward and backward (compute), "
+                        "or before loading the batch (input: a slow data pipeline)")
     p.add_argument("--hang-rank", type=int, default=-1, help="rank that hangs before its backward (default: none)")
     p.add_argument("--hang-at-step", type=int, default=-1, help="step at which --hang-rank hangs (first attempt only)")
     p.add_argument("--hang-seconds", type=float, default=3600.0, help="how long --hang-rank hangs")
@@ -206,11 +209,14 @@ def main():
                 os.kill(os.getpid(), getattr(signal, "SIG" + args.fail_signal))
             raise RuntimeError(msg)
 
+        slow = rank == args.slow_rank and str(step) in args.slow_steps.split(",")
+        if slow and args.slow_phase == "input":
+            time.sleep(args.slow_seconds)  # a slow input pipeline: the others wait for it in the all-reduce
         x, y = batch(args, teacher, step, rank, device)
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(ddp(x), y)
-        if rank == args.slow_rank and str(step) in args.slow_steps.split(","):
+        if slow and args.slow_phase == "compute":
             time.sleep(args.slow_seconds)  # a straggler: the others wait for it in the all-reduce
         if rank == args.hang_rank and step == args.hang_at_step and restart_count == 0:
             print(f"rank {rank} hangs at step {step} for {args.hang_seconds:g} s", flush=True)
