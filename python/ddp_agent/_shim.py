@@ -91,6 +91,12 @@ class Op(enum.IntEnum):
     AVG = 4
 
 
+class Mark(enum.IntEnum):
+    """Kinds of ddpshim_mark (DDPSHIM_MARK_*)."""
+
+    FORWARD = 0
+
+
 class ShimError(RuntimeError):
     """A call into libddpshim.so failed.
 
@@ -407,11 +413,10 @@ class Comm:
         if rc:
             _check(lib, rc, "ddpshim_allreduce")
 
-    def mark(self, step: int, kind: int = 0) -> None:
+    def mark(self, step: int, kind: Mark = Mark.FORWARD) -> None:
         """Tells ddp-agent that this rank starts the forward pass of step now (ddpshim_mark).
 
-        kind 0 is the forward start, the only kind. Never blocks; does
-        nothing without ddp-agent.
+        Never blocks; does nothing without ddp-agent.
         """
         lib = _library()
         rc = lib.ddpshim_mark(self.handle, step, kind)

@@ -23,7 +23,7 @@ import torch
 
 import ddp_agent
 from ddp_agent import _shim
-from ddp_agent._shim import Comm, DType, Op, ShimError, Status, Work
+from ddp_agent._shim import Comm, DType, Mark, Op, ShimError, Status, Work
 from ddp_agent import _options
 from ddp_agent import hook as hook_mod
 from ddp_agent._bootstrap import Communicators
@@ -128,7 +128,9 @@ def test_constants_match_the_header():
     assert dtypes == {d.name: d.value for d in DType}
     ops = {k: int(v) for k, v in defines.items() if k in ("SUM", "AVG")}
     assert ops == {o.name: o.value for o in Op}
-    assert set(defines) == {"OK"} | {f"ERR_{s.name}" for s in Status if s.name != "OK"} | set(dtypes) | set(ops)
+    marks = {k: int(v) for k, v in defines.items() if k.startswith("MARK_")}
+    assert marks == {f"MARK_{m.name}": m.value for m in Mark}
+    assert set(defines) == {"OK"} | {f"ERR_{s.name}" for s in Status if s.name != "OK"} | set(dtypes) | set(ops) | set(marks)
     assert re.fullmatch(rf"ddpshim \S+ \(abi {abi}\)", ddp_agent.shim_version()), ddp_agent.shim_version()
 
 
@@ -496,6 +498,18 @@ def test_connect_bad_peers():
         expect(Status.INVALID, "ddpshim_connect", c.connect, [blob])  # already connected
     finally:
         c.close()
+
+
+def test_mark():
+    # Without ddp-agent a mark does nothing, before or after connecting; an
+    # unknown kind and a closed handle are errors, as for any call.
+    c = Comm.open(dict(rank=0, world_size=1, bootstrap="external", timeout_ms=1000, name=name()))
+    c.mark(0)
+    c.connect([c.bootstrap_info()])
+    c.mark(1, Mark.FORWARD)
+    expect(Status.INVALID, "ddpshim_mark", c.mark, 1, 7)
+    c.close()
+    expect(Status.CLOSED, "ddpshim_mark", c.mark, 2)
 
 
 def test_null_pointers():
