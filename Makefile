@@ -80,7 +80,8 @@ bench: build
 	$(PYTHON) examples/bench/ddp_step.py --agent bin/ddp-agent --python $(PYTHON) --reps 3 --steps 30 --warmup-steps 5
 	$(PYTHON) examples/bench/hook_cost.py --steps 50 --warmup 5
 	$(PYTHON) examples/bench/telemetry_overhead.py --agent bin/ddp-agent --python $(PYTHON) --reps 5 --steps 40 --warmup-steps 10 --batch-size 8
-	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/stragglers -agent bin/ddp-agent -python $(PYTHON)
+	@go=$$(scripts/deps.sh) && $$go build -tags nvmlmock -o bin/ddp-agent-nvmlmock.tmp ./agent/cmd/ddp-agent && mv bin/ddp-agent-nvmlmock.tmp bin/ddp-agent-nvmlmock
+	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/stragglers -agent bin/ddp-agent -mock-agent bin/ddp-agent-nvmlmock -python $(PYTHON)
 
 lint:
 	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./... && \

@@ -118,6 +118,9 @@ func AttachTelemetry(devs []gonvml.Device, base GPUTelemetry) *Telemetry {
 // import go-nvml.
 const ThrottleSwPowerCap uint64 = gonvml.ClocksThrottleReasonSwPowerCap
 
+// ThrottleHwSlowdown is the clock event reason "hw slowdown".
+const ThrottleHwSlowdown uint64 = gonvml.ClocksThrottleReasonHwSlowdown
+
 // SetThrottle sets GPU gpu's active clock event reasons (a mask of
 // nvml.ClocksEventReason* and nvml.ClocksThrottleReason* bits; 0 for
 // none). It leaves the clocks as they are: lower SMClockMHz with Update

@@ -50,7 +50,7 @@ func discoverGPUs(ctx context.Context, getenv func(string) string) *gpuNode {
 		}
 		return n
 	}
-	lib, err := nvml.Open()
+	lib, opts, err := openNVML(getenv)
 	if err != nil {
 		var noDriver *nvml.NoDriverError
 		if errors.As(err, &noDriver) {
@@ -60,7 +60,7 @@ func discoverGPUs(ctx context.Context, getenv func(string) string) *gpuNode {
 		}
 		return n
 	}
-	t, err := nvml.Discover(ctx, lib)
+	t, err := nvml.Discover(ctx, lib, opts...)
 	switch {
 	case err != nil:
 		n.none, n.warn = "NVML cannot list the GPUs: "+err.Error(), true

@@ -4,8 +4,10 @@
 // with a controlled step time, balanced or with one injected straggler,
 // with and without a CPU hog competing for the cores. It prints a Markdown
 // table: per scenario what the agent named and when, then false alarms per
-// hour of balanced training, the detection rate at +10 % and more, and the
-// steps and seconds to detection.
+// hour of balanced training, the detection rate at +10 % and more, the
+// steps and seconds to detection, and how often the cause named was the
+// one injected (compute, input, or gpu on a throttled GPU of the NVML
+// mock).
 //
 //	go run ./examples/bench/stragglers -agent bin/ddp-agent -python /usr/bin/python3
 //
@@ -36,6 +38,17 @@ type scenario struct {
 	extraPct float64
 	kind     string // compute, input
 	every    int
+	// throttled: the straggler's GPU shows "hw slowdown" on the NVML mock
+	// (the agent built with -tags nvmlmock), so its cause is gpu.
+	throttled bool
+}
+
+// wantCause is the cause the agent should name.
+func (s scenario) wantCause() string {
+	if s.throttled {
+		return "gpu"
+	}
+	return s.kind
 }
 
 func (s scenario) balanced() bool { return s.rank < 0 }
@@ -62,7 +75,7 @@ func scenarios() []scenario {
 			pct   float64
 			kind  string
 			every int
-		}{{5, "compute", 1}, {10, "compute", 1}, {30, "compute", 1}, {100, "compute", 1}, {100, "compute", 3}, {30, "input", 1}} {
+		}{{5, "compute", 1}, {10, "compute", 1}, {30, "compute", 1}, {100, "compute", 1}, {100, "compute", 3}, {10, "input", 1}, {30, "input", 1}} {
 			s := scenario{world: w, steps: 100, computeMS: 100, rank: w - 1, extraPct: f.pct, kind: f.kind, every: f.every}
 			s.name = fmt.Sprintf("%s +%.0f%%, %d ranks", f.kind, f.pct, w)
 			if f.every > 1 {
@@ -70,12 +83,16 @@ func scenarios() []scenario {
 			}
 			out = append(out, s)
 		}
+		s := scenario{world: w, steps: 100, computeMS: 100, rank: w - 1, extraPct: 30, kind: "compute", every: 1, throttled: true}
+		s.name = fmt.Sprintf("compute +30%% on a throttled GPU (NVML mock), %d ranks", w)
+		out = append(out, s)
 	}
 	return out
 }
 
 func main() {
 	agent := flag.String("agent", "bin/ddp-agent", "ddp-agent binary")
+	mockAgent := flag.String("mock-agent", "", "ddp-agent built with -tags nvmlmock, for the throttled-GPU scenarios (skipped without)")
 	python := flag.String("python", "/usr/bin/python3", "Python with PyTorch")
 	only := flag.String("only", "", "run only the scenarios whose name contains this")
 	flag.Parse()
@@ -97,7 +114,15 @@ func main() {
 		if *only != "" && !strings.Contains(s.name, *only) {
 			continue
 		}
-		r, err := runOne(ctx, *agent, *python, worker, s)
+		bin := *agent
+		if s.throttled {
+			if *mockAgent == "" {
+				fmt.Fprintf(os.Stderr, "stragglers: %s: skipped, no -mock-agent\n", s.name)
+				continue
+			}
+			bin = *mockAgent
+		}
+		r, err := runOne(ctx, bin, *python, worker, s)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "stragglers: %s: %v\n", s.name, err)
 			os.Exit(1)

@@ -10,10 +10,10 @@ import (
 // report prints the per-scenario table and the summary figures.
 func report(w io.Writer, rs []result, now time.Time) {
 	fmt.Fprintf(w, "\nStraggler detection, %s; ddp-agent defaults (--straggler-cost 0.05).\n\n", now.UTC().Format("2006-01-02"))
-	fmt.Fprintln(w, "| scenario | step | named | steps to detection | seconds to detection | stall lines | false alarms |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| scenario | step | named | cause (injected) | steps to detection | seconds to detection | stall lines | false alarms |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
 	var balancedHours float64
-	falseAlarms, balancedAlarms, due, caught := 0, 0, 0, 0
+	falseAlarms, balancedAlarms, due, caught, causes, rightCauses := 0, 0, 0, 0, 0, 0
 	var steps []int
 	var secs []float64
 	for _, r := range rs {
@@ -25,8 +25,16 @@ func report(w io.Writer, rs []result, now time.Time) {
 		} else if !r.s.balanced() {
 			named = "not named"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d | %d |\n", r.s.name, r.stepTime().Round(time.Millisecond),
-			named, stepsCell, secsCell, r.stalls, r.falseAlarms())
+		causeCell := ""
+		if c := r.cause(); c != "" {
+			causeCell = fmt.Sprintf("%s (%s)", c, r.s.wantCause())
+			causes++
+			if c == r.s.wantCause() {
+				rightCauses++
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %d | %d |\n", r.s.name, r.stepTime().Round(time.Millisecond),
+			named, causeCell, stepsCell, secsCell, r.stalls, r.falseAlarms())
 		falseAlarms += r.falseAlarms()
 		if r.s.balanced() {
 			balancedHours += r.duration.Hours()
@@ -56,7 +64,9 @@ func report(w io.Writer, rs []result, now time.Time) {
 		fmt.Fprintf(w, "- steps to detection: median %d, max %d (goal <= 20); seconds: median %.1f, max %.1f (goal <= 30)\n",
 			steps[len(steps)/2], steps[len(steps)-1], secs[len(secs)/2], secs[len(secs)-1])
 	}
-	fmt.Fprintln(w, "- cause accuracy: not measured; the agent does not name causes yet")
+	if causes > 0 {
+		fmt.Fprintf(w, "- cause accuracy: the cause injected named in %d of %d detections\n", rightCauses, causes)
+	}
 }
 
 func median(ds []time.Duration) time.Duration {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -22,16 +23,18 @@ type result struct {
 	duration time.Duration
 }
 
-// naming is one "persistent straggler" line: which rank and when.
+// naming is one "persistent straggler" line: which rank, when, and the
+// cause it gave.
 type naming struct {
-	rank int
-	at   time.Time
+	rank  int
+	at    time.Time
+	cause string
 }
 
 var (
 	stepLine  = regexp.MustCompile(`STEP (\d+) ([0-9.]+)`)
 	timeField = regexp.MustCompile(`^time=(\S+) `)
-	namedLine = regexp.MustCompile(`persistent straggler: rank (\d+)`)
+	namedLine = regexp.MustCompile(`persistent straggler: rank (\d+) \([^)]*\) held the others back.*?; cause (\w+): `)
 )
 
 // runOne runs s under the agent and reads its output.
@@ -44,7 +47,7 @@ func runOne(ctx context.Context, agent, python, worker string, s scenario) (resu
 		}
 		defer func() { _ = syscall.Kill(-hog.Process.Pid, syscall.SIGKILL); _ = hog.Wait() }()
 	}
-	args := []string{"run", "--standalone", "--nproc-per-node", strconv.Itoa(s.world), "--python", python, worker,
+	args := []string{"run", "--standalone", "--nproc-per-node", strconv.Itoa(s.world), "--numa-binding", "none", "--python", python, worker,
 		"--steps", strconv.Itoa(s.steps), "--compute-ms", fmt.Sprint(s.computeMS)}
 	if !s.balanced() {
 		args = append(args, "--straggler-rank", strconv.Itoa(s.rank), "--extra-pct", fmt.Sprint(s.extraPct),
@@ -53,6 +56,10 @@ func runOne(ctx context.Context, agent, python, worker string, s scenario) (resu
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, agent, args...)
+	if s.throttled {
+		// The mock's GPUs go to the ranks in order: the straggler's is GPU rank.
+		cmd.Env = append(os.Environ(), "DDP_AGENT_MOCK_THROTTLE="+strconv.Itoa(s.rank))
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
@@ -89,7 +96,7 @@ func parse(out string, s scenario) result {
 			if t := timeField.FindStringSubmatch(line); t != nil {
 				at, _ = time.Parse(time.RFC3339Nano, t[1])
 			}
-			r.named = append(r.named, naming{rank: rank, at: at})
+			r.named = append(r.named, naming{rank: rank, at: at, cause: m[2]})
 		}
 	}
 	return r
@@ -108,6 +115,17 @@ func (r result) falseAlarms() int {
 		n += r.stalls
 	}
 	return n
+}
+
+// cause is the cause given when the injected straggler was first named;
+// "" when it never was.
+func (r result) cause() string {
+	for _, nm := range r.named {
+		if nm.rank == r.s.rank {
+			return nm.cause
+		}
+	}
+	return ""
 }
 
 // detected returns when the injected straggler was first named: the steps
