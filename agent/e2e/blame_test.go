@@ -22,7 +22,8 @@ import (
 // failed by "rank 0 closed its communicator", exit before it every time,
 // and the report must list them as its victims (issue 16). SIGKILL and
 // the run without the hook (DDP's own all-reduce, no shim to say who
-// went first) must name rank 0 too.
+// went first) must name rank 0 too, as must an exit with a non-zero code
+// (os._exit: no Python teardown, the hook is never closed).
 func TestRootCauseIsFirstFailure(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -34,6 +35,7 @@ func TestRootCauseIsFirstFailure(t *testing.T) {
 		{"hook raise", 2, []string{"--exit-delay", "2"}, 3, true},
 		{"hook raise 3 ranks", 3, []string{"--exit-delay", "2"}, 1, true},
 		{"hook SIGKILL", 2, []string{"--fail-signal", "KILL"}, 1, false},
+		{"hook exit 3", 2, []string{"--exit-code", "3"}, 1, false},
 		{"no hook raise", 2, []string{"--exit-delay", "2", "--comm-hook", "none"}, 1, false},
 	}
 	for _, tc := range tests {
