@@ -15,10 +15,16 @@ const (
 	CodeTimeout
 	CodeStaleGeneration
 	CodeInternal
+	// CodeLimit: the agent refused a request or a connection because it is
+	// over one of the control socket's limits (a value's size, a rank's
+	// store quota, connections per process or rank); the message names the
+	// limit and its value. Added after the others, so that their numbers
+	// stay what they were on the wire.
+	CodeLimit
 )
 
 func (c ErrorCode) String() string {
-	names := [...]string{"", "bad request", "denied", "timeout", "stale generation", "internal"}
+	names := [...]string{"", "bad request", "denied", "timeout", "stale generation", "internal", "limit exceeded"}
 	if c > 0 && int(c) < len(names) {
 		return names[c]
 	}
@@ -32,6 +38,7 @@ var (
 	ErrTimeout         = errors.New("control: timeout")
 	ErrDenied          = errors.New("control: denied")
 	ErrStaleGeneration = errors.New("control: stale generation")
+	ErrLimit           = errors.New("control: limit exceeded")
 )
 
 // RemoteError is an Error reply from the agent.
@@ -53,6 +60,8 @@ func (e *RemoteError) Is(target error) bool {
 		return e.Code == CodeDenied
 	case ErrStaleGeneration:
 		return e.Code == CodeStaleGeneration
+	case ErrLimit:
+		return e.Code == CodeLimit
 	}
 	return false
 }

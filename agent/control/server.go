@@ -20,40 +20,6 @@ import (
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
-// Server limits and defaults.
-const (
-	SocketName          = "control.sock"
-	DefaultKVGetTimeout = 60 * time.Second // KVGet with TimeoutMillis 0
-	HandshakeTimeout    = 5 * time.Second  // time a new connection has to send Hello
-	kvSetTimeout        = 30 * time.Second
-	maxInflight         = 64 // concurrent KV requests per connection
-)
-
-// Config configures a Server.
-type Config struct {
-	// Dir is the directory for the socket. Empty means a fresh
-	// os.MkdirTemp("", "ddp-agent-*"). Listen creates it if missing and sets
-	// its mode to 0700; Run removes it on exit if Listen created it.
-	Dir   string
-	JobID string
-	// KV stores the keys of KVSet and KVGet, scoped as
-	// "<job>/<generation>/<key>". Nil means NewMemKV().
-	KV KV
-	// Authorize maps a peer pid to the worker rank it belongs to (the pid is
-	// a spawned worker or a descendant); an error denies the connection. It
-	// must not be nil and is called from connection goroutines concurrently.
-	Authorize func(pid int) (rank int, err error)
-	// OnEvents, if not nil, receives the Events of a worker (ev may be
-	// retained). It is called from the connection goroutine and must not
-	// block long: the worker's other requests wait meanwhile.
-	OnEvents func(rank int, ev wire.Events)
-	// WriteTimeout bounds every write to a worker; a worker that stops
-	// reading is disconnected after it. Zero means DefaultWriteTimeout.
-	WriteTimeout time.Duration
-	// Logger receives the server's logs. Nil discards them.
-	Logger *slog.Logger
-}
-
 // Server is the agent side of the control socket. Its methods are safe for
 // concurrent use.
 type Server struct {
@@ -64,6 +30,10 @@ type Server struct {
 	path   string
 	ownDir bool
 	wg     sync.WaitGroup // connection and request goroutines
+
+	quota    *kvQuota
+	connsPer *connCounter
+	limitLog *limitLog
 
 	mu     sync.Mutex
 	gen    uint64
@@ -79,16 +49,9 @@ func Listen(cfg Config) (*Server, error) {
 	if cfg.Authorize == nil {
 		return nil, errors.New("listen control socket: Config.Authorize is nil")
 	}
-	if cfg.KV == nil {
-		cfg.KV = NewMemKV()
-	}
-	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = wire.DefaultWriteTimeout
-	}
-	s := &Server{cfg: cfg, log: cfg.Logger, conns: make(map[*serverConn]struct{})}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
+	cfg = cfg.withDefaults()
+	s := &Server{cfg: cfg, log: cfg.Logger, conns: make(map[*serverConn]struct{}),
+		quota: newKVQuota(), connsPer: newConnCounter(), limitLog: newLimitLog(cfg.Logger, limitLogEvery)}
 	var err error
 	if cfg.Dir == "" {
 		// A socket path must fit sun_path (108 bytes with its NUL); under a
@@ -133,6 +96,7 @@ func (s *Server) Path() string { return s.path }
 func (s *Server) SetGeneration(gen uint64, worldSize int, config map[string]string) {
 	s.mu.Lock()
 	s.gen, s.world, s.config = gen, int32(worldSize), maps.Clone(config)
+	s.quota.keepOnly(gen)
 	var stale []*serverConn
 	for c := range s.conns {
 		if c.gen != gen {
@@ -149,8 +113,9 @@ func (s *Server) SetGeneration(gen uint64, worldSize int, config map[string]stri
 
 // DropGeneration deletes the keys of generation gen from the KV, when the
 // KV can delete by prefix (MemKV can): once an attempt is over, its
-// bootstrap data is garbage.
+// bootstrap data is garbage. The ranks' quotas for gen start over.
 func (s *Server) DropGeneration(ctx context.Context, gen uint64) error {
+	s.quota.drop(gen)
 	d, ok := s.cfg.KV.(interface {
 		DeletePrefix(ctx context.Context, prefix string) error
 	})
@@ -238,16 +203,18 @@ func (s *Server) removeDir() {
 	}
 }
 
-// serverConn is one worker connection. rank and gen are set by the handshake
-// before the connection is registered and not changed afterwards.
+// serverConn is one worker connection. pid, rank and gen are set by the
+// handshake before the connection is registered and not changed afterwards.
 type serverConn struct {
-	s      *Server
-	nc     *net.UnixConn
-	log    *slog.Logger
-	cancel context.CancelFunc // closes the connection
-	rank   int
-	gen    uint64
-	wmu    sync.Mutex // serializes writes
+	s       *Server
+	nc      *net.UnixConn
+	log     *slog.Logger
+	cancel  context.CancelFunc // closes the connection
+	pid     int
+	rank    int
+	gen     uint64
+	counted bool       // the connection counts against the connection limits
+	wmu     sync.Mutex // serializes writes
 }
 
 func (c *serverConn) serve(ctx context.Context) {
@@ -261,14 +228,30 @@ func (c *serverConn) serve(ctx context.Context) {
 	}()
 	defer c.s.unregister(c)
 
-	if err := c.handshake(); err != nil {
+	err := c.handshake()
+	if c.counted {
+		defer c.s.connsPer.release(c.pid, c.rank)
+	}
+	if le := (*limitError)(nil); errors.As(err, &le) {
+		c.s.limitLog.refused(time.Now(), c.rank, c.pid, le)
+		return
+	}
+	if err != nil {
 		c.log.Warn("control handshake", "err", err)
 		return
 	}
 	c.log.Debug("worker connected")
+	c.readLoop(ctx)
+}
+
+// readLoop reads and dispatches the worker's frames until the connection
+// ends: Events synchronously, KV requests each in a goroutine (at most
+// maxInflight at once), since a KVGet may wait for minutes.
+func (c *serverConn) readLoop(ctx context.Context) {
+	fr := &frameReader{nc: c.nc, timeout: c.s.cfg.FrameTimeout}
 	sem := make(chan struct{}, maxInflight)
 	for {
-		f, err := wire.ReadFrame(c.nc, wire.MaxPayload)
+		f, err := fr.next()
 		if err != nil {
 			c.readFailed(ctx, 0, err)
 			return
@@ -284,6 +267,9 @@ func (c *serverConn) serve(ctx context.Context) {
 				c.s.cfg.OnEvents(c.rank, m)
 			}
 		case wire.KVSet, wire.KVGet:
+			if set, ok := m.(wire.KVSet); ok && !c.admit(f.ID, set) {
+				continue
+			}
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -302,11 +288,31 @@ func (c *serverConn) serve(ctx context.Context) {
 	}
 }
 
+// admit charges a KVSet to its rank's quota before it is queued. Over a
+// limit, it answers the request with a CodeLimit Error, logs the refusal
+// (rate-limited) and returns false; the connection stays usable. A KVSet
+// with an empty key is refused as a bad request later and charged nothing.
+func (c *serverConn) admit(id uint32, m wire.KVSet) bool {
+	if m.Key == "" {
+		return true
+	}
+	le := c.s.quota.reserve(c.gen, c.rank, m.Key, len(m.Value), c.s.cfg)
+	if le == nil {
+		return true
+	}
+	c.s.limitLog.refused(time.Now(), c.rank, c.pid, le)
+	c.send(id, le.reply())
+	return false
+}
+
 // readFailed logs a read error and answers protocol errors with BadRequest.
 func (c *serverConn) readFailed(ctx context.Context, id uint32, err error) {
 	switch {
 	case ctx.Err() != nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
 		c.log.Debug("worker disconnected", "err", err)
+	case errors.Is(err, errFrameTimeout):
+		c.log.Warn("worker stopped halfway through a frame, closing connection", "frame_timeout", c.s.cfg.FrameTimeout, "err", err)
+		c.send(id, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
 	case isProtocolError(err):
 		c.log.Warn("bad frame from worker, closing connection", "err", err)
 		c.send(id, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
@@ -320,9 +326,12 @@ func isProtocolError(err error) bool {
 		errors.Is(err, wire.ErrVersion) || errors.Is(err, wire.ErrTooLarge)
 }
 
-// handshake checks the peer credentials and the Hello, registers the
-// connection and replies Welcome. On failure it sends an Error (best effort).
+// handshake checks the peer credentials, the connection limits and the
+// Hello, registers the connection and replies Welcome, all within
+// Config.HandshakeTimeout. On failure it sends an Error (best effort); a
+// refusal by a connection limit returns an error wrapping a *limitError.
 func (c *serverConn) handshake() error {
+	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.HandshakeTimeout))
 	pid, uid, err := peerCred(c.nc)
 	if err != nil {
 		return fmt.Errorf("read peer credentials: %w", err)
@@ -338,13 +347,20 @@ func (c *serverConn) handshake() error {
 		return fmt.Errorf("authorize pid %d: %w", pid, err)
 	}
 	c.log = c.log.With("rank", rank)
-	c.rank = rank
+	c.pid, c.rank = pid, rank
+	if le := c.s.connsPer.acquire(pid, rank, c.s.cfg); le != nil {
+		c.send(0, le.reply())
+		return fmt.Errorf("admit connection: %w", le)
+	}
+	c.counted = true
 
-	c.nc.SetReadDeadline(time.Now().Add(HandshakeTimeout))
 	f, err := wire.ReadFrame(c.nc, wire.MaxPayload)
 	if err != nil {
 		if isProtocolError(err) {
 			c.send(0, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("no whole Hello within %v of accept: %w", c.s.cfg.HandshakeTimeout, err)
 		}
 		return fmt.Errorf("read hello: %w", err)
 	}
@@ -385,57 +401,6 @@ func (s *Server) unregister(c *serverConn) {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
-}
-
-// request serves one KVSet or KVGet and sends the reply.
-func (c *serverConn) request(ctx context.Context, id uint32, m wire.Message) {
-	var (
-		op, key string
-		reply   wire.Message = wire.OK{}
-		err     error
-	)
-	switch m := m.(type) {
-	case wire.KVSet:
-		op, key = "kv set", m.Key
-		if key != "" {
-			sctx, cancel := context.WithTimeout(ctx, kvSetTimeout)
-			err = c.s.cfg.KV.Set(sctx, c.scope(key), m.Value)
-			cancel()
-		}
-	case wire.KVGet:
-		op, key = "kv get", m.Key
-		timeout := min(time.Duration(m.TimeoutMillis)*time.Millisecond, wire.MaxKVGetTimeout)
-		if timeout == 0 {
-			timeout = DefaultKVGetTimeout
-		}
-		if key != "" {
-			gctx, cancel := context.WithTimeout(ctx, timeout)
-			var v []byte
-			v, err = c.s.cfg.KV.Get(gctx, c.scope(key))
-			cancel()
-			reply = wire.KVValue{Value: v}
-		}
-	}
-	switch {
-	case ctx.Err() != nil:
-		return // connection closing; nobody to answer
-	case key == "":
-		reply = wire.Error{Code: wire.CodeBadRequest, Message: op + ": empty key"}
-	case errors.Is(err, context.DeadlineExceeded):
-		reply = wire.Error{Code: wire.CodeTimeout, Message: fmt.Sprintf("%s %q: %v", op, key, err)}
-	case err != nil:
-		c.log.Warn("control request", "op", op, "key", key, "err", err)
-		reply = wire.Error{Code: wire.CodeInternal, Message: fmt.Sprintf("%s %q: %v", op, key, err)}
-	}
-	c.send(id, reply)
-}
-
-func (c *serverConn) scope(key string) string { return scope(c.s.cfg.JobID, c.gen, key) }
-
-// scope is where key of a job's generation lives in the KV; with an empty
-// key, the prefix of all of that generation's keys.
-func scope(job string, gen uint64, key string) string {
-	return job + "/" + strconv.FormatUint(gen, 10) + "/" + key
 }
 
 // send writes one frame under the write lock; on error the connection is

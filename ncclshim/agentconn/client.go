@@ -20,8 +20,9 @@ import (
 const EventsWriteTimeout = 100 * time.Millisecond
 
 // ErrClosed: the connection is closed or lost; calls fail with it. An Error
-// reply is a *wire.RemoteError, which matches wire.ErrTimeout, ErrDenied or
-// ErrStaleGeneration with errors.Is according to its code.
+// reply is a *wire.RemoteError, which matches wire.ErrTimeout, ErrDenied,
+// ErrStaleGeneration or ErrLimit (a value, quota or connection limit of the
+// agent; the message names it) with errors.Is according to its code.
 var ErrClosed = errors.New("control: connection closed")
 
 // Client is the worker side of the control socket. A reader goroutine
