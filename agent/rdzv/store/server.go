@@ -73,6 +73,7 @@ type Server struct {
 	etcd     *embed.Etcd
 	endpoint string
 	tempDir  string       // removed by Close; "" when the caller chose Dir
+	lock     *os.File     // holds tempDir's owner lock while this agent lives (stale.go)
 	closing  *atomic.Bool // set by Close to quieten etcd's shutdown logs
 
 	closeOnce sync.Once
@@ -125,14 +126,24 @@ func launch(cfg ServerConfig) (_ *Server, err error) {
 	s := &Server{}
 	dir := cfg.Dir
 	if dir == "" {
+		log := cfg.Logger
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		removeStale(os.TempDir(), time.Now(), log)
 		if dir, err = os.MkdirTemp("", "ddp-agent-etcd-"); err != nil {
 			return nil, fmt.Errorf("etcd data dir: %w", err)
 		}
 		s.tempDir = dir
+		if s.lock, err = lockDir(dir); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	defer func() {
 		if err != nil && s.tempDir != "" {
 			os.RemoveAll(s.tempDir)
+			s.lock.Close()
 		}
 	}()
 
@@ -310,6 +321,7 @@ func (s *Server) Close() error {
 			if err := os.RemoveAll(s.tempDir); err != nil {
 				s.closeErr = fmt.Errorf("remove etcd data dir: %w", err)
 			}
+			s.lock.Close()
 		}
 	})
 	return s.closeErr
