@@ -105,6 +105,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	s := &session{runID: runID, runDir: runDir, keep: keep, events: newEventTally(), faults: newFaults(),
 		mon: hostmon.NewMonitor(a.log)}
+	s.stragglers = a.newStragglerPolicy(ctx, s, func(se *StragglerError) { cancel(se) })
 	defer s.bg.Wait()
 	defer cancel(nil) // runs first: stop the background parts, then wait for them
 
@@ -114,8 +115,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer s.j.close()
 	defer func() {
 		reason := "agent exiting"
-		if gf, ok := drainCause(ctx); ok {
-			reason = "drained: " + gf.Error()
+		if cause := drainCause(ctx); cause != nil {
+			reason = "drained: " + cause.Error()
 		}
 		s.leave(reason)
 	}()
@@ -137,22 +138,31 @@ func (a *Agent) Run(ctx context.Context) error {
 	return a.loop(ctx, s)
 }
 
-// drainOr returns the GPU fault that is draining this node, if one is,
-// rather than err: a GPU that fell off the bus also kills its worker, and
-// the node must exit as drained (code 3) even when the worker's failure
-// also used up the job's restarts.
+// drainOr returns what is draining this node, if something is, rather
+// than err: a GPU that fell off the bus also kills its worker, and the
+// node must exit as drained (code 3) even when the worker's failure also
+// used up the job's restarts.
 func drainOr(ctx context.Context, err error) error {
-	if gf, ok := drainCause(ctx); ok {
-		return gf
+	if cause := drainCause(ctx); cause != nil {
+		return cause
 	}
 	return err
 }
 
-// drainCause is the GPU fault that cancelled ctx, if one did.
-func drainCause(ctx context.Context) (*GPUFaultError, bool) {
+// drainCause is what cancelled ctx to drain this node, or nil: a GPU
+// fault (*GPUFaultError), or a persistent straggler of this node confirmed
+// under --straggler-action drain (*StragglerError).
+func drainCause(ctx context.Context) error {
+	cause := context.Cause(ctx)
 	var gf *GPUFaultError
-	ok := errors.As(context.Cause(ctx), &gf)
-	return gf, ok
+	if errors.As(cause, &gf) {
+		return gf
+	}
+	var se *StragglerError
+	if errors.As(cause, &se) && se.Action == StragglerDrain {
+		return se
+	}
+	return nil
 }
 
 func (a *Agent) setGroup(g *supervisor.Group, rankOffset int) {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -72,6 +73,12 @@ type Telemetry struct {
 	// StragglerCost: the share of step time a persistent straggler's waits
 	// must cost before it is named; 0: stall.DefaultCost.
 	StragglerCost float64
+	// StragglerAction is what is done about a persistent straggler named
+	// without a gap for StragglerConfirm; "": StragglerLog.
+	StragglerAction StragglerAction
+	// StragglerConfirm is the confirmation window; 0:
+	// DefaultStragglerConfirm.
+	StragglerConfirm time.Duration
 }
 
 func (c *Config) nnodes() string {
@@ -96,6 +103,10 @@ func (c *Config) check() error {
 		return errors.New("agent config: want 1 <= NNodesMin <= NNodesMax")
 	case r.Dynamic && !r.Standalone && len(r.Endpoints) == 0:
 		return errors.New("agent config: a dynamic rendezvous needs the store's endpoints")
+	case c.Telemetry.StragglerAction != "" && !c.Telemetry.StragglerAction.Valid():
+		return fmt.Errorf("agent config: StragglerAction %q is not one of %v", c.Telemetry.StragglerAction, StragglerActions)
+	case c.Telemetry.StragglerConfirm < 0:
+		return errors.New("agent config: StragglerConfirm must not be negative")
 	}
 	return nil
 }

@@ -12,14 +12,15 @@ import (
 // Every source delivers one, to one queue, and the run loop handles them
 // in one place (Agent.recover): a worker's exit, the end of the
 // rendezvous round (another node's fault, or a node joining or leaving), a
-// GPU health finding, a hang.
+// GPU health finding, a hang, a confirmed persistent straggler
+// (--straggler-action restart).
 type Fault struct {
 	Source FaultSource
 	Gen    uint64    // the generation it belongs to
 	Seen   time.Time // when it was observed; a fault from before the attempt started is stale
 	Reason string    // one line, for the rendezvous, the log and the trace
 	// Err is the source's own error: *WorkerFailedError, *GPUFaultError,
-	// *watch.HangError, or *RoundEndedError.
+	// *watch.HangError, *StragglerError, or *RoundEndedError.
 	Err error
 }
 
@@ -28,10 +29,11 @@ type FaultSource int
 
 // The fault sources.
 const (
-	FromWorker FaultSource = iota // a worker exited non-zero or was killed
-	FromRound                     // the rendezvous moved the job to another generation
-	FromGPU                       // a GPU health finding that calls for a restart
-	FromHang                      // a collective hung
+	FromWorker    FaultSource = iota // a worker exited non-zero or was killed
+	FromRound                        // the rendezvous moved the job to another generation
+	FromGPU                          // a GPU health finding that calls for a restart
+	FromHang                         // a collective hung
+	FromStraggler                    // a persistent straggler confirmed under --straggler-action restart
 )
 
 // RoundEndedError is the cause of a round's end when the job moved to
@@ -88,6 +90,13 @@ func roundFault(gen uint64, reason string) *Fault {
 
 func hangFault(h *watch.HangError) *Fault {
 	return &Fault{Source: FromHang, Gen: h.Hang.Gen, Seen: time.Now(), Reason: h.Error(), Err: h}
+}
+
+// stragglerFault restarts the attempt of generation gen for a persistent
+// straggler confirmed at seen, like a hang: the job moves to a new
+// generation and the restart counts against --max-restarts.
+func stragglerFault(gen uint64, seen time.Time, se *StragglerError) *Fault {
+	return &Fault{Source: FromStraggler, Gen: gen, Seen: seen, Reason: "persistent straggler " + se.what(), Err: se}
 }
 
 // faults is the one queue every fault source reports to. The run loop

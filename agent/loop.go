@@ -38,6 +38,7 @@ func (a *Agent) loop(ctx context.Context, s *session) error {
 			return err
 		}
 		f, err := a.wait(ctx, s, at)
+		s.stragglers.end()
 		s.watch.End()
 		switch {
 		case err != nil && ctx.Err() != nil: // a signal or the caller
@@ -88,6 +89,8 @@ func (a *Agent) start(ctx context.Context, s *session, n int, r *rdzv.Round, wai
 		return nil, fmt.Errorf("attempt %d: %w", n, err)
 	}
 	workers := a.workers(at.g, r.RankOffset)
+	s.stragglers.begin(stragglerAttempt{gen: at.gen, nodes: r.NNodes, rankOffset: r.RankOffset,
+		nproc: a.cfg.NProcPerNode, restarts: r.Restarts})
 	s.watch.Begin(ctx, watch.Attempt{Gen: at.gen, GroupRank: r.GroupRank, NNodes: r.NNodes, WorldSize: r.WorldSize,
 		RankOffset: r.RankOffset, MasterAddr: r.MasterAddr, Done: r.Done(), Workers: workers, StackDir: stackDir,
 		KV: s.j.kv, JobID: s.runID, Token: a.cfg.Rendezvous.Token})
@@ -323,8 +326,12 @@ func (a *Agent) stop(ctx context.Context, s *session, at *attempt) error {
 	cause := context.Cause(ctx)
 	sig := stopSignal(cause)
 	a.log.Info("stopping workers", "reason", cause, "signal", sig, "grace", a.cfg.StopTimeout)
-	s.abort("agent stopping: " + cause.Error())
-	s.leave("agent stopping: " + cause.Error())
+	why := "agent stopping: "
+	if drainCause(ctx) != nil { // the other nodes and `ddp-agent status` see why this one left
+		why = "drained: "
+	}
+	s.abort(why + cause.Error())
+	s.leave(why + cause.Error())
 	at.g.Stop(sig, a.cfg.StopTimeout)
 	s.events.report(a.log, at.gen, s.srv.Conns)
 	return cause

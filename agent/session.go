@@ -27,6 +27,9 @@ type session struct {
 	watch  *watch.Watch
 	exp    watch.Exporter
 	faults *faults
+	// stragglers acts on confirmed persistent stragglers
+	// (--straggler-action); the watch hands it what it names.
+	stragglers *stragglerPolicy
 
 	bg   sync.WaitGroup // the background parts, waited for at the end of Run
 	left bool           // this node left the rendezvous (or needs not)
@@ -76,7 +79,7 @@ func (a *Agent) startTelemetry(ctx context.Context, s *session) (func(), error) 
 	}
 	s.watch = watch.New(watch.Config{Log: a.log, HangTimeout: a.cfg.Telemetry.HangTimeout, HangAuto: a.cfg.Telemetry.HangAuto,
 		StragglerCost: a.cfg.Telemetry.StragglerCost, RankOf: a.authorize, ReadGPU: readGPU, ReadHost: s.mon.Slowdown,
-		OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
+		OnStragglers: s.stragglers.look, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
 	exp, closeExp, err := a.openExporter(ctx, s.runID, s.runDir, s.keep, s.watch.Worker)
 	if err != nil {
 		s.watch.Close()

@@ -132,6 +132,10 @@ type Config struct {
 	// StragglerCost: a persistent straggler is named only when the waits it
 	// causes cost at least this share of step time.
 	StragglerCost float64
+	// StragglerAction is what is done about a persistent straggler named
+	// without a gap for StragglerConfirm: log, restart or drain.
+	StragglerAction  string
+	StragglerConfirm time.Duration
 
 	Script     string
 	ScriptArgs []string
@@ -210,6 +214,8 @@ var flagSpecs = []flagSpec{
 	{name: "trace-sample", def: "0.1", help: "share of normal training steps traced (0 to 1); steps with a stall or hang are always traced"},
 	{name: "metrics-addr", help: "serve Prometheus metrics at this address (e.g. :9464); default none"},
 	{name: "straggler-cost", def: "0.05", help: "name a persistent straggler only when the waits it causes cost at least this share of step time (0 to 1, exclusive)"},
+	{name: "straggler-action", def: "log", help: "what to do about a persistent straggler named without a gap for --straggler-confirm: log (a line, nothing more), restart (restart the job, counted against --max-restarts; not when none are left), or drain (the node that runs the straggler leaves the job, when at least MIN nodes remain or a spare waits)"},
+	{name: "straggler-confirm", def: "60s", help: "how long a rank must stay a persistent straggler, without a gap, before --straggler-action acts (seconds, or like 90s; above 0)"},
 	{name: "log-dir", help: "directory for per-rank stdout/stderr files, kept per attempt"},
 	{name: "redirects", short: "r", def: "0", help: "streams sent only to log files: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2 per local rank"},
 	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
@@ -388,8 +394,8 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.TraceSample, err = strconv.ParseFloat(r["trace-sample"], 64); err != nil || c.TraceSample < 0 || c.TraceSample > 1 {
 		return usagef("--trace-sample must be a number from 0 to 1, got %q", r["trace-sample"])
 	}
-	if c.StragglerCost, err = strconv.ParseFloat(r["straggler-cost"], 64); err != nil || !(c.StragglerCost > 0 && c.StragglerCost < 1) {
-		return usagef("--straggler-cost must be a share of step time between 0 and 1 (exclusive), got %q", r["straggler-cost"])
+	if err := r.stragglers(c); err != nil {
+		return err
 	}
 	if c.MonitorInterval, err = r.seconds("monitor-interval"); err != nil {
 		return err
@@ -466,6 +472,26 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	default:
 		return usagef("--log-level %q is not one of debug, info, warn, error", c.LogLevel)
 	}
+	return nil
+}
+
+// stragglers reads --straggler-cost, --straggler-action and
+// --straggler-confirm.
+func (r rawFlags) stragglers(c *Config) error {
+	var err error
+	if c.StragglerCost, err = strconv.ParseFloat(r["straggler-cost"], 64); err != nil || !(c.StragglerCost > 0 && c.StragglerCost < 1) {
+		return usagef("--straggler-cost must be a share of step time between 0 and 1 (exclusive), got %q", r["straggler-cost"])
+	}
+	switch c.StragglerAction = r["straggler-action"]; c.StragglerAction {
+	case "log", "restart", "drain":
+	default:
+		return usagef("--straggler-action %q is not one of log, restart, drain", c.StragglerAction)
+	}
+	d, err := r.seconds("straggler-confirm")
+	if err != nil || d <= 0 {
+		return usagef("--straggler-confirm must be a duration above 0 (seconds, or like 90s), got %q", r["straggler-confirm"])
+	}
+	c.StragglerConfirm = d
 	return nil
 }
 

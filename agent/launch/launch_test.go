@@ -172,7 +172,8 @@ var torchrunLines = []torchrunLine{
 		check: func(c *Config) string {
 			want := &Config{NProcPerNode: 1, NProcSpec: "1", NNodesMin: 1, NNodesMax: 1, RdzvBackend: "static",
 				MonitorInterval: 5 * time.Second, StopTimeout: 10 * time.Second, StartMethod: "spawn", Role: "default",
-				Python: "python3", LogLevel: "info", HangTimeout: time.Minute, TraceSample: 0.1, StragglerCost: 0.05, Script: "train.py", Rdzv: DefaultRdzvConf}
+				Python: "python3", LogLevel: "info", HangTimeout: time.Minute, TraceSample: 0.1, StragglerCost: 0.05,
+				StragglerAction: "log", StragglerConfirm: time.Minute, Script: "train.py", Rdzv: DefaultRdzvConf}
 			if !reflect.DeepEqual(c, want) {
 				return "the documented defaults"
 			}
@@ -243,6 +244,10 @@ func TestParseErrors(t *testing.T) {
 		{"trace sample not a number", "--trace-sample all train.py", "--trace-sample must be a number from 0 to 1"},
 		{"straggler cost 0", "--straggler-cost 0 train.py", "--straggler-cost must be a share of step time between 0 and 1"},
 		{"straggler cost not a number", "--straggler-cost x train.py", "--straggler-cost must be a share of step time"},
+		{"bad straggler action", "--straggler-action reboot train.py", "--straggler-action \"reboot\" is not one of log, restart, drain"},
+		{"straggler confirm 0", "--straggler-confirm 0 train.py", "--straggler-confirm must be a duration above 0 (seconds, or like 90s), got \"0\""},
+		{"straggler confirm not a duration", "--straggler-confirm soon train.py", "--straggler-confirm must be a duration above 0"},
+		{"straggler prefix now ambiguous", "--straggler-c 0.1 train.py", "ambiguous flag --straggler-c"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -331,5 +336,29 @@ func TestParseEnvironmentCompat(t *testing.T) {
 	}
 	if _, err := Parse([]string{"--standalone", "train.py"}, env(map[string]string{"PET_MASTER_PORT": "29500"}), fourCPUs); err == nil {
 		t.Error("--standalone with PET_MASTER_PORT was accepted")
+	}
+}
+
+// TestParseStragglerAction: --straggler-action and --straggler-confirm,
+// in either spelling, the window in seconds or as a Go duration.
+func TestParseStragglerAction(t *testing.T) {
+	tests := []struct {
+		args    string
+		action  string
+		confirm time.Duration
+	}{
+		{"train.py", "log", time.Minute},
+		{"--straggler-action restart --straggler-confirm 3s train.py", "restart", 3 * time.Second},
+		{"--straggler_action=drain --straggler_confirm 90 train.py", "drain", 90 * time.Second},
+		{"--straggler-confirm 1.5 train.py", "log", 1500 * time.Millisecond},
+	}
+	for _, tc := range tests {
+		c, err := Parse(strings.Fields(tc.args), noEnv, fourCPUs)
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", tc.args, err)
+		}
+		if c.StragglerAction != tc.action || c.StragglerConfirm != tc.confirm {
+			t.Errorf("Parse(%q): action %q, confirm %v; want %q, %v", tc.args, c.StragglerAction, c.StragglerConfirm, tc.action, tc.confirm)
+		}
 	}
 }

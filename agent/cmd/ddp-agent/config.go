@@ -55,6 +55,9 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 			TraceSample:   cfg.TraceSample,
 			MetricsAddr:   cfg.MetricsAddr,
 			StragglerCost: cfg.StragglerCost,
+			// Parse checked the action against the same names.
+			StragglerAction:  agent.StragglerAction(cfg.StragglerAction),
+			StragglerConfirm: cfg.StragglerConfirm,
 		},
 	}
 }

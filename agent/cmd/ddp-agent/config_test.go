@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 )
@@ -15,7 +16,8 @@ func TestRunConfig(t *testing.T) {
 	cfg, err := launch.Parse([]string{"--nnodes", "2:3", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400",
 		"--rdzv-id", "job7", "--rdzv-conf", "join_timeout=30,last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=4",
 		"--max-restarts", "5", "--stop-timeout", "7s", "--log-dir", "/tmp/l", "--tee", "2", "--hang-timeout", "90s",
-		"--otel-endpoint", "http://collector:4318", "--trace-sample", "0.5", "train.py", "--lr", "1"},
+		"--otel-endpoint", "http://collector:4318", "--trace-sample", "0.5",
+		"--straggler-action", "drain", "--straggler-confirm", "2m", "train.py", "--lr", "1"},
 		none, launch.Host{CPUs: runtime.NumCPU()})
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +45,8 @@ func TestRunConfig(t *testing.T) {
 		{"hang timeout", got.Telemetry.HangTimeout, 90 * time.Second},
 		{"trace sample", got.Telemetry.TraceSample, 0.5},
 		{"otlp protocol", got.Telemetry.OTLPProtocol, export.ProtocolHTTP},
+		{"straggler action", got.Telemetry.StragglerAction, agent.StragglerDrain},
+		{"straggler confirm", got.Telemetry.StragglerConfirm, 2 * time.Minute},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
