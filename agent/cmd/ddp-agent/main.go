@@ -144,6 +144,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	var sigErr *agent.SignalError
 	var failed *agent.JobFailedError
 	var gpuFault *agent.GPUFaultError
+	var slow *agent.StragglerError
 	switch {
 	case err == nil:
 		return 0
@@ -151,6 +152,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		log.Info("agent stopped by signal", "signal", sigErr.Signal.String())
 		return 128 + int(sigErr.Signal)
 	case errors.As(err, &gpuFault):
+		log.Error("node drained", "err", err)
+		return exitDrained
+	case errors.As(err, &slow) && slow.Action == agent.StragglerDrain:
 		log.Error("node drained", "err", err)
 		return exitDrained
 	case errors.As(err, &failed):
@@ -162,8 +166,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-// exitDrained is the exit code when a GPU fault made this node leave the
-// job: the node needs attention before it runs another one.
+// exitDrained is the exit code when a GPU fault, or a persistent
+// straggler under --straggler-action drain, made this node leave the job:
+// the node needs attention before it runs another one.
 const exitDrained = 3
 
 // workerBaseEnv is the agent's environment plus DDP_AGENT_SHIM, the
