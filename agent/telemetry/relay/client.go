@@ -23,10 +23,11 @@ import (
 
 // ClientConfig configures a follower's Client.
 type ClientConfig struct {
-	Addr  string // the leader's relay, host:port
-	Node  string // this node's name on the leader (in its logs and Handler calls): printable ASCII, at most 256 bytes
-	Token string // the job's token (JobToken)
-	Log   *slog.Logger
+	Addr        string // the leader's relay, host:port (Endpoint.Addr)
+	Fingerprint string // of the leader's certificate, the one trusted (Endpoint.Fingerprint)
+	Node        string // this node's name on the leader (in its logs and Handler calls): printable ASCII, at most 256 bytes
+	Token       string // the job's secret (FollowerToken)
+	Log         *slog.Logger
 
 	Now         func() time.Time // this node's clock; default time.Now (tests: a skewed clock)
 	SyncEvery   time.Duration    // how often the clock offset is estimated again; default 30 s
@@ -55,7 +56,7 @@ const (
 type Client struct {
 	cfg  ClientConfig
 	log  *slog.Logger
-	base string // http://addr
+	base string // https://addr
 	tr   *http.Transport
 	hc   *http.Client
 
@@ -92,14 +93,18 @@ type Client struct {
 	loggedInfo bool
 }
 
-// Dial connects a follower to the leader at cfg.Addr: it estimates the
-// clocks' offset, retrying while the leader cannot be reached, and
-// returns once it has, or with an error when ctx ends first or the
-// leader refuses the token (ErrForbidden). ctx bounds only Dial; the
-// Client runs until Close.
+// Dial connects a follower to the leader at cfg.Addr over TLS, trusting
+// only the certificate of cfg.Fingerprint: it estimates the clocks'
+// offset, retrying while the leader cannot be reached, and returns once
+// it has, or with an error when ctx ends first, the leader refuses the
+// secret (ErrUnauthorized) or shows another certificate (ErrFingerprint).
+// ctx bounds only Dial; the Client runs until Close.
 func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if _, _, err := net.SplitHostPort(cfg.Addr); err != nil {
 		return nil, fmt.Errorf("relay: leader address %q: %w", cfg.Addr, err)
+	}
+	if !isHex(cfg.Fingerprint, 2*32) {
+		return nil, fmt.Errorf("relay: leader's certificate fingerprint %q: want 64 lowercase hex digits", cfg.Fingerprint)
 	}
 	if !validNode(cfg.Node) {
 		return nil, fmt.Errorf("relay: node name %q: want 1 to %d bytes of printable ASCII", cfg.Node, maxNode)
@@ -125,12 +130,14 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	tr := &http.Transport{
 		Proxy:               nil, // the leader is on the job's network, never behind $HTTP_PROXY
 		DialContext:         (&net.Dialer{Timeout: syncTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:     pinnedTLS(cfg.Fingerprint),
+		TLSHandshakeTimeout: syncTimeout,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
 	c := &Client{
-		cfg: cfg, log: cfg.Log.With("leader", cfg.Addr), base: "http://" + cfg.Addr, tr: tr, hc: &http.Client{Transport: tr},
+		cfg: cfg, log: cfg.Log.With("leader", cfg.Addr), base: "https://" + cfg.Addr, tr: tr, hc: &http.Client{Transport: tr},
 		hangs: make(chan telemetry.Hang, 8), kick: make(chan struct{}, 1), resync: make(chan struct{}, 1),
 		closing: make(chan struct{}), sendDone: make(chan struct{}),
 	}
@@ -141,7 +148,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 			break
 		}
 		lastErr = err
-		if errors.Is(err, ErrForbidden) {
+		if errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrFingerprint) { // retrying would not change it
 			tr.CloseIdleConnections()
 			return nil, fmt.Errorf("relay: dial leader %s as %s: %w", cfg.Addr, cfg.Node, err)
 		}
@@ -287,8 +294,8 @@ func jitter(d time.Duration) time.Duration {
 }
 
 // request makes one request to the leader, bounded by timeout, and
-// returns the answer's status and body (at most MaxBody bytes). A 403 is
-// ErrForbidden.
+// returns the answer's status and body (at most MaxBody bytes). A 401 is
+// ErrUnauthorized.
 func (c *Client) request(ctx context.Context, timeout time.Duration, method, path, ctype string, body []byte) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -316,8 +323,8 @@ func (c *Client) request(ctx context.Context, timeout time.Duration, method, pat
 		return resp.StatusCode, nil, fmt.Errorf("read the answer to %s %s: %w", method, path, err)
 	}
 	switch {
-	case resp.StatusCode == http.StatusForbidden:
-		return resp.StatusCode, nil, ErrForbidden
+	case resp.StatusCode == http.StatusUnauthorized:
+		return resp.StatusCode, nil, ErrUnauthorized
 	case resp.StatusCode >= 300:
 		return resp.StatusCode, nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(b[:min(len(b), 200)]))
 	}
@@ -514,10 +521,11 @@ func (c *Client) flushRecords(ctx context.Context) {
 }
 
 // undelivered reports whether a request failed before reaching the
-// leader: it could not connect.
+// leader: it could not connect, or the one at the address is not the
+// leader (its certificate is another).
 func undelivered(err error) bool {
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	return errors.As(err, &op) && op.Op == "dial" || errors.Is(err, ErrFingerprint)
 }
 
 // pollLoop long-polls the leader for hang requests, reconnecting with

@@ -15,7 +15,7 @@ import (
 func TestBatching(t *testing.T) {
 	rec := newRecorder()
 	s := listen(t, "127.0.0.1:0", rec, nil)
-	c := dial(t, ClientConfig{Addr: s.Addr(), Node: "n", FlushEvery: 100 * time.Millisecond})
+	c := dial(t, ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "n", FlushEvery: 100 * time.Millisecond})
 
 	// Many small sends within one flush period go out together.
 	at := time.Now()
@@ -58,11 +58,11 @@ func TestDialErrors(t *testing.T) {
 		want    error // nil: any error
 		within  time.Duration
 	}{
-		{"leader down", ClientConfig{Addr: down, Node: "n", Token: testToken}, 300 * time.Millisecond, context.DeadlineExceeded, time.Second},
-		{"bad token", ClientConfig{Addr: s.Addr(), Node: "n", Token: "wrong"}, 5 * time.Second, ErrForbidden, time.Second},
-		{"no token", ClientConfig{Addr: s.Addr(), Node: "n"}, 5 * time.Second, nil, 10 * time.Millisecond},
-		{"bad address", ClientConfig{Addr: "leader", Node: "n", Token: testToken}, 5 * time.Second, nil, 10 * time.Millisecond},
-		{"bad node", ClientConfig{Addr: s.Addr(), Node: "node\n1", Token: testToken}, 5 * time.Second, nil, 10 * time.Millisecond},
+		{"leader down", ClientConfig{Addr: down, Fingerprint: s.Fingerprint(), Node: "n", Token: testToken}, 300 * time.Millisecond, context.DeadlineExceeded, time.Second},
+		{"bad token", ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "n", Token: "wrong"}, 5 * time.Second, ErrUnauthorized, time.Second},
+		{"no token", ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "n"}, 5 * time.Second, nil, 10 * time.Millisecond},
+		{"bad address", ClientConfig{Addr: "leader", Fingerprint: s.Fingerprint(), Node: "n", Token: testToken}, 5 * time.Second, nil, 10 * time.Millisecond},
+		{"bad node", ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "node\n1", Token: testToken}, 5 * time.Second, nil, 10 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), tc.timeout)
@@ -93,7 +93,7 @@ func TestLeaderGoneAndBack(t *testing.T) {
 	rec1 := newRecorder()
 	s1 := listen(t, "127.0.0.1:0", rec1, log)
 	addr := s1.Addr()
-	c := dial(t, ClientConfig{Addr: addr, Node: "n", Log: log, FlushEvery: 10 * time.Millisecond, MaxBuffered: 1000})
+	c := dial(t, ClientConfig{Addr: addr, Fingerprint: s1.Fingerprint(), Node: "n", Log: log, FlushEvery: 10 * time.Millisecond, MaxBuffered: 1000})
 	ws := []telemetry.Worker{{Rank: 4, LocalRank: 0, Host: "b", PID: 11, GPU: "GPU-a", GPUIndex: 0}, {Rank: 5, LocalRank: 1, Host: "b", PID: 12, GPUIndex: -1}}
 	c.SendWorkers(ws)
 	c.Send(steps(0, 10, time.Now()))
@@ -116,7 +116,7 @@ func TestLeaderGoneAndBack(t *testing.T) {
 	}
 
 	rec2 := newRecorder()
-	listen(t, addr, rec2, log)
+	relisten(t, s1, rec2, log)
 	c.Send(steps(100000, 10, time.Now()))
 	waitFor(t, "records after the leader came back", 10*time.Second, func() bool {
 		recs := rec2.records("n")
@@ -141,7 +141,7 @@ func TestWorkersResentAfterRestart(t *testing.T) {
 	rec1 := newRecorder()
 	s1 := listen(t, "127.0.0.1:0", rec1, log)
 	addr := s1.Addr()
-	c := dial(t, ClientConfig{Addr: addr, Node: "n", Log: log})
+	c := dial(t, ClientConfig{Addr: addr, Fingerprint: s1.Fingerprint(), Node: "n", Log: log})
 	v1 := []telemetry.Worker{{Rank: 2, LocalRank: 0, Host: "c", PID: 1, GPUIndex: -1}}
 	c.SendWorkers(v1)
 	waitFor(t, "the workers", 5*time.Second, func() bool { return slices.Equal(rec1.lastWorkers("n"), v1) })
@@ -151,7 +151,7 @@ func TestWorkersResentAfterRestart(t *testing.T) {
 
 	s1.Close()
 	rec2 := newRecorder()
-	listen(t, addr, rec2, nil)
+	relisten(t, s1, rec2, nil)
 	waitFor(t, "the workers at the new leader", 10*time.Second, func() bool { return slices.Equal(rec2.lastWorkers("n"), v2) })
 	rec1.mu.Lock()
 	defer rec1.mu.Unlock()
@@ -170,7 +170,7 @@ func TestCloseBounded(t *testing.T) {
 		rec.onRecords = func() { entered.Store(true); <-release }
 		s := listen(t, "127.0.0.1:0", rec, nil)
 		t.Cleanup(func() { close(release) }) // before the server's Close (cleanups run last first)
-		c, err := Dial(t.Context(), ClientConfig{Addr: s.Addr(), Node: "n", Token: testToken, FlushEvery: 10 * time.Millisecond, MaxBuffered: 100})
+		c, err := Dial(t.Context(), ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "n", Token: testToken, FlushEvery: 10 * time.Millisecond, MaxBuffered: 100})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +218,7 @@ func TestCloseBounded(t *testing.T) {
 	})
 	t.Run("leader gone", func(t *testing.T) {
 		s := listen(t, "127.0.0.1:0", newRecorder(), nil)
-		c, err := Dial(t.Context(), ClientConfig{Addr: s.Addr(), Node: "n", Token: testToken})
+		c, err := Dial(t.Context(), ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "n", Token: testToken})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +236,7 @@ func TestCloseBounded(t *testing.T) {
 	t.Run("flushes", func(t *testing.T) {
 		rec := newRecorder()
 		s := listen(t, "127.0.0.1:0", rec, nil)
-		c, err := Dial(t.Context(), ClientConfig{Addr: s.Addr(), Node: "n", Token: testToken, FlushEvery: time.Hour})
+		c, err := Dial(t.Context(), ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "n", Token: testToken, FlushEvery: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -251,7 +251,7 @@ func TestCloseBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := dial(t, ClientConfig{Addr: s.Addr(), Node: "n"})
+		c := dial(t, ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "n"})
 		_ = c
 		time.Sleep(50 * time.Millisecond) // the poll is waiting
 		start := time.Now()

@@ -25,7 +25,7 @@ func TestRecordsOnLeaderClock(t *testing.T) {
 			log, logs := newTestLog(t)
 			rec := newRecorder()
 			s := listen(t, "127.0.0.1:0", rec, log)
-			c := dial(t, ClientConfig{Addr: s.Addr(), Node: "node-1", Log: log, FlushEvery: 20 * time.Millisecond,
+			c := dial(t, ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "node-1", Log: log, FlushEvery: 20 * time.Millisecond,
 				Now: func() time.Time { return time.Now().Add(tc.skew) }})
 			if got, want := c.Offset(), -tc.skew; abs64(got-want) > 5*time.Millisecond {
 				t.Fatalf("offset: got %v, want %v ± 5ms", got, want)
@@ -90,7 +90,7 @@ func TestSyncKeepsSmallestRoundTrip(t *testing.T) {
 		}
 		return time.Now()
 	}
-	c := dial(t, ClientConfig{Addr: s.Addr(), Node: "n", Now: now})
+	c := dial(t, ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "n", Now: now})
 	if got := calls.Load(); got != 2*samples {
 		t.Errorf("clock read %d times, want %d", got, 2*samples)
 	}
@@ -103,7 +103,7 @@ func TestSyncKeepsSmallestRoundTrip(t *testing.T) {
 func TestClockResync(t *testing.T) {
 	s := listen(t, "127.0.0.1:0", newRecorder(), nil)
 	var skew atomic.Int64
-	c := dial(t, ClientConfig{Addr: s.Addr(), Node: "n", SyncEvery: 30 * time.Millisecond,
+	c := dial(t, ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "n", SyncEvery: 30 * time.Millisecond,
 		Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }})
 	if off := c.Offset(); abs64(off) > 5*time.Millisecond {
 		t.Fatalf("offset: got %v, want 0 ± 5ms", off)
@@ -117,7 +117,7 @@ func TestClockResync(t *testing.T) {
 func TestTimeEndpoint(t *testing.T) {
 	s := listen(t, "127.0.0.1:0", newRecorder(), nil)
 	before := time.Now()
-	code, body := do(t, httpClient(t), s.Addr(), rawReq{method: "GET", path: pathTime, token: testToken, node: "-"})
+	code, body := do(t, httpClient(t, s), s.Addr(), rawReq{method: "GET", path: pathTime, token: testToken, node: "-"})
 	after := time.Now()
 	var ns int64
 	if _, err := fmt.Sscanf(body, `{"unix_nano":%d}`, &ns); code != http.StatusOK || err != nil {

@@ -38,8 +38,8 @@ func noHang(t *testing.T, ch <-chan telemetry.Hang, d time.Duration) {
 func TestHangRequestOnce(t *testing.T) {
 	s := listen(t, "127.0.0.1:0", newRecorder(), nil)
 	const skew = 1500 * time.Millisecond
-	c1 := dial(t, ClientConfig{Addr: s.Addr(), Node: "node-1"})
-	c2 := dial(t, ClientConfig{Addr: s.Addr(), Node: "node-2", Now: func() time.Time { return time.Now().Add(skew) }})
+	c1 := dial(t, ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "node-1"})
+	c2 := dial(t, ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "node-2", Now: func() time.Time { return time.Now().Add(skew) }})
 	time.Sleep(50 * time.Millisecond) // let the polls wait at the leader
 
 	h := telemetry.Hang{Key: telemetry.Key{Gen: 2, Step: 41, Bucket: 3}, Since: time.Now().Add(-30 * time.Second),
@@ -71,7 +71,7 @@ func TestHangRequestOnce(t *testing.T) {
 		}
 	}
 	// A follower that comes later gets the outstanding requests, in order.
-	c3 := dial(t, ClientConfig{Addr: s.Addr(), Node: "node-3"})
+	c3 := dial(t, ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "node-3"})
 	for _, want := range []telemetry.Key{h.Key, h2.Key} {
 		if got := recvHang(t, c3.Hangs(), 5*time.Second); got.Key != want {
 			t.Errorf("late follower: got %v, want %v", got.Key, want)
@@ -86,7 +86,7 @@ func TestHangRequestOnce(t *testing.T) {
 func TestStacksRoundTrip(t *testing.T) {
 	rec := newRecorder()
 	s := listen(t, "127.0.0.1:0", rec, nil)
-	c := dial(t, ClientConfig{Addr: s.Addr(), Node: "node-1"})
+	c := dial(t, ClientConfig{Addr: s.Addr(), Fingerprint: s.Fingerprint(), Node: "node-1"})
 	stack := "Thread 0x00007f (most recent call first):\n  File \"train.py\", line 42 in step\n"
 	long := strings.Repeat("  File \"x.py\", line 1 in f\n", 10000) // 270 KB
 	c.SendStacks(map[int]string{5: stack, 6: long, -1: "not a rank"})
@@ -99,11 +99,10 @@ func TestStacksRoundTrip(t *testing.T) {
 		t.Errorf("rank 6: got %d bytes, want the first %d of the stack and a note", len(got[6]), MaxStack)
 	}
 	// Stacks sent while the leader is away arrive once it is back.
-	addr := s.Addr()
 	s.Close()
 	c.SendStacks(map[int]string{7: "late"})
 	time.Sleep(100 * time.Millisecond)
 	rec2 := newRecorder()
-	listen(t, addr, rec2, nil)
+	relisten(t, s, rec2, nil)
 	waitFor(t, "the stack sent while the leader was away", 10*time.Second, func() bool { return rec2.allStacks("node-1")[7] == "late" })
 }

@@ -125,10 +125,22 @@ func (w *testLog) String() string {
 
 func listen(t *testing.T, addr string, h Handler, log *slog.Logger) *Server {
 	t.Helper()
+	s, err := Listen(addr, testToken, h, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// relisten starts a leader on old's address with old's certificate: the
+// same leader, restarted (its epoch is new).
+func relisten(t *testing.T, old *Server, h Handler, log *slog.Logger) *Server {
+	t.Helper()
 	var s *Server
 	var err error
-	for range 50 { // the same address again: its old connections may linger a moment
-		if s, err = Listen(addr, testToken, h, log); err == nil {
+	for range 50 { // its old connections may linger a moment
+		if s, err = listenAs(old.Addr(), testToken, h, log, &old.id); err == nil {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -5,13 +5,21 @@
 // its workers, and, when the leader asks because a collective hung, the
 // Python stacks of its ranks.
 //
-// The transport is plain HTTP/1.1 between the agents. Every request
-// carries the job's token (see JobToken) as "Authorization: Bearer
-// <token>"; the leader compares it in constant time and answers 403 to
-// anything else, before reading a body. Followers name themselves in the
-// "Ddp-Node" header. Every answer carries "Ddp-Relay-Epoch", random per
-// Server, so that a follower notices a restarted leader and sends its
-// workers again.
+// The transport is HTTP/1.1 over TLS 1.3, and nothing else: a Server
+// listens only on the one address it is given (the address the agents use
+// for the rendezvous, never every interface), with a self-signed ECDSA
+// P-256 certificate it makes when it starts and keeps in memory. The
+// leader publishes an Endpoint in the job's store: its address, the
+// certificate's SHA-256 fingerprint, and, when the job has no
+// --rdzv-token, the random secret followers present. A follower trusts the
+// one certificate whose fingerprint it read there (no CA, no name check).
+//
+// Every request carries the job's secret (see LeaderToken) as
+// "Authorization: Bearer <secret>"; the leader compares it in constant
+// time and answers 401 to anything else, before reading a body, on every
+// path. Followers name themselves in the "Ddp-Node" header. Every answer
+// carries "Ddp-Relay-Epoch", random per Server, so that a follower
+// notices a restarted leader and sends its workers again.
 //
 //	GET  /v1/time                     200 {"unix_nano": n}  the leader's clock, for the offset
 //	POST /v1/records                  204  body: a records batch (below)
@@ -43,6 +51,7 @@ package relay
 
 import (
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -57,17 +66,60 @@ const (
 	MaxStack = 64 << 10 // bytes of one rank's stack text; a Client truncates longer ones
 )
 
-// ErrForbidden is the leader refusing the token (HTTP 403).
-var ErrForbidden = errors.New("relay: the leader refused the token (the nodes do not share the job's token)")
+// ErrUnauthorized is the leader refusing the secret (HTTP 401).
+var ErrUnauthorized = errors.New("relay: the leader refused the secret (the nodes do not share the job's --rdzv-token, or the store holds another leader's secret)")
+
+// ErrFingerprint is a leader whose certificate is not the one published
+// in the store: another process on the address, or a leader of another
+// generation.
+var ErrFingerprint = errors.New("relay: the leader's certificate does not match the fingerprint published in the store")
 
 // JobToken derives the token of a job's relay from its rendezvous id and a
 // secret the job's agents share (the rendezvous token): the hex
 // HMAC-SHA256 of "ddp-agent relay <id>" keyed with the secret. Without a
-// secret it depends on the id alone, and anyone who knows the id can send.
+// secret it would depend on the id alone, which anyone can know: see
+// LeaderToken.
 func JobToken(id, secret string) string {
 	m := hmac.New(sha256.New, []byte(secret))
 	m.Write([]byte("ddp-agent relay " + id))
 	return hex.EncodeToString(m.Sum(nil))
+}
+
+// secretSize is the size of a random secret, in bytes.
+const secretSize = 32
+
+// NewSecret is a random 256-bit secret, in hex.
+func NewSecret() string {
+	var b [secretSize]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// LeaderToken is the secret a new leader's Server requires, and whether
+// it must publish it in the store for the followers. With the job's
+// --rdzv-token (rdzvToken) it is JobToken, which every agent of the job
+// derives and which is never published. Without one, the job id is all
+// the agents share, and anyone can know it: the secret is then random,
+// one per Server, and travels in the store (which makes the store the
+// trust root: whoever can read it can read the secret).
+func LeaderToken(jobID, rdzvToken string) (token string, publish bool) {
+	if rdzvToken != "" {
+		return JobToken(jobID, rdzvToken), false
+	}
+	return NewSecret(), true
+}
+
+// FollowerToken is the secret a follower presents to the leader of e: the
+// one it derives from the job's --rdzv-token, or without one the secret
+// the leader published.
+func FollowerToken(e Endpoint, jobID, rdzvToken string) (string, error) {
+	switch {
+	case rdzvToken != "":
+		return JobToken(jobID, rdzvToken), nil
+	case e.Secret != "":
+		return e.Secret, nil
+	}
+	return "", errors.New("relay: the leader published no secret (it has a --rdzv-token and this agent none)")
 }
 
 // Headers and paths of the protocol.

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
@@ -43,10 +45,13 @@ type Handler interface {
 type Server struct {
 	h     Handler
 	log   *slog.Logger
-	token [sha256.Size]byte // of the job's token: compared in constant time
+	token [sha256.Size]byte // of the job's secret: compared in constant time
 	epoch string
-	ln    net.Listener
+	id    identity
+	ln    net.Listener // the TCP listener, under TLS
 	srv   *http.Server
+
+	refused atomic.Uint64 // requests without the secret
 
 	done   chan struct{} // closed by Close: long polls answer
 	served chan struct{} // closed when Serve returns
@@ -61,7 +66,8 @@ type Server struct {
 	hangs      []hangEntry   // oldest first, at most maxHangs
 	wake       chan struct{} // closed and replaced when a hang request is added
 	nodes      map[string]*nodeState
-	lastDenied time.Time
+	lastDenied time.Time // of the last warning about refused requests
+	deniedAt   uint64    // the refused count it gave
 }
 
 type hangEntry struct {
@@ -76,11 +82,19 @@ type nodeState struct {
 	lastWarn time.Time
 }
 
-// Listen starts the leader's relay on addr ("0.0.0.0:0" picks a port:
-// see Addr) for followers that present token, and serves until Close.
-// It calls h for what they send; log gets the connections and troubles
-// (nil: no logging).
+// Listen starts the leader's relay on addr, which names one host (an IP
+// address, as BindHost gives; port 0 picks a port: see Addr), never every
+// interface, and serves HTTPS until Close with a self-signed certificate
+// made now (see Fingerprint). Only requests that present token (see
+// LeaderToken) reach h; log gets the connections and troubles (nil: no
+// logging).
 func Listen(addr, token string, h Handler, log *slog.Logger) (*Server, error) {
+	return listenAs(addr, token, h, log, nil)
+}
+
+// listenAs is Listen with the certificate of id, or a new one when id is
+// nil (tests: a leader restarted with the same certificate).
+func listenAs(addr, token string, h Handler, log *slog.Logger, id *identity) (*Server, error) {
 	if token == "" {
 		return nil, errors.New("relay: listen: empty token")
 	}
@@ -90,6 +104,20 @@ func Listen(addr, token string, h Handler, log *slog.Logger) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("relay: listen on %s: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		return nil, fmt.Errorf("relay: listen on %q: every interface; want the address the agents use", addr)
+	}
+	if id == nil {
+		nid, err := newIdentity(host, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		id = &nid
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("relay: listen on %s: %w", addr, err)
@@ -97,7 +125,7 @@ func Listen(addr, token string, h Handler, log *slog.Logger) (*Server, error) {
 	var e [8]byte
 	rand.Read(e[:]) // never fails (crypto/rand)
 	s := &Server{
-		h: h, log: log, token: sha256.Sum256([]byte(token)), epoch: hex.EncodeToString(e[:]), ln: ln,
+		h: h, log: log, token: sha256.Sum256([]byte(token)), epoch: hex.EncodeToString(e[:]), id: *id, ln: ln,
 		done: make(chan struct{}), served: make(chan struct{}), wake: make(chan struct{}), nodes: map[string]*nodeState{},
 	}
 	mux := http.NewServeMux()
@@ -108,24 +136,37 @@ func Listen(addr, token string, h Handler, log *slog.Logger) (*Server, error) {
 	mux.HandleFunc("GET "+pathHangs, s.handleHangs)
 	s.srv = &http.Server{
 		Handler:           s.guard(mux),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: 10 * time.Second, // the TLS handshake included
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      maxPollWait + 15*time.Second, // a long poll writes at its end
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		TLSConfig:         serverTLS(s.id),
+		// Failed handshakes (plain HTTP, a stranger, a follower pinning
+		// another certificate) land here: at debug, so that they cannot
+		// flood the log.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	go func() {
 		defer close(s.served)
-		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		// Serve on a TLS listener: net/http answers a plain HTTP request
+		// with a 400 and closes, and no handler runs.
+		if err := s.srv.Serve(tls.NewListener(ln, s.srv.TLSConfig)); !errors.Is(err, http.ErrServerClosed) {
 			log.Error("relay: serve", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
 	return s, nil
 }
 
-// Addr is the address the Server listens on, such as "0.0.0.0:41234".
+// Addr is the address the Server listens on, such as "10.0.0.1:41234".
 func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Fingerprint is the hex SHA-256 of the Server's certificate, for the
+// followers to pin (ClientConfig.Fingerprint).
+func (s *Server) Fingerprint() string { return s.id.fingerprint }
+
+// Refused counts the requests refused for want of the secret.
+func (s *Server) Refused() uint64 { return s.refused.Load() }
 
 // RequestStacks asks every follower for the Python stacks of its ranks
 // because of hang h: the followers' long polls get it at once, and those
@@ -193,7 +234,8 @@ func (s *Server) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
 			s.denied(r)
-			http.Error(w, "relay: token refused", http.StatusForbidden)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ddp-agent relay"`)
+			http.Error(w, "relay: the job's secret is missing or wrong", http.StatusUnauthorized)
 			return
 		}
 		w.Header().Set(hdrEpoch, s.epoch)
@@ -228,21 +270,24 @@ func (s *Server) authorized(r *http.Request) bool {
 	return subtle.ConstantTimeCompare(sum[:], s.token[:]) == 1
 }
 
-// denied logs a refused request: a warning at most every warnEvery, so
-// that a stranger cannot flood the log.
+// denied counts a refused request and logs it: a warning at most every
+// warnEvery, with the count since the last one, so that a stranger cannot
+// flood the log; at debug otherwise.
 func (s *Server) denied(r *http.Request) {
+	n := s.refused.Add(1)
 	s.mu.Lock()
 	warn := time.Since(s.lastDenied) >= warnEvery
+	since := n - s.deniedAt
 	if warn {
-		s.lastDenied = time.Now()
+		s.lastDenied, s.deniedAt = time.Now(), n
 	}
 	s.mu.Unlock()
 	lvl := slog.LevelDebug
 	if warn {
 		lvl = slog.LevelWarn
 	}
-	s.log.Log(r.Context(), lvl, "relay: refused a request without the job's token", "remote", r.RemoteAddr,
-		"node", r.Header.Get(hdrNode), "path", r.URL.Path)
+	s.log.Log(r.Context(), lvl, "relay: refused a request without the job's secret", "remote", r.RemoteAddr,
+		"node", r.Header.Get(hdrNode), "path", r.URL.Path, "refused", n, "since_last_warning", since)
 }
 
 // node is the sending node's name from its header, or a 400.

@@ -10,9 +10,10 @@ import (
 	"time"
 )
 
-// httpClient is a client for raw requests, closed with the test.
-func httpClient(t *testing.T) *http.Client {
-	tr := &http.Transport{}
+// httpClient is a client for raw requests to s, over TLS pinning its
+// certificate, closed with the test.
+func httpClient(t *testing.T, s *Server) *http.Client {
+	tr := &http.Transport{TLSClientConfig: pinnedTLS(s.Fingerprint())}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 5 * time.Second}
 }
@@ -29,7 +30,7 @@ func do(t *testing.T, hc *http.Client, addr string, r rawReq) (int, string) {
 	if r.body != nil {
 		body = bytes.NewReader(r.body)
 	}
-	req, err := http.NewRequestWithContext(t.Context(), r.method, "http://"+addr+r.path, body)
+	req, err := http.NewRequestWithContext(t.Context(), r.method, "https://"+addr+r.path, body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,36 +49,58 @@ func do(t *testing.T, hc *http.Client, addr string, r rawReq) (int, string) {
 	return resp.StatusCode, strings.TrimSpace(string(b))
 }
 
-func TestForbidden(t *testing.T) {
+// TestUnauthorized: a request without the secret, or with another, gets
+// 401 on every path, the time included, and reaches no Handler; the
+// refusals are counted, and warned of once per warnEvery.
+func TestUnauthorized(t *testing.T) {
 	rec := newRecorder()
-	s := listen(t, "127.0.0.1:0", rec, nil)
-	hc := httpClient(t)
+	log, logs := newTestLog(t)
+	s := listen(t, "127.0.0.1:0", rec, log)
+	hc := httpClient(t, s)
 	good := appendRecords(nil, steps(0, 1, time.Now()), 0)
-	for _, tc := range []struct {
+	cases := []struct {
 		name string
 		req  rawReq
 	}{
 		{"no token on time", rawReq{method: "GET", path: pathTime, token: "-", node: "n"}},
+		{"wrong token on time", rawReq{method: "GET", path: pathTime, token: "job-tokem", node: "n"}},
+		{"no token on records", rawReq{method: "POST", path: pathRecs, token: "-", node: "n", body: good}},
 		{"wrong token on records", rawReq{method: "POST", path: pathRecs, token: "job-tokem", node: "n", body: good}},
 		{"prefix of the token", rawReq{method: "POST", path: pathRecs, token: "job-", node: "n", body: good}},
 		{"token and more", rawReq{method: "POST", path: pathRecs, token: testToken + "x", node: "n", body: good}},
-		{"empty token on workers", rawReq{method: "POST", path: pathWork, token: "", node: "n", body: []byte(`{"workers":[]}`)}},
+		{"empty token on workers", rawReq{method: "POST", path: pathWork, token: "", node: "n", body: []byte(`{"workers":[{"rank":1}]}`)}},
+		{"wrong token on stacks", rawReq{method: "POST", path: pathStacks, token: "x", node: "n", body: []byte(`{"stacks":{"1":"x"}}`)}},
 		{"wrong token on hangs", rawReq{method: "GET", path: pathHangs, token: "x", node: "n"}},
 		{"wrong token on a path that does not exist", rawReq{method: "GET", path: "/v2/nothing", token: "x", node: "n"}},
-	} {
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if code, msg := do(t, hc, s.Addr(), tc.req); code != http.StatusForbidden {
-				t.Errorf("got %d %q, want 403", code, msg)
+			if code, msg := do(t, hc, s.Addr(), tc.req); code != http.StatusUnauthorized {
+				t.Errorf("got %d %q, want 401", code, msg)
 			}
 		})
 	}
 	// The scheme is Bearer.
-	req, _ := http.NewRequestWithContext(t.Context(), "GET", "http://"+s.Addr()+pathTime, nil)
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", "https://"+s.Addr()+pathTime, nil)
 	req.SetBasicAuth("ddp", testToken)
-	if resp, err := hc.Do(req); err != nil || resp.StatusCode != http.StatusForbidden {
-		t.Errorf("basic auth: got %v %v, want 403", resp.StatusCode, err)
+	if resp, err := hc.Do(req); err != nil {
+		t.Errorf("basic auth: %v", err)
 	} else {
 		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer ") {
+			t.Errorf("basic auth: got %d, WWW-Authenticate %q; want 401 and a Bearer challenge", resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
+		}
+	}
+	rec.mu.Lock()
+	if len(rec.recs) != 0 || len(rec.workers) != 0 || len(rec.stacks) != 0 {
+		t.Errorf("the handler got records %v, workers %v, stacks %v without the secret", rec.recs, rec.workers, rec.stacks)
+	}
+	rec.mu.Unlock()
+	if got, want := s.Refused(), uint64(len(cases)+1); got != want {
+		t.Errorf("Refused: got %d, want %d", got, want)
+	}
+	if n := strings.Count(logs.String(), "level=WARN msg=\"relay: refused a request without the job's secret\""); n != 1 {
+		t.Errorf("%d warnings for %d refusals within %v, want 1", n, s.Refused(), warnEvery)
 	}
 	if code, _ := do(t, hc, s.Addr(), rawReq{method: "POST", path: pathRecs, token: testToken, node: "n", body: good}); code != http.StatusNoContent {
 		t.Errorf("with the token: got %d, want 204", code)
@@ -92,7 +115,7 @@ func TestForbidden(t *testing.T) {
 func TestMalformed(t *testing.T) {
 	rec := newRecorder()
 	s := listen(t, "127.0.0.1:0", rec, nil)
-	hc := httpClient(t)
+	hc := httpClient(t, s)
 	post := func(path, node string, body []byte) rawReq {
 		return rawReq{method: "POST", path: path, token: testToken, node: node, body: body}
 	}
@@ -163,6 +186,10 @@ func TestListenErrors(t *testing.T) {
 		{"empty token", "127.0.0.1:0", "", newRecorder()},
 		{"nil handler", "127.0.0.1:0", testToken, nil},
 		{"bad address", "127.0.0.1:99999", testToken, newRecorder()},
+		{"every interface", ":0", testToken, newRecorder()},
+		{"every IPv4 interface", "0.0.0.0:0", testToken, newRecorder()},
+		{"every IPv6 interface", "[::]:0", testToken, newRecorder()},
+		{"no port", "127.0.0.1", testToken, newRecorder()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if s, err := Listen(tc.addr, tc.token, tc.h, nil); err == nil {

@@ -3,6 +3,7 @@ package watch
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -31,7 +32,7 @@ type Attempt struct {
 	// nil without one (each node then analyzes its own ranks).
 	KV    control.KV
 	JobID string
-	Token string // --rdzv-token; "" derives the relay's token from the job id alone
+	Token string // --rdzv-token; "": the leader's relay makes a random secret and publishes it in KV
 }
 
 // relayWait bounds a follower's wait for the leader's relay address; past
@@ -58,10 +59,13 @@ type analysis struct {
 }
 
 // leaderRelay is the leader's relay server, started on first need and
-// kept for the agent's life (the leader may change between generations).
+// kept for the agent's life (the leader may change between generations,
+// and this agent lead again), unless a later generation has this node
+// reached at another address: the server then moves there.
 type leaderRelay struct {
 	mu  sync.Mutex
 	srv *relay.Server
+	ep  relay.Endpoint // what it publishes: its address, certificate fingerprint and, without --rdzv-token, its secret
 }
 
 func (l *leaderRelay) close() {
@@ -72,16 +76,50 @@ func (l *leaderRelay) close() {
 	}
 }
 
+// serve returns the server listening on host, starting it (and stopping
+// one on another address) if need be, and what to publish for it.
+func (l *leaderRelay) serve(host, jobID, rdzvToken string, h relay.Handler, log *slog.Logger) (*relay.Server, relay.Endpoint, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.srv != nil {
+		if cur, _, _ := net.SplitHostPort(l.srv.Addr()); cur == host {
+			return l.srv, l.ep, nil
+		}
+		log.Info("relay: this node is now reached at another address; moving the relay there", "from", l.srv.Addr(), "to", host)
+		l.srv.Close()
+		l.srv, l.ep = nil, relay.Endpoint{}
+	}
+	// A secret per server: a random one is never reused at a new address.
+	token, publish := relay.LeaderToken(jobID, rdzvToken)
+	srv, err := relay.Listen(net.JoinHostPort(host, "0"), token, h, log)
+	if err != nil {
+		return nil, relay.Endpoint{}, err
+	}
+	ep := relay.Endpoint{Addr: srv.Addr(), Fingerprint: srv.Fingerprint()}
+	secret := "derived from --rdzv-token"
+	if publish {
+		ep.Secret, secret = token, "random, published in the store"
+	}
+	log.Info("relay: listening for the other nodes' records (HTTPS)", "addr", ep.Addr, "fingerprint", ep.Fingerprint, "secret", secret)
+	l.srv, l.ep = srv, ep
+	return srv, ep, nil
+}
+
 func (s *Watch) plan(ctx context.Context, a Attempt) analysis {
 	local := analysis{base: a.RankOffset, size: len(a.Workers)}
 	if a.NNodes <= 1 || a.KV == nil {
 		return local
 	}
-	token := relay.JobToken(a.JobID, a.Token)
 	key := a.JobID + "/" + strconv.FormatUint(a.Gen, 10) + "/ddp-agent/telemetry-leader"
 	if a.GroupRank == 0 {
-		return s.lead(ctx, a, key, token, local)
+		return s.lead(ctx, a, key, local)
 	}
+	return s.follow(ctx, a, key, local)
+}
+
+// follow reads the leader's endpoint and dials it; failing that, this
+// node analyzes its own ranks.
+func (s *Watch) follow(ctx context.Context, a Attempt, key string, local analysis) analysis {
 	// Bounded, and cut short when the round ends (the leader failed to
 	// start its workers, say): the caller has yet to watch the round.
 	gctx, cancel := context.WithTimeout(ctx, relayWait)
@@ -93,15 +131,26 @@ func (s *Watch) plan(ctx context.Context, a Attempt) analysis {
 		case <-gctx.Done():
 		}
 	}()
-	addr, err := a.KV.Get(gctx, key)
+	raw, err := a.KV.Get(gctx, key)
 	if err != nil {
 		s.log.Warn("stall analysis of this node's ranks only: no relay address from the leader", "err", err)
 		return local
 	}
-	host, _ := os.Hostname()
-	cl, err := relay.Dial(gctx, relay.ClientConfig{Addr: string(addr), Node: relayNode(host, a.GroupRank), Token: token, Log: s.log})
+	ep, err := relay.DecodeEndpoint(raw)
 	if err != nil {
-		s.log.Warn("stall analysis of this node's ranks only: cannot reach the leader's relay", "addr", string(addr), "err", err)
+		s.log.Warn("stall analysis of this node's ranks only: the leader's relay endpoint in the store is malformed", "key", key, "err", err)
+		return local
+	}
+	token, err := relay.FollowerToken(ep, a.JobID, a.Token)
+	if err != nil {
+		s.log.Warn("stall analysis of this node's ranks only", "addr", ep.Addr, "err", err)
+		return local
+	}
+	host, _ := os.Hostname()
+	cl, err := relay.Dial(gctx, relay.ClientConfig{Addr: ep.Addr, Fingerprint: ep.Fingerprint, Node: relayNode(host, a.GroupRank),
+		Token: token, Log: s.log})
+	if err != nil {
+		s.log.Warn("stall analysis of this node's ranks only: cannot reach the leader's relay", "addr", ep.Addr, "err", err)
 		return local
 	}
 	hctx, stop := context.WithCancel(ctx)
@@ -110,26 +159,30 @@ func (s *Watch) plan(ctx context.Context, a Attempt) analysis {
 	return analysis{fwd: cl, done: func() { stop(); cl.Close() }}
 }
 
-// lead starts the leader's relay server, if it has none yet, and
-// publishes its address for the followers.
-func (s *Watch) lead(ctx context.Context, a Attempt, key, token string, local analysis) analysis {
-	s.relay.mu.Lock()
-	srv := s.relay.srv
-	if srv == nil {
-		var err error
-		if srv, err = relay.Listen(net.JoinHostPort("", "0"), token, s, s.log); err != nil {
-			s.relay.mu.Unlock()
-			s.log.Warn("stall analysis of this node's ranks only: cannot listen for the other nodes' records", "err", err)
-			return local
-		}
-		s.relay.srv = srv
+// lead starts the leader's relay server on the address the agents use
+// for the rendezvous, if it has none there yet, and publishes its
+// endpoint for the followers.
+func (s *Watch) lead(ctx context.Context, a Attempt, key string, local analysis) analysis {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second) // a host name to resolve: Begin must not block long
+	host, err := relay.BindHost(rctx, a.MasterAddr)
+	cancel()
+	if err != nil {
+		s.log.Warn("stall analysis of this node's ranks only: no address to listen on for the other nodes' records", "err", err)
+		return local
 	}
-	s.relay.mu.Unlock()
-	_, port, _ := net.SplitHostPort(srv.Addr())
-	addr := net.JoinHostPort(a.MasterAddr, port)
+	srv, ep, err := s.relay.serve(host, a.JobID, a.Token, s, s.log)
+	if err != nil {
+		s.log.Warn("stall analysis of this node's ranks only: cannot listen for the other nodes' records", "err", err)
+		return local
+	}
+	value, err := ep.Encode()
+	if err != nil {
+		s.log.Warn("stall analysis of this node's ranks only: cannot publish the relay address", "err", err)
+		return local
+	}
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := a.KV.Set(sctx, key, []byte(addr)); err != nil {
+	if err := a.KV.Set(sctx, key, value); err != nil {
 		s.log.Warn("stall analysis of this node's ranks only: cannot publish the relay address", "err", err)
 		return local
 	}
