@@ -27,8 +27,10 @@ os.execv(sys.executable, [sys.executable, "-u", train] + args)
 `
 
 // slowJob is the command line of a 2-rank job whose rank 1 is slow by
-// about 30 % of a step (0.12 s of about 0.42 s) in every step of its first
-// attempt: the wrapper and train.py with their arguments.
+// 0.25 s in every step of its first attempt (half of a step of about
+// 0.5 s: far above the jitter that the other tests running beside this one
+// cause on a 2-core machine, as in TestStragglerNamedWithCause): the
+// wrapper and train.py with their arguments.
 func slowJob(t *testing.T) []string {
 	t.Helper()
 	needTorch(t)
@@ -41,7 +43,7 @@ func slowJob(t *testing.T) []string {
 	return []string{wrapper, filepath.Join(repoRoot, "examples", "train.py"),
 		"--steps", strconv.Itoa(steps), "--ckpt-every", "10", "--log-every", "10", "--ckpt-dir", filepath.Join(dir, "ckpt"),
 		"--batch-size", "8", "--sleep-per-step", "0.15",
-		"--slow-rank", "1", "--slow-steps", stepList(1, steps), "--slow-seconds", "0.12"}
+		"--slow-rank", "1", "--slow-steps", stepList(1, steps), "--slow-seconds", "0.25"}
 }
 
 // startSlowJob runs slowJob on one standalone node with the agent flags
@@ -115,7 +117,7 @@ func startSpareJob(t *testing.T) (member, spare *agentRun) {
 	t.Cleanup(func() { cl.Close() })
 	args := append([]string{"--rdzv-backend", "etcd", "--rdzv-endpoint", strings.Join(cl.Endpoints(), ","),
 		"--rdzv-id", "e2e" + strconv.Itoa(freePort(t)), "--rdzv-conf", fastConf, "--nnodes", "1:1", "--nproc-per-node", "2",
-		"--max-restarts", "1", "--straggler-action", "drain", "--straggler-confirm", "3s"}, job...)
+		"--max-restarts", "0", "--straggler-action", "drain", "--straggler-confirm", "3s"}, job...)
 	member = startAgent(t, nil, args...)
 	waitFor(t, 30*time.Second, func() bool { return strings.Contains(member.stderr.String(), "workers started") }, member.logs)
 	spare = startAgent(t, nil, args...)
@@ -125,16 +127,15 @@ func startSpareJob(t *testing.T) (member, spare *agentRun) {
 
 // TestStragglerActionDrainToSpare: a one-node job (--nnodes 1:1) with a
 // second agent waiting as a spare. The member, whose rank 1 is confirmed
-// slow, finds the spare in the store, leaves the job and exits non-zero;
+// slow, finds the spare in the store, leaves the job and exits 3 (drained);
 // the spare takes its place, resumes from the checkpoint and finishes the
 // job without draining itself (its rank 1 is as slow, but nobody is left
-// to take its place). The spare counts the member's going as a fault,
-// whatever its node entry said (rdzv's claimPlace judges a member that is
-// gone without reading its last entry), so this job needs a restart left.
+// to take its place). A drain is no fault: the job has no restarts
+// (--max-restarts 0) and finishes all the same.
 func TestStragglerActionDrainToSpare(t *testing.T) {
 	member, spare := startSpareJob(t)
-	if code := member.wait(time.Minute); code == 0 {
-		t.Fatalf("the drained agent exited 0\n%s", member.logs())
+	if code := member.wait(time.Minute); code != 3 {
+		t.Fatalf("the drained agent exited %d, want 3\n%s", code, member.logs())
 	}
 	logs := member.stderr.String()
 	for _, want := range []string{
@@ -149,13 +150,16 @@ func TestStragglerActionDrainToSpare(t *testing.T) {
 	if code := spare.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("the spare exited %d, want 0\n%s", code, spare.logs())
 	}
+	if !strings.Contains(spare.stderr.String(), "left: drained: persistent straggler rank 1") {
+		t.Errorf("the spare does not see the member's going as a drain\n%s", spare.logs())
+	}
 	out := spare.stdout.String()
 	for _, want := range []string{"resumed from step", "done: steps=50"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the spare's stdout lacks %q\n%s", want, spare.logs())
 		}
 	}
-	if strings.Contains(spare.stderr.String(), "action drain: this node leaves") {
+	if strings.Contains(spare.stderr.String(), "; action drain: this node leaves the job (") {
 		t.Errorf("the last node drained itself\n%s", spare.logs())
 	}
 }

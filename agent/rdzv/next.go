@@ -78,7 +78,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 			if member && st.Generation >= e.lastGenSeen() {
 				return e.startRound(st, me, rev, read), nil
 			}
-			isSpare, err := e.claimPlace(ctx, st, member)
+			isSpare, err := e.claimPlace(ctx, st, rev, member)
 			if err != nil {
 				if err := retry(err); err != nil {
 					return nil, err
@@ -121,7 +121,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 // it moves the job to a new generation when this node lost its place, the
 // job has room for it (a scale-up), or a member of the full job is gone.
 // It reports spare when the job is full and healthy, and moves nothing.
-func (e *Etcd) claimPlace(ctx context.Context, st *State, member bool) (spare bool, err error) {
+func (e *Etcd) claimPlace(ctx context.Context, st *State, rev int64, member bool) (spare bool, err error) {
 	switch {
 	case member:
 		// This node ran this generation and lost it (its lease
@@ -139,8 +139,10 @@ func (e *Etcd) claimPlace(ctx context.Context, st *State, member bool) (spare bo
 		return false, err
 	}
 	if len(gone) > 0 {
-		// Its entry is gone, and its last value with it: lost.
-		d := departureOf(gone[0], NodeInfo{})
+		// Its entry is gone: how it left is in the entry's last value (a
+		// member that left cleanly, drained for a straggler say, is no
+		// fault to count against the restarts).
+		d := e.departedSince(ctx, rev, gone[0])
 		_, err = e.bump(ctx, st.Generation, d.Reason, d.Fault)
 		return false, err
 	}

@@ -159,10 +159,18 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 // Without the history (compacted, or no delete found in time) the node
 // counts as lost.
 func (e *Etcd) departure(ctx context.Context, r *Round, m Member) departure {
+	return e.departedSince(ctx, r.stateMod, m)
+}
+
+// departedSince is how member m left after revision rev (the state that
+// made it a member): from the last value of its entry, which its delete
+// event carries when the history since rev is still there; lost
+// otherwise.
+func (e *Etcd) departedSince(ctx context.Context, rev int64, m Member) departure {
 	wctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	key := e.key(nodesDir) + m.Node
-	for resp := range e.cli.Watch(wctx, key, clientv3.WithRev(r.stateMod+1), clientv3.WithPrevKV()) {
+	for resp := range e.cli.Watch(wctx, key, clientv3.WithRev(rev+1), clientv3.WithPrevKV()) {
 		if resp.Err() != nil || resp.Canceled {
 			break
 		}
