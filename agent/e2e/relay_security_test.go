@@ -22,6 +22,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/relay"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -136,7 +137,7 @@ func leaderEndpoint(t *testing.T, endpoint, id string) relay.Endpoint {
 	}
 	defer cli.Close()
 	kv := store.NewKV(cli, rdzv.KVPrefix(rdzv.Prefix(rdzv.RootPrefix, id)))
-	raw, err := kv.Get(ctx, id+"/0/ddp-agent/telemetry-leader")
+	raw, err := kv.Get(ctx, watch.LeaderKey(id, 0))
 	if err != nil {
 		t.Fatalf("the leader's relay endpoint: %v", err)
 	}

@@ -105,12 +105,20 @@ func (l *leaderRelay) serve(host, jobID, rdzvToken string, h relay.Handler, log 
 	return srv, ep, nil
 }
 
+// LeaderKey is where the leader publishes its relay endpoint for
+// generation gen. Not under "<job>/<gen>/", where the workers' own keys
+// live (package control scopes them there): a worker must not be able to
+// read the secret or point the followers elsewhere.
+func LeaderKey(job string, gen uint64) string {
+	return job + "/_agent/" + strconv.FormatUint(gen, 10) + "/telemetry-leader"
+}
+
 func (s *Watch) plan(ctx context.Context, a Attempt) analysis {
 	local := analysis{base: a.RankOffset, size: len(a.Workers)}
 	if a.NNodes <= 1 || a.KV == nil {
 		return local
 	}
-	key := a.JobID + "/" + strconv.FormatUint(a.Gen, 10) + "/ddp-agent/telemetry-leader"
+	key := LeaderKey(a.JobID, a.Gen)
 	if a.GroupRank == 0 {
 		return s.lead(ctx, a, key, local)
 	}
