@@ -72,6 +72,8 @@ type Agent struct {
 
 	gpus *GPUs
 
+	losses logLosses // worker log files that miss output, for the exit summary
+
 	mu         sync.Mutex
 	group      *supervisor.Group // the current attempt, for the control socket's admission check
 	rankOffset int               // its global rank of local rank 0, for the GPU health watcher
@@ -101,6 +103,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !keep {
 		defer os.RemoveAll(runDir)
 	}
+
+	defer a.summarizeLogLosses() // the last lines of the run: every worker stream has ended
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	s := &session{runID: runID, runDir: runDir, keep: keep, events: newEventTally(), faults: newFaults(),

@@ -27,17 +27,25 @@ type attempt struct {
 
 // loop runs attempts until the job succeeds, fails, or ctx ends.
 func (a *Agent) loop(ctx context.Context, s *session) error {
+	var ended []attemptEnd // how the attempts so far ended, for the restart backoff
 	for n := 0; ; n++ {
+		if err := a.waitBackoff(ctx, ended); err != nil {
+			return err
+		}
 		waitStart := time.Now()
 		r, err := s.j.rz.Next(ctx)
 		if err != nil {
 			return a.noRound(ctx, s, n, err)
 		}
 		at, err := a.start(ctx, s, n, r, waitStart)
-		if err != nil {
+		switch {
+		case err != nil && at != nil: // a signal while the workers were spawned
+			return a.stop(ctx, s, at)
+		case err != nil:
 			return err
 		}
 		f, err := a.wait(ctx, s, at)
+		ran := time.Since(at.started)
 		s.stragglers.end()
 		s.watch.End()
 		switch {
@@ -53,6 +61,7 @@ func (a *Agent) loop(ctx context.Context, s *session) error {
 		if done, err := a.recover(ctx, s, at, f); done {
 			return err
 		}
+		ended = recentAttempts(append(ended, attemptEnd{Ran: ran, Fault: f.restartsJob()}), a.backoff())
 	}
 }
 
@@ -73,6 +82,8 @@ func (a *Agent) noRound(ctx context.Context, s *session, n int, err error) error
 }
 
 // start starts attempt n's workers in round r and begins watching them.
+// When ctx ends while the workers are spawned, it returns the attempt with
+// the workers started so far, and ctx's cause, for the caller to stop.
 func (a *Agent) start(ctx context.Context, s *session, n int, r *rdzv.Round, waitStart time.Time) (*attempt, error) {
 	at := &attempt{n: n, gen: r.Generation, r: r}
 	s.srv.SetGeneration(at.gen, r.WorldSize, nil)
@@ -84,7 +95,10 @@ func (a *Agent) start(ctx context.Context, s *session, n int, r *rdzv.Round, wai
 	at.started = time.Now()
 	at.g = supervisor.New(spec, a.log)
 	a.setGroup(at.g, r.RankOffset) // before the first worker runs: it may dial the control socket at once
-	if err := at.g.Start(); err != nil {
+	if err := at.g.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return at, context.Cause(ctx)
+		}
 		r.Stop()
 		return nil, fmt.Errorf("attempt %d: %w", n, err)
 	}
@@ -130,6 +144,7 @@ func (a *Agent) spec(s *session, r *rdzv.Round, attemptDir, stackDir string) *su
 		Streams:       a.streams(),
 		Stdout:        a.stdout,
 		Stderr:        a.stderr,
+		OnLogLoss:     a.losses.add,
 	}
 }
 

@@ -88,6 +88,9 @@ func parseStd(v string) (StdSpec, error) {
 type Config struct {
 	NProcPerNode int    // workers on this node
 	NProcSpec    string // as given: a number, auto, cpu or gpu
+	// NProcLimit is the most workers this node may run: --max-nproc-per-node,
+	// or DefaultNProcLimit of the host.
+	NProcLimit int
 	// NUMABinding is --numa-binding: none, node or exclusive; "" when not
 	// given, which means node on a node with NVML and none without.
 	NUMABinding string
@@ -187,10 +190,15 @@ type flagSpec struct {
 	bool  bool
 	def   string
 	help  string
+	// exact: the flag is ddp-agent's own and matches only when spelled
+	// out, so that it never makes one of torchrun's prefixes ambiguous
+	// (--max still means --max-restarts).
+	exact bool
 }
 
 var flagSpecs = []flagSpec{
 	{name: "nproc-per-node", def: "1", help: "workers per node: a number, auto (one per GPU, else one per CPU), cpu, or gpu"},
+	{name: "max-nproc-per-node", exact: true, help: "refuse a --nproc-per-node above this (default: 4 workers per CPU or GPU, whichever is more, and at least 32); a bound against a typo forking the node to death"},
 	{name: "numa-binding", help: "bind each worker to the CPUs and memory of its GPU's NUMA node: none, node (the node's CPUs, memory preferred there), or exclusive (a disjoint share of the node's cores, memory bound there); default node when NVML finds GPUs, none otherwise"},
 	{name: "nnodes", def: "1", help: "number of nodes, or MIN:MAX for an elastic job"},
 	{name: "node-rank", def: "0", help: "rank of this node (static rendezvous only)"},
@@ -237,7 +245,7 @@ func lookupFlag(arg string) (*flagSpec, error) {
 		if arg == dashed || arg == underscored || (f.short != "" && arg == "-"+f.short) {
 			return f, nil
 		}
-		if strings.HasPrefix(arg, "--") && len(arg) > 2 && (strings.HasPrefix(dashed, arg) || strings.HasPrefix(underscored, arg)) {
+		if !f.exact && strings.HasPrefix(arg, "--") && len(arg) > 2 && (strings.HasPrefix(dashed, arg) || strings.HasPrefix(underscored, arg)) {
 			prefixed = append(prefixed, f)
 		}
 	}
@@ -370,8 +378,7 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.NodeRank, err = r.int("node-rank", 0); err != nil {
 		return err
 	}
-	c.NProcSpec = r["nproc-per-node"]
-	if c.NProcPerNode, err = resolveNProc(c.NProcSpec, host); err != nil {
+	if err := r.nproc(c, host); err != nil {
 		return err
 	}
 	switch c.NUMABinding = r["numa-binding"]; c.NUMABinding {
@@ -449,13 +456,8 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 		return usagef("--role must not be empty")
 	}
 	c.LocalAddr = r["local-addr"]
-	if c.LogDir = r["log-dir"]; c.LogDir != "" {
-		if c.LogDir, err = filepath.Abs(c.LogDir); err != nil {
-			return usagef("--log-dir %q: %v", r["log-dir"], err)
-		}
-		if fi, err := os.Stat(c.LogDir); err == nil && !fi.IsDir() {
-			return usagef("--log-dir %s exists and is not a directory", c.LogDir)
-		}
+	if err := r.logDir(c); err != nil {
+		return err
 	}
 	if c.Redirects, err = parseStd(r["redirects"]); err != nil {
 		return usagef("--redirects: %v", err)
@@ -471,6 +473,21 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	case "debug", "info", "warn", "error":
 	default:
 		return usagef("--log-level %q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return nil
+}
+
+// logDir reads --log-dir: an absolute path, not a file.
+func (r rawFlags) logDir(c *Config) error {
+	if c.LogDir = r["log-dir"]; c.LogDir == "" {
+		return nil
+	}
+	var err error
+	if c.LogDir, err = filepath.Abs(c.LogDir); err != nil {
+		return usagef("--log-dir %q: %v", r["log-dir"], err)
+	}
+	if fi, err := os.Stat(c.LogDir); err == nil && !fi.IsDir() {
+		return usagef("--log-dir %s exists and is not a directory", c.LogDir)
 	}
 	return nil
 }
@@ -506,42 +523,6 @@ func parseNNodes(v string) (min, max int, err error) {
 		return 0, 0, usagef("--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got %q", v)
 	}
 	return min, max, nil
-}
-
-func resolveNProc(v string, host Host) (int, error) {
-	gpus := func() (int, error) {
-		if host.GPUs == nil {
-			return 0, errors.New("no GPU discovery")
-		}
-		return host.GPUs()
-	}
-	switch v {
-	case "cpu":
-		return max(host.CPUs, 1), nil
-	case "gpu":
-		n, err := gpus()
-		if err != nil || n == 0 {
-			return 0, usagef("--nproc-per-node gpu: no GPU found (%v); use a number or cpu", errOrNone(err))
-		}
-		return n, nil
-	case "auto":
-		if n, err := gpus(); err == nil && n > 0 {
-			return n, nil
-		}
-		return max(host.CPUs, 1), nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		return 0, usagef("--nproc-per-node must be a positive integer, auto, cpu or gpu, got %q", v)
-	}
-	return n, nil
-}
-
-func errOrNone(err error) error {
-	if err == nil {
-		return errors.New("0 GPUs visible")
-	}
-	return err
 }
 
 // Usage is the help text of `ddp-agent run`.

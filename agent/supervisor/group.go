@@ -81,6 +81,10 @@ type Spec struct {
 	Streams    func(localRank int) Streams
 	Stdout     *Console
 	Stderr     *Console
+	// OnLogLoss, when set, is told of every log file that misses output
+	// because writes to it failed, once the worker's stream has ended;
+	// the first failure is logged at once either way.
+	OnLogLoss func(LogLoss)
 }
 
 // Placement is where one worker runs.
@@ -174,8 +178,19 @@ func New(spec *Spec, log *slog.Logger) *Group {
 // signal reaches its children too) and is SIGKILLed by the kernel if the
 // agent dies (Pdeathsig). If any worker cannot be started, the ones already
 // started are stopped and the error returned.
-func (g *Group) Start() error {
+//
+// ctx is checked before every worker, so a signal stops the spawning of a
+// large group at once: Start then returns an error wrapping ctx's cause,
+// with the workers started so far still running, for the caller to stop
+// as it stops a running group (its signal, its grace period).
+func (g *Group) Start(ctx context.Context) error {
 	for lr := 0; lr < g.spec.NProc; lr++ {
+		if ctx.Err() != nil {
+			cause := context.Cause(ctx)
+			g.log.Info("spawning stopped", "started", lr, "nproc", g.spec.NProc, "reason", cause)
+			g.setState(StateHealthy) // what runs is stopped as a running group is
+			return fmt.Errorf("started %d of %d workers: %w", lr, g.spec.NProc, cause)
+		}
 		w, err := g.startWorker(Worker{LocalRank: lr, Rank: g.spec.RankOffset + lr})
 		if err != nil {
 			g.Stop(syscall.SIGTERM, time.Second)
@@ -212,14 +227,14 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 	}
 	var err error
 	if streams.FileOut {
-		if w.stdout.file, err = os.OpenFile(filepath.Join(dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644); err != nil {
-			return nil, fmt.Errorf("open stdout log: %w", err)
+		if w.stdout.file, err = g.openLog(dir, "stdout.log", id.Rank); err != nil {
+			return nil, err
 		}
 	}
 	if streams.FileErr {
-		if w.stderr.file, err = os.OpenFile(filepath.Join(dir, "stderr.log"), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644); err != nil {
+		if w.stderr.file, err = g.openLog(dir, "stderr.log", id.Rank); err != nil {
 			w.closeFiles()
-			return nil, fmt.Errorf("open stderr log: %w", err)
+			return nil, err
 		}
 	}
 	// Our own pipes, not exec's: exec would make Wait block until every
@@ -290,10 +305,21 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 	return w, nil
 }
 
+// openLog creates a worker's log file name in dir.
+func (g *Group) openLog(dir, name string, rank int) (*logFile, error) {
+	path := filepath.Join(dir, name)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("worker log file: %w", err)
+	}
+	return newLogFile(f, path, rank, g.log, g.spec.OnLogLoss), nil
+}
+
+// closeFiles closes the log files of a worker that did not start.
 func (w *worker) closeFiles() {
-	for _, f := range []*os.File{w.stdout.file, w.stderr.file} {
+	for _, f := range []*logFile{w.stdout.file, w.stderr.file} {
 		if f != nil {
-			f.Close()
+			f.w.Close()
 		}
 	}
 }

@@ -86,6 +86,12 @@ func helper(mode string) {
 		for {
 			os.Stdout.Write(line)
 		}
+	case "lines": // lines:N: N lines of 1000 bytes, then exit 0
+		n, _ := strconv.Atoi(arg)
+		line := append(bytes.Repeat([]byte("x"), 999), '\n')
+		for i := 0; i < n; i++ {
+			os.Stdout.Write(line)
+		}
 	case "longline":
 		os.Stdout.Write(bytes.Repeat([]byte("y"), 200<<10))
 		os.Stdout.Write([]byte("\ntail-no-newline"))
@@ -152,7 +158,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func start(t *testing.T, spec *Spec) *Group {
 	t.Helper()
 	g := New(spec, quiet())
-	if err := g.Start(); err != nil {
+	if err := g.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.Stop(syscall.SIGTERM, time.Second) })
@@ -347,7 +353,7 @@ func TestLogFilesAndRedirects(t *testing.T) {
 		}
 	}
 	// A second attempt in the same directory must not overwrite the first.
-	if err := New(spec, quiet()).Start(); err == nil {
+	if err := New(spec, quiet()).Start(context.Background()); err == nil {
 		t.Error("Start reused an attempt directory that already holds logs")
 	}
 }
@@ -407,7 +413,7 @@ func TestWaitCancelled(t *testing.T) {
 func TestStartFailure(t *testing.T) {
 	spec, _, _ := testSpec(t, "sleep", 2, consoleOnly)
 	spec.Argv = []string{filepath.Join(t.TempDir(), "no-such-program")}
-	if err := New(spec, quiet()).Start(); err == nil || !strings.Contains(err.Error(), "local rank 0") {
+	if err := New(spec, quiet()).Start(context.Background()); err == nil || !strings.Contains(err.Error(), "local rank 0") {
 		t.Errorf("Start: got %v, want an error naming local rank 0", err)
 	}
 }
@@ -432,7 +438,7 @@ func TestPlace(t *testing.T) {
 	}
 
 	spec.Argv = []string{filepath.Join(t.TempDir(), "no-such-program")}
-	if err := New(spec, quiet()).Start(); err == nil || !strings.Contains(err.Error(), "no-such-program") {
+	if err := New(spec, quiet()).Start(context.Background()); err == nil || !strings.Contains(err.Error(), "no-such-program") {
 		t.Errorf("Start with a prefix and a missing program: got %v, want an error naming it", err)
 	}
 }
@@ -473,7 +479,7 @@ func TestWaitWarnsAboutLingeringWorker(t *testing.T) {
 	logs := &buffer{}
 	g := New(spec, slog.New(slog.NewTextHandler(logs, nil)))
 	g.lingerWarn = 100 * time.Millisecond
-	if err := g.Start(); err != nil {
+	if err := g.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.Stop(syscall.SIGTERM, time.Second) })

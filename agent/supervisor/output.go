@@ -41,7 +41,7 @@ const (
 type stream struct {
 	prefix   []byte
 	console  *Console // nil: not shown
-	file     *os.File // nil: not logged
+	file     *logFile // nil: not logged
 	keepTail bool     // remember the last lines (stderr only: nothing reads stdout's)
 
 	mu   sync.Mutex
@@ -58,7 +58,7 @@ func (s *stream) copy(r io.Reader) {
 		if n > 0 {
 			chunk := buf[:n]
 			if s.file != nil {
-				_, _ = s.file.Write(chunk) // a full disk costs the log, not the run
+				s.file.write(chunk) // a full disk costs the log (reported), not the run nor the console
 			}
 			out.Reset()
 			for len(chunk) > 0 {
@@ -92,7 +92,7 @@ func (s *stream) copy(r io.Reader) {
 				}
 			}
 			if s.file != nil {
-				_ = s.file.Close()
+				s.file.close()
 			}
 			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed) {
 				s.remember([]byte("[ddp-agent: reading worker output: " + err.Error() + "]"))
