@@ -72,6 +72,9 @@ const (
 //	                        the last hang report, absent when none)
 //	             malformed  why its node entry did not parse
 //	malformed  every value that did not parse: [{"key", "error"}]
+//	store_members  the store's etcd members: [{name, id, endpoints,
+//	           learner, healthy, leader, db_bytes, error}]
+//	store_error    why the members could not be listed, if so
 type Status struct {
 	ID        string           `json:"id"`
 	Revision  int64            `json:"revision"`
@@ -80,6 +83,10 @@ type Status struct {
 	State     *State           `json:"state"`
 	Nodes     []NodeStatus     `json:"nodes"`
 	Malformed []MalformedValue `json:"malformed,omitempty"`
+	// Store lists the store's etcd members, their health and the leader
+	// (status_store.go); StoreError says why they could not be listed.
+	Store      []StoreMember `json:"store_members,omitempty"`
+	StoreError string        `json:"store_error,omitempty"`
 }
 
 // NodeStatus is one node of a Status; see Status for its JSON form.
@@ -171,6 +178,9 @@ func ReadStatus(ctx context.Context, c *store.Client, root, id string) (*Status,
 		}
 	}
 	s.collectNodes(prefix, k)
+	if s.Store, err = readStoreMembers(ctx, cli, cli.Endpoints()); err != nil {
+		s.StoreError = err.Error()
+	}
 	return s, nil
 }
 

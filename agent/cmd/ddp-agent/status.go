@@ -335,8 +335,52 @@ func renderStatus(w io.Writer, st *rdzv.Status, where string, now time.Time) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", rank, n.Node, dash(n.Host()), dash(n.Addr()), col5, pid, state)
 	}
 	tw.Flush()
+	renderStore(w, st)
 	renderGPUs(w, st)
 	renderStalls(w, st, now)
+}
+
+// renderStore lists the store's etcd members: who leads, who answers.
+func renderStore(w io.Writer, st *rdzv.Status) {
+	if len(st.Store) == 0 && st.StoreError == "" {
+		return
+	}
+	fmt.Fprintln(w, "\nSTORE")
+	if st.StoreError != "" {
+		fmt.Fprintf(w, "members unknown: %s\n", st.StoreError)
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MEMBER\tENDPOINTS\tROLE\tHEALTH\tDB")
+	for _, m := range st.Store {
+		role := "follower"
+		switch {
+		case m.Learner:
+			role = "learner"
+		case m.Leader:
+			role = "leader"
+		}
+		health, db := "healthy", formatBytes(m.DBBytes)
+		if !m.Healthy {
+			health, db, role = "unreachable: "+m.Error, "-", "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", dash(m.Name), dash(strings.Join(m.Endpoints, ",")), role, health, db)
+	}
+	tw.Flush()
+}
+
+// formatBytes is "1.2 MiB".
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // renderGPUs lists what each node's agent found of its GPUs and how it

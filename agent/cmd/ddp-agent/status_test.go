@@ -111,6 +111,7 @@ func table(t *testing.T, out string) [][]string {
 	if !ok {
 		t.Fatalf("no table in:\n%s", out)
 	}
+	tab, _, _ = strings.Cut(tab, "\n\n") // the nodes' table only
 	var rows [][]string
 	for _, line := range strings.Split(strings.TrimRight(tab, "\n"), "\n") {
 		rows = append(rows, strings.Fields(line))
@@ -156,6 +157,10 @@ func TestStatusShowsARunningJob(t *testing.T) {
 		}
 		if got := table(t, out); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("table\n%v\nwant\n%v", got, want)
+		}
+		store := regexp.MustCompile(`\nSTORE\nMEMBER +ENDPOINTS +ROLE +HEALTH +DB\n\S+ +` + regexp.QuoteMeta(ep) + ` +leader +healthy +[0-9.]+ [KM]iB\n`)
+		if !store.MatchString(out) {
+			t.Fatalf("no STORE section with its one member, the leader, at %s", ep)
 		}
 	}
 }

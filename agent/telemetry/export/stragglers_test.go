@@ -61,4 +61,3 @@ func TestStragglerSpanAndGauge(t *testing.T) {
 		t.Errorf("no stall span")
 	}
 }
-
