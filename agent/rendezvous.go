@@ -63,6 +63,11 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 	if err := rdzv.CheckID(runID); err != nil {
 		return nil, err
 	}
+	if cfg.Token == "" && cfg.NNodesMax > 1 {
+		// As torchrun's store allows; said once, so nobody believes otherwise.
+		a.log.Warn("no --rdzv-token: anyone who can reach the rendezvous store can read this job's keys and disrupt it " +
+			"(stop its workers, end it); set --rdzv-token on every node, and use TLS (--rdzv-conf) across untrusted networks")
+	}
 	srv, endpoints, err := a.hostStore(ctx)
 	if err != nil {
 		return nil, err
