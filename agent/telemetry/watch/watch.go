@@ -65,8 +65,9 @@ type Config struct {
 	// the evidence of cause "host" (hostmon.Monitor.Slowdown); nil: none.
 	ReadHost func(rank int) string
 	// OnStragglers, if set, gets the persistent stragglers named at each
-	// look (every 2 s while they last, their causes set; empty once none
-	// is), from one goroutine; it must not block. The straggler action
+	// look (Run's, every lookEvery, and Publish's, every 2 s; their causes
+	// set; empty once none is), from those two goroutines; it must not
+	// block. The straggler action
 	// policy hangs here.
 	OnStragglers func([]telemetry.Straggler)
 	// OnHang ends the attempt whose collective hung; it is called at most
