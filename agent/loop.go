@@ -104,7 +104,7 @@ func (a *Agent) start(ctx context.Context, s *session, n int, r *rdzv.Round, wai
 	}
 	workers := a.workers(at.g, r.RankOffset)
 	s.stragglers.begin(stragglerAttempt{gen: at.gen, nodes: r.NNodes, rankOffset: r.RankOffset,
-		nproc: a.cfg.NProcPerNode, restarts: r.Restarts})
+		nproc: a.cfg.NProcPerNode, restarts: r.Restarts, follower: r.NNodes > 1 && r.GroupRank != 0})
 	s.watch.Begin(ctx, watch.Attempt{Gen: at.gen, GroupRank: r.GroupRank, NNodes: r.NNodes, WorldSize: r.WorldSize,
 		RankOffset: r.RankOffset, MasterAddr: r.MasterAddr, Done: r.Done(), Workers: workers, StackDir: stackDir,
 		KV: s.j.kv, JobID: s.runID, Token: a.cfg.Rendezvous.Token})

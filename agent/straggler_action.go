@@ -190,7 +190,7 @@ func (d drainCheck) needsSpares() bool { return d.Local && d.Nodes-1 < d.Min }
 func (d drainCheck) refusal() string {
 	switch {
 	case !d.Local:
-		return fmt.Sprintf("drain refused: rank %d runs on %s, so the drain must be done by that node's agent; this agent drains only its own node", d.Rank, d.Owner)
+		return fmt.Sprintf("not drained here: rank %d runs on %s, whose agent drains it (it reads the stragglers this agent publishes)", d.Rank, d.Owner)
 	case d.Nodes-1 >= d.Min, d.Spares > 0:
 		return ""
 	}

@@ -31,10 +31,15 @@ type stragglerPolicy struct {
 	owner      func(rank int) string
 	background func(func())    // runs f off the watch's goroutine; Run waits for it
 	runCtx     context.Context // the run's: it bounds the background work
+	// readNamed reads the stragglers the leader published (a follower's
+	// source, straggler_action_follow.go); nil without a store.
+	readNamed func(context.Context) ([]telemetry.Straggler, error)
 
-	mu    sync.Mutex
-	clock stragglerClock
-	at    *stragglerAttempt // nil between attempts
+	mu         sync.Mutex
+	clock      stragglerClock
+	at         *stragglerAttempt // nil between attempts
+	localLooks bool              // this attempt's own watch names stragglers: it analyzes its ranks itself
+	stopFollow func()            // ends the attempt's reads of the leader's stragglers
 }
 
 // stragglerAttempt is what the policy needs of the running attempt.
@@ -43,7 +48,8 @@ type stragglerAttempt struct {
 	nodes      int // in this generation
 	rankOffset int // this node's ranks are [rankOffset, rankOffset+nproc)
 	nproc      int
-	restarts   int // faults the job has had so far
+	restarts   int  // faults the job has had so far
+	follower   bool // another node's agent leads the analysis
 }
 
 func (at *stragglerAttempt) local(rank int) bool {
@@ -68,6 +74,7 @@ func (a *Agent) newStragglerPolicy(ctx context.Context, s *session, drain func(*
 	}
 	if r := a.cfg.Rendezvous; r.Dynamic && !r.Standalone {
 		p.spares = func(ctx context.Context) (int, error) { return a.countSpares(ctx, s) }
+		p.readNamed = a.publishedStragglers(s)
 	}
 	return p
 }
@@ -76,9 +83,11 @@ func (a *Agent) newStragglerPolicy(ctx context.Context, s *session, drain func(*
 // confirmed in the last one does not carry over.
 func (p *stragglerPolicy) begin(at stragglerAttempt) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.at = &at
 	p.clock = stragglerClock{}
+	p.localLooks = false
+	p.mu.Unlock()
+	p.follow(at)
 }
 
 // end stops acting on the attempt: its workers are being stopped.
@@ -86,16 +95,30 @@ func (p *stragglerPolicy) end() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.at = nil
+	if p.stopFollow != nil {
+		p.stopFollow()
+		p.stopFollow = nil
+	}
 }
 
 // look is the watch's OnStragglers: the persistent stragglers named now.
 func (p *stragglerPolicy) look(named []telemetry.Straggler) {
+	p.lookAt(0, named, true)
+}
+
+// lookAt confirms named: from this node's watch (local), or the leader's
+// published list for generation gen. Once the watch itself names
+// stragglers in an attempt (it analyzes its own ranks: the leader could
+// not be reached), the leader's list is ignored: the clock needs one
+// source.
+func (p *stragglerPolicy) lookAt(gen uint64, named []telemetry.Straggler, local bool) {
 	p.mu.Lock()
 	at := p.at
-	if at == nil {
+	if at == nil || !local && (gen != at.gen || p.localLooks) {
 		p.mu.Unlock()
 		return
 	}
+	p.localLooks = p.localLooks || local
 	// Read under the lock: two of the watch's goroutines look, and the
 	// clock needs its looks in order.
 	d, ok := p.clock.look(at.gen, p.now(), named, p.action, p.confirm)

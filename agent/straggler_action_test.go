@@ -173,7 +173,7 @@ func TestDrainCheck(t *testing.T) {
 		{"local, one node, no spare", drainCheck{Rank: 1, Local: true, Nodes: 1, Min: 1}, true, "drain refused: 1 nodes, MIN 1, no spare"},
 		{"local, at MIN, a spare", drainCheck{Rank: 1, Local: true, Nodes: 2, Min: 2, Spares: 1}, true, ""},
 		{"another node's rank", drainCheck{Rank: 5, Owner: "node node-b", Nodes: 3, Min: 1}, false,
-			"drain refused: rank 5 runs on node node-b, so the drain must be done by that node's agent; this agent drains only its own node"},
+			"not drained here: rank 5 runs on node node-b, whose agent drains it (it reads the stragglers this agent publishes)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -251,7 +251,7 @@ func TestStragglerPolicy(t *testing.T) {
 		{"drain refused, spares unreadable", StragglerDrain, one, 1, 0,
 			func(context.Context) (int, error) { return 0, errors.New("store down") }, 1, 0, 0, "drain refused: 1 nodes, MIN 1, no spare"},
 		{"drain of another node's rank", StragglerDrain, three, 1, 0, nil, 4, 0, 0,
-			"drain refused: rank 4 runs on node node-b, so the drain must be done by that node's agent"},
+			"not drained here: rank 4 runs on node node-b, whose agent drains it"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -163,3 +163,59 @@ func TestStragglerActionDrainToSpare(t *testing.T) {
 		t.Errorf("the last node drained itself\n%s", spare.logs())
 	}
 }
+
+// TestStragglerActionDrainAcrossNodes: two agents of one worker each
+// (--nnodes 1:2) under --straggler-action drain. Rank 1, the slow one,
+// runs on the follower's node: the leader names it (it analyzes every
+// rank) and publishes it, the follower reads it from the store, confirms it
+// and drains itself (exit 3); the leader's node goes on alone, resumes from
+// the checkpoint and finishes.
+func TestStragglerActionDrainAcrossNodes(t *testing.T) {
+	job := slowJob(t)
+	id := "drain" + strconv.Itoa(freePort(t))
+	endpoint := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	var agents []*agentRun
+	for i := range 2 {
+		args := []string{"--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", id, "--nnodes", "1:2",
+			"--nproc-per-node", "1", "--max-restarts", "0", "--rdzv-conf", fastConf,
+			"--straggler-action", "drain", "--straggler-confirm", "3s"}
+		agents = append(agents, startAgent(t, nil, append(args, job...)...))
+		if i == 0 { // it hosts the store
+			waitFor(t, 30*time.Second, func() bool { return strings.Contains(agents[0].stderr.String(), "hosting the rendezvous store") },
+				agents[0].logs)
+		}
+	}
+	// Rank 1 runs on whichever node got group rank 1: the follower.
+	logs := func() string { return agents[0].logs() + "\n----\n" + agents[1].logs() }
+	waitFor(t, time.Minute, func() bool {
+		return strings.Contains(agents[0].stdout.String()+agents[1].stdout.String(), "[rank1]:")
+	}, logs)
+	leader, follower := agents[0], agents[1]
+	if strings.Contains(leader.stdout.String(), "[rank1]:") {
+		leader, follower = follower, leader
+	}
+	if code := follower.wait(2 * time.Minute); code != 3 {
+		t.Fatalf("the follower exited %d, want 3 (drained)\n%s", code, logs())
+	}
+	if code := leader.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("the leader exited %d, want 0\n%s", code, logs())
+	}
+	for _, c := range []struct {
+		who  *agentRun
+		name string
+		want string
+	}{
+		{follower, "the follower", "persistent straggler rank 1 confirmed for 3s (cause "},
+		{follower, "the follower", "; action drain: this node leaves the job (2 nodes, MIN 1"},
+		{leader, "the leader", "not drained here: rank 1 runs on"},
+	} {
+		if !strings.Contains(c.who.stderr.String(), c.want) {
+			t.Errorf("%s's log lacks %q\n%s", c.name, c.want, logs())
+		}
+	}
+	for _, want := range []string{"resumed from step", "world_size=1"} {
+		if !strings.Contains(leader.stdout.String(), want) {
+			t.Errorf("the leader's stdout lacks %q\n%s", want, logs())
+		}
+	}
+}

@@ -1,0 +1,93 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+)
+
+// Across nodes only the leader (group rank 0's agent) names persistent
+// stragglers: it alone sees every rank. A drain, though, is the straggler's
+// own node's to do. The leader publishes the stragglers it names in the
+// store (for `ddp-agent status`), so a follower under --straggler-action
+// drain reads them there every followEvery and confirms those of its own
+// ranks with its own clock, as if its watch had named them.
+const followEvery = 2 * time.Second
+
+// follow starts reading the leader's stragglers for the attempt at, until
+// the attempt ends; only a follower under drain does.
+func (p *stragglerPolicy) follow(at stragglerAttempt) {
+	if p.action != StragglerDrain || !at.follower || p.readNamed == nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(p.runCtx)
+	p.mu.Lock()
+	p.stopFollow = cancel
+	p.mu.Unlock()
+	p.background(func() {
+		defer cancel()
+		t := time.NewTicker(followEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			rctx, rcancel := context.WithTimeout(ctx, followEvery)
+			named, err := p.readNamed(rctx)
+			rcancel()
+			if err != nil {
+				p.log.Debug("read the leader's persistent stragglers", "err", err)
+				continue
+			}
+			p.lookAt(at.gen, localStragglers(named, at), false)
+		}
+	})
+}
+
+// localStragglers are those of named that run on the node of at.
+func localStragglers(named []telemetry.Straggler, at stragglerAttempt) []telemetry.Straggler {
+	var out []telemetry.Straggler
+	for _, st := range named {
+		if at.local(st.Rank) {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// publishedStragglers reads the persistent stragglers every agent of the
+// job published, as `ddp-agent status` shows them, through a client of its
+// own that lives as long as the attempt's reads do.
+func (a *Agent) publishedStragglers(s *session) func(context.Context) ([]telemetry.Straggler, error) {
+	cfg := a.cfg.Rendezvous
+	return func(ctx context.Context) ([]telemetry.Straggler, error) {
+		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: strings.Split(s.j.endpoint, ","), TLS: cfg.TLS, Logger: a.log})
+		if err != nil {
+			return nil, fmt.Errorf("published stragglers: %w", err)
+		}
+		defer cli.Close()
+		st, err := rdzv.ReadStatus(ctx, cli, cfg.Prefix, s.runID)
+		if err != nil {
+			return nil, fmt.Errorf("published stragglers: %w", err)
+		}
+		var out []telemetry.Straggler
+		for _, ns := range st.Nodes {
+			if ns.Stalls == nil {
+				continue
+			}
+			for _, g := range ns.Stalls.Stragglers {
+				out = append(out, telemetry.Straggler{Rank: g.Rank, Last: g.Last, Steps: g.Steps,
+					Late: time.Duration(g.LateMS * float64(time.Millisecond)), Share: g.Share,
+					Cause: telemetry.Cause(g.Cause), Evidence: g.Evidence})
+			}
+		}
+		return out, nil
+	}
+}
