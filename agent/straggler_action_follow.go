@@ -3,11 +3,8 @@ package agent
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/rdzv"
-	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
@@ -63,17 +60,10 @@ func localStragglers(named []telemetry.Straggler, at stragglerAttempt) []telemet
 }
 
 // publishedStragglers reads the persistent stragglers every agent of the
-// job published, as `ddp-agent status` shows them, through a client of its
-// own that lives as long as the attempt's reads do.
+// job published, as `ddp-agent status` shows them.
 func (a *Agent) publishedStragglers(s *session) func(context.Context) ([]telemetry.Straggler, error) {
-	cfg := a.cfg.Rendezvous
 	return func(ctx context.Context) ([]telemetry.Straggler, error) {
-		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: strings.Split(s.j.endpoint, ","), TLS: cfg.TLS, Logger: a.log})
-		if err != nil {
-			return nil, fmt.Errorf("published stragglers: %w", err)
-		}
-		defer cli.Close()
-		st, err := rdzv.ReadStatus(ctx, cli, cfg.Prefix, s.runID)
+		st, err := a.jobStatus(ctx, s)
 		if err != nil {
 			return nil, fmt.Errorf("published stragglers: %w", err)
 		}

@@ -84,7 +84,8 @@ type Status struct {
 	Nodes     []NodeStatus     `json:"nodes"`
 	Malformed []MalformedValue `json:"malformed,omitempty"`
 	// Store lists the store's etcd members, their health and the leader
-	// (status_store.go); StoreError says why they could not be listed.
+	// (status_store.go, ReadStoreMembers); StoreError says why they could
+	// not be listed.
 	Store      []StoreMember `json:"store_members,omitempty"`
 	StoreError string        `json:"store_error,omitempty"`
 }
@@ -178,9 +179,6 @@ func ReadStatus(ctx context.Context, c *store.Client, root, id string) (*Status,
 		}
 	}
 	s.collectNodes(prefix, k)
-	if s.Store, err = readStoreMembers(ctx, cli, cli.Endpoints()); err != nil {
-		s.StoreError = err.Error()
-	}
 	return s, nil
 }
 

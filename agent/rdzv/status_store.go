@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // StoreMember is one member of the store's etcd cluster as `ddp-agent
@@ -26,6 +28,17 @@ type StoreMember struct {
 // memberTimeout bounds each member's status request: a status tool must
 // answer even when a member is gone.
 const memberTimeout = 2 * time.Second
+
+// ReadStoreMembers fills s.Store, or s.StoreError, from the store behind
+// c. It is the status command's own read, kept out of ReadStatus, which the
+// agents also call while a job runs: it asks every member for its status.
+func (s *Status) ReadStoreMembers(ctx context.Context, c *store.Client) {
+	cli := c.Etcd()
+	var err error
+	if s.Store, err = readStoreMembers(ctx, cli, cli.Endpoints()); err != nil {
+		s.StoreError = err.Error()
+	}
+}
 
 // readStoreMembers lists the store's members and their status. Each
 // endpoint the client dials is asked first: its answer names the member

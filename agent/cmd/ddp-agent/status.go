@@ -222,6 +222,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return readErr(err)
 	}
+	st.ReadStoreMembers(ctx, cli)
 	if f.json {
 		return writeJSON(stdout, stderr, statusJSON{Store: f.endpoints, Status: st})
 	}

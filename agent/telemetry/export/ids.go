@@ -15,16 +15,27 @@ import (
 // integers. Every agent and every re-export computes the same id, so the
 // spans of all ranks of one step land in one trace.
 func TraceID(job string, gen, step uint64) [16]byte {
-	return [16]byte(digest(job, gen, step))
+	return [16]byte(digest(job, kindStep, gen, step))
 }
 
-func digest(job string, gen, step uint64) []byte {
+// The kinds of trace the exporter derives ids for: the byte after the
+// job id, so that no two kinds share an id.
+const (
+	kindStep      byte = 0
+	kindRestart   byte = 1 // exportRestart's, which hashes the generation alone
+	kindStraggler byte = 2
+)
+
+// digest is sha256(job || kind || a || b), a and b as 8-byte big-endian
+// integers.
+func digest(job string, kind byte, a, b uint64) []byte {
 	h := sha256.New()
 	h.Write([]byte(job))
-	var b [17]byte
-	binary.BigEndian.PutUint64(b[1:9], gen)
-	binary.BigEndian.PutUint64(b[9:], step)
-	h.Write(b[:])
+	var buf [17]byte
+	buf[0] = kind
+	binary.BigEndian.PutUint64(buf[1:9], a)
+	binary.BigEndian.PutUint64(buf[9:], b)
+	h.Write(buf[:])
 	return h.Sum(nil)
 }
 

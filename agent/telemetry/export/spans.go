@@ -298,7 +298,7 @@ func (e *Exporter) exportRestart(gen uint64, reason string, now time.Time) {
 		h := sha256.New()
 		h.Write([]byte(e.cfg.JobID))
 		var b [9]byte
-		b[0] = 1 // step traces have 0 here
+		b[0] = kindRestart
 		binary.BigEndian.PutUint64(b[1:], gen)
 		h.Write(b[:])
 		sum := h.Sum(nil)

@@ -1,8 +1,6 @@
 package export
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 	"time"
 
@@ -65,14 +63,7 @@ func (e *Exporter) causeAttrs(s *telemetry.Stall) []attribute.KeyValue {
 func (e *Exporter) exportStraggler(gen uint64, st telemetry.Straggler, now time.Time) {
 	name := fmt.Sprintf("persistent straggler: rank %d", st.Rank)
 	if e.tracer != nil {
-		h := sha256.New()
-		h.Write([]byte(e.cfg.JobID))
-		var b [17]byte
-		b[0] = 2 // step traces have 0 here, restarts 1
-		binary.BigEndian.PutUint64(b[1:], gen)
-		binary.BigEndian.PutUint64(b[9:], uint64(now.UnixNano()))
-		h.Write(b[:])
-		tid := trace.TraceID(h.Sum(nil)[:16])
+		tid := trace.TraceID(digest(e.cfg.JobID, kindStraggler, gen, uint64(now.UnixNano()))[:16])
 		ctx := withIDs(e.ctx, tid, spanID(tid, "straggler"))
 		attrs := append(workerAttrs(e.worker(st.Rank)),
 			attribute.Int64("ddp.generation", int64(gen)),

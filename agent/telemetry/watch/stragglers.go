@@ -138,20 +138,25 @@ func (s *Watch) readEvidence(at *attempt) map[int]evidence {
 			out[w.Rank] = evidence{gpuState: w.GPUState, gpuSlow: w.GPUSlowdown, hostSlow: w.HostSlowdown}
 			continue
 		}
-		var ev evidence
-		if s.readHost != nil {
-			ev.hostSlow = s.readHost(w.Rank)
-		}
-		if w.GPU != "" && s.readGPU != nil {
-			if g, err := s.readGPU(w.GPU); err != nil {
-				ev.gpuState = "state unknown (" + err.Error() + ")"
-			} else {
-				ev.gpuState, ev.gpuSlow = g.State, g.Slowdown
-			}
-		}
-		out[w.Rank] = ev
+		out[w.Rank] = s.localEvidence(w)
 	}
 	return out
+}
+
+// localEvidence reads the evidence of w, a worker of this node, now.
+func (s *Watch) localEvidence(w telemetry.Worker) evidence {
+	var ev evidence
+	if s.readHost != nil {
+		ev.hostSlow = s.readHost(w.Rank)
+	}
+	if w.GPU != "" && s.readGPU != nil {
+		if g, err := s.readGPU(w.GPU); err != nil {
+			ev.gpuState = "state unknown (" + err.Error() + ")"
+		} else {
+			ev.gpuState, ev.gpuSlow = g.State, g.Slowdown
+		}
+	}
+	return ev
 }
 
 // stateEvery is how often a follower sends its workers' GPU and host
@@ -175,14 +180,10 @@ func (s *Watch) sendStates(ctx context.Context, fwd forwarder, local []telemetry
 		}
 		ws := slices.Clone(local)
 		for i := range ws {
-			if s.readHost != nil {
-				ws[i].HostSlowdown = s.readHost(ws[i].Rank)
-			}
-			if ws[i].GPU == "" || s.readGPU == nil {
-				continue
-			}
-			if g, err := s.readGPU(ws[i].GPU); err == nil {
-				ws[i].GPUState, ws[i].GPUSlowdown = g.State, g.Slowdown
+			ev := s.localEvidence(ws[i])
+			ws[i].HostSlowdown, ws[i].GPUSlowdown = ev.hostSlow, ev.gpuSlow
+			if ev.gpuState != "" {
+				ws[i].GPUState = ev.gpuState
 			}
 		}
 		fwd.SendWorkers(ws)
