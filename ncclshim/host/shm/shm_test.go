@@ -64,6 +64,12 @@ func helper(mode string) int {
 	switch mode {
 	case "die": // exit in the middle of the first all-reduce
 		in := c.ctl[c.rank].in
+		// The parent starts its clock once this exists: a race-built helper
+		// on a loaded machine can take longer than the timeout to get here.
+		if err := os.WriteFile(os.Getenv("SHM_READY"), nil, 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 2
+		}
 		go func() {
 			for atomic.LoadUint32(in) < 4 {
 				time.Sleep(50 * time.Microsecond)
@@ -384,7 +390,13 @@ func TestPeerKilled(t *testing.T) {
 	}
 	defer c.Close()
 	defer os.Remove(path)
-	cmd := startHelper(t, "die", path, 1, 2, slot, nbytes)
+	ready := filepath.Join(t.TempDir(), "ready")
+	cmd := startHelper(t, "die", path, 1, 2, slot, nbytes, "SHM_READY="+ready)
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+	}
 	start := time.Now()
 	err = c.AllReduce(context.Background(), make([]byte, nbytes), reduce.Float32, reduce.Sum)
 	elapsed := time.Since(start)
