@@ -59,6 +59,9 @@ type Rendezvous struct {
 	JoinTimeout          time.Duration
 	LastCall             time.Duration // wait for more nodes once MIN have joined
 	TTL                  time.Duration // a silent node's lease
+	// StoreTimeout: a store that answers nothing this long fails the
+	// agent; 0: rdzv.DefaultStoreTimeout.
+	StoreTimeout time.Duration
 }
 
 // Telemetry says what the agent watches in the workers' collectives and

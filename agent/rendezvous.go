@@ -68,36 +68,68 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 		a.log.Warn("no --rdzv-token: anyone who can reach the rendezvous store can read this job's keys and disrupt it " +
 			"(stop its workers, end it); set --rdzv-token on every node, and use TLS (--rdzv-conf) across untrusted networks")
 	}
-	srv, endpoints, err := a.hostStore(ctx)
+	sec, err := a.storeSecurity()
 	if err != nil {
 		return nil, err
 	}
-	cli, err := a.dialStore(ctx, endpoints, srv != nil)
+	replicated := !cfg.External && cfg.NNodesMax >= storeReplicas
+	srv, endpoints, err := a.hostStore(ctx, sec, replicated)
+	if err != nil {
+		sec.close()
+		return nil, err
+	}
+	cli, err := a.dialStore(ctx, endpoints, srv != nil, sec.client)
 	if err != nil {
 		if srv != nil {
 			srv.Close()
 		}
+		sec.close()
 		return nil, err
 	}
-	closeAll := func() {
+	addr, err := a.localAddr(endpoints[0])
+	if err != nil {
 		cli.Close()
 		if srv != nil {
 			srv.Close()
 		}
-	}
-	addr, err := a.localAddr(endpoints[0])
-	if err != nil {
-		closeAll()
+		sec.close()
 		return nil, err
 	}
-	host, _ := os.Hostname()
 	prefix := rdzv.Prefix(cfg.Prefix, runID)
+	var reps *store.Replicas
+	var keeper func() bool
+	if replicated {
+		reps, err = a.replicate(cli, srv, sec, prefix, addr)
+		if err != nil {
+			cli.Close()
+			if srv != nil {
+				srv.Close()
+			}
+			sec.close()
+			return nil, err
+		}
+		keeper = reps.Keeper
+	}
+	closeAll := func() {
+		if reps != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := reps.Close(ctx); err != nil {
+				a.log.Info("store member not handed over; the others replace it once its lease ends", "err", err)
+			}
+			cancel()
+		} else if srv != nil {
+			srv.Close()
+		}
+		cli.Close()
+		sec.close()
+	}
+	host, _ := os.Hostname()
 	e, err := rdzv.Open(ctx, cli, rdzv.Config{
-		JobID: runID, Prefix: prefix, Hosted: srv != nil, Endpoint: strings.Join(endpoints, ","),
+		JobID: runID, Prefix: prefix, Hosted: srv != nil, Keeper: keeper, Endpoint: strings.Join(endpoints, ","),
 		Host: host, Addr: addr, NProc: a.cfg.NProcPerNode, GPUs: a.nodeGPUs(),
 		NNodesMin: cfg.NNodesMin, NNodesMax: cfg.NNodesMax, MaxRestarts: a.cfg.MaxRestarts, Token: cfg.Token,
 		JoinTimeout: cfg.JoinTimeout, LastCall: cfg.LastCall, TTL: cfg.TTL, MasterPort: cfg.MasterPort,
-		Logger: a.log,
+		StoreTimeout: cfg.StoreTimeout, Logger: a.log,
 	})
 	if err != nil {
 		closeAll()
@@ -119,7 +151,7 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 
 // hostStore starts the embedded store when this agent should host it,
 // and returns it (nil when it does not) with the endpoints to dial.
-func (a *Agent) hostStore(ctx context.Context) (*store.Server, []string, error) {
+func (a *Agent) hostStore(ctx context.Context, sec *storeSecurity, replicated bool) (*store.Server, []string, error) {
 	cfg := a.cfg.Rendezvous
 	endpoints := cfg.Endpoints
 	hostIt, err := a.shouldHost(endpoints)
@@ -133,7 +165,16 @@ func (a *Agent) hostStore(ctx context.Context) (*store.Server, []string, error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	srv, err := store.Start(ctx, store.ServerConfig{ClientAddr: addr, Logger: a.log.With("component", "etcd"), TLS: cfg.TLS})
+	scfg := store.ServerConfig{ClientAddr: addr, Logger: a.log.With("component", "etcd"), TLS: sec.server, PeerTLS: sec.peer}
+	if replicated {
+		// Members that join later dial this one's peer URL: a real port
+		// on the address the other agents reach it at.
+		host, _, _ := net.SplitHostPort(addr)
+		if scfg.PeerAddr, err = freePort(host); err != nil {
+			return nil, nil, err
+		}
+	}
+	srv, err := store.Start(ctx, scfg)
 	switch {
 	case errors.Is(err, store.ErrAddrInUse):
 		// Another agent on this host started it first: be its client.
@@ -149,10 +190,10 @@ func (a *Agent) hostStore(ctx context.Context) (*store.Server, []string, error) 
 // dialStore connects to the store. The agent that hosts it may start
 // after this one, as with torchrun's c10d: unless this agent hosts it,
 // keep trying for the join timeout.
-func (a *Agent) dialStore(ctx context.Context, endpoints []string, hosted bool) (*store.Client, error) {
+func (a *Agent) dialStore(ctx context.Context, endpoints []string, hosted bool, tlsFiles *store.TLSFiles) (*store.Client, error) {
 	deadline := time.Now().Add(a.cfg.Rendezvous.JoinTimeout)
 	for {
-		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: a.cfg.Rendezvous.TLS, Logger: a.log})
+		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tlsFiles, Logger: a.log})
 		if err == nil {
 			return cli, nil
 		}

@@ -161,40 +161,64 @@ func workersStartedAt(stderr string, gen int) (time.Time, bool) {
 	return ts, err == nil
 }
 
-// lostNode runs 3 agents with --nnodes 1:3, does something to the third
-// one once training checkpointed, and checks that the other two re-form a
-// world of 4, resume from the checkpoint and finish.
-func lostNode(t *testing.T, what string, hurt func(a *agentRun)) {
+// lostNode runs 3 agents with --nnodes 1:3, does something to one of them
+// (0: the one that started the store) once training checkpointed, and
+// checks that the other two re-form a world of 4, resume from the
+// checkpoint and finish. With three nodes possible the store has three
+// members, one per agent: losing any one of them, the first included,
+// loses nothing.
+func lostNode(t *testing.T, what string, victim int, hurt func(a *agentRun)) {
 	needTorch(t)
 	j := newJob(t, "1:3", 2, 30, "--sleep-per-step", "0.1")
-	host := j.startHost()
-	b, c := j.start(), j.start()
+	all := []*agentRun{j.startHost(), j.start(), j.start()}
+	logs := func(as ...*agentRun) func() string {
+		return func() string {
+			var b strings.Builder
+			for _, a := range as {
+				b.WriteString(a.logs())
+			}
+			return b.String()
+		}
+	}
 	waitFor(t, 2*time.Minute, func() bool {
-		return strings.Contains(host.stdout.String()+b.stdout.String()+c.stdout.String(), "step 10 loss")
-	},
-		func() string { return host.logs() + b.logs() + c.logs() })
-	checkWorld(t, 6, host, b, c)
+		return strings.Contains(all[0].stdout.String()+all[1].stdout.String()+all[2].stdout.String(), "step 10 loss")
+	}, logs(all...))
+	checkWorld(t, 6, all...)
+	if victim == 0 {
+		// Wait for the store to have its three members, as it does within
+		// seconds of the agents' start.
+		waitFor(t, 30*time.Second, func() bool {
+			return strings.Count(all[1].stderr.String()+all[2].stderr.String(), "joined the rendezvous store as a member") == 2
+		}, logs(all...))
+	}
+	var survivors []*agentRun
+	for i, a := range all {
+		if i != victim {
+			survivors = append(survivors, a)
+		}
+	}
+	a, b := survivors[0], survivors[1]
 	hit := time.Now()
-	hurt(c)
+	hurt(all[victim])
 	var back time.Time
 	waitFor(t, 60*time.Second, func() bool {
-		tb, ok1 := workersStartedAt(b.stderr.String(), 1)
-		th, ok2 := workersStartedAt(host.stderr.String(), 1)
+		ta, ok1 := workersStartedAt(a.stderr.String(), 1)
+		tb, ok2 := workersStartedAt(b.stderr.String(), 1)
 		if ok1 && ok2 {
-			back = th
-			if tb.After(th) {
+			back = ta
+			if tb.After(ta) {
 				back = tb
 			}
 		}
 		return ok1 && ok2
-	}, func() string { return host.logs() + b.logs() })
+	}, logs(a, b))
 	recovery := back.Sub(hit)
 	t.Logf("%s: the two other agents restarted their workers in a world of 4 after %v", what, recovery.Round(time.Millisecond))
-	waitAll(t, 3*time.Minute, host, b)
-	checkWorld(t, 4, host, b)
-	out := host.stdout.String() + b.stdout.String()
+	waitAll(t, 3*time.Minute, a, b)
+	checkWorld(t, 4, a, b)
+	out := a.stdout.String() + b.stdout.String()
 	if !regexp.MustCompile(`resumed from step (\d+) with world size 4`).MatchString(out) || !strings.Contains(out, "done: steps=30") {
-		t.Fatalf("training did not resume from the checkpoint and finish\n%s\n%s", host.logs(), b.logs())
+		t.Fatalf("training did not resume from the checkpoint and finish\n%s\n%s", a.logs(), b.logs())
 	}
 	if recovery > 15*time.Second {
 		t.Errorf("re-forming took %v", recovery)
@@ -202,14 +226,22 @@ func lostNode(t *testing.T, what string, hurt func(a *agentRun)) {
 }
 
 func TestLostNodeSIGKILL(t *testing.T) {
-	lostNode(t, "SIGKILL", func(a *agentRun) {
+	lostNode(t, "SIGKILL", 2, func(a *agentRun) {
+		a.cmd.Process.Signal(syscall.SIGKILL)
+	})
+}
+
+// TestLostStoreHostSIGKILL kills the agent whose member started the store:
+// the job goes on, as it does for any other node.
+func TestLostStoreHostSIGKILL(t *testing.T) {
+	lostNode(t, "store host SIGKILL", 0, func(a *agentRun) {
 		a.cmd.Process.Signal(syscall.SIGKILL)
 	})
 }
 
 func TestLostNodeSIGSTOP(t *testing.T) {
 	var frozen *agentRun
-	lostNode(t, "SIGSTOP", func(a *agentRun) {
+	lostNode(t, "SIGSTOP", 2, func(a *agentRun) {
 		frozen = a
 		a.cmd.Process.Signal(syscall.SIGSTOP)
 	})

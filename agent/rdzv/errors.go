@@ -36,3 +36,17 @@ type JoinTimeoutError struct {
 func (e *JoinTimeoutError) Error() string {
 	return fmt.Sprintf("rendezvous timed out: %d of the %d nodes needed joined generation %d within %v (join_timeout in --rdzv-conf)", e.Joined, e.Min, e.Generation, e.Timeout)
 }
+
+// StoreLostError: the store answered no request for Config.StoreTimeout.
+type StoreLostError struct {
+	Endpoint string
+	For      time.Duration
+	Err      error
+}
+
+func (e *StoreLostError) Error() string {
+	return fmt.Sprintf("the rendezvous store at %s answered nothing for %v (its host is gone, or too few of its members are left for a quorum): %v",
+		e.Endpoint, e.For.Round(time.Second), e.Err)
+}
+
+func (e *StoreLostError) Unwrap() error { return e.Err }

@@ -24,6 +24,13 @@ type Config struct {
 	// Hosted: this agent started the store for this job, so the store
 	// belongs to the job and an agent of another job is refused.
 	Hosted bool
+	// Keeper, when set, says whether this agent keeps the store up at the
+	// end of the job, waiting for the others to leave first (with a
+	// replicated store, the agent with the oldest member); nil: Hosted.
+	Keeper func() bool
+	// StoreTimeout: a store that answers no request for this long ends
+	// the wait for a round with *StoreLostError; 0: DefaultStoreTimeout.
+	StoreTimeout time.Duration
 	// Endpoint names the store in messages.
 	Endpoint string
 
@@ -42,6 +49,19 @@ type Config struct {
 	MasterPort  int           // fixed workers' store port; 0 = a free one per round
 
 	Logger *slog.Logger
+}
+
+// DefaultStoreTimeout is Config.StoreTimeout's default: a replicated
+// store replaces a lost leader within about a second, so a store silent
+// for this long has no quorum left.
+const DefaultStoreTimeout = 10 * time.Second
+
+// keeps reports whether this agent keeps the store up to the end.
+func (c *Config) keeps() bool {
+	if c.Keeper != nil {
+		return c.Keeper()
+	}
+	return c.Hosted
 }
 
 // opTimeout bounds one request to the store, so an unreachable store is an

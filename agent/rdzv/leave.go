@@ -41,7 +41,7 @@ func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
 			e.log.Warn("mark the job succeeded", "err", err)
 		}
 	}
-	if e.cfg.Hosted {
+	if e.cfg.keeps() {
 		e.waitOthersGone(ctx, false)
 	}
 	return nil
@@ -52,7 +52,7 @@ func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
 // them is left waiting on a store that vanished. It returns at once when
 // this agent does not host the store or the job is not over.
 func (e *Etcd) Drain(ctx context.Context) {
-	if e.cfg.Hosted {
+	if e.cfg.keeps() {
 		e.waitOthersGone(ctx, true)
 	}
 }

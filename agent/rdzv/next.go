@@ -19,10 +19,21 @@ import (
 func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 	deadline := time.Now().Add(e.cfg.JoinTimeout)
 	spare := false
-	// retry waits a moment after a store error, unless the deadline passed.
+	storeTimeout := e.cfg.StoreTimeout
+	if storeTimeout <= 0 {
+		storeTimeout = DefaultStoreTimeout
+	}
+	var failingSince time.Time // of the store errors in a row
+	// retry waits a moment after a store error, unless the deadline passed
+	// or the store has answered nothing for too long.
 	retry := func(err error) error {
 		if time.Now().After(deadline) {
 			return err
+		}
+		if failingSince.IsZero() {
+			failingSince = time.Now()
+		} else if d := time.Since(failingSince); d >= storeTimeout {
+			return &StoreLostError{Endpoint: e.cfg.Endpoint, For: d, Err: err}
 		}
 		e.log.Warn("rendezvous store request failed; retrying", "err", err)
 		if !sleep(ctx, 500*time.Millisecond) {
@@ -47,6 +58,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 			}
 			continue
 		}
+		failingSince = time.Time{}
 		switch st.Phase {
 		case Failed, Succeeded:
 			if e.lastGenSeen() == 0 && st.Since.Before(e.opened) {

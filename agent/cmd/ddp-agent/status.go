@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -32,6 +33,8 @@ Flags (torchrun's underscore spelling works too: --rdzv_endpoint):
   --rdzv-backend NAME    c10d or etcd, as given to ddp-agent run (default c10d)
   --rdzv-conf K=V,...    as given to ddp-agent run; status uses cacert, cert, key,
                          protocol and etcd_prefix
+  --rdzv-token TOKEN     the job's --rdzv-token (default $DDP_AGENT_RDZV_TOKEN): with
+                         one, the embedded store admits only clients that have it
   --json                 print one JSON object instead of a table
   --timeout DURATION     give up on an unreachable store after this long (default 5s)
 
@@ -46,12 +49,14 @@ type statusFlags struct {
 	conf      launch.RdzvConf
 	json      bool
 	timeout   time.Duration
+	token     string
+	external  bool // --rdzv-backend etcd
 }
 
 var errStatusHelp = errors.New("help requested")
 
 func parseStatusFlags(args []string) (*statusFlags, error) {
-	f := &statusFlags{timeout: 5 * time.Second}
+	f := &statusFlags{timeout: 5 * time.Second, token: os.Getenv("DDP_AGENT_RDZV_TOKEN")}
 	backend, endpoint, conf := "c10d", "", ""
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -86,6 +91,8 @@ func parseStatusFlags(args []string) (*statusFlags, error) {
 			backend = val
 		case "rdzv-conf":
 			conf = val
+		case "rdzv-token":
+			f.token = val
 		case "timeout":
 			d, err := parseSeconds(val)
 			if err != nil {
@@ -103,6 +110,7 @@ func parseStatusFlags(args []string) (*statusFlags, error) {
 	default:
 		return nil, fmt.Errorf("--rdzv-backend %q is not c10d or etcd", backend)
 	}
+	f.external = backend == "etcd"
 	// launch fills in the backend's default port, as `ddp-agent run` does.
 	f.endpoints = (&launch.Config{RdzvBackend: backend, RdzvEndpoint: endpoint}).Endpoints()
 	if len(f.endpoints) == 0 {
@@ -174,7 +182,18 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	// gRPC's reason for an unreachable store, which a cancelled context
 	// would replace with a bare deadline error), the reads what is left.
 	deadline := time.Now().Add(f.timeout)
-	cli, err := store.Dial(context.Background(), store.ClientConfig{Endpoints: f.endpoints, TLS: tlsFiles(f.conf), DialTimeout: f.timeout})
+	tlsCfg := tlsFiles(f.conf)
+	if tlsCfg == nil && f.token != "" && !f.external {
+		// The embedded store of a job with a token admits only the job's
+		// certificates, which the token derives (as the agents do).
+		job, err := store.OpenJobTLS(f.token)
+		if err != nil {
+			return fail("%v", err)
+		}
+		defer job.Close()
+		tlsCfg = job.Files
+	}
+	cli, err := store.Dial(context.Background(), store.ClientConfig{Endpoints: f.endpoints, TLS: tlsCfg, DialTimeout: f.timeout})
 	if err != nil {
 		return fail("%v", err)
 	}

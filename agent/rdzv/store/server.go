@@ -59,6 +59,7 @@ type ServerConfig struct {
 	Name       string       // member name; "" = "ddp-agent"
 	Logger     *slog.Logger // etcd's own logs go here (warn and above, as slog records); nil = discard
 	TLS        *TLSFiles    // optional server TLS for clients (cert, key, optional CA to require client certs)
+	PeerTLS    *TLSFiles    // optional TLS between members (cert, key, and a CA that every peer's certificate must chain to)
 
 	// Set by StartCluster only. initialCluster ("name=peerURL,...") is the
 	// whole cluster this member bootstraps with; "" = a cluster of this
@@ -66,6 +67,9 @@ type ServerConfig struct {
 	// talking to each other.
 	initialCluster string
 	clusterToken   string
+	// existing: this member joins a running cluster (added as a learner
+	// by JoinCluster), whose members initialCluster lists.
+	existing bool
 }
 
 // Server is a running embedded etcd member.
@@ -120,6 +124,27 @@ func launch(cfg ServerConfig) (_ *Server, err error) {
 			KeyFile:        cfg.TLS.KeyFile,
 			TrustedCAFile:  cfg.TLS.CAFile,
 			ClientCertAuth: cfg.TLS.CAFile != "",
+			// As for peers: the CA's signature admits a client.
+			SkipClientSANVerify: true,
+		}
+	}
+
+	peerScheme := "http"
+	var peerTLS transport.TLSInfo
+	if cfg.PeerTLS != nil {
+		if err := cfg.PeerTLS.checkServer(); err != nil {
+			return nil, fmt.Errorf("peer %w", err)
+		}
+		if cfg.PeerTLS.CAFile == "" {
+			return nil, errors.New("etcd peer TLS: a CA is required, to authenticate the peers")
+		}
+		peerScheme = "https"
+		peerTLS = transport.TLSInfo{
+			CertFile: cfg.PeerTLS.CertFile, KeyFile: cfg.PeerTLS.KeyFile, TrustedCAFile: cfg.PeerTLS.CAFile,
+			ClientCertAuth: true,
+			// The CA's signature is what admits a peer; its address need
+			// not match a name in its certificate (NAT, several NICs).
+			SkipClientSANVerify: true,
 		}
 	}
 
@@ -148,12 +173,13 @@ func launch(cfg ServerConfig) (_ *Server, err error) {
 	}()
 
 	clientURL := url.URL{Scheme: scheme, Host: clientAddr}
-	peerURL := url.URL{Scheme: "http", Host: peerAddr}
+	peerURL := url.URL{Scheme: peerScheme, Host: peerAddr}
 	ec := embedConfig(cfg, dir, clientURL, peerURL)
 	lg, closing := serverZapLogger(cfg.Logger)
 	s.closing = closing
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	ec.ClientTLSInfo = tlsInfo
+	ec.PeerTLSInfo = peerTLS
 
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
@@ -252,14 +278,19 @@ func embedConfig(cfg ServerConfig, dir string, clientURL, peerURL url.URL) *embe
 	if cfg.clusterToken != "" {
 		ec.InitialClusterToken = cfg.clusterToken
 	}
-	if cfg.initialCluster == "" {
+	if cfg.existing {
+		ec.ClusterState = embed.ClusterStateFlagExisting
+	}
+	if cfg.initialCluster == "" || cfg.existing {
 		// etcd's default 100 ms tick, but the shortest election timeout it
 		// allows (5 ticks): that keeps its minimum lease TTL at 1 s (1.5
 		// election timeouts, rounded up) rather than 2 s. The tick is
 		// what an idle store costs: every tick wakes two goroutines (the
 		// ticker and raft's loop), so 10 ms ticks kept an idle agent at
 		// about 1.5 % of a core. Startup does not wait for ticks: launch
-		// makes a lone member campaign at once (campaignAlone).
+		// makes a lone member campaign at once (campaignAlone). Members
+		// that join it (replica.go) take the same timing: a lost leader
+		// is replaced within about a second.
 		ec.TickMs = 100
 		ec.ElectionMs = 500
 	}

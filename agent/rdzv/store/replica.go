@@ -1,0 +1,479 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ReplicaConfig configures Replicate.
+type ReplicaConfig struct {
+	Client *Client
+	// Own is the member this agent started (the job's first agent), or nil.
+	// Replicate takes it over: Replicas.Close closes it.
+	Own *Server
+	// Want is the number of voting members to keep (3: any one may be lost).
+	Want int
+	// Prefix is where the owner keys live (one per member, on the owning
+	// agent's lease).
+	Prefix string
+	// TTL is the owner keys' lease: an agent silent this long loses its
+	// member, which another agent then replaces.
+	TTL time.Duration
+	// Host is the IP this agent's member binds and advertises; the other
+	// agents must reach it there.
+	Host string
+	// TLS is the members' client TLS (nil = plain); PeerTLS their raft
+	// traffic's (nil = plain).
+	TLS, PeerTLS *TLSFiles
+	Logger       *slog.Logger
+	// Interval is how often the membership is looked at; 0 = 1 s.
+	Interval time.Duration
+}
+
+// Replicas keeps the job's embedded store at Want members, each run by a
+// different agent, so that the store outlives any one agent, the first
+// included. Every agent of the job runs one; at most one member per agent.
+// An agent without a member adds one (as a learner, promoted once it has
+// caught up) while the cluster has fewer than Want; a member whose agent is
+// gone (its owner key expired with the agent's lease) is removed by any
+// agent. Close hands this agent's member over: it leaves the cluster, and
+// another agent takes its place.
+type Replicas struct {
+	cfg ReplicaConfig
+	log *slog.Logger
+
+	mu        sync.Mutex
+	own       *Server
+	ownID     uint64
+	keeper    bool
+	endpoints []string // the voters' client URLs, as last set on the client
+
+	lease     clientv3.LeaseID // the owner keys' lease; 0 = none yet or lost
+	leaseLost <-chan struct{}
+	claimed   bool // own's owner key is on lease
+
+	ownerless map[uint64]time.Time
+	cancel    context.CancelFunc
+	done      chan struct{}
+}
+
+// ownerGrace is how long a member may be seen without an owner key before
+// it counts as dead: covers the moment between adding a member and
+// claiming it.
+const ownerGrace = 2 * time.Second
+
+// replicaOpTimeout bounds each request of the manager: a look that does
+// not come back in this time is tried again at the next tick.
+const replicaOpTimeout = 3 * time.Second
+
+// Replicate starts keeping the store replicated, in the background.
+func Replicate(cfg ReplicaConfig) *Replicas {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Replicas{cfg: cfg, log: cfg.Logger, own: cfg.Own, ownerless: map[uint64]time.Time{}, done: make(chan struct{})}
+	if cfg.Own != nil {
+		r.ownID = uint64(cfg.Own.etcd.Server.MemberID())
+		r.keeper = true
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go r.run(ctx)
+	return r
+}
+
+// Keeper reports whether this agent's member is the oldest one an agent
+// still owns: the agent that, at the end of the job, waits for the others
+// to leave before it closes its member. Exactly one agent is keeper while
+// the members agree.
+func (r *Replicas) Keeper() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.keeper
+}
+
+// Member reports whether this agent runs a member of the store.
+func (r *Replicas) Member() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.own != nil
+}
+
+func (r *Replicas) run(ctx context.Context) {
+	defer close(r.done)
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		if err := r.step(ctx); err != nil && ctx.Err() == nil {
+			r.log.Debug("store replicas", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// step looks at the membership once and makes at most one change.
+func (r *Replicas) step(ctx context.Context) error {
+	if err := r.ensureLease(ctx); err != nil {
+		return err
+	}
+	if err := r.claim(ctx); err != nil {
+		return err
+	}
+	v, byID, err := r.look(ctx)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	own := r.ownID
+	r.mu.Unlock()
+	p := planReplicas(v, own, r.ownerless, time.Now(), ownerGrace, r.cfg.Want)
+	r.mu.Lock()
+	r.keeper = p.keeper
+	r.mu.Unlock()
+	r.syncEndpoints(byID)
+	switch {
+	case p.remove != 0:
+		return r.removeDead(ctx, p.remove, byID[p.remove])
+	case p.ownGone:
+		r.log.Warn("this agent's store member was removed from the cluster (it was silent past the lease TTL); closing it",
+			"member", fmt.Sprintf("%x", own))
+		r.dropOwn()
+		return nil
+	case p.join:
+		return r.join(ctx, p.voters)
+	}
+	return nil
+}
+
+// ensureLease grants the owner keys' lease when there is none or it was
+// lost, and keeps it alive.
+func (r *Replicas) ensureLease(ctx context.Context) error {
+	if r.leaseLost != nil {
+		select {
+		case <-r.leaseLost:
+			r.lease, r.leaseLost, r.claimed = 0, nil, false
+		default:
+			return nil
+		}
+	}
+	cli := r.cfg.Client.etcd
+	gctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+	g, err := cli.Grant(gctx, int64(max(1, r.cfg.TTL/time.Second)))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("grant the store members' lease: %w", err)
+	}
+	ka, err := cli.KeepAlive(ctx, g.ID)
+	if err != nil {
+		return fmt.Errorf("keep the store members' lease alive: %w", err)
+	}
+	lost := make(chan struct{})
+	go func() {
+		for range ka {
+		}
+		close(lost)
+	}()
+	r.lease, r.leaseLost = g.ID, lost
+	return nil
+}
+
+// claim writes this agent's member's owner key on the lease, once per lease.
+func (r *Replicas) claim(ctx context.Context) error {
+	r.mu.Lock()
+	own := r.ownID
+	r.mu.Unlock()
+	if own == 0 || r.claimed {
+		return nil
+	}
+	if err := r.putOwner(ctx, own); err != nil {
+		return err
+	}
+	r.claimed = true
+	return nil
+}
+
+func (r *Replicas) putOwner(ctx context.Context, id uint64) error {
+	host, _ := os.Hostname()
+	pctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+	defer cancel()
+	_, err := r.cfg.Client.etcd.Put(pctx, r.ownerKey(id), fmt.Sprintf("%s pid %d", host, os.Getpid()), clientv3.WithLease(r.lease))
+	if err != nil {
+		return fmt.Errorf("claim store member %x: %w", id, err)
+	}
+	return nil
+}
+
+func (r *Replicas) ownerKey(id uint64) string {
+	return r.cfg.Prefix + strconv.FormatUint(id, 16)
+}
+
+// look reads the members and their owner keys.
+func (r *Replicas) look(ctx context.Context) (replicaView, map[uint64]*memberInfo, error) {
+	cli := r.cfg.Client.etcd
+	lctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+	defer cancel()
+	ml, err := cli.MemberList(lctx)
+	if err != nil {
+		return replicaView{}, nil, fmt.Errorf("list the store's members: %w", err)
+	}
+	keys, err := cli.Get(lctx, r.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return replicaView{}, nil, fmt.Errorf("read the store members' owners: %w", err)
+	}
+	v := replicaView{owned: map[uint64]int64{}}
+	byID := map[uint64]*memberInfo{}
+	for _, m := range ml.Members {
+		v.members = append(v.members, memberView{id: m.ID, learner: m.IsLearner})
+		byID[m.ID] = &memberInfo{name: m.Name, learner: m.IsLearner, clientURLs: m.ClientURLs}
+	}
+	for _, kv := range keys.Kvs {
+		id, err := strconv.ParseUint(strings.TrimPrefix(string(kv.Key), r.cfg.Prefix), 16, 64)
+		if err == nil {
+			v.owned[id] = kv.CreateRevision
+		}
+	}
+	return v, byID, nil
+}
+
+type memberInfo struct {
+	name       string
+	learner    bool
+	clientURLs []string
+}
+
+// syncEndpoints points the client at every voter, so that losing any
+// member, the one it first dialled included, loses nothing.
+func (r *Replicas) syncEndpoints(byID map[uint64]*memberInfo) {
+	var eps []string
+	for _, m := range byID {
+		if m.learner || m.name == "" {
+			continue
+		}
+		for _, u := range m.clientURLs {
+			if pu, err := url.Parse(u); err == nil && !strings.HasSuffix(pu.Host, ":0") {
+				eps = append(eps, u)
+			}
+		}
+	}
+	slices.Sort(eps)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(eps) == 0 || slices.Equal(eps, r.endpoints) {
+		return
+	}
+	r.endpoints = eps
+	r.cfg.Client.etcd.SetEndpoints(eps...)
+}
+
+func (r *Replicas) removeDead(ctx context.Context, id uint64, m *memberInfo) error {
+	rctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+	defer cancel()
+	if _, err := r.cfg.Client.etcd.MemberRemove(rctx, id); err != nil {
+		return fmt.Errorf("remove store member %x, whose agent is gone: %w", id, err)
+	}
+	name := ""
+	if m != nil {
+		name = m.name
+	}
+	r.log.Info("removed a store member whose agent is gone", "member", fmt.Sprintf("%x", id), "name", name)
+	return nil
+}
+
+// dropOwn closes this agent's member, which is no longer in the cluster.
+func (r *Replicas) dropOwn() {
+	r.mu.Lock()
+	own := r.own
+	r.own, r.ownID, r.keeper, r.claimed = nil, 0, false, false
+	r.mu.Unlock()
+	if own != nil {
+		own.Close()
+	}
+}
+
+// join adds a member run by this agent: as a learner first, so that a
+// member that never comes up does not count against the quorum, then
+// promoted once it has caught up.
+func (r *Replicas) join(ctx context.Context, voters int) error {
+	clientAddr, err := freeAddrOn(r.cfg.Host)
+	if err != nil {
+		return err
+	}
+	peerAddr, err := freeAddrOn(r.cfg.Host)
+	if err != nil {
+		return err
+	}
+	peerScheme := "http"
+	if r.cfg.PeerTLS != nil {
+		peerScheme = "https"
+	}
+	peerURL := (&url.URL{Scheme: peerScheme, Host: peerAddr}).String()
+	cli := r.cfg.Client.etcd
+	actx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+	added, err := cli.MemberAddAsLearner(actx, []string{peerURL})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("add a store member: %w", err)
+	}
+	id := added.Member.ID
+	host, _ := os.Hostname()
+	name := fmt.Sprintf("%s-%x", host, id)
+	if err := r.putOwner(ctx, id); err != nil {
+		r.undoJoin(id, nil)
+		return err
+	}
+	var initial []string
+	for _, m := range added.Members {
+		n := m.Name
+		switch {
+		case m.ID == id:
+			n = name
+		case n == "":
+			n = fmt.Sprintf("unstarted-%x", m.ID)
+		}
+		for _, u := range m.PeerURLs {
+			initial = append(initial, n+"="+u)
+		}
+	}
+	srv, err := launch(ServerConfig{
+		ClientAddr: clientAddr, PeerAddr: peerAddr, Name: name, Logger: r.cfg.Logger,
+		TLS: r.cfg.TLS, PeerTLS: r.cfg.PeerTLS,
+		initialCluster: strings.Join(initial, ","), existing: true,
+	})
+	if err != nil {
+		r.undoJoin(id, nil)
+		return fmt.Errorf("start a store member: %w", err)
+	}
+	if err := srv.waitReady(ctx); err != nil {
+		r.undoJoin(id, srv)
+		return err
+	}
+	if err := r.promote(ctx, id); err != nil {
+		r.undoJoin(id, srv)
+		return err
+	}
+	r.mu.Lock()
+	r.own, r.ownID, r.claimed = srv, id, true
+	r.mu.Unlock()
+	r.log.Info("joined the rendezvous store as a member", "member", fmt.Sprintf("%x", id), "endpoint", srv.Endpoint(),
+		"members", voters+1, "want", r.cfg.Want)
+	return nil
+}
+
+// promote makes learner id a voter once it has caught up with the leader,
+// which etcd checks; it tries for up to readyTimeout.
+func (r *Replicas) promote(ctx context.Context, id uint64) error {
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+		_, err := r.cfg.Client.etcd.MemberPromote(pctx, id)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("promote store member %x: %w", id, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// undoJoin takes back a member that did not make it.
+func (r *Replicas) undoJoin(id uint64, srv *Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), replicaOpTimeout)
+	defer cancel()
+	if _, err := r.cfg.Client.etcd.MemberRemove(ctx, id); err != nil {
+		r.log.Warn("take back a store member that did not start", "member", fmt.Sprintf("%x", id), "err", err)
+	}
+	r.cfg.Client.etcd.Delete(ctx, r.ownerKey(id))
+	if srv != nil {
+		srv.Close()
+	}
+}
+
+// Close stops the manager and hands this agent's member over: it leaves
+// the cluster (unless it is the last one), and the agents that remain
+// replace it. ctx bounds the handover.
+func (r *Replicas) Close(ctx context.Context) error {
+	r.cancel()
+	<-r.done
+	r.mu.Lock()
+	own, id := r.own, r.ownID
+	r.own, r.ownID = nil, 0
+	r.mu.Unlock()
+	var errs []error
+	if own != nil {
+		if err := r.handOver(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+		errs = append(errs, own.Close())
+	}
+	if r.lease != 0 {
+		rctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+		r.cfg.Client.etcd.Revoke(rctx, r.lease)
+		cancel()
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Replicas) handOver(ctx context.Context, id uint64) error {
+	cli := r.cfg.Client.etcd
+	rctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+	defer cancel()
+	ml, err := cli.MemberList(rctx)
+	if err != nil {
+		return fmt.Errorf("hand over store member %x: %w", id, err)
+	}
+	if len(ml.Members) <= 1 {
+		return nil
+	}
+	// Point the client away from this member first: the request that
+	// removes it must be answered by one that stays.
+	r.mu.Lock()
+	var others []string
+	for _, m := range ml.Members {
+		if m.ID != id && !m.IsLearner {
+			others = append(others, m.ClientURLs...)
+		}
+	}
+	r.mu.Unlock()
+	if len(others) > 0 {
+		cli.SetEndpoints(others...)
+	}
+	if _, err := cli.MemberRemove(rctx, id); err != nil {
+		return fmt.Errorf("hand over store member %x: %w", id, err)
+	}
+	r.log.Info("handed over this agent's store member", "member", fmt.Sprintf("%x", id))
+	return nil
+}
+
+// freeAddrOn returns host with a port that was free a moment ago.
+func freeAddrOn(host string) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", fmt.Errorf("pick a free port on %s: %w", host, err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}

@@ -1,0 +1,271 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// replicaAgent is what one agent holds for the replicated store: a client
+// and a manager, in this process.
+type replicaAgent struct {
+	cli *Client
+	rep *Replicas
+}
+
+// kill stops an agent as SIGKILL would: no handover, no revoke; its
+// member stops and its lease runs out.
+func (a *replicaAgent) kill() {
+	a.rep.cancel()
+	<-a.rep.done
+	a.rep.mu.Lock()
+	own := a.rep.own
+	a.rep.mu.Unlock()
+	if own != nil {
+		own.Close()
+	}
+	a.cli.Close()
+}
+
+// startReplicated starts the first agent's member and n agents in all,
+// each with a manager, with job TLS for clients and peers when token is set.
+func startReplicated(t *testing.T, n int, token string) ([]*replicaAgent, *TLSFiles) {
+	t.Helper()
+	var tlsFiles *TLSFiles
+	if token != "" {
+		var err error
+		if tlsFiles, err = WriteJobTLS(t.TempDir(), token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	peer, err := freeAddrOn("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := startServerNoCleanup(t, ServerConfig{PeerAddr: peer, TLS: tlsFiles, PeerTLS: tlsFiles})
+	var agents []*replicaAgent
+	for i := range n {
+		cli, err := Dial(t.Context(), ClientConfig{Endpoints: []string{first.Endpoint()}, TLS: tlsFiles, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := ReplicaConfig{Client: cli, Want: 3, Prefix: "/job/_store/members/", TTL: 2 * time.Second, Host: "127.0.0.1",
+			TLS: tlsFiles, PeerTLS: tlsFiles, Logger: testLogger(t).With("agent", i), Interval: 200 * time.Millisecond}
+		if i == 0 {
+			cfg.Own = first
+		}
+		agents = append(agents, &replicaAgent{cli: cli, rep: Replicate(cfg)})
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for _, a := range agents {
+			if a.cli != nil {
+				a.rep.Close(ctx)
+				a.cli.Close()
+			}
+		}
+	})
+	return agents, tlsFiles
+}
+
+func startServerNoCleanup(t *testing.T, cfg ServerConfig) *Server {
+	t.Helper()
+	cfg.Logger = testLogger(t)
+	s, err := Start(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	return s
+}
+
+// waitVoters waits until the cluster, as cli sees it, has want started
+// voters, none of them gone.
+func waitVoters(t *testing.T, cli *clientv3.Client, want int, within time.Duration, gone ...uint64) []uint64 {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		ml, err := cli.MemberList(ctx)
+		cancel()
+		if err == nil {
+			var ids []uint64
+			for _, m := range ml.Members {
+				if !m.IsLearner && m.Name != "" && !slices.Contains(gone, m.ID) {
+					ids = append(ids, m.ID)
+				}
+			}
+			last = fmt.Sprintf("%d members, %d started voters", len(ml.Members), len(ids))
+			if len(ids) == want && len(ml.Members) == want {
+				return ids
+			}
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("no %d voters after %v: %s", want, within, last)
+	return nil
+}
+
+// TestReplicasSurviveLosingAnyMember: four agents, three of them members;
+// killing the first agent (whose member started the store) and then
+// another member loses no data, and a non-member takes each place.
+func TestReplicasSurviveLosingAnyMember(t *testing.T) {
+	agents, _ := startReplicated(t, 4, "secret-token")
+	cli := agents[3].cli.Etcd()
+	waitVoters(t, cli, 3, 30*time.Second)
+	if _, err := cli.Put(t.Context(), "/job/k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	keepers := 0
+	for _, a := range agents {
+		if a.rep.Keeper() {
+			keepers++
+		}
+	}
+	if keepers != 1 || !agents[0].rep.Keeper() {
+		t.Errorf("%d keepers, first agent keeper %v; want exactly the first", keepers, agents[0].rep.Keeper())
+	}
+
+	kill := func(i, want int) {
+		gone := agents[i].rep.ownID
+		agents[i].kill()
+		agents[i].cli = nil
+		begin := time.Now()
+		// The store keeps serving at once, with two of three.
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		var alive *clientv3.Client
+		for _, a := range agents {
+			if a.cli != nil {
+				alive = a.cli.Etcd()
+			}
+		}
+		if _, err := alive.Put(ctx, "/job/after-kill", fmt.Sprint(i)); err != nil {
+			t.Fatalf("put after killing agent %d: %v", i, err)
+		}
+		t.Logf("agent %d killed: a write succeeded %v later", i, time.Since(begin))
+		waitVoters(t, alive, want, 30*time.Second, gone)
+		t.Logf("agent %d killed: %d voters again, without it, %v later", i, want, time.Since(begin))
+	}
+	// A non-member takes the first member's place; after the second loss
+	// there is no agent left without a member, and two members carry on.
+	kill(0, 3)
+	var next int
+	for i, a := range agents {
+		if a.cli != nil && a.rep.Member() && i != 3 {
+			next = i
+		}
+	}
+	kill(next, 2)
+	resp, err := cli.Get(t.Context(), "/job/k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" {
+		t.Fatalf("get after losing two members: %v %v", resp, err)
+	}
+	keepers = 0
+	for _, a := range agents {
+		if a.cli != nil && a.rep.Keeper() {
+			keepers++
+		}
+	}
+	if keepers != 1 {
+		t.Errorf("%d keepers among the survivors, want 1", keepers)
+	}
+}
+
+// TestReplicasHandOver: an agent that leaves cleanly takes its member out
+// of the cluster at once, and a non-member takes its place.
+func TestReplicasHandOver(t *testing.T) {
+	agents, _ := startReplicated(t, 4, "")
+	cli := agents[3].cli.Etcd()
+	waitVoters(t, cli, 3, 30*time.Second)
+	var leaving int = -1
+	for i, a := range agents {
+		if a.rep.Member() && i != 0 {
+			leaving = i
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	gone := agents[leaving].rep.ownID
+	begin := time.Now()
+	// etcd may refuse the removal (a member that joined in the last 5 s
+	// does not count as connected yet); the member's owner key is gone
+	// either way, and the others remove it within seconds.
+	if err := agents[leaving].rep.Close(ctx); err != nil {
+		t.Logf("Close: %v", err)
+	}
+	agents[leaving].cli.Close()
+	agents[leaving].cli = nil
+	waitVoters(t, cli, 3, 30*time.Second, gone)
+	t.Logf("three voters again, without the one handed over, %v later", time.Since(begin))
+}
+
+// TestJobTLSRefusesStrangers: with the job's token, a client without a
+// certificate of the job's CA reads nothing, and one with a certificate of
+// another token's CA neither.
+func TestJobTLSRefusesStrangers(t *testing.T) {
+	agents, files := startReplicated(t, 1, "the-token")
+	ep := agents[0].rep.cfg.Own.Endpoint()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+
+	// Anonymous, over TLS without a client certificate, trusting the CA.
+	_, err := Dial(ctx, ClientConfig{Endpoints: []string{ep}, TLS: &TLSFiles{CAFile: files.CAFile}, DialTimeout: 2 * time.Second})
+	if err == nil {
+		t.Error("a client without a certificate was let in")
+	}
+	// Plain.
+	_, err = Dial(ctx, ClientConfig{Endpoints: []string{ep}, DialTimeout: 2 * time.Second})
+	if err == nil {
+		t.Error("a plain client was let in")
+	}
+	// Another job's certificate.
+	other, err := WriteJobTLS(t.TempDir(), "another-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Dial(ctx, ClientConfig{Endpoints: []string{ep}, TLS: other, DialTimeout: 2 * time.Second})
+	if err == nil {
+		t.Error("a client with another job's certificate was let in")
+	}
+	// The job's own certificate, written by another agent: in.
+	ctx, cancel = context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	mine, err := WriteJobTLS(t.TempDir(), "the-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := Dial(ctx, ClientConfig{Endpoints: []string{ep}, TLS: mine})
+	if err != nil {
+		t.Fatalf("the job's own certificate: %v", err)
+	}
+	cli.Close()
+}
+
+func TestJobCADeterministic(t *testing.T) {
+	a, _, err := jobCA("tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, _ := jobCA("tok")
+	c, _, _ := jobCA("tok2")
+	if string(a.Raw) != string(b.Raw) {
+		t.Error("the same token gave two CA certificates")
+	}
+	if string(a.Raw) == string(c.Raw) {
+		t.Error("two tokens gave the same CA certificate")
+	}
+	if _, _, err := jobCA(""); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty token: %v", err)
+	}
+	_ = errors.New
+}
