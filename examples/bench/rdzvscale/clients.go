@@ -11,9 +11,10 @@ import (
 )
 
 // dialClients dials k clients of the store, 32 at a time, before the clock
-// starts (a real agent dials before it opens the rendezvous). It returns
-// every client it got, also with an error: the caller closes them.
-func dialClients(ctx context.Context, timeout time.Duration, endpoint string, k int, log *slog.Logger) ([]*etcdClient, error) {
+// starts (a real agent dials before it opens the rendezvous). Each client
+// is given every member's endpoint, as an agent given a cluster is. It
+// returns every client it got, also with an error: the caller closes them.
+func dialClients(ctx context.Context, timeout time.Duration, endpoints []string, k int, log *slog.Logger) ([]*etcdClient, error) {
 	clis := make([]*etcdClient, k)
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -25,7 +26,7 @@ func dialClients(ctx context.Context, timeout time.Duration, endpoint string, k 
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			clis[i], errs[i] = store.Dial(dctx, store.ClientConfig{Endpoints: []string{endpoint}, Logger: log})
+			clis[i], errs[i] = store.Dial(dctx, store.ClientConfig{Endpoints: endpoints, Logger: log})
 		}()
 	}
 	wg.Wait()

@@ -42,7 +42,12 @@ var gauges = map[string]bool{
 }
 
 // scrape reads the metricNames from the server's /metrics; nil if it
-// cannot.
+// cannot. With a cluster the caller passes the first member's endpoint:
+// the members run in one process and register their metrics on its one
+// Prometheus registry, so what that member serves is the counters of all
+// the members together (a write applied on each member counts once per
+// member; etcd's gauges, such as proposals committed, are whichever
+// member's set them last).
 func scrape(endpoint string) map[string]float64 {
 	c := http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get("http://" + endpoint + "/metrics")

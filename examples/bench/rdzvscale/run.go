@@ -25,7 +25,7 @@ type phase struct {
 
 // result is one run of one configuration.
 type result struct {
-	n, k                int
+	n, k, m             int // agents, clients, etcd members
 	ok                  bool
 	failed              string // which phase failed, and why
 	open, round, reform time.Duration
@@ -40,11 +40,12 @@ type result struct {
 	stateBytes          int // the state key's value once the round closed
 }
 
-// runOnce is one run of N agents on K clients against a fresh etcd child:
-// open, round, then re-form after an injected fault. It never fails: a
-// failure is in the result, with its phase.
-func runOnce(ctx context.Context, o options, n, k, run int) (res result) {
-	res = result{n: n, k: k}
+// runOnce is one run of N agents on K clients against a fresh etcd child
+// of M members: open, round, then re-form after an injected fault. It
+// never fails: a failure is in the result, with its phase.
+func runOnce(ctx context.Context, o options, kk key, run int) (res result) {
+	n, k := kk.n, kk.k
+	res = result{n: n, k: k, m: kk.m}
 	warns := newTally()
 	defer func() { res.warns, res.examples = warns.counts() }()
 	fail := func(ph string, err error) result {
@@ -53,8 +54,8 @@ func runOnce(ctx context.Context, o options, n, k, run int) (res result) {
 	}
 
 	res.cores = cpuProbe(300 * time.Millisecond)
-	prof, lockprof := serverProfiles(o, n, k, run)
-	srv, err := startServer(o, prof, lockprof, warns)
+	prof, lockprof := serverProfiles(o, kk, run)
+	srv, err := startServer(o, kk.m, prof, lockprof, warns)
 	if err != nil {
 		return fail("start etcd", err)
 	}
@@ -69,7 +70,7 @@ func runOnce(ctx context.Context, o options, n, k, run int) (res result) {
 	prefix := rdzv.Prefix(rdzv.RootPrefix, jobID)
 	tp := &tap{prefix: prefix}
 
-	clis, err := dialClients(ctx, o.timeout, srv.endpoint, k, clientLog)
+	clis, err := dialClients(ctx, o.timeout, srv.endpoints, k, clientLog)
 	defer closeClients(clis)
 	if err != nil {
 		return fail("dial", err)
@@ -84,7 +85,7 @@ func runOnce(ctx context.Context, o options, n, k, run int) (res result) {
 	agents := newAgents(n)
 	defer closeAgents(agents)
 	end := m.begin("open")
-	res.open, err = openAll(ctx, o, agents, clis, srv.endpoint, prefix, agentLog)
+	res.open, err = openAll(ctx, o, agents, clis, srv.endpoint(), prefix, agentLog)
 	end()
 	if err != nil {
 		return fail("open", err)
@@ -111,13 +112,19 @@ func runOnce(ctx context.Context, o options, n, k, run int) (res result) {
 }
 
 // serverProfiles are the paths of the etcd child's CPU and lock profiles
-// of this run, empty when not asked for.
-func serverProfiles(o options, n, k, run int) (prof, lockprof string) {
+// of this run, empty when not asked for: PREFIX.etcd.nN.kK.rR, with .mM
+// before .rR for a cluster of M > 1 members (whose child process holds
+// them all, so its profile is of them all).
+func serverProfiles(o options, kk key, run int) (prof, lockprof string) {
+	name := fmt.Sprintf(".etcd.n%d.k%d.r%d", kk.n, kk.k, run)
+	if kk.m > 1 {
+		name = fmt.Sprintf(".etcd.n%d.k%d.m%d.r%d", kk.n, kk.k, kk.m, run)
+	}
 	if o.cpuprof != "" {
-		prof = fmt.Sprintf("%s.etcd.n%d.k%d.r%d", o.cpuprof, n, k, run)
+		prof = o.cpuprof + name
 	}
 	if o.lockprof != "" {
-		lockprof = fmt.Sprintf("%s.etcd.n%d.k%d.r%d", o.lockprof, n, k, run)
+		lockprof = o.lockprof + name
 	}
 	return prof, lockprof
 }
@@ -151,7 +158,9 @@ func (m *meter) begin(name string) (end func() phase) {
 	p := phase{name: name}
 	var m0 map[string]float64
 	if m.detail {
-		m0 = scrape(m.srv.endpoint)
+		// A cluster's: the first member's /metrics, which are all
+		// members' together (see scrape).
+		m0 = scrape(m.srv.endpoints[0])
 		p.ops = newOpStats()
 		m.tp.cur.Store(p.ops)
 	}
@@ -162,7 +171,7 @@ func (m *meter) begin(name string) (end func() phase) {
 		p.srvRSS, _ = m.srv.mem()
 		if m.detail {
 			m.tp.cur.Store(nil)
-			p.metrics = metricDeltas(m0, scrape(m.srv.endpoint))
+			p.metrics = metricDeltas(m0, scrape(m.srv.endpoints[0]))
 		}
 		m.res.phases = append(m.res.phases, p)
 		return p

@@ -28,11 +28,13 @@ type serverCounts struct {
 	Examples map[string]string `json:"examples"`
 }
 
-// serveStore is the child: it starts the embedded etcd, prints its
-// endpoint, and serves until its stdin closes (the parent is done or
+// serveStore is the child: it starts the embedded etcd (one member, or a
+// cluster of members on loopback), prints its endpoints comma-joined on
+// one line, and serves until its stdin closes (the parent is done or
 // gone). etcd's warnings are counted and go to stderr once, as the
-// serverCounts line, for the parent to count.
-func serveStore(cpuprof, lockprof string, verbose bool) error {
+// serverCounts line, for the parent to count. The profiles are this whole
+// process's: with several members, of them all together.
+func serveStore(members int, cpuprof, lockprof string, verbose bool) error {
 	if lockprof != "" {
 		startLockProfiles()
 		defer writeLockProfiles(lockprof)
@@ -55,11 +57,22 @@ func serveStore(cpuprof, lockprof string, verbose bool) error {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv, err := store.Start(ctx, store.ServerConfig{ClientAddr: "127.0.0.1:0", Logger: log})
-	if err != nil {
-		return err
+	var endpoints []string
+	if members > 1 {
+		c, err := store.StartCluster(ctx, members, log)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		endpoints = c.Endpoints()
+	} else {
+		srv, err := store.Start(ctx, store.ServerConfig{ClientAddr: "127.0.0.1:0", Logger: log})
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		endpoints = []string{srv.Endpoint()}
 	}
-	defer srv.Close()
 	if cpuprof != "" {
 		f, err := os.Create(cpuprof)
 		if err != nil {
@@ -71,23 +84,28 @@ func serveStore(cpuprof, lockprof string, verbose bool) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	fmt.Println(srv.Endpoint())
+	fmt.Println(strings.Join(endpoints, ","))
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return nil
 }
 
 // server is the parent's handle on the etcd child.
 type server struct {
-	cmd      *exec.Cmd
-	stdin    io.WriteCloser
-	endpoint string
-	logDone  chan struct{}
+	cmd       *exec.Cmd
+	stdin     io.WriteCloser
+	endpoints []string // every member's host:port, member 0 first
+	logDone   chan struct{}
 }
 
-// startServer re-executes this program with -serve and waits for the
-// endpoint it prints. etcd's warnings are tallied in warns.
-func startServer(o options, prof, lockprof string, warns *tally) (*server, error) {
-	args := []string{"-serve"}
+// endpoint names the store in the agents' messages: every member's
+// host:port, comma-joined.
+func (s *server) endpoint() string { return strings.Join(s.endpoints, ",") }
+
+// startServer re-executes this program with -serve, of members etcd
+// members, and waits for the endpoints it prints. etcd's warnings are
+// tallied in warns.
+func startServer(o options, members int, prof, lockprof string, warns *tally) (*server, error) {
+	args := []string{"-serve", "-serve-members", strconv.Itoa(members)}
 	if o.verbose {
 		args = append(args, "-v")
 	}
@@ -148,11 +166,11 @@ func startServer(o options, prof, lockprof string, warns *tally) (*server, error
 			s.stop()
 			return nil, errors.New("the etcd child exited before serving")
 		}
-		s.endpoint = ep
+		s.endpoints = strings.Split(ep, ",")
 		return s, nil
-	case <-time.After(30 * time.Second):
+	case <-time.After(45 * time.Second): // the child gives up starting after 30 s, and says why
 		s.stop()
-		return nil, errors.New("the etcd child did not serve within 30 s")
+		return nil, errors.New("the etcd child did not serve within 45 s")
 	}
 }
 
