@@ -197,6 +197,9 @@ func (a *Agent) dialStore(ctx context.Context, endpoints []string, hosted bool, 
 		if err == nil {
 			return cli, nil
 		}
+		if store.Refused(err) {
+			return nil, fmt.Errorf("%w: the store and this agent do not accept each other's TLS; is --rdzv-token the same on every node (and --rdzv-conf's TLS files right)?", err)
+		}
 		if ctx.Err() != nil || time.Now().After(deadline) || hosted {
 			return nil, err
 		}

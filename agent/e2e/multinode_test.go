@@ -374,14 +374,31 @@ func TestRefusedAgents(t *testing.T) {
 	}
 	base := []string{"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", j.endpoint, "--rdzv-conf", fastConf}
 	refused(append(base, "--rdzv-id", "another", "--rdzv-token", "s3cret"), "was started for job \\\""+j.id)
-	refused(append(base, "--rdzv-id", j.id, "--rdzv-token", "guess"), "rendezvous token does not match")
-	refused(append(base, "--rdzv-id", j.id), "rendezvous token does not match")
+	// A wrong token or none: the store's TLS refuses the agent before it
+	// can read or write anything.
+	refused(append(base, "--rdzv-id", j.id, "--rdzv-token", "guess"), "is --rdzv-token the same on every node")
+	refused(append(base, "--rdzv-id", j.id), "is --rdzv-token the same on every node")
 
-	// Garbage in the store, written mid-run, crashes nobody.
+	// Anonymous clients read and write nothing: plain, or over TLS that
+	// trusts the store but has no certificate of the job's.
+	job, err := store.OpenJobTLS("s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	for name, tlsFiles := range map[string]*store.TLSFiles{"plain": nil, "TLS without a certificate": {CAFile: job.Files.CAFile}} {
+		if cli, err := store.Dial(t.Context(), store.ClientConfig{Endpoints: []string{j.endpoint}, TLS: tlsFiles, DialTimeout: 2 * time.Second}); err == nil {
+			cli.Close()
+			t.Errorf("%s: an anonymous client was let into the store", name)
+		}
+	}
+
+	// Garbage in the store, written mid-run by one who has the token,
+	// crashes nobody.
 	b := j.start()
 	waitFor(t, 2*time.Minute, func() bool { return strings.Contains(host.stdout.String()+b.stdout.String(), "step 5 loss") },
 		func() string { return host.logs() + b.logs() })
-	cli, err := store.Dial(t.Context(), store.ClientConfig{Endpoints: []string{j.endpoint}})
+	cli, err := store.Dial(t.Context(), store.ClientConfig{Endpoints: []string{j.endpoint}, TLS: job.Files})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,16 +23,17 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 	if storeTimeout <= 0 {
 		storeTimeout = DefaultStoreTimeout
 	}
-	var failingSince time.Time // of the store errors in a row
+	// answered is when the store last answered; a request to a store
+	// that is gone can itself take opTimeout to fail, so the silence is
+	// counted from the last answer, not from the first error.
+	answered := time.Now()
 	// retry waits a moment after a store error, unless the deadline passed
 	// or the store has answered nothing for too long.
 	retry := func(err error) error {
 		if time.Now().After(deadline) {
 			return err
 		}
-		if failingSince.IsZero() {
-			failingSince = time.Now()
-		} else if d := time.Since(failingSince); d >= storeTimeout {
+		if d := time.Since(answered); d >= storeTimeout {
 			return &StoreLostError{Endpoint: e.cfg.Endpoint, For: d, Err: err}
 		}
 		e.log.Warn("rendezvous store request failed; retrying", "err", err)
@@ -58,7 +59,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 			}
 			continue
 		}
-		failingSince = time.Time{}
+		answered = time.Now()
 		switch st.Phase {
 		case Failed, Succeeded:
 			if e.lastGenSeen() == 0 && st.Since.Before(e.opened) {

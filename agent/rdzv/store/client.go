@@ -205,3 +205,20 @@ func (f *TLSFiles) caPool() (*x509.CertPool, error) {
 	}
 	return pool, nil
 }
+
+// Refused reports whether a Dial error says the store and this client do
+// not agree on TLS (no certificate, one of another CA, plain against TLS),
+// rather than that the store is not there yet: trying again cannot help.
+// gRPC keeps only the text of the handshake's error, hence the markers.
+func Refused(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	for _, m := range []string{"x509:", "tls:", "server preface", "authentication handshake failed", "bad certificate", "certificate required"} {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	return false
+}

@@ -17,6 +17,7 @@ type config struct {
 	only                          string
 	keep, probe                   bool
 	torchrunLogLevel              string
+	kill                          string // "other" or "host"
 }
 
 // marker turns a launcher log line that contains substr into a named event,
@@ -54,6 +55,7 @@ func parseFlags() config {
 	flag.DurationVar(&c.timeout, "timeout", 180*time.Second, "limit for forming the initial world, and again for recovering after the kill")
 	flag.DurationVar(&c.settle, "settle", 3*time.Second, "how long the full world runs before the kill")
 	flag.DurationVar(&c.grace, "grace", 5*time.Second, "teardown: time between SIGTERM and SIGKILL")
+	flag.StringVar(&c.kill, "kill", "other", "which launcher is killed: other (one that does not host the rendezvous store) or host (the one that started it)")
 	flag.BoolVar(&c.keep, "keep", false, "keep every run's log directory (failed runs keep theirs anyway)")
 	flag.BoolVar(&c.probe, "probe", true, "torchrun: watch the c10d rendezvous state with rdzv_probe.py (a read-only store client), to show when the dead node was dropped and the last call began")
 	flag.StringVar(&c.torchrunLogLevel, "torchrun-loglevel", "INFO", "LOGLEVEL for torchrun, so its log shows when it noticed the fault and finished the rendezvous (logging only; empty: torchrun's default)")
@@ -64,6 +66,10 @@ func parseFlags() config {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if c.kill != "other" && c.kill != "host" {
+		fmt.Fprintf(os.Stderr, "recovery: -kill %q: want other or host\n", c.kill)
+		os.Exit(2)
+	}
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "recovery: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)

@@ -182,16 +182,17 @@ func (t *trial) settle(ctx context.Context) error {
 	return nil
 }
 
-// pickVictim picks the last launcher that does not host the rendezvous
-// store, and notes it and the store's host in res.
+// pickVictim picks the launcher that hosts the rendezvous store (-kill
+// host), or else the last one that does not, and notes it and the store's
+// host in res.
 func (t *trial) pickVictim(res *result) (*node, error) {
 	host, err := storeHost(t.port, t.nodes)
 	if err != nil {
 		return nil, err
 	}
 	res.storeHost = host.idx
-	var victim *node
-	for i := len(t.nodes) - 1; i >= 0; i-- {
+	victim := host
+	for i := len(t.nodes) - 1; i >= 0 && t.c.kill == "other"; i-- {
 		if t.nodes[i] != host {
 			victim = t.nodes[i]
 			break

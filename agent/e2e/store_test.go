@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The replicated store, tried with real agents: any member may be lost,
+// a non-member takes its place, a frozen member comes back, and a job with
+// no replica left fails at once with the reason.
+
+const memberJoined = "joined the rendezvous store as a member"
+
+// members returns the agents that run a member of the store: the first
+// one, and those that joined it.
+func members(all []*agentRun) (in, out []*agentRun) {
+	for i, a := range all {
+		if i == 0 || strings.Count(a.stderr.String(), memberJoined) > strings.Count(a.stderr.String(), "store member was removed") {
+			in = append(in, a)
+		} else {
+			out = append(out, a)
+		}
+	}
+	return in, out
+}
+
+func allLogs(as ...*agentRun) func() string {
+	return func() string {
+		var b strings.Builder
+		for _, a := range as {
+			b.WriteString(a.logs())
+			b.WriteString("\n----\n")
+		}
+		return b.String()
+	}
+}
+
+// TestStoreMembersReplaced: four agents, three of them store members. Kill
+// a member: the fourth agent takes its place. Kill another (the first
+// agent, which started the store): the job finishes on the two left.
+func TestStoreMembersReplaced(t *testing.T) {
+	needTorch(t)
+	j := newJob(t, "2:4", 4, 60, "--sleep-per-step", "0.1")
+	j.args[3] = "1" // --nproc-per-node 1: four agents on two cores
+	all := []*agentRun{j.startHost(), j.start(), j.start(), j.start()}
+	waitFor(t, 2*time.Minute, func() bool {
+		in, _ := members(all)
+		var out string
+		for _, a := range all {
+			out += a.stdout.String()
+		}
+		return len(in) == 3 && strings.Contains(out, "step 10 loss")
+	}, allLogs(all...))
+	in, out := members(all)
+	if len(out) != 1 {
+		t.Fatalf("%d agents without a member, want 1\n%s", len(out), allLogs(all...)())
+	}
+	spare := out[0]
+	first := in[1] // a member that joined
+	first.cmd.Process.Signal(syscall.SIGKILL)
+	hit := time.Now()
+	waitFor(t, 60*time.Second, func() bool { return strings.Contains(spare.stderr.String(), memberJoined) }, allLogs(all...))
+	t.Logf("a member killed: the spare agent took its place after %v", time.Since(hit).Round(time.Millisecond))
+
+	all[0].cmd.Process.Signal(syscall.SIGKILL) // the store's first member
+	var left []*agentRun
+	for _, a := range all {
+		if a != first && a != all[0] {
+			left = append(left, a)
+		}
+	}
+	waitAll(t, 4*time.Minute, left...)
+	var stdout string
+	for _, a := range left {
+		stdout += a.stdout.String()
+	}
+	if !strings.Contains(stdout, "done: steps=60") {
+		t.Fatalf("the job did not finish\n%s", allLogs(left...)())
+	}
+	checkWorld(t, 2, left...)
+}
+
+// TestStoreMemberSIGSTOP freezes a member past its lease: the others
+// remove it and carry on; woken, it finds itself out, closes its member,
+// joins again, and the job finishes on all three.
+func TestStoreMemberSIGSTOP(t *testing.T) {
+	needTorch(t)
+	j := newJob(t, "2:3", 4, 60, "--sleep-per-step", "0.1")
+	all := []*agentRun{j.startHost(), j.start(), j.start()}
+	waitFor(t, 2*time.Minute, func() bool {
+		in, _ := members(all)
+		return len(in) == 3 && strings.Contains(all[0].stdout.String()+all[1].stdout.String()+all[2].stdout.String(), "step 10 loss")
+	}, allLogs(all...))
+	frozen := all[1]
+	frozen.cmd.Process.Signal(syscall.SIGSTOP)
+	waitFor(t, 30*time.Second, func() bool {
+		return strings.Contains(all[0].stderr.String()+all[2].stderr.String(), "removed a store member whose agent is gone")
+	}, allLogs(all...))
+	frozen.cmd.Process.Signal(syscall.SIGCONT)
+	waitFor(t, 60*time.Second, func() bool { return strings.Count(frozen.stderr.String(), memberJoined) == 2 }, allLogs(all...))
+	waitAll(t, 4*time.Minute, all...)
+	if !strings.Contains(frozen.stderr.String(), "store member was removed from the cluster") {
+		t.Errorf("the frozen agent did not say its member was removed\n%s", frozen.logs())
+	}
+}
+
+// TestStoreLostFailsFast: a two-node job has one store member; when its
+// agent dies the other fails within seconds, saying why, rather than
+// waiting out the join timeout.
+func TestStoreLostFailsFast(t *testing.T) {
+	needTorch(t)
+	j := newJob(t, "2", 2, 200, "--sleep-per-step", "0.1")
+	host, b := j.startHost(), j.start()
+	waitFor(t, 2*time.Minute, func() bool { return strings.Contains(host.stdout.String()+b.stdout.String(), "step 5 loss") },
+		allLogs(host, b))
+	host.cmd.Process.Signal(syscall.SIGKILL)
+	hit := time.Now()
+	code := b.waitHint(60*time.Second, "(join timeout is 60 s: it should fail long before)")
+	took := time.Since(hit)
+	t.Logf("the other agent exited %d %v after the store's host was killed", code, took.Round(time.Millisecond))
+	if code == 0 || !strings.Contains(b.stderr.String(), "answered nothing for") {
+		t.Fatalf("exit %d, want a failure naming the lost store\n%s", code, b.logs())
+	}
+	if took > 30*time.Second {
+		t.Errorf("took %v to give up on the store", took)
+	}
+}
