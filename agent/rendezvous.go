@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,7 +39,10 @@ type joined struct {
 	// bootstrap through torch's store (DDP_AGENT_BOOTSTRAP=external).
 	nodeLocalKV bool
 	endpoint    string // the store, for logs and `ddp-agent status`
-	close       func()
+	// cli is the store's client (nil without a store), for the agent's
+	// own reads of the job's status.
+	cli   *store.Client
+	close func()
 }
 
 // openRendezvous joins the job: with fixed ranks (static, and --standalone:
@@ -139,6 +143,7 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 		rz:       e,
 		kv:       store.NewKV(cli, rdzv.KVPrefix(prefix)),
 		endpoint: strings.Join(endpoints, ","),
+		cli:      cli,
 		close: func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			e.Drain(ctx)
@@ -193,7 +198,8 @@ func (a *Agent) hostStore(ctx context.Context, sec *storeSecurity, replicated bo
 func (a *Agent) dialStore(ctx context.Context, endpoints []string, hosted bool, tlsFiles *store.TLSFiles) (*store.Client, error) {
 	deadline := time.Now().Add(a.cfg.Rendezvous.JoinTimeout)
 	for {
-		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tlsFiles, Logger: a.log})
+		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tlsFiles, Logger: a.log,
+			FailFastAfter: cmp.Or(a.cfg.Rendezvous.StoreTimeout, rdzv.DefaultStoreTimeout)})
 		if err == nil {
 			return cli, nil
 		}

@@ -2,25 +2,22 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
-	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // jobStatus reads the job as `ddp-agent status` would show it, through
-// a client of its own for this one read: the rendezvous keeps its client
-// to itself, and these reads are rare (a drain's spare count, a follower's
-// look every few seconds under --straggler-action drain).
+// the session's store client (which follows the store's members and
+// carries the job's certificates); these reads are rare (a drain's spare
+// count, a follower's look every few seconds under --straggler-action
+// drain).
 func (a *Agent) jobStatus(ctx context.Context, s *session) (*rdzv.Status, error) {
-	cfg := a.cfg.Rendezvous
-	cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: strings.Split(s.j.endpoint, ","), TLS: cfg.TLS, Logger: a.log})
-	if err != nil {
-		return nil, err
+	if s.j.cli == nil {
+		return nil, errors.New("no rendezvous store to read the job from")
 	}
-	defer cli.Close()
-	return rdzv.ReadStatus(ctx, cli, cfg.Prefix, s.runID)
+	return rdzv.ReadStatus(ctx, s.j.cli, a.cfg.Rendezvous.Prefix, s.runID)
 }
 
 // countSpares counts the nodes that wait in the job's rendezvous as

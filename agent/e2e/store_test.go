@@ -123,7 +123,7 @@ func TestStoreLostFailsFast(t *testing.T) {
 	if code == 0 || !strings.Contains(b.stderr.String(), "answered nothing for") {
 		t.Fatalf("exit %d, want a failure naming the lost store\n%s", code, b.logs())
 	}
-	if took > 30*time.Second {
+	if took > 25*time.Second {
 		t.Errorf("took %v to give up on the store", took)
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // Next blocks until this node is a member of a closed round, and returns
@@ -27,14 +29,28 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 	// that is gone can itself take opTimeout to fail, so the silence is
 	// counted from the last answer, not from the first error.
 	answered := time.Now()
+	if _, lost := e.leaseChan(); lost != nil {
+		select {
+		case <-lost:
+			// Lost: the store has been silent for about a TTL already.
+			answered = answered.Add(-e.cfg.TTL)
+		default:
+		}
+	}
+	// quick bounds the requests that find out whether the store is there
+	// by what is left of the silence allowed, so a dead store fails the
+	// agent when that runs out rather than a request timeout later.
+	quick := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(ctx, max(time.Until(answered.Add(storeTimeout)), time.Second))
+	}
 	// retry waits a moment after a store error, unless the deadline passed
 	// or the store has answered nothing for too long.
 	retry := func(err error) error {
 		if time.Now().After(deadline) {
 			return err
 		}
-		if d := time.Since(answered); d >= storeTimeout {
-			return &StoreLostError{Endpoint: e.cfg.Endpoint, For: d, Err: err}
+		if d := time.Since(answered); d >= storeTimeout || errors.Is(err, store.ErrUnreachable) {
+			return &StoreLostError{Endpoint: e.cfg.Endpoint, For: max(d, storeTimeout), Err: err}
 		}
 		e.log.Warn("rendezvous store request failed; retrying", "err", err)
 		if !sleep(ctx, 500*time.Millisecond) {
@@ -46,13 +62,18 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, context.Cause(ctx)
 		}
-		if err := e.ensureLease(ctx); err != nil {
+		qctx, cancel := quick()
+		err := e.ensureLease(qctx)
+		cancel()
+		if err != nil {
 			if err := retry(err); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		st, rev, read, err := e.readState(ctx)
+		qctx, cancel = quick()
+		st, rev, read, err := e.readState(qctx)
+		cancel()
 		if err != nil {
 			if err := retry(err); err != nil {
 				return nil, err

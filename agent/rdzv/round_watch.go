@@ -13,6 +13,8 @@ import (
 // a watch breaks (a compacted revision, a lost leader) it reads the state
 // and the members afresh and watches from there, since events missed in
 // between will not come back.
+const leaseLostReason = "this node lost its lease on the rendezvous store (cut off or stalled for longer than the lease TTL)"
+
 func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan struct{}) {
 	members := map[string]Member{}
 	for _, m := range r.state.Members {
@@ -23,6 +25,17 @@ func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan
 	// so would cost a read of all nodes per node: too much at 1000 nodes.)
 	check := r.GroupRank == 0
 	resync := false
+	// A lost lease ends the round at once, even while a look at the store
+	// (which a dead store answers only at its timeout) is under way.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-lost:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	for {
 		if (check || resync) && len(members) < r.NNodes {
 			// the whole list, only for this look: a member reads just its
@@ -35,6 +48,12 @@ func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan
 		}
 		if check || resync {
 			rev, over := e.resyncRound(ctx, r, members, check || resync)
+			select {
+			case <-lost:
+				r.end(leaseLostReason)
+				return
+			default:
+			}
 			if over {
 				return
 			}
@@ -110,7 +129,7 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 		case <-ctx.Done():
 			return false
 		case <-lost:
-			r.end("this node lost its lease on the rendezvous store (cut off or stalled for longer than the lease TTL)")
+			r.end(leaseLostReason)
 			return false
 		case resp, ok := <-sw:
 			if !ok || resp.Canceled || resp.Err() != nil {

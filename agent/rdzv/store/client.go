@@ -33,24 +33,38 @@ type ClientConfig struct {
 	Username, Password string        // etcd auth, optional
 	DialTimeout        time.Duration // bounds the reachability check; 0 = 5 s
 	Logger             *slog.Logger  // the client's warnings go here; nil = discard
+	// FailFastAfter: once no member has been connected for this long,
+	// every request fails at once with ErrUnreachable; 0 = never.
+	FailFastAfter time.Duration
 }
 
 // Client is a connection to the rendezvous store. It is what the agent
 // holds and hands to rdzv.Open, rdzv.ReadStatus and NewKV; the etcd client
 // underneath stays inside agent/rdzv, so no other package of the agent
 // speaks etcd's API. Safe for concurrent use; whoever dialled it closes it.
-type Client struct{ etcd *clientv3.Client }
+type Client struct {
+	etcd  *clientv3.Client
+	reach *reach
+	stop  context.CancelFunc
+}
 
 // NewClient wraps an etcd client made elsewhere, such as one of a store
 // that is not there (Dial refuses to make that).
-func NewClient(cli *clientv3.Client) *Client { return &Client{etcd: cli} }
+func NewClient(cli *clientv3.Client) *Client { return &Client{etcd: cli, reach: &reach{}, stop: func() {}} }
+
+// DownFor is how long no member of the store has been connected; 0 while
+// one is.
+func (c *Client) DownFor() time.Duration { return c.reach.downFor() }
 
 // Etcd is the etcd client underneath, for the rendezvous (agent/rdzv) and
 // for tools that instrument its requests; it is closed with c.
 func (c *Client) Etcd() *clientv3.Client { return c.etcd }
 
 // Close closes the connection: every watch and lease keep-alive on it ends.
-func (c *Client) Close() error { return c.etcd.Close() }
+func (c *Client) Close() error {
+	c.stop()
+	return c.etcd.Close()
+}
 
 // Dial connects to the store and checks that it answers before returning, so
 // a wrong address or dead store fails here with a clear error rather than
@@ -83,6 +97,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		eps[i] = ep
 	}
 
+	rc := &reach{after: cfg.FailFastAfter}
 	// clientv3.New does not connect (except to fetch an auth token, bounded
 	// by DialTimeout), so the check below is what proves the store is there.
 	cli, err := clientv3.New(clientv3.Config{
@@ -99,6 +114,9 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		DialKeepAliveTimeout: 2 * time.Second,
 		PermitWithoutStream:  true,
 		Logger:               zapLogger(cfg.Logger),
+		// Inside etcd's retrying interceptor (which it installs first), so
+		// that it sees ErrUnreachable and does not retry.
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(rc.intercept)},
 	})
 	if err != nil {
 		// With a username, New authenticates, and a dead store shows up
@@ -119,7 +137,9 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		}
 		return nil, fmt.Errorf("rendezvous store at %s unreachable after %v: %w", where, timeout, err)
 	}
-	return &Client{etcd: cli}, nil
+	fctx, stop := context.WithCancel(context.Background())
+	go rc.follow(fctx, cli.ActiveConnection())
+	return &Client{etcd: cli, reach: rc, stop: stop}, nil
 }
 
 // checkReachable asks the store for its members, which needs a quorum (the
