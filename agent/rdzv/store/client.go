@@ -50,7 +50,9 @@ type Client struct {
 
 // NewClient wraps an etcd client made elsewhere, such as one of a store
 // that is not there (Dial refuses to make that).
-func NewClient(cli *clientv3.Client) *Client { return &Client{etcd: cli, reach: &reach{}, stop: func() {}} }
+func NewClient(cli *clientv3.Client) *Client {
+	return &Client{etcd: cli, reach: &reach{}, stop: func() {}}
+}
 
 // DownFor is how long no member of the store has been connected; 0 while
 // one is.
