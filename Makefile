@@ -69,13 +69,15 @@ demo-fault: build
 
 # Side by side in one run (figures in the README): ddp-agent against
 # torchrun (start-up, restart, and recovery after a lost node against
-# torchrun's c10d rendezvous); rendezvous rounds of up to 1024 simulated
-# agents; the shim's all-reduce against gloo's; a DDP step with the hook
+# torchrun's c10d rendezvous, a node that does not host the store and the
+# one that does); rendezvous rounds of up to 1024 simulated agents against
+# one store member and three; the shim's all-reduce against gloo's; a DDP step with the hook
 # against DDP's built-in gloo all-reduce.
 bench: build
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/launch -agent bin/ddp-agent -python $(PYTHON) -torchrun-compat $(TORCHRUN_COMPAT)
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/recovery -agent bin/ddp-agent -python $(PYTHON) -torchrun-compat $(TORCHRUN_COMPAT) -runs 3
-	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/rdzvscale
+	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/recovery -agent bin/ddp-agent -python $(PYTHON) -torchrun-compat $(TORCHRUN_COMPAT) -runs 3 -kill host -timeout 60s
+	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/rdzvscale -members 1,3
 	bin/ddp-agent run --standalone --nproc-per-node 2 --python $(PYTHON) examples/bench/allreduce.py
 	$(PYTHON) examples/bench/ddp_step.py --agent bin/ddp-agent --python $(PYTHON) --reps 3 --steps 30 --warmup-steps 5
 	$(PYTHON) examples/bench/hook_cost.py --steps 50 --warmup 5

@@ -93,6 +93,12 @@ func TestStoreMemberSIGSTOP(t *testing.T) {
 		in, _ := members(all)
 		return len(in) == 3 && strings.Contains(all[0].stdout.String()+all[1].stdout.String()+all[2].stdout.String(), "step 10 loss")
 	}, allLogs(all...))
+	// `ddp-agent status` shows the three members, one of them leading.
+	st := agentOutput(t, "status", "--rdzv-endpoint", j.endpoint, "--rdzv-id", j.id)
+	_, section, _ := strings.Cut(st, "STORE\n")
+	if strings.Count(section, "healthy") != 3 || strings.Count(section, "leader") != 1 {
+		t.Errorf("status does not show three healthy members and a leader:\n%s", st)
+	}
 	frozen := all[1]
 	frozen.cmd.Process.Signal(syscall.SIGSTOP)
 	waitFor(t, 30*time.Second, func() bool {

@@ -47,6 +47,13 @@ func benign(msg string) bool {
 		// Tokens only matter with etcd auth, which the embedded store
 		// never enables.
 		return true
+	case "lost TCP streaming connection with remote peer", "closed TCP streaming connection with remote peer",
+		"peer became inactive (message send to peer failed)", "rejected stream from remote peer because it was removed",
+		"prober detected unhealthy status", "failed to reach the peer URL", "failed to get version":
+		// A replicated store's member whose agent died: each of the others
+		// says so a dozen ways, every few seconds, until it is removed.
+		// The replica manager (replica.go) logs the removal once.
+		return true
 	case "Failed to detect schema version", "failed to update storage version":
 		// A startup race in etcd (see BackendBatchInterval in server.go),
 		// retried by etcd seconds later. The storage version only matters

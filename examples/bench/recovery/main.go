@@ -6,14 +6,20 @@
 // For each launcher and run it starts -nodes launchers (--nnodes 2:<nodes>,
 // --max-restarts 3, c10d rendezvous at 127.0.0.1:<free port>) of a real gloo
 // job (worker.py: all_reduce every 50 ms), waits until the full world has
-// formed, SIGKILLs one launcher that does not host the rendezvous store
-// (and its workers: a dead node takes them with it), and measures the time
+// formed, SIGKILLs one launcher that does not host the rendezvous store, or
+// with -kill host the one that does (and its workers: a dead node takes
+// them with it), and measures the time
 // from the kill until every surviving worker slot runs user code again in
 // a world of the survivors. It prints Markdown tables: recovery (median, min,
 // max), start-up, the ratio ddp-agent/torchrun, and where the time goes.
 //
 //	go run ./examples/bench/recovery -agent bin/ddp-agent -python /usr/bin/python3 \
 //	    -torchrun-compat scripts/torchrun_compat.py -nodes 3 -nproc 1 -runs 3
+//	go run ./examples/bench/recovery ... -kill host -timeout 60s
+//
+// With three nodes ddp-agent's store has three members, so killing its
+// first host is one lost node like any other; torchrun's c10d store lives
+// in the host's agent, and the job dies with it (a "> timeout" row).
 //
 // Where the time goes comes from three sources: worker.py's own lines
 // (collective failed, replacement started, world re-formed), the launchers'
