@@ -42,7 +42,7 @@ func allLogs(as ...*agentRun) func() string {
 // agent, which started the store): the job finishes on the two left.
 func TestStoreMembersReplaced(t *testing.T) {
 	needTorch(t)
-	j := newJob(t, "2:4", 4, 60, "--sleep-per-step", "0.1")
+	j := newJob(t, "2:4", 4, 40, "--sleep-per-step", "0.1")
 	j.args[3] = "1" // --nproc-per-node 1: four agents on two cores
 	all := []*agentRun{j.startHost(), j.start(), j.start(), j.start()}
 	waitFor(t, 2*time.Minute, func() bool {
@@ -76,7 +76,7 @@ func TestStoreMembersReplaced(t *testing.T) {
 	for _, a := range left {
 		stdout += a.stdout.String()
 	}
-	if !strings.Contains(stdout, "done: steps=60") {
+	if !strings.Contains(stdout, "done: steps=40") {
 		t.Fatalf("the job did not finish\n%s", allLogs(left...)())
 	}
 	checkWorld(t, 2, left...)
@@ -87,7 +87,7 @@ func TestStoreMembersReplaced(t *testing.T) {
 // joins again, and the job finishes on all three.
 func TestStoreMemberSIGSTOP(t *testing.T) {
 	needTorch(t)
-	j := newJob(t, "2:3", 4, 60, "--sleep-per-step", "0.1")
+	j := newJob(t, "2:3", 4, 40, "--sleep-per-step", "0.1")
 	all := []*agentRun{j.startHost(), j.start(), j.start()}
 	waitFor(t, 2*time.Minute, func() bool {
 		in, _ := members(all)

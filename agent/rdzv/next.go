@@ -8,8 +8,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // Next blocks until this node is a member of a closed round, and returns
@@ -21,36 +19,15 @@ import (
 func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 	deadline := time.Now().Add(e.cfg.JoinTimeout)
 	spare := false
-	storeTimeout := e.cfg.StoreTimeout
-	if storeTimeout <= 0 {
-		storeTimeout = DefaultStoreTimeout
-	}
-	// answered is when the store last answered; a request to a store
-	// that is gone can itself take opTimeout to fail, so the silence is
-	// counted from the last answer, not from the first error.
-	answered := time.Now()
-	if _, lost := e.leaseChan(); lost != nil {
-		select {
-		case <-lost:
-			// Lost: the store has been silent for about a TTL already.
-			answered = answered.Add(-e.cfg.TTL)
-		default:
-		}
-	}
-	// quick bounds the requests that find out whether the store is there
-	// by what is left of the silence allowed, so a dead store fails the
-	// agent when that runs out rather than a request timeout later.
-	quick := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(ctx, max(time.Until(answered.Add(storeTimeout)), time.Second))
-	}
+	silent := e.newSilence()
 	// retry waits a moment after a store error, unless the deadline passed
 	// or the store has answered nothing for too long.
 	retry := func(err error) error {
 		if time.Now().After(deadline) {
 			return err
 		}
-		if d := time.Since(answered); d >= storeTimeout || errors.Is(err, store.ErrUnreachable) {
-			return &StoreLostError{Endpoint: e.cfg.Endpoint, For: max(d, storeTimeout), Err: err}
+		if err := silent.tooLong(err); err != nil {
+			return err
 		}
 		e.log.Warn("rendezvous store request failed; retrying", "err", err)
 		if !sleep(ctx, 500*time.Millisecond) {
@@ -62,7 +39,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, context.Cause(ctx)
 		}
-		qctx, cancel := quick()
+		qctx, cancel := silent.bound(ctx)
 		err := e.ensureLease(qctx)
 		cancel()
 		if err != nil {
@@ -71,7 +48,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 			}
 			continue
 		}
-		qctx, cancel = quick()
+		qctx, cancel = silent.bound(ctx)
 		st, rev, read, err := e.readState(qctx)
 		cancel()
 		if err != nil {
@@ -80,7 +57,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 			}
 			continue
 		}
-		answered = time.Now()
+		silent.heard()
 		switch st.Phase {
 		case Failed, Succeeded:
 			if e.lastGenSeen() == 0 && st.Since.Before(e.opened) {

@@ -328,3 +328,36 @@ func TestDialAuth(t *testing.T) {
 	}
 	t.Logf("Dial to a dead store with auth: %v", err)
 }
+
+// TestFailFast: once no member has been connected for FailFastAfter,
+// requests fail at once with ErrUnreachable instead of waiting out their
+// deadline.
+func TestFailFast(t *testing.T) {
+	s, err := Start(t.Context(), ServerConfig{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := Dial(t.Context(), ClientConfig{Endpoints: []string{s.Endpoint()}, FailFastAfter: 500 * time.Millisecond, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Etcd().Put(t.Context(), "/k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	time.Sleep(time.Second)
+	if d := cli.DownFor(); d < 500*time.Millisecond {
+		t.Errorf("DownFor = %v a second after the store stopped", d)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	begin := time.Now()
+	_, err = cli.Etcd().Put(ctx, "/k", "v2")
+	if !errors.Is(err, ErrUnreachable) {
+		t.Errorf("got %v, want ErrUnreachable", err)
+	}
+	if took := time.Since(begin); took > time.Second {
+		t.Errorf("took %v, want at once", took)
+	}
+}

@@ -1,0 +1,57 @@
+package rdzv
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+)
+
+// silence is how long the store has answered nothing, as Next sees it:
+// past Config.StoreTimeout, Next gives up with *StoreLostError instead of
+// retrying until the join timeout.
+type silence struct {
+	// answered is when the store last answered; a request to a store that
+	// is gone can itself take opTimeout to fail, so the silence counts
+	// from the last answer, not from the first error.
+	answered time.Time
+	limit    time.Duration
+	endpoint string
+}
+
+func (e *Etcd) newSilence() *silence {
+	s := &silence{answered: time.Now(), limit: e.cfg.StoreTimeout, endpoint: e.cfg.Endpoint}
+	if s.limit <= 0 {
+		s.limit = DefaultStoreTimeout
+	}
+	if _, lost := e.leaseChan(); lost != nil {
+		select {
+		case <-lost:
+			// Lost: the store has been silent for about a TTL already.
+			s.answered = s.answered.Add(-e.cfg.TTL)
+		default:
+		}
+	}
+	return s
+}
+
+// heard records an answer.
+func (s *silence) heard() { s.answered = time.Now() }
+
+// bound bounds a request that finds out whether the store is there by
+// what is left of the silence allowed (at least a second), so a dead store
+// fails the agent when that runs out rather than a request timeout later.
+func (s *silence) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(time.Until(s.answered.Add(s.limit)), time.Second))
+}
+
+// tooLong returns *StoreLostError when the store, which just failed a
+// request with err, has been silent too long; nil while it may yet answer.
+func (s *silence) tooLong(err error) error {
+	d := time.Since(s.answered)
+	if d >= s.limit || errors.Is(err, store.ErrUnreachable) {
+		return &StoreLostError{Endpoint: s.endpoint, For: max(d, s.limit), Err: err}
+	}
+	return nil
+}
