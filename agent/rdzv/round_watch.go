@@ -32,6 +32,9 @@ func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan
 	go func() {
 		select {
 		case <-lost:
+			// End the round before cancelling: a cancelled look returns
+			// without ending it.
+			r.end(leaseLostReason)
 			cancel()
 		case <-ctx.Done():
 		}

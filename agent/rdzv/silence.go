@@ -10,7 +10,11 @@ import (
 
 // silence is how long the store has answered nothing, as Next sees it:
 // past Config.StoreTimeout, Next gives up with *StoreLostError instead of
-// retrying until the join timeout.
+// retrying until the join timeout. A lost lease says nothing about the
+// store (this agent may have been the one frozen), so the count starts
+// when Next does; a store that is gone is known sooner from the client,
+// whose requests fail with store.ErrUnreachable once no member has been
+// connected for the store timeout.
 type silence struct {
 	// answered is when the store last answered; a request to a store that
 	// is gone can itself take opTimeout to fail, so the silence counts
@@ -24,14 +28,6 @@ func (e *Etcd) newSilence() *silence {
 	s := &silence{answered: time.Now(), limit: e.cfg.StoreTimeout, endpoint: e.cfg.Endpoint}
 	if s.limit <= 0 {
 		s.limit = DefaultStoreTimeout
-	}
-	if _, lost := e.leaseChan(); lost != nil {
-		select {
-		case <-lost:
-			// Lost: the store has been silent for about a TTL already.
-			s.answered = s.answered.Add(-e.cfg.TTL)
-		default:
-		}
 	}
 	return s
 }

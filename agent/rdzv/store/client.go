@@ -24,7 +24,14 @@ const defaultDialTimeout = 5 * time.Second
 // server; CertFile and KeyFile add a client certificate (mutual TLS). For a
 // server: CertFile and KeyFile are required, and CAFile makes client
 // certificates signed by that CA mandatory.
-type TLSFiles struct{ CertFile, KeyFile, CAFile string }
+type TLSFiles struct {
+	CertFile, KeyFile, CAFile string
+	// ChainOnly: a client checks that the server's certificate chains to
+	// CAFile, not which names it holds. For the job's own CA (jobtls.go),
+	// where a certificate is the proof of the token, whatever name or
+	// address (an alias, NAT, a service name) the store was dialled by.
+	ChainOnly bool
+}
 
 // ClientConfig configures Dial.
 type ClientConfig struct {
@@ -174,8 +181,34 @@ func (f *TLSFiles) clientConfig() (*tls.Config, error) {
 			return nil, err
 		}
 		c.RootCAs = pool
+		if f.ChainOnly {
+			c.InsecureSkipVerify = true // the names; the chain is verified below
+			c.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error { return verifyChain(raw, pool) }
+		}
 	}
 	return c, nil
+}
+
+// verifyChain checks that the peer's certificate chains to pool, for a
+// server certificate.
+func verifyChain(raw [][]byte, pool *x509.CertPool) error {
+	if len(raw) == 0 {
+		return errors.New("x509: the store sent no certificate")
+	}
+	certs := make([]*x509.Certificate, len(raw))
+	for i, r := range raw {
+		c, err := x509.ParseCertificate(r)
+		if err != nil {
+			return fmt.Errorf("x509: the store's certificate: %w", err)
+		}
+		certs[i] = c
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	_, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	return err
 }
 
 // checkServer checks the server side of TLSFiles up front, because etcd's
@@ -237,7 +270,7 @@ func Refused(err error) bool {
 		return false
 	}
 	msg := err.Error()
-	for _, m := range []string{"x509:", "tls:", "server preface", "authentication handshake failed", "bad certificate", "certificate required"} {
+	for _, m := range []string{"x509:", "tls:", "server preface", "bad certificate", "certificate required"} {
 		if strings.Contains(msg, m) {
 			return true
 		}

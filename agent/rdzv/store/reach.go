@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 )
@@ -30,7 +31,17 @@ type reach struct {
 
 	mu        sync.Mutex
 	downSince time.Time // zero while connected (or idle)
+	cluster   uint64    // the etcd cluster id of the first answer
 }
+
+// ErrForeignCluster: an endpoint answered for another etcd cluster than
+// the one this client first spoke to. That happens when the agent on the
+// bootstrap address restarted and, finding the address free, started a
+// fresh store there while the job's replicated store lives on: its
+// answers must not be mixed with the job's. The request fails (etcd's
+// client does not retry it), and the caller's retry goes to another
+// endpoint.
+var ErrForeignCluster = errors.New("answered by another etcd cluster")
 
 // follow tracks conn's state until ctx ends.
 func (r *reach) follow(ctx context.Context, conn *grpc.ClientConn) {
@@ -70,5 +81,28 @@ func (r *reach) intercept(ctx context.Context, method string, req, reply any, cc
 			return fmt.Errorf("%w: no member connected for %v", ErrUnreachable, d.Round(100*time.Millisecond))
 		}
 	}
-	return invoker(ctx, method, req, reply, cc, opts...)
+	if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+		return err
+	}
+	return r.checkCluster(reply)
+}
+
+// checkCluster compares the cluster id in reply's header with the first
+// one seen.
+func (r *reach) checkCluster(reply any) error {
+	h, ok := reply.(interface{ GetHeader() *pb.ResponseHeader })
+	if !ok || h.GetHeader() == nil || h.GetHeader().ClusterId == 0 {
+		return nil
+	}
+	id := h.GetHeader().ClusterId
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch r.cluster {
+	case 0:
+		r.cluster = id
+	case id:
+	default:
+		return fmt.Errorf("%w (%x, not %x)", ErrForeignCluster, id, r.cluster)
+	}
+	return nil
 }

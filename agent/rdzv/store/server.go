@@ -5,6 +5,7 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -275,8 +276,13 @@ func embedConfig(cfg ServerConfig, dir string, clientURL, peerURL url.URL) *embe
 	if cfg.initialCluster != "" {
 		ec.InitialCluster = cfg.initialCluster
 	}
-	if cfg.clusterToken != "" {
-		ec.InitialClusterToken = cfg.clusterToken
+	ec.InitialClusterToken = cfg.clusterToken
+	if ec.InitialClusterToken == "" {
+		// etcd derives the member and cluster ids from the peer URLs and
+		// this token alone: a store started again on the same address
+		// would have the id of the one before, and a client could not
+		// tell them apart (reach.go's ErrForeignCluster).
+		ec.InitialClusterToken = "ddp-agent-" + rand.Text()
 	}
 	if cfg.existing {
 		ec.ClusterState = embed.ClusterStateFlagExisting

@@ -361,3 +361,39 @@ func TestFailFast(t *testing.T) {
 		t.Errorf("took %v, want at once", took)
 	}
 }
+
+// TestForeignClusterRefused: a client that spoke to one store refuses the
+// answers of another at the same endpoints, as when the agent on the
+// bootstrap address restarted and started a fresh store there.
+func TestForeignClusterRefused(t *testing.T) {
+	addr := deadAddr(t)
+	s1, err := Start(t.Context(), ServerConfig{ClientAddr: addr, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := Dial(t.Context(), ClientConfig{Endpoints: []string{addr}, Logger: testLogger(t)})
+	if err != nil {
+		s1.Close()
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Etcd().Put(t.Context(), "/k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	s1.Close()
+	s2, err := Start(t.Context(), ServerConfig{ClientAddr: addr, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var lastErr error
+	for ctx.Err() == nil {
+		if _, lastErr = cli.Etcd().Get(ctx, "/k"); lastErr != nil && errors.Is(lastErr, ErrForeignCluster) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the fresh store's answers were taken: last %v", lastErr)
+}
