@@ -66,7 +66,7 @@ func checkRelay(t *testing.T, rdzvToken string) {
 	logs := func() string { return a.stderr.String() + b.stderr.String() }
 	dump := func() string { return a.logs() + "\n----\n" + b.logs() }
 
-	ep := leaderEndpoint(t, endpoint, id)
+	ep := leaderEndpoint(t, endpoint, id, rdzvToken)
 	t.Logf("the leader's relay: %s, certificate sha256 %s, secret published: %v", ep.Addr, ep.Fingerprint, ep.Secret != "")
 	host, port, _ := net.SplitHostPort(ep.Addr)
 	if host != "127.0.0.1" || (ep.Secret == "") != (rdzvToken != "") {
@@ -126,12 +126,22 @@ func checkRelay(t *testing.T, rdzvToken string) {
 }
 
 // leaderEndpoint reads the endpoint the leader of generation 0 published
-// in the job's store.
-func leaderEndpoint(t *testing.T, endpoint, id string) relay.Endpoint {
+// in the job's store; with a token, through the job's certificates, as
+// the store admits nobody else.
+func leaderEndpoint(t *testing.T, endpoint, id, token string) relay.Endpoint {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: []string{endpoint}})
+	var tlsFiles *store.TLSFiles
+	if token != "" {
+		job, err := store.OpenJobTLS(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer job.Close()
+		tlsFiles = job.Files
+	}
+	cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: []string{endpoint}, TLS: tlsFiles})
 	if err != nil {
 		t.Fatal(err)
 	}
