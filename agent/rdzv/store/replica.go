@@ -423,16 +423,19 @@ func (r *Replicas) Close(ctx context.Context) error {
 	r.own, r.ownID = nil, 0
 	r.mu.Unlock()
 	var errs []error
+	// The owner lease first, while this agent's member still serves: once
+	// it is closed, a request can still be routed to it and wait out its
+	// timeout.
+	if r.lease != 0 {
+		rctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+		r.cfg.Client.etcd.Revoke(rctx, r.lease)
+		cancel()
+	}
 	if own != nil {
 		if err := r.handOver(ctx, id); err != nil {
 			errs = append(errs, err)
 		}
 		errs = append(errs, own.Close())
-	}
-	if r.lease != 0 {
-		rctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
-		r.cfg.Client.etcd.Revoke(rctx, r.lease)
-		cancel()
 	}
 	return errors.Join(errs...)
 }

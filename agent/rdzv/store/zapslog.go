@@ -49,10 +49,23 @@ func benign(msg string) bool {
 		return true
 	case "lost TCP streaming connection with remote peer", "closed TCP streaming connection with remote peer",
 		"peer became inactive (message send to peer failed)", "rejected stream from remote peer because it was removed",
-		"prober detected unhealthy status", "failed to reach the peer URL", "failed to get version":
+		"prober detected unhealthy status", "failed to reach the peer URL", "failed to get version",
+		// The replica manager adding a member before the cluster has
+		// been connected long enough: it tries again a second later.
+		"rejecting member add request; local member has not been connected to majority peers, reconfigure breaks active quorum":
 		// A replicated store's member whose agent died: each of the others
 		// says so a dozen ways, every few seconds, until it is removed.
 		// The replica manager (replica.go) logs the removal once.
+		return true
+	case "data-dir used by this member must be removed":
+		// A member that left the cluster (its agent handed it over, or the
+		// others removed it): etcd stops it with these. The replica
+		// manager says which and why.
+		return true
+	case "retrying of unary invoker failed":
+		// etcd's client, on each failed attempt of a request it retries
+		// (a member being promoted, a leader being elected): the request's
+		// own error, if it fails for good, is what the caller reports.
 		return true
 	case "Failed to detect schema version", "failed to update storage version":
 		// A startup race in etcd (see BackendBatchInterval in server.go),
