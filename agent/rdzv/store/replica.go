@@ -65,6 +65,8 @@ type Replicas struct {
 	claimed   bool // own's owner key is on lease
 
 	ownerless map[uint64]time.Time
+	voters    int  // as last said in the log (members only)
+	wasFull   bool // the store had Want voters once
 	cancel    context.CancelFunc
 	done      chan struct{}
 }
@@ -149,6 +151,7 @@ func (r *Replicas) step(ctx context.Context) error {
 	r.mu.Lock()
 	r.keeper = p.keeper
 	r.mu.Unlock()
+	r.sayVoters(own, p.voters)
 	r.syncEndpoints(byID)
 	switch {
 	case p.remove != 0:
@@ -162,6 +165,29 @@ func (r *Replicas) step(ctx context.Context) error {
 		return r.join(ctx, p.voters)
 	}
 	return nil
+}
+
+// sayVoters logs, from the agents that run a member, when the number of
+// voting members changes: short of Want, the store runs on what it has,
+// and the log says what one more loss would cost.
+func (r *Replicas) sayVoters(own uint64, voters int) {
+	if own == 0 || voters == r.voters {
+		return
+	}
+	r.voters = voters
+	switch {
+	case voters >= r.cfg.Want:
+		r.wasFull = true
+		r.log.Info("the rendezvous store has all its members", "members", voters)
+	case !r.wasFull:
+		// Still forming: agents are joining.
+	case voters > 1:
+		r.log.Warn("the rendezvous store runs short of members until an agent without one takes the place",
+			"members", voters, "want", r.cfg.Want, "can_lose", (voters-1)/2)
+	default:
+		r.log.Warn("the rendezvous store runs on one member: losing its agent loses the store, and the job",
+			"want", r.cfg.Want)
+	}
 }
 
 // ensureLease grants the owner keys' lease when there is none or it was

@@ -126,14 +126,9 @@ func TestReplicasSurviveLosingAnyMember(t *testing.T) {
 	if _, err := cli.Put(t.Context(), "/job/k", "v"); err != nil {
 		t.Fatal(err)
 	}
-	keepers := 0
-	for _, a := range agents {
-		if a.rep.Keeper() {
-			keepers++
-		}
-	}
-	if keepers != 1 || !agents[0].rep.Keeper() {
-		t.Errorf("%d keepers, first agent keeper %v; want exactly the first", keepers, agents[0].rep.Keeper())
+	// Each manager learns who keeps at its next look.
+	if n := waitKeepers(agents, time.Now().Add(5*time.Second)); n != 1 || !agents[0].rep.Keeper() {
+		t.Errorf("%d keepers, first agent keeper %v; want exactly the first", n, agents[0].rep.Keeper())
 	}
 
 	kill := func(i, want int) {
@@ -171,14 +166,25 @@ func TestReplicasSurviveLosingAnyMember(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" {
 		t.Fatalf("get after losing two members: %v %v", resp, err)
 	}
-	keepers = 0
-	for _, a := range agents {
-		if a.cli != nil && a.rep.Keeper() {
-			keepers++
-		}
+	if n := waitKeepers(agents, time.Now().Add(5*time.Second)); n != 1 {
+		t.Errorf("%d keepers among the survivors, want 1", n)
 	}
-	if keepers != 1 {
-		t.Errorf("%d keepers among the survivors, want 1", keepers)
+}
+
+// waitKeepers waits until exactly one live agent keeps the store, or the
+// deadline, and returns how many do.
+func waitKeepers(agents []*replicaAgent, deadline time.Time) int {
+	for {
+		n := 0
+		for _, a := range agents {
+			if a.cli != nil && a.rep.Keeper() {
+				n++
+			}
+		}
+		if n == 1 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
