@@ -477,6 +477,22 @@ func (r *Replicas) handOver(ctx context.Context, id uint64) error {
 	if len(ml.Members) <= 1 {
 		return nil
 	}
+	// Leaving while another member is gone (not yet removed) would leave
+	// the cluster without a quorum; then the others remove this member
+	// once its owner key is gone, as they would the dead one.
+	keys, err := cli.Get(rctx, r.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return fmt.Errorf("hand over store member %x: %w", id, err)
+	}
+	owned := map[string]bool{}
+	for _, kv := range keys.Kvs {
+		owned[string(kv.Key)] = true
+	}
+	for _, m := range ml.Members {
+		if m.ID != id && !m.IsLearner && !owned[r.ownerKey(m.ID)] {
+			return fmt.Errorf("hand over store member %x: member %x has no agent; leaving now would lose the quorum", id, m.ID)
+		}
+	}
 	// Point the client away from this member first: the request that
 	// removes it must be answered by one that stays.
 	r.mu.Lock()

@@ -299,6 +299,16 @@ func embedConfig(cfg ServerConfig, dir string, clientURL, peerURL url.URL) *embe
 		// is replaced within about a second.
 		ec.TickMs = 100
 		ec.ElectionMs = 500
+		// etcd's strict reconfiguration check refuses to add a member
+		// until the leader has been connected to a quorum for 5 s: a
+		// store growing from one member to three then sat at two (where
+		// losing either loses it) for 5 s more, and a node lost then lost
+		// the job. The replica manager keeps the discipline itself: it
+		// adds learners (which never count against the quorum), etcd
+		// still checks that a learner caught up before promoting it, it
+		// removes only members whose agent is gone, and a handover is
+		// skipped while another member is (replica.go).
+		ec.StrictReconfigCheck = false
 	}
 	// The data dir is private to this process and dies with it; fsync would
 	// only buy durability across a crash that loses the data anyway.
