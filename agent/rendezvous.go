@@ -76,56 +76,53 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 	if err != nil {
 		return nil, err
 	}
-	replicated := !cfg.External && cfg.NNodesMax >= storeReplicas
-	srv, endpoints, err := a.hostStore(ctx, sec, replicated)
-	if err != nil {
-		sec.close()
-		return nil, err
-	}
-	cli, err := a.dialStore(ctx, endpoints, srv != nil, sec.client)
-	if err != nil {
-		if srv != nil {
-			srv.Close()
-		}
-		sec.close()
-		return nil, err
-	}
-	addr, err := a.localAddr(endpoints[0])
-	if err != nil {
-		cli.Close()
-		if srv != nil {
-			srv.Close()
-		}
-		sec.close()
-		return nil, err
-	}
-	prefix := rdzv.Prefix(cfg.Prefix, runID)
-	var reps *store.Replicas
-	var keeper func() bool
-	if replicated {
-		reps, err = a.replicate(cli, srv, sec, prefix, addr)
-		if err != nil {
-			cli.Close()
-			if srv != nil {
-				srv.Close()
-			}
-			sec.close()
-			return nil, err
-		}
-		keeper = reps.Keeper
-	}
+	// What is open so far, closed in reverse on a failure and at the end:
+	// the manager hands this agent's member over (closing it) before the
+	// client it speaks through goes.
+	var (
+		srv  *store.Server
+		cli  *store.Client
+		reps *store.Replicas
+	)
 	closeAll := func() {
-		if reps != nil {
+		switch {
+		case reps != nil:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			if err := reps.Close(ctx); err != nil {
 				a.log.Info("store member not handed over; the others replace it once its lease ends", "err", err)
 			}
 			cancel()
-		} else if srv != nil {
+		case srv != nil:
 			srv.Close()
 		}
-		cli.Close()
+		if cli != nil {
+			cli.Close()
+		}
 		sec.close()
+	}
+	fail := func(err error) (*joined, error) {
+		closeAll()
+		return nil, err
+	}
+	replicated := !cfg.External && cfg.NNodesMax >= storeReplicas
+	srv, endpoints, err := a.hostStore(ctx, sec, replicated)
+	if err != nil {
+		return fail(err)
+	}
+	if cli, err = a.dialStore(ctx, endpoints, srv != nil, sec.client); err != nil {
+		return fail(err)
+	}
+	addr, err := a.localAddr(endpoints[0])
+	if err != nil {
+		return fail(err)
+	}
+	prefix := rdzv.Prefix(cfg.Prefix, runID)
+	var keeper func() bool
+	if replicated {
+		if reps, err = a.replicate(cli, srv, sec, prefix, addr); err != nil {
+			return fail(err)
+		}
+		keeper = reps.Keeper
 	}
 	host, _ := os.Hostname()
 	e, err := rdzv.Open(ctx, cli, rdzv.Config{
@@ -136,8 +133,7 @@ func (a *Agent) openRendezvous(ctx context.Context, runID string) (*joined, erro
 		StoreTimeout: cfg.StoreTimeout, Logger: a.log,
 	})
 	if err != nil {
-		closeAll()
-		return nil, err
+		return fail(err)
 	}
 	return &joined{
 		rz:       e,
@@ -175,7 +171,7 @@ func (a *Agent) hostStore(ctx context.Context, sec *storeSecurity, replicated bo
 		// Members that join later dial this one's peer URL: a real port
 		// on the address the other agents reach it at.
 		host, _, _ := net.SplitHostPort(addr)
-		if scfg.PeerAddr, err = freePort(host); err != nil {
+		if scfg.PeerAddr, err = store.FreeAddr(host); err != nil {
 			return nil, nil, err
 		}
 	}

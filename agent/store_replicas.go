@@ -66,13 +66,3 @@ func (a *Agent) replicate(cli *store.Client, srv *store.Server, sec *storeSecuri
 		Logger: a.log.With("component", "etcd"),
 	}), nil
 }
-
-// freePort returns host with a port that was free a moment ago.
-func freePort(host string) (string, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return "", fmt.Errorf("pick a port for the store's peers on %s: %w", host, err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}

@@ -45,7 +45,7 @@ func StartCluster(ctx context.Context, n int, logger *slog.Logger) (*Cluster, er
 func startCluster(ctx context.Context, n int, logger *slog.Logger) (*Cluster, error) {
 	peers := make([]string, n)
 	for i := range peers {
-		addr, err := freeAddr()
+		addr, err := FreeAddr("127.0.0.1")
 		if err != nil {
 			return nil, fmt.Errorf("start etcd cluster: %w", err)
 		}
@@ -116,12 +116,14 @@ func (c *Cluster) Close() error {
 	return errors.Join(errs...)
 }
 
-// freeAddr returns a loopback address with a port that was free a moment
-// ago.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// FreeAddr returns host with a port that was free a moment ago, for an
+// address that must be known before its listener starts (a member's peer
+// URL is in every member's initial cluster); another process may take it
+// in between, which the callers' starts report.
+func FreeAddr(host string) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
-		return "", fmt.Errorf("pick a free port: %w", err)
+		return "", fmt.Errorf("pick a free port on %s: %w", host, err)
 	}
 	defer l.Close()
 	return l.Addr().String(), nil

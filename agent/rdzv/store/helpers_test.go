@@ -59,7 +59,7 @@ func dial(t *testing.T, cfg ClientConfig) *clientv3.Client {
 // deadAddr returns a loopback address nobody listens on.
 func deadAddr(t *testing.T) string {
 	t.Helper()
-	addr, err := freeAddr()
+	addr, err := FreeAddr("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"slices"
@@ -339,11 +338,11 @@ func (r *Replicas) dropOwn() {
 // member that never comes up does not count against the quorum, then
 // promoted once it has caught up.
 func (r *Replicas) join(ctx context.Context, voters int) error {
-	clientAddr, err := freeAddrOn(r.cfg.Host)
+	clientAddr, err := FreeAddr(r.cfg.Host)
 	if err != nil {
 		return err
 	}
-	peerAddr, err := freeAddrOn(r.cfg.Host)
+	peerAddr, err := FreeAddr(r.cfg.Host)
 	if err != nil {
 		return err
 	}
@@ -495,14 +494,12 @@ func (r *Replicas) handOver(ctx context.Context, id uint64) error {
 	}
 	// Point the client away from this member first: the request that
 	// removes it must be answered by one that stays.
-	r.mu.Lock()
 	var others []string
 	for _, m := range ml.Members {
 		if m.ID != id && !m.IsLearner {
 			others = append(others, m.ClientURLs...)
 		}
 	}
-	r.mu.Unlock()
 	if len(others) > 0 {
 		cli.SetEndpoints(others...)
 	}
@@ -511,14 +508,4 @@ func (r *Replicas) handOver(ctx context.Context, id uint64) error {
 	}
 	r.log.Info("handed over this agent's store member", "member", fmt.Sprintf("%x", id))
 	return nil
-}
-
-// freeAddrOn returns host with a port that was free a moment ago.
-func freeAddrOn(host string) (string, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return "", fmt.Errorf("pick a free port on %s: %w", host, err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -45,7 +44,7 @@ func startReplicated(t *testing.T, n int, token string) ([]*replicaAgent, *TLSFi
 			t.Fatal(err)
 		}
 	}
-	peer, err := freeAddrOn("127.0.0.1")
+	peer, err := FreeAddr("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,5 +284,4 @@ func TestJobCADeterministic(t *testing.T) {
 	if _, _, err := jobCA(""); err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Errorf("empty token: %v", err)
 	}
-	_ = errors.New
 }
