@@ -24,10 +24,11 @@ TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnde
 build:
 	@go=$$(scripts/deps.sh go) && \
 	  $$go build -ldflags "$(LDFLAGS)" -o bin/.ddp-agent.tmp ./agent/cmd/ddp-agent && mv -f bin/.ddp-agent.tmp bin/ddp-agent && \
+	  $$go build -ldflags "$(LDFLAGS)" -o bin/.ddp-agent-plugins.tmp ./plugins/cmd/ddp-agent-plugins && mv -f bin/.ddp-agent-plugins.tmp bin/ddp-agent-plugins && \
 	  CGO_ENABLED=1 $$go build -buildmode=c-shared -o bin/.libddpshim.so.tmp ./ncclshim && mv -f bin/.libddpshim.so.tmp bin/libddpshim.so && \
 	  rm -f bin/.libddpshim.so.h && cp ncclshim/ddpshim.h bin/ && \
 	  cp bin/libddpshim.so python/ddp_agent/.libddpshim.so.tmp && mv -f python/ddp_agent/.libddpshim.so.tmp python/ddp_agent/libddpshim.so
-	@echo "built bin/ddp-agent bin/libddpshim.so"
+	@echo "built bin/ddp-agent bin/ddp-agent-plugins bin/libddpshim.so"
 
 # The README's test command: vet, then every Go test (unit and end-to-end,
 # with real Python workers under ddp-agent and torchrun) under the race

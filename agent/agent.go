@@ -14,11 +14,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
 
 // JobFailedError is returned by Run when the job failed and no restarts
@@ -88,7 +91,7 @@ func New(cfg Config, log *slog.Logger, stdout, stderr *supervisor.Console, baseE
 // Run runs the job until every worker has succeeded (nil), the job failed
 // (*JobFailedError), or ctx is done: then the workers are stopped within the
 // grace period and context.Cause(ctx) is returned.
-func (a *Agent) Run(ctx context.Context) error {
+func (a *Agent) Run(ctx context.Context) (err error) {
 	if err := a.cfg.check(); err != nil {
 		return err
 	}
@@ -110,8 +113,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	s := &session{runID: runID, runDir: runDir, keep: keep, events: newEventTally(), faults: newFaults(),
 		mon: hostmon.NewMonitor(a.log)}
 	s.stragglers = a.newStragglerPolicy(ctx, s, func(se *StragglerError) { cancel(se) })
+	// Last: the notifiers deliver the job's last events, then stop.
+	defer func() { s.plugins.Close(pluginFlush) }()
 	defer s.bg.Wait()
 	defer cancel(nil) // runs first: stop the background parts, then wait for them
+	if err := a.startPlugins(runID, cancel, s); err != nil {
+		return err
+	}
+	defer func() { s.notifyEnd(ctx, err) }()
 
 	if s.j, err = a.openRendezvous(ctx, runID); err != nil {
 		return err
@@ -139,6 +148,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("starting job", "run_id", runID, "nproc_per_node", a.cfg.NProcPerNode, "gpus", a.gpus.summary(),
 		"nnodes", a.cfg.nnodes(), "max_restarts", a.cfg.MaxRestarts, "command", a.cfg.Command,
 		"log_dir", logDirAttr(runDir, keep), "control_socket", s.srv.Path())
+	s.notify(notifier.JobStarted, nil, -1, "job "+runID+" started on this node: "+strings.Join(a.cfg.Command, " "),
+		map[string]string{"nproc_per_node": strconv.Itoa(a.cfg.NProcPerNode), "nnodes": a.cfg.nnodes()})
 	return a.loop(ctx, s)
 }
 
@@ -165,6 +176,10 @@ func drainCause(ctx context.Context) error {
 	var se *StragglerError
 	if errors.As(cause, &se) && se.Action == StragglerDrain {
 		return se
+	}
+	var pf *PluginFaultError
+	if errors.As(cause, &pf) && pf.Drains() {
+		return pf
 	}
 	return nil
 }

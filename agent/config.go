@@ -33,6 +33,7 @@ type Config struct {
 
 	Rendezvous Rendezvous
 	Telemetry  Telemetry
+	Plugins    Plugins
 }
 
 // Rendezvous says how this node joins the job.

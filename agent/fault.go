@@ -20,7 +20,8 @@ type Fault struct {
 	Seen   time.Time // when it was observed; a fault from before the attempt started is stale
 	Reason string    // one line, for the rendezvous, the log and the trace
 	// Err is the source's own error: *WorkerFailedError, *GPUFaultError,
-	// *watch.HangError, *StragglerError, or *RoundEndedError.
+	// *watch.HangError, *StragglerError, *PluginFaultError or
+	// *RoundEndedError.
 	Err error
 }
 
@@ -34,6 +35,7 @@ const (
 	FromGPU                          // a GPU health finding that calls for a restart
 	FromHang                         // a collective hung
 	FromStraggler                    // a persistent straggler confirmed under --straggler-action restart
+	FromPlugin                       // a detector plugin's finding that calls for a restart
 )
 
 // RoundEndedError is the cause of a round's end when the job moved to
@@ -74,7 +76,7 @@ func (f *Fault) restartsJob() bool { return f.Source != FromRound }
 // raise XIDs (43 for a process killed in a kernel), and a hang found just
 // as its attempt ended must not end the next one.
 func (f *Fault) stale(gen uint64, started time.Time) bool {
-	if f.Source == FromGPU { // the watcher knows no generations: its findings have times
+	if f.Source == FromGPU || f.Source == FromPlugin { // the watchers know no generations: their findings have times
 		return f.Seen.Before(started)
 	}
 	return f.Gen != gen

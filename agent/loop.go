@@ -14,6 +14,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
 
 // attempt is one run of this node's worker group, in one generation.
@@ -268,6 +269,7 @@ func (a *Agent) dropStale(f *Fault) {
 func (a *Agent) recover(ctx context.Context, s *session, at *attempt, f *Fault) (done bool, err error) {
 	if !f.restartsJob() {
 		a.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
+		s.notify(roundEventKind(f.Reason), at, -1, f.Reason, nil)
 		s.abort("job moving to a new generation: " + f.Reason)
 		at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
 		a.dropGeneration(s, at.gen)
@@ -281,6 +283,10 @@ func (a *Agent) recover(ctx context.Context, s *session, at *attempt, f *Fault) 
 		fd := gf.Findings[0]
 		a.log.Error("GPU fault: restarting the job's workers", "gpu", fd.GPU, "uuid", fd.UUID, "ranks", fd.Ranks,
 			"kind", string(fd.Kind), "xid", fd.XID, "finding", fd.Message, "count", fd.Count)
+	case FromPlugin:
+		pf, _ := errorsAs[*PluginFaultError](f)
+		a.log.Error("health check: restarting the job's workers", "plugin", pf.Finding.Plugin, "subject", pf.Finding.Subject,
+			"finding", pf.Finding.Message)
 	}
 	s.exp.Restart(at.gen, f.Reason)
 	noneLeft, err := a.failAttempt(ctx, s, at, f)
@@ -306,7 +312,10 @@ func (a *Agent) failAttempt(ctx context.Context, s *session, at *attempt, f *Fau
 	at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
 	a.dropGeneration(s, at.gen)
 	if wf, ok := errorsAs[*WorkerFailedError](f); ok {
-		a.report(wf, at, s.mon)
+		b, text := a.report(wf, at, s.mon)
+		s.notify(notifier.WorkerFailed, at, b.Root, wf.Error(), map[string]string{"report": text, "victims": joinInts(b.victimRanks())})
+	} else {
+		s.notifyFault(at, f)
 	}
 	var jf *rdzv.JobFailedError
 	if errors.As(ferr, &jf) {
@@ -319,6 +328,8 @@ func (a *Agent) failAttempt(ctx context.Context, s *session, at *attempt, f *Fau
 		return false, context.Cause(ctx)
 	}
 	a.log.Warn("restarting worker group", "restarts", at.r.Restarts+1, "max_restarts", a.cfg.MaxRestarts)
+	s.notify(notifier.Restarted, at, -1, "restarting the job's workers: "+f.Reason,
+		map[string]string{"restarts": strconv.Itoa(at.r.Restarts + 1), "max_restarts": strconv.Itoa(a.cfg.MaxRestarts)})
 	return false, nil
 }
 

@@ -15,7 +15,7 @@ import (
 // failed first and how, what it said last, which ranks failed only
 // because of it, and the state of every worker and of the node when it
 // happened.
-func (a *Agent) report(wf *WorkerFailedError, at *attempt, mon *hostmon.Monitor) {
+func (a *Agent) report(wf *WorkerFailedError, at *attempt, mon *hostmon.Monitor) (Blame, string) {
 	b := blameAgain(at.g.Outcomes(), wf.Decided, wf.Blame) // the exits and notes of them all, now
 	attrs := []any{"rank", b.Root, "attempt", at.r.Restarts}
 	if e := b.Exit; e != nil {
@@ -28,7 +28,9 @@ func (a *Agent) report(wf *WorkerFailedError, at *attempt, mon *hostmon.Monitor)
 		attrs = append(attrs, "victims", b.victimRanks())
 	}
 	a.log.Error("worker failed", attrs...)
-	a.stderr.Write([]byte(formatReport(b, at.r.Restarts, a.cfg.MaxRestarts, at.started, at.g.PIDs(), mon)))
+	text := formatReport(b, at.r.Restarts, a.cfg.MaxRestarts, at.started, at.g.PIDs(), mon)
+	a.stderr.Write([]byte(text))
+	return b, text
 }
 
 func formatReport(b Blame, attempt, maxRestarts int, started time.Time, pids map[int]int, mon *hostmon.Monitor) string {

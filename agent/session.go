@@ -7,7 +7,10 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
+	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -30,6 +33,9 @@ type session struct {
 	// stragglers acts on confirmed persistent stragglers
 	// (--straggler-action); the watch hands it what it names.
 	stragglers *stragglerPolicy
+	// plugins runs the --plugin processes; nil without any.
+	plugins *pluginhost.Host
+	named   namedStragglers // the stragglers the notifiers were told of
 
 	bg   sync.WaitGroup // the background parts, waited for at the end of Run
 	left bool           // this node left the rendezvous (or needs not)
@@ -79,7 +85,7 @@ func (a *Agent) startTelemetry(ctx context.Context, s *session) (func(), error) 
 	}
 	s.watch = watch.New(watch.Config{Log: a.log, HangTimeout: a.cfg.Telemetry.HangTimeout, HangAuto: a.cfg.Telemetry.HangAuto,
 		StragglerCost: a.cfg.Telemetry.StragglerCost, RankOf: a.authorize, ReadGPU: readGPU, ReadHost: s.mon.Slowdown,
-		OnStragglers: s.stragglers.look, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
+		OnStragglers: func(named []telemetry.Straggler) { s.named.look(s, named); s.stragglers.look(named) }, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
 	exp, closeExp, err := a.openExporter(ctx, s.runID, s.runDir, s.keep, s.watch.Worker)
 	if err != nil {
 		s.watch.Close()
@@ -126,5 +132,10 @@ func (a *Agent) startControl(ctx context.Context, s *session) (func(), error) {
 // drains the node cancels the run with a *GPUFaultError.
 func (a *Agent) startMonitors(ctx context.Context, cancel context.CancelCauseFunc, s *session) {
 	s.goBackground(func() { _ = s.mon.Run(ctx) })
-	s.goBackground(func() { a.watchGPUs(ctx, s.faults.report, func(f *GPUFaultError) { cancel(f) }) })
+	s.goBackground(func() {
+		a.watchGPUs(ctx, s.faults.report, func(f *GPUFaultError) {
+			s.notify(notifier.GPUFault, nil, -1, f.Error(), map[string]string{"action": f.Action.String()})
+			cancel(f)
+		})
+	})
 }

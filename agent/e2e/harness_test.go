@@ -62,6 +62,16 @@ func setup(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "build libddpshim.so: %v\n%s", err, out)
 		return 1
 	}
+	// The bundled plugins' binary, next to the agent as make build lays
+	// them out (no race detector: it is a child of the agent, not code
+	// under test here; plugins/ tests it under -race).
+	plugins := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", filepath.Join(dir, "ddp-agent-plugins"),
+		"./plugins/cmd/ddp-agent-plugins")
+	plugins.Dir = repoRoot
+	if out, err := plugins.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build ddp-agent-plugins: %v\n%s", err, out)
+		return 1
+	}
 	python = os.Getenv("DDP_AGENT_PYTHON")
 	if python == "" {
 		python = "/usr/bin/python3"

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 )
 
 // Std selects which of a worker's standard streams a --redirects or --tee
@@ -140,6 +142,9 @@ type Config struct {
 	StragglerAction  string
 	StragglerConfirm time.Duration
 
+	// Plugins are the --plugin specs (or $DDP_AGENT_PLUGINS's).
+	Plugins []pluginhost.Spec
+
 	Script     string
 	ScriptArgs []string
 }
@@ -194,6 +199,8 @@ type flagSpec struct {
 	// out, so that it never makes one of torchrun's prefixes ambiguous
 	// (--max still means --max-restarts).
 	exact bool
+	// repeat: every use counts (--plugin a --plugin b), not only the last.
+	repeat bool
 }
 
 var flagSpecs = []flagSpec{
@@ -224,6 +231,7 @@ var flagSpecs = []flagSpec{
 	{name: "straggler-cost", def: "0.05", help: "name a persistent straggler only when the waits it causes cost at least this share of step time (0 to 1, exclusive)"},
 	{name: "straggler-action", def: "log", help: "what to do about a persistent straggler named without a gap for --straggler-confirm: log (a line, nothing more), restart (restart the job, counted against --max-restarts; not when none are left), or drain (the node that runs the straggler leaves the job, when at least MIN nodes remain or a spare waits)"},
 	{name: "straggler-confirm", def: "60s", help: "how long a rank must stay a persistent straggler, without a gap, before --straggler-action acts (seconds, or like 90s; above 0)"},
+	{name: "plugin", exact: true, repeat: true, help: "run a plugin beside the job, repeatable: NAME[,key=value...] for a bundled one (exec, nic, disk, webhook; see ddp-agent plugins) or /path/to/plugin[,key=value...]; default $DDP_AGENT_PLUGINS (specs separated by ';')"},
 	{name: "log-dir", help: "directory for per-rank stdout/stderr files, kept per attempt"},
 	{name: "redirects", short: "r", def: "0", help: "streams sent only to log files: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2 per local rank"},
 	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
@@ -276,6 +284,7 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 		}
 	}
 	raw["rdzv-token"] = getenv("DDP_AGENT_RDZV_TOKEN") // a secret is better kept out of argv
+	raw["plugins-env"] = getenv("DDP_AGENT_PLUGINS")
 	// torchrun runs workers under its own interpreter, or PYTHON_EXEC.
 	for _, env := range []string{"PYTHON_EXEC", "DDP_AGENT_PYTHON"} {
 		if v := getenv(env); v != "" {
@@ -304,7 +313,19 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 		if err != nil {
 			return nil, err
 		}
-		set[f.name] = true // given twice: the last one wins, as with argparse
+		again := set[f.name]
+		set[f.name] = true                // given twice: the last one wins, as with argparse
+		if f.repeat && again && !f.bool { // ... unless it is one of ddp-agent's repeatable ones
+			if !hasVal {
+				if i+1 >= len(args) {
+					return nil, usagef("flag --%s needs a value", f.name)
+				}
+				i++
+				val = args[i]
+			}
+			raw[f.name] += "\n" + val
+			continue
+		}
 		switch {
 		case f.bool && hasVal:
 			return nil, usagef("--%s takes no value, got %q", f.name, val)
@@ -401,6 +422,9 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.TraceSample, err = strconv.ParseFloat(r["trace-sample"], 64); err != nil || c.TraceSample < 0 || c.TraceSample > 1 {
 		return usagef("--trace-sample must be a number from 0 to 1, got %q", r["trace-sample"])
 	}
+	if err := r.plugins(c); err != nil {
+		return err
+	}
 	if err := r.stragglers(c); err != nil {
 		return err
 	}
@@ -489,6 +513,20 @@ func (r rawFlags) logDir(c *Config) error {
 	if fi, err := os.Stat(c.LogDir); err == nil && !fi.IsDir() {
 		return usagef("--log-dir %s exists and is not a directory", c.LogDir)
 	}
+	return nil
+}
+
+// plugins reads every --plugin, or $DDP_AGENT_PLUGINS without one.
+func (r rawFlags) plugins(c *Config) error {
+	var flags []string
+	if r["plugin"] != "" {
+		flags = strings.Split(r["plugin"], "\n")
+	}
+	specs, err := pluginhost.ParseSpecs(flags, r["plugins-env"])
+	if err != nil {
+		return usagef("%v", err)
+	}
+	c.Plugins = specs
 	return nil
 }
 

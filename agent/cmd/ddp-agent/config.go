@@ -47,6 +47,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 			LastCall:    rc.LastCall,
 			TTL:         rc.TTL(),
 		},
+		Plugins: agent.Plugins{Specs: cfg.Plugins, Dir: getenv("DDP_AGENT_PLUGIN_DIR")},
 		Telemetry: agent.Telemetry{
 			HangTimeout:   cfg.HangTimeout,
 			HangAuto:      cfg.HangAuto,

@@ -18,6 +18,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
+	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
@@ -30,6 +31,7 @@ Usage:
   ddp-agent run [flags] [--] script.py [args...]   run and supervise this node's workers
   ddp-agent status --rdzv-endpoint HOST:PORT      show a multi-node job's nodes and state
   ddp-agent topo [--json]                         show this node's GPUs, their links and CPU/NUMA affinity
+  ddp-agent plugins                               list the bundled plugins, their options and versions
   ddp-agent version                               print the version
   ddp-agent help [command]                        help for a command
 `
@@ -51,6 +53,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runStatus(args[1:], stdout, stderr)
 	case "topo":
 		return runTopo(args[1:], stdout, stderr)
+	case "plugins":
+		return runPlugins(args[1:], stdout, stderr)
 	case bindCommand:
 		// The NUMA binding trampoline between the agent and a worker: it
 		// returns only when it cannot bind or exec.
@@ -72,6 +76,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			case "topo":
 				fmt.Fprint(stdout, topoUsage)
 				return 0
+			case "plugins":
+				fmt.Fprint(stdout, pluginsUsage)
+				return 0
 			case "version":
 				fmt.Fprintln(stdout, "Usage: ddp-agent version\n\nPrints the version of ddp-agent and of the Go toolchain that built it.")
 				return 0
@@ -85,7 +92,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
-	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, status, topo, version, help)\n", args[0])
+	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, status, topo, plugins, version, help)\n", args[0])
 	return 2
 }
 
@@ -145,6 +152,8 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	var failed *agent.JobFailedError
 	var gpuFault *agent.GPUFaultError
 	var slow *agent.StragglerError
+	var pluginFault *agent.PluginFaultError
+	var refused *pluginhost.RefusedError
 	switch {
 	case err == nil:
 		return 0
@@ -157,6 +166,12 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &slow) && slow.Action == agent.StragglerDrain:
 		log.Error("node drained", "err", err)
 		return exitDrained
+	case errors.As(err, &pluginFault) && pluginFault.Drains():
+		log.Error("node drained", "err", err)
+		return exitDrained
+	case errors.As(err, &refused):
+		fmt.Fprintf(stderr, "ddp-agent run: %v\n", err)
+		return 2
 	case errors.As(err, &failed):
 		log.Error("job failed", "err", err)
 		return 1
@@ -166,8 +181,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-// exitDrained is the exit code when a GPU fault, or a persistent
-// straggler under --straggler-action drain, made this node leave the job:
+// exitDrained is the exit code when a GPU fault, a persistent straggler
+// under --straggler-action drain, or a detector plugin's drain-node
+// finding made this node leave the job:
 // the node needs attention before it runs another one.
 const exitDrained = 3
 

@@ -1,0 +1,283 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// buildMisbehave builds testdata/plugins/misbehave once per name: the
+// binary's name is how it misbehaves (crash, hang, garbage, v2).
+func buildMisbehave(t *testing.T, names ...string) map[string]string {
+	t.Helper()
+	dir := t.TempDir()
+	first := filepath.Join(dir, names[0])
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", first, "./agent/e2e/testdata/plugins/misbehave")
+	build.Dir = repoRoot
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the misbehaving plugin: %v\n%s", err, out)
+	}
+	paths := map[string]string{names[0]: first}
+	for _, n := range names[1:] {
+		paths[n] = filepath.Join(dir, n)
+		if err := os.Link(first, paths[n]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return paths
+}
+
+// writeScript writes an executable shell script into a fresh directory.
+func writeScript(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "check.sh")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+var logTimeRE = regexp.MustCompile(`time=(\S+)`)
+
+// lineTime is the time of the first agent log line holding every one of
+// parts, in any order; zero when none does.
+func lineTime(logs string, parts ...string) time.Time {
+	for _, line := range strings.Split(logs, "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if m := logTimeRE.FindStringSubmatch(line); all && m != nil {
+			ts, err := time.Parse(time.RFC3339Nano, m[1])
+			if err == nil {
+				return ts
+			}
+		}
+	}
+	return time.Time{}
+}
+
+// An exec check that exits 2 restarts the workers within a second of its
+// verdict, with its message in the log; the restart counts against
+// --max-restarts, and the job then finishes.
+func TestPluginExecRestarts(t *testing.T) {
+	trigger := filepath.Join(t.TempDir(), "trigger")
+	script := writeScript(t, fmt.Sprintf("if [ -e %[1]s ]; then rm -f %[1]s; echo 'fabric port mlx5_0/1 flapped'; exit 2; fi\necho fine\n", trigger))
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
+		"--plugin", "exec,command="+script+",interval=500ms,timeout=5s", "timed.py", "4")
+	r.workerPIDs(1)
+	if err := os.WriteFile(trigger, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(60 * time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0\n%s", code, r.logs())
+	}
+	logs := r.stderr.String()
+	found := lineTime(logs, "health finding", "fabric port mlx5_0/1 flapped")
+	restarted := lineTime(logs, "restarting worker group")
+	if found.IsZero() || restarted.IsZero() {
+		t.Fatalf("want the finding and the restart in the log\n%s", r.logs())
+	}
+	if d := restarted.Sub(found); d < 0 || d > time.Second {
+		t.Errorf("restart %v after the finding, want within 1s\n%s", d, r.logs())
+	}
+	if !strings.Contains(r.stdout.String(), "restart_count=1") {
+		t.Errorf("no restarted worker\n%s", r.logs())
+	}
+}
+
+// An exec check that exits 3 drains the node: the agent exits 3.
+func TestPluginExecDrains(t *testing.T) {
+	script := writeScript(t, "echo 'node scheduled for maintenance'; exit 3\n")
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1", "--max-restarts", "3",
+		"--plugin", "exec,command="+script+",interval=1s", "timed.py", "30")
+	if code := r.wait(30 * time.Second); code != 3 {
+		t.Fatalf("exit %d, want 3 (drained)\n%s", code, r.logs())
+	}
+	if !strings.Contains(r.stderr.String(), "node scheduled for maintenance") {
+		t.Errorf("the check's message is not in the log\n%s", r.logs())
+	}
+}
+
+// A plugin of another protocol version, an unknown option or a missing
+// binary stops the agent before the job, with one line.
+func TestPluginRefused(t *testing.T) {
+	bins := buildMisbehave(t, "v2")
+	for _, tc := range []struct{ spec, want string }{
+		{bins["v2"], "speaks plugin protocol 2, this ddp-agent speaks 1"},
+		{"exec,command=true,colour=blue", `unknown option "colour"`},
+		{"/nonexistent/plugin", "no such file"},
+		{"nosuchplugin", "no bundled plugin of that name"},
+	} {
+		r := startAgent(t, nil, "--standalone", "--plugin", tc.spec, "timed.py", "30")
+		if code := r.wait(20 * time.Second); code != 2 {
+			t.Errorf("--plugin %s: exit %d, want 2\n%s", tc.spec, code, r.logs())
+			continue
+		}
+		if !strings.Contains(r.stderr.String(), tc.want) {
+			t.Errorf("--plugin %s: want %q in\n%s", tc.spec, tc.want, r.logs())
+		}
+		if strings.Contains(r.stdout.String(), "ready") {
+			t.Errorf("--plugin %s: a worker started", tc.spec)
+		}
+	}
+}
+
+// Plugins that crash, hang or write garbage before their handshake are
+// logged and restarted; the job runs and finishes as without them.
+func TestPluginFaultsNeverStopTraining(t *testing.T) {
+	bins := buildMisbehave(t, "crash", "hang", "garbage")
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1",
+		"--plugin", bins["crash"], "--plugin", bins["hang"], "--plugin", bins["garbage"], "timed.py", "9")
+	if code := r.wait(60 * time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0\n%s", code, r.logs())
+	}
+	logs := r.stderr.String()
+	for _, want := range [][]string{
+		{"plugin failed", "plugin=crash", "exited"},
+		{"plugin failed", "plugin=hang", "hung"},
+		{"plugin=garbage", "failed"},
+	} {
+		if lineTime(logs, want...).IsZero() {
+			t.Errorf("no log line with %q\n%s", want, r.logs())
+		}
+	}
+	if n := strings.Count(logs, "plugin restarted"); n == 0 {
+		t.Errorf("no plugin was restarted\n%s", r.logs())
+	}
+}
+
+// childPIDs lists the live processes whose parent is pid.
+func childPIDs(pid int) []int {
+	var kids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			kids = append(kids, n)
+		}
+	}
+	return kids
+}
+
+// The agent SIGKILLed leaves no plugin process behind.
+func TestPluginsDieWithAgent(t *testing.T) {
+	bins := buildMisbehave(t, "hang")
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1",
+		"--plugin", "exec,command=true,interval=1s", "--plugin", bins["hang"], "sleeper.py")
+	r.workerPIDs(1)
+	waitFor(t, 20*time.Second, func() bool { return strings.Count(r.stderr.String(), "plugin started") == 2 }, r.logs)
+	var plugins []int
+	for _, kid := range childPIDs(r.cmd.Process.Pid) {
+		exe, _ := os.Readlink("/proc/" + strconv.Itoa(kid) + "/exe")
+		if strings.HasSuffix(exe, "ddp-agent-plugins") || strings.HasSuffix(exe, "/hang") {
+			plugins = append(plugins, kid)
+		}
+	}
+	if len(plugins) != 2 {
+		t.Fatalf("found plugin processes %v, want 2", plugins)
+	}
+	r.cmd.Process.Signal(syscall.SIGKILL)
+	r.wait(10 * time.Second)
+	waitFor(t, 5*time.Second, func() bool {
+		for _, p := range plugins {
+			if processAlive(p) {
+				return false
+			}
+		}
+		return true
+	}, func() string { return fmt.Sprintf("plugin processes %v outlived the agent", plugins) })
+}
+
+// hookServer records the webhook's events; delay and status say how it
+// answers.
+type hookServer struct {
+	*httptest.Server
+	mu     sync.Mutex
+	events []map[string]any
+}
+
+func newHookServer(t *testing.T, delay time.Duration, status int) *hookServer {
+	h := &hookServer{}
+	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		var ev map[string]any
+		if err := json.NewDecoder(req.Body).Decode(&ev); err == nil {
+			h.mu.Lock()
+			h.events = append(h.events, ev)
+			h.mu.Unlock()
+		}
+		select {
+		case <-time.After(delay):
+		case <-req.Context().Done():
+		}
+		w.WriteHeader(status)
+	}))
+	t.Cleanup(h.Close)
+	return h
+}
+
+func (h *hookServer) kinds() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var k []string
+	for _, ev := range h.events {
+		k = append(k, fmt.Sprint(ev["kind"]))
+	}
+	return k
+}
+
+// The webhook hears the job's events in order, the root-cause report with
+// the worker's failure; a slow and a failing endpoint beside it delay
+// nothing and lose only their own events.
+func TestPluginWebhook(t *testing.T) {
+	good := newHookServer(t, 0, http.StatusOK)
+	slow := newHookServer(t, time.Minute, http.StatusOK)
+	failing := newHookServer(t, 0, http.StatusInternalServerError)
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+		"--plugin", "webhook,url="+good.URL, "--plugin", "webhook,url="+slow.URL+",timeout=1s,retries=0",
+		"--plugin", "webhook,url="+failing.URL+",retries=1", "flaky.py")
+	if code := r.wait(60 * time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0\n%s", code, r.logs())
+	}
+	if d := time.Since(r.started); d > 30*time.Second {
+		t.Errorf("the job took %v with a slow notifier", d)
+	}
+	want := []string{"job_started", "worker_failed", "restarted", "job_finished"}
+	if got := good.kinds(); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("events %v, want %v\n%s", got, want, r.logs())
+	}
+	good.mu.Lock()
+	failed := good.events[1]
+	good.mu.Unlock()
+	details, _ := failed["details"].(map[string]any)
+	if failed["rank"] != float64(1) || !strings.Contains(fmt.Sprint(details["report"]), "root cause") {
+		t.Errorf("worker_failed event %v: want rank 1 and the root-cause report", failed)
+	}
+	if len(failing.kinds()) == 0 {
+		t.Errorf("the failing endpoint was never called")
+	}
+	if !strings.Contains(r.stderr.String(), "notifier events") {
+		t.Errorf("no delivery summary\n%s", r.logs())
+	}
+}

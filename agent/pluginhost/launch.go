@@ -1,0 +1,198 @@
+package pluginhost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"regexp"
+	"syscall"
+	"time"
+
+	goplugin "github.com/hashicorp/go-plugin"
+
+	"github.com/ddp-agent/ddp-agent/plugins"
+	"github.com/ddp-agent/ddp-agent/plugins/detector"
+	"github.com/ddp-agent/ddp-agent/plugins/notifier"
+)
+
+// RefusedError is a plugin the agent will not run as configured: a
+// missing binary, another protocol version, an unknown option, a value
+// its Configure refused. At start it stops the agent before the job does;
+// it is the user's to fix, so it is never retried.
+type RefusedError struct {
+	Plugin string
+	Err    error
+}
+
+func (e *RefusedError) Error() string { return "plugin " + e.Plugin + " refused: " + e.Err.Error() }
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+// proc is one running plugin process and what it serves.
+type proc struct {
+	client *goplugin.Client
+	stderr *stderrTail
+	info   plugins.Info
+	det    detector.Detector
+	not    notifier.Notifier
+}
+
+func (p *proc) kill() {
+	if p != nil && p.client != nil {
+		p.client.Kill()
+	}
+}
+
+func (p *proc) exited() bool { return p == nil || p.client == nil || p.client.Exited() }
+
+// exitedWithin reports whether the process exits within d: a broken
+// stream is often seen before go-plugin has reaped the process.
+func (p *proc) exitedWithin(d time.Duration) bool {
+	for end := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+		if p.exited() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
+}
+
+// pluginSet is the agent's side of every plugin kind: go-plugin dispenses
+// the one a plugin's Info names.
+func pluginSet() goplugin.PluginSet {
+	return goplugin.PluginSet{
+		plugins.InfoName:             &plugins.InfoPlugin{},
+		string(plugins.KindDetector): &detector.Plugin{},
+		string(plugins.KindNotifier): &notifier.Plugin{},
+	}
+}
+
+var versionRE = regexp.MustCompile(`Plugin version: (\d+)`)
+
+// launch starts sp's process, reads its Info and dispenses its kind. The
+// process gets SIGKILL when the agent dies (Pdeathsig; the SDK also
+// watches its parent), and a process group of its own so that stopping it
+// takes what it started.
+func (h *Host) launch(ctx context.Context, sp Spec) (*proc, error) {
+	path, args, err := sp.command(h.cfg.Dir)
+	if err != nil {
+		return nil, &RefusedError{Plugin: sp.Name, Err: err}
+	}
+	cmd := exec.Command(path, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	tail := &stderrTail{}
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  plugins.Handshake(),
+		Plugins:          pluginSet(),
+		Cmd:              cmd,
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		Logger:           newHCLog(h.log, sp.Name),
+		StartTimeout:     h.cfg.StartTimeout,
+		Stderr:           tail, // go-plugin also logs each stderr line through Logger
+		SyncStdout:       io.Discard,
+		SyncStderr:       tail, // the plugin's os.Stderr, once it serves
+	})
+	p := &proc{client: client, stderr: tail}
+	if err := h.connect(ctx, sp, p); err != nil {
+		p.kill()
+		return nil, tail.wrap(err)
+	}
+	return p, nil
+}
+
+func (h *Host) connect(ctx context.Context, sp Spec, p *proc) error {
+	rpc, err := p.client.Client()
+	if err != nil {
+		if m := versionRE.FindStringSubmatch(err.Error()); m != nil {
+			return &RefusedError{Plugin: sp.Name, Err: fmt.Errorf("it speaks plugin protocol %s, this ddp-agent speaks %d: rebuild it against this agent's plugins SDK", m[1], plugins.ProtocolVersion)}
+		}
+		return fmt.Errorf("plugin %s: start: %w", sp.Name, handshakeError(err))
+	}
+	raw, err := rpc.Dispense(plugins.InfoName)
+	if err != nil {
+		return fmt.Errorf("plugin %s: %w", sp.Name, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.CallTimeout)
+	defer cancel()
+	info, err := raw.(plugins.Described).Info(cctx)
+	if err != nil {
+		return fmt.Errorf("plugin %s: Info: %w", sp.Name, err)
+	}
+	if sp.Path == "" && info.Name != sp.Name {
+		return &RefusedError{Plugin: sp.Name, Err: fmt.Errorf("the binary serves %q", info.Name)}
+	}
+	if err := sp.Config.Check(info); err != nil {
+		return &RefusedError{Plugin: sp.Name, Err: err}
+	}
+	p.info = info
+	switch info.Kind {
+	case plugins.KindDetector:
+		raw, err = rpc.Dispense(string(plugins.KindDetector))
+		if err == nil {
+			p.det = raw.(detector.Detector)
+		}
+	case plugins.KindNotifier:
+		raw, err = rpc.Dispense(string(plugins.KindNotifier))
+		if err == nil {
+			p.not = raw.(notifier.Notifier)
+		}
+	default:
+		return &RefusedError{Plugin: sp.Name, Err: fmt.Errorf("unknown kind %q", info.Kind)}
+	}
+	if err != nil {
+		return fmt.Errorf("plugin %s: %w", sp.Name, err)
+	}
+	return nil
+}
+
+// configure passes sp's settings to a started plugin; a refusal is the
+// user's.
+func (h *Host) configure(ctx context.Context, sp Spec, p *proc) (detector.Schedule, error) {
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.CallTimeout)
+	defer cancel()
+	var sched detector.Schedule
+	var err error
+	if p.det != nil {
+		sched, err = p.det.Configure(cctx, sp.Config)
+		if err == nil && sched.Every <= 0 {
+			err = errors.New("Configure promised no schedule (Every must be above 0)")
+		}
+	} else {
+		err = p.not.Configure(cctx, sp.Config)
+	}
+	if err != nil && cctx.Err() == nil && !p.exited() {
+		return sched, &RefusedError{Plugin: sp.Name, Err: err}
+	}
+	if err != nil {
+		return sched, fmt.Errorf("plugin %s: Configure: %w", sp.Name, err)
+	}
+	return sched, nil
+}
+
+// start launches and configures sp: the first time at the agent's start,
+// and again after each crash or hang.
+func (h *Host) start(ctx context.Context, sp Spec) (*proc, detector.Schedule, error) {
+	p, err := h.launch(ctx, sp)
+	if err != nil {
+		return nil, detector.Schedule{}, err
+	}
+	sched, err := h.configure(ctx, sp, p)
+	if err != nil {
+		p.kill()
+		return nil, sched, err
+	}
+	return p, sched, nil
+}
+
+// restartDelay is the backoff after the n-th failure in a row (n >= 1):
+// 1 s, doubling, at most Config.MaxBackoff.
+func restartDelay(n int, first, max time.Duration) time.Duration {
+	d := first
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}

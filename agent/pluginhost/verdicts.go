@@ -1,0 +1,92 @@
+package pluginhost
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/plugins/detector"
+	"github.com/ddp-agent/ddp-agent/plugins/notifier"
+)
+
+// logEvery: one subject's changing findings are logged at most once in
+// this long; the lines between are counted into the next one.
+const logEvery = time.Second
+
+// verdicts turns detector verdicts into what the agent does: every
+// verdict that asks for a restart or a drain goes to OnFinding; a change
+// of a subject's verdict is logged and told to the notifiers (a subject
+// that recovers too), so a check that says the same every 30 s says it
+// once.
+type verdicts struct {
+	h    *Host
+	mu   sync.Mutex
+	last map[string]*verdict // by plugin and subject
+}
+
+type verdict struct {
+	f          detector.Finding
+	logged     time.Time
+	suppressed int
+}
+
+func newVerdicts(h *Host) *verdicts { return &verdicts{h: h, last: map[string]*verdict{}} }
+
+// changed is whether f says something else of its subject than prev.
+func changed(prev *verdict, f detector.Finding) bool {
+	return prev == nil || prev.f.Severity != f.Severity || prev.f.Action != f.Action || prev.f.Message != f.Message
+}
+
+func (v *verdicts) add(plugin string, f detector.Finding) {
+	if f.Time.IsZero() {
+		f.Time = time.Now()
+	}
+	if f.Subject == "" {
+		f.Subject = "node"
+	}
+	if f.Action >= detector.ActionRestartWorkers {
+		v.h.cfg.OnFinding(Finding{Plugin: plugin, Finding: f})
+	}
+	key := plugin + "\x00" + f.Subject
+	v.mu.Lock()
+	prev := v.last[key]
+	if !changed(prev, f) {
+		v.mu.Unlock()
+		return
+	}
+	recovered := prev != nil && prev.f.Severity != detector.SeverityOK && f.Severity == detector.SeverityOK
+	cur := &verdict{f: f}
+	if prev != nil {
+		cur.logged, cur.suppressed = prev.logged, prev.suppressed
+	}
+	v.last[key] = cur
+	quiet := f.Severity == detector.SeverityOK && !recovered // the first healthy verdict: nothing to say
+	logIt := !quiet && f.Time.Sub(cur.logged) >= logEvery
+	suppressed := cur.suppressed
+	switch {
+	case logIt:
+		cur.logged, cur.suppressed = f.Time, 0
+	case !quiet:
+		cur.suppressed++
+	}
+	v.mu.Unlock()
+	if quiet {
+		return
+	}
+	if logIt {
+		level, msg := slog.LevelWarn, "health finding"
+		switch {
+		case recovered:
+			level, msg = slog.LevelInfo, "health finding cleared"
+		case f.Severity >= detector.SeverityError:
+			level = slog.LevelError
+		}
+		attrs := []any{"plugin", plugin, "subject", f.Subject, "severity", f.Severity.String(), "action", f.Action.String(), "finding", f.Message}
+		if suppressed > 0 {
+			attrs = append(attrs, "changes_not_logged", suppressed)
+		}
+		v.h.log.Log(v.h.ctx, level, msg, attrs...)
+	}
+	v.h.Notify(notifier.Event{Kind: notifier.HealthFinding, Time: f.Time, Rank: -1, Message: f.Message,
+		Details: map[string]string{"plugin": plugin, "subject": f.Subject, "severity": f.Severity.String(), "action": f.Action.String()}})
+}

@@ -1,0 +1,161 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+	"github.com/ddp-agent/ddp-agent/plugins/detector"
+	"github.com/ddp-agent/ddp-agent/plugins/notifier"
+)
+
+// pluginFlush is how long the agent waits at exit for the notifiers to
+// deliver what they hold (the job's last events among them).
+const pluginFlush = 5 * time.Second
+
+// Plugins says which plugins run beside the job.
+type Plugins struct {
+	Specs []pluginhost.Spec
+	Dir   string // where the bundled plugins' binary is; "": next to the executable
+	// Host, when set, overrides the host's timeouts (tests).
+	Host pluginhost.Config
+}
+
+// PluginFaultError is a detector plugin's finding that stops this node's
+// workers: restart-workers restarts the job (a fault, counted against
+// --max-restarts); drain-node makes the node leave the job, and the agent
+// exit 3.
+type PluginFaultError struct{ Finding pluginhost.Finding }
+
+func (e *PluginFaultError) Error() string {
+	f := e.Finding
+	what := fmt.Sprintf("plugin %s: %s: %s", f.Plugin, f.Subject, f.Message)
+	if e.Drains() {
+		return what + ": this node must be drained; it leaves the job"
+	}
+	return what + ": restarting the workers"
+}
+
+// Drains reports whether the finding makes the node leave the job.
+func (e *PluginFaultError) Drains() bool { return e.Finding.Action >= detector.ActionDrainNode }
+
+// startPlugins starts the plugins; a finding that drains the node cancels
+// the run with its *PluginFaultError, one that restarts the workers is a
+// fault of the attempt. Without --plugin it starts nothing (a nil host
+// notifies nothing).
+func (a *Agent) startPlugins(runID string, cancel context.CancelCauseFunc, s *session) error {
+	p := a.cfg.Plugins
+	if len(p.Specs) == 0 {
+		return nil
+	}
+	cfg := p.Host
+	cfg.Specs, cfg.Job = p.Specs, runID
+	cfg.Dir = pluginhost.BundledDir(p.Dir)
+	cfg.OnFinding = func(f pluginhost.Finding) {
+		pf := &PluginFaultError{Finding: f}
+		if pf.Drains() {
+			cancel(pf)
+			return
+		}
+		s.faults.report(&Fault{Source: FromPlugin, Seen: f.Time, Reason: pf.Error(), Err: pf})
+	}
+	h, err := pluginhost.Start(cfg, a.log)
+	if err != nil {
+		return err
+	}
+	s.plugins = h
+	return nil
+}
+
+// notify tells the notifier plugins about an event of attempt at (nil:
+// none yet).
+func (s *session) notify(kind notifier.EventKind, at *attempt, rank int, msg string, details map[string]string) {
+	if s.plugins == nil {
+		return
+	}
+	ev := notifier.Event{Kind: kind, Rank: rank, Message: msg, Details: details}
+	if at != nil {
+		ev.Generation, ev.Attempt = at.gen, at.n
+	}
+	s.plugins.Notify(ev)
+}
+
+// roundEventKind is what a round's end says of the job's nodes: one lost
+// or gone, one joined, or neither (another node's fault: a restart).
+func roundEventKind(reason string) notifier.EventKind {
+	switch {
+	case strings.Contains(reason, ") lost:"), strings.Contains(reason, ") left:"):
+		return notifier.NodeLost
+	case strings.Contains(reason, ") joined;"):
+		return notifier.NodeJoined
+	}
+	return notifier.Restarted
+}
+
+// namedStragglers tells the notifiers about each rank newly named a
+// persistent straggler (the watch hands over the named ranks at every
+// look); a rank named again after it recovered is told again.
+type namedStragglers struct {
+	mu    sync.Mutex
+	ranks map[int]bool
+}
+
+func (n *namedStragglers) look(s *session, named []telemetry.Straggler) {
+	if s.plugins == nil {
+		return
+	}
+	n.mu.Lock()
+	now := make(map[int]bool, len(named))
+	var fresh []telemetry.Straggler
+	for _, st := range named {
+		now[st.Rank] = true
+		if !n.ranks[st.Rank] {
+			fresh = append(fresh, st)
+		}
+	}
+	n.ranks = now
+	n.mu.Unlock()
+	for _, st := range fresh {
+		s.notify(notifier.Straggler, nil, st.Rank, fmt.Sprintf("persistent straggler: rank %d held the others back by %s, %.1f%% of the step time; cause %s",
+			st.Rank, st.Late.Round(time.Millisecond), 100*st.Share, st.Cause),
+			map[string]string{"cause": string(st.Cause), "late": st.Late.String(), "share": strconv.FormatFloat(st.Share, 'f', 3, 64)})
+	}
+}
+
+// notifyEnd tells the notifiers how this node's part of the job ended.
+func (s *session) notifyEnd(ctx context.Context, err error) {
+	if err == nil {
+		s.notify(notifier.JobFinished, nil, -1, "every worker of this node succeeded", nil)
+		return
+	}
+	reason := "failed"
+	if drainCause(ctx) != nil {
+		reason = "drained"
+	} else if _, ok := err.(*SignalError); ok {
+		reason = "stopped"
+	}
+	s.notify(notifier.JobFailed, nil, -1, err.Error(), map[string]string{"reason": reason})
+}
+
+// notifyFault tells the notifiers about a fault other than a worker's
+// failure that stops the attempt. A plugin's finding is not repeated: the
+// host told them when the verdict came.
+func (s *session) notifyFault(at *attempt, f *Fault) {
+	switch f.Source {
+	case FromHang:
+		h, _ := errorsAs[*watch.HangError](f)
+		s.notify(notifier.Hang, at, -1, f.Reason, map[string]string{"missing": joinInts(h.Hang.Missing),
+			"step": strconv.FormatUint(h.Hang.Step, 10), "bucket": strconv.FormatUint(uint64(h.Hang.Bucket), 10), "report": h.Report})
+	case FromGPU:
+		s.notify(notifier.GPUFault, at, -1, f.Reason, nil)
+	case FromStraggler:
+		se, _ := errorsAs[*StragglerError](f)
+		s.notify(notifier.Straggler, at, se.Straggler.Rank, f.Reason, map[string]string{"action": string(se.Action)})
+	}
+}
