@@ -27,7 +27,7 @@ func Bundled(ctx context.Context, dir string) ([]string, error) {
 func Describe(ctx context.Context, dir string, specs []Spec, log *slog.Logger) ([]plugins.Info, error) {
 	cfg := Config{Dir: dir}
 	cfg.defaults()
-	h := &Host{cfg: cfg, log: log, ctx: ctx}
+	h := &Host{cfg: cfg, log: log, ctx: ctx, describing: true}
 	var infos []plugins.Info
 	for _, sp := range specs {
 		p, err := h.launch(ctx, Spec{Name: sp.Name, Path: sp.Path, Raw: sp.Raw, Config: plugins.Config{}})
