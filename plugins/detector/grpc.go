@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 
 	"google.golang.org/grpc"
 
@@ -28,23 +27,36 @@ func (s *server) Configure(ctx context.Context, req *detectorv1.ConfigureRequest
 }
 
 // Watch streams the detector's findings until the agent cancels the call
-// (the stream's context). A finding the protocol cannot carry is refused
-// to the detector through emit's error, which its Watch returns: the
-// stream then ends with that error, and the agent sees why.
-func (s *server) Watch(_ *detectorv1.WatchRequest, stream grpc.ServerStreamingServer[detectorv1.Finding]) error {
-	// A detector may emit from several goroutines; a gRPC stream takes
-	// one Send at a time.
-	var mu sync.Mutex
-	return s.impl.Watch(stream.Context(), func(f Finding) error {
+// (the stream's context), in batches (batch.go). A finding the protocol
+// cannot carry is refused to the detector through emit's error, which
+// its Watch returns: the stream then ends with that error, and the agent
+// sees why. What the detector emitted before its Watch returned is sent
+// before the stream ends.
+func (s *server) Watch(_ *detectorv1.WatchRequest, stream grpc.ServerStreamingServer[detectorv1.Findings]) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	b := newBatcher(stream.Send)
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		b.run(ctx, errWatchEnded)
+	}()
+	err := s.impl.Watch(stream.Context(), func(f Finding) error {
 		msg, err := findingToWire(f)
 		if err != nil {
 			return fmt.Errorf("finding refused: %w", err)
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		return stream.Send(msg)
+		return b.add(msg)
 	})
+	cancel()
+	<-sent
+	if ferr := b.flush(); err == nil && ferr != nil && stream.Context().Err() == nil {
+		err = ferr
+	}
+	return err
 }
+
+// errWatchEnded is what emit returns once the stream is gone.
+var errWatchEnded = errors.New("detector: the agent ended the watch")
 
 // client is the agent's side of a detector plugin.
 type client struct {
@@ -71,20 +83,23 @@ func (c client) Watch(ctx context.Context, emit func(Finding) error) error {
 	if err != nil {
 		return fmt.Errorf("detector: %w", plugins.RPCError(ctx, "watch", err))
 	}
-	for n := 1; ; n++ {
-		msg, err := stream.Recv()
+	for n := 1; ; {
+		batch, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("detector: %w", plugins.RPCError(ctx, "watch", err))
 		}
-		f, err := findingFromWire(msg)
-		if err != nil {
-			return fmt.Errorf("detector: watch: finding %d refused: %w", n, err)
-		}
-		if err := emit(f); err != nil {
-			return err
+		for _, msg := range batch.GetFindings() {
+			f, err := findingFromWire(msg)
+			if err != nil {
+				return fmt.Errorf("detector: watch: finding %d refused: %w", n, err)
+			}
+			if err := emit(f); err != nil {
+				return err
+			}
+			n++
 		}
 	}
 }

@@ -20,9 +20,9 @@ type rawServer struct {
 	findings []*detectorv1.Finding
 }
 
-func (s *rawServer) Watch(_ *detectorv1.WatchRequest, stream grpc.ServerStreamingServer[detectorv1.Finding]) error {
+func (s *rawServer) Watch(_ *detectorv1.WatchRequest, stream grpc.ServerStreamingServer[detectorv1.Findings]) error {
 	for _, f := range s.findings {
-		if err := stream.Send(f); err != nil {
+		if err := stream.Send(&detectorv1.Findings{Findings: []*detectorv1.Finding{f}}); err != nil {
 			return err
 		}
 	}

@@ -261,6 +261,52 @@ func (*WatchRequest) Descriptor() ([]byte, []int) {
 }
 
 // Finding is one verdict of a check.
+// Findings are the verdicts a detector made since its last message, in
+// the order it made them.
+type Findings struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Findings      []*Finding             `protobuf:"bytes,1,rep,name=findings,proto3" json:"findings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Findings) Reset() {
+	*x = Findings{}
+	mi := &file_plugins_detector_proto_detector_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Findings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Findings) ProtoMessage() {}
+
+func (x *Findings) ProtoReflect() protoreflect.Message {
+	mi := &file_plugins_detector_proto_detector_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Findings.ProtoReflect.Descriptor instead.
+func (*Findings) Descriptor() ([]byte, []int) {
+	return file_plugins_detector_proto_detector_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Findings) GetFindings() []*Finding {
+	if x != nil {
+		return x.Findings
+	}
+	return nil
+}
+
 type Finding struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Subject  string                 `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"` // "node", a GPU UUID, a NIC, a path
@@ -275,7 +321,7 @@ type Finding struct {
 
 func (x *Finding) Reset() {
 	*x = Finding{}
-	mi := &file_plugins_detector_proto_detector_proto_msgTypes[3]
+	mi := &file_plugins_detector_proto_detector_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -287,7 +333,7 @@ func (x *Finding) String() string {
 func (*Finding) ProtoMessage() {}
 
 func (x *Finding) ProtoReflect() protoreflect.Message {
-	mi := &file_plugins_detector_proto_detector_proto_msgTypes[3]
+	mi := &file_plugins_detector_proto_detector_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -300,7 +346,7 @@ func (x *Finding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Finding.ProtoReflect.Descriptor instead.
 func (*Finding) Descriptor() ([]byte, []int) {
-	return file_plugins_detector_proto_detector_proto_rawDescGZIP(), []int{3}
+	return file_plugins_detector_proto_detector_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Finding) GetSubject() string {
@@ -351,7 +397,9 @@ const file_plugins_detector_proto_detector_proto_rawDesc = "" +
 	"\x11ConfigureResponse\x12\x1f\n" +
 	"\vevery_nanos\x18\x01 \x01(\x03R\n" +
 	"everyNanos\"\x0e\n" +
-	"\fWatchRequest\"\xd5\x01\n" +
+	"\fWatchRequest\"E\n" +
+	"\bFindings\x129\n" +
+	"\bfindings\x18\x01 \x03(\v2\x1d.ddpagent.detector.v1.FindingR\bfindings\"\xd5\x01\n" +
 	"\aFinding\x12\x18\n" +
 	"\asubject\x18\x01 \x01(\tR\asubject\x12:\n" +
 	"\bseverity\x18\x02 \x01(\x0e2\x1e.ddpagent.detector.v1.SeverityR\bseverity\x124\n" +
@@ -368,10 +416,10 @@ const file_plugins_detector_proto_detector_proto_rawDesc = "" +
 	"\vACTION_NONE\x10\x01\x12\x0f\n" +
 	"\vACTION_WARN\x10\x02\x12\x1a\n" +
 	"\x16ACTION_RESTART_WORKERS\x10\x03\x12\x15\n" +
-	"\x11ACTION_DRAIN_NODE\x10\x042\xb6\x01\n" +
+	"\x11ACTION_DRAIN_NODE\x10\x042\xb7\x01\n" +
 	"\bDetector\x12\\\n" +
-	"\tConfigure\x12&.ddpagent.detector.v1.ConfigureRequest\x1a'.ddpagent.detector.v1.ConfigureResponse\x12L\n" +
-	"\x05Watch\x12\".ddpagent.detector.v1.WatchRequest\x1a\x1d.ddpagent.detector.v1.Finding0\x01BBZ@github.com/ddp-agent/ddp-agent/plugins/detector/proto;detectorv1b\x06proto3"
+	"\tConfigure\x12&.ddpagent.detector.v1.ConfigureRequest\x1a'.ddpagent.detector.v1.ConfigureResponse\x12M\n" +
+	"\x05Watch\x12\".ddpagent.detector.v1.WatchRequest\x1a\x1e.ddpagent.detector.v1.Findings0\x01BBZ@github.com/ddp-agent/ddp-agent/plugins/detector/proto;detectorv1b\x06proto3"
 
 var (
 	file_plugins_detector_proto_detector_proto_rawDescOnce sync.Once
@@ -386,29 +434,31 @@ func file_plugins_detector_proto_detector_proto_rawDescGZIP() []byte {
 }
 
 var file_plugins_detector_proto_detector_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_plugins_detector_proto_detector_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_plugins_detector_proto_detector_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_plugins_detector_proto_detector_proto_goTypes = []any{
 	(Severity)(0),             // 0: ddpagent.detector.v1.Severity
 	(Action)(0),               // 1: ddpagent.detector.v1.Action
 	(*ConfigureRequest)(nil),  // 2: ddpagent.detector.v1.ConfigureRequest
 	(*ConfigureResponse)(nil), // 3: ddpagent.detector.v1.ConfigureResponse
 	(*WatchRequest)(nil),      // 4: ddpagent.detector.v1.WatchRequest
-	(*Finding)(nil),           // 5: ddpagent.detector.v1.Finding
-	nil,                       // 6: ddpagent.detector.v1.ConfigureRequest.ConfigEntry
+	(*Findings)(nil),          // 5: ddpagent.detector.v1.Findings
+	(*Finding)(nil),           // 6: ddpagent.detector.v1.Finding
+	nil,                       // 7: ddpagent.detector.v1.ConfigureRequest.ConfigEntry
 }
 var file_plugins_detector_proto_detector_proto_depIdxs = []int32{
-	6, // 0: ddpagent.detector.v1.ConfigureRequest.config:type_name -> ddpagent.detector.v1.ConfigureRequest.ConfigEntry
-	0, // 1: ddpagent.detector.v1.Finding.severity:type_name -> ddpagent.detector.v1.Severity
-	1, // 2: ddpagent.detector.v1.Finding.action:type_name -> ddpagent.detector.v1.Action
-	2, // 3: ddpagent.detector.v1.Detector.Configure:input_type -> ddpagent.detector.v1.ConfigureRequest
-	4, // 4: ddpagent.detector.v1.Detector.Watch:input_type -> ddpagent.detector.v1.WatchRequest
-	3, // 5: ddpagent.detector.v1.Detector.Configure:output_type -> ddpagent.detector.v1.ConfigureResponse
-	5, // 6: ddpagent.detector.v1.Detector.Watch:output_type -> ddpagent.detector.v1.Finding
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7, // 0: ddpagent.detector.v1.ConfigureRequest.config:type_name -> ddpagent.detector.v1.ConfigureRequest.ConfigEntry
+	6, // 1: ddpagent.detector.v1.Findings.findings:type_name -> ddpagent.detector.v1.Finding
+	0, // 2: ddpagent.detector.v1.Finding.severity:type_name -> ddpagent.detector.v1.Severity
+	1, // 3: ddpagent.detector.v1.Finding.action:type_name -> ddpagent.detector.v1.Action
+	2, // 4: ddpagent.detector.v1.Detector.Configure:input_type -> ddpagent.detector.v1.ConfigureRequest
+	4, // 5: ddpagent.detector.v1.Detector.Watch:input_type -> ddpagent.detector.v1.WatchRequest
+	3, // 6: ddpagent.detector.v1.Detector.Configure:output_type -> ddpagent.detector.v1.ConfigureResponse
+	5, // 7: ddpagent.detector.v1.Detector.Watch:output_type -> ddpagent.detector.v1.Findings
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_plugins_detector_proto_detector_proto_init() }
@@ -422,7 +472,7 @@ func file_plugins_detector_proto_detector_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugins_detector_proto_detector_proto_rawDesc), len(file_plugins_detector_proto_detector_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

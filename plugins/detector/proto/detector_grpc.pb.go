@@ -35,8 +35,10 @@ type DetectorClient interface {
 	// the job starts; its message is printed as it is.
 	Configure(ctx context.Context, in *ConfigureRequest, opts ...grpc.CallOption) (*ConfigureResponse, error)
 	// Watch streams the detector's verdicts, the healthy ones too (they are
-	// its heartbeat), until the agent cancels the call.
-	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Finding], error)
+	// its heartbeat), until the agent cancels the call. Verdicts come in
+	// batches: under a storm of them, one message per verdict would cost
+	// the agent a wake-up each.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Findings], error)
 }
 
 type detectorClient struct {
@@ -57,13 +59,13 @@ func (c *detectorClient) Configure(ctx context.Context, in *ConfigureRequest, op
 	return out, nil
 }
 
-func (c *detectorClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Finding], error) {
+func (c *detectorClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Findings], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Detector_ServiceDesc.Streams[0], Detector_Watch_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[WatchRequest, Finding]{ClientStream: stream}
+	x := &grpc.GenericClientStream[WatchRequest, Findings]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -74,7 +76,7 @@ func (c *detectorClient) Watch(ctx context.Context, in *WatchRequest, opts ...gr
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Detector_WatchClient = grpc.ServerStreamingClient[Finding]
+type Detector_WatchClient = grpc.ServerStreamingClient[Findings]
 
 // DetectorServer is the server API for Detector service.
 // All implementations must embed UnimplementedDetectorServer
@@ -85,8 +87,10 @@ type DetectorServer interface {
 	// the job starts; its message is printed as it is.
 	Configure(context.Context, *ConfigureRequest) (*ConfigureResponse, error)
 	// Watch streams the detector's verdicts, the healthy ones too (they are
-	// its heartbeat), until the agent cancels the call.
-	Watch(*WatchRequest, grpc.ServerStreamingServer[Finding]) error
+	// its heartbeat), until the agent cancels the call. Verdicts come in
+	// batches: under a storm of them, one message per verdict would cost
+	// the agent a wake-up each.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[Findings]) error
 	mustEmbedUnimplementedDetectorServer()
 }
 
@@ -100,7 +104,7 @@ type UnimplementedDetectorServer struct{}
 func (UnimplementedDetectorServer) Configure(context.Context, *ConfigureRequest) (*ConfigureResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Configure not implemented")
 }
-func (UnimplementedDetectorServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Finding]) error {
+func (UnimplementedDetectorServer) Watch(*WatchRequest, grpc.ServerStreamingServer[Findings]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedDetectorServer) mustEmbedUnimplementedDetectorServer() {}
@@ -147,11 +151,11 @@ func _Detector_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(DetectorServer).Watch(m, &grpc.GenericServerStream[WatchRequest, Finding]{ServerStream: stream})
+	return srv.(DetectorServer).Watch(m, &grpc.GenericServerStream[WatchRequest, Findings]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Detector_WatchServer = grpc.ServerStreamingServer[Finding]
+type Detector_WatchServer = grpc.ServerStreamingServer[Findings]
 
 // Detector_ServiceDesc is the grpc.ServiceDesc for Detector service.
 // It's only intended for direct use with grpc.RegisterService,
