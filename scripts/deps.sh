@@ -127,6 +127,9 @@ fi
 if ! "$PYTHON" -m pip --version >/dev/null 2>&1 || ! "$PYTHON" -c 'import setuptools, wheel' 2>/dev/null; then
 	apt_install "pip, setuptools and wheel for $PYTHON" "python3-pip python3-setuptools python3-wheel"
 fi
+# The plugins' end-to-end tests make a veth pair in a network namespace
+# (they skip, saying why, without ip or root).
+command -v ip >/dev/null || apt_install "iproute2 (the nic plugin's veth tests)" "iproute2"
 if [ "$what" = all ]; then
 	torch2_venv >/dev/null
 	# The real nccl.h of NCCL 2.18 to the newest, for ncclshim/nccl's layout
