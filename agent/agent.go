@@ -113,14 +113,20 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	s := &session{runID: runID, runDir: runDir, keep: keep, events: newEventTally(), faults: newFaults(),
 		mon: hostmon.NewMonitor(a.log)}
 	s.stragglers = a.newStragglerPolicy(ctx, s, func(se *StragglerError) { cancel(se) })
-	// Last: the notifiers deliver the job's last events, then stop.
-	defer func() { s.plugins.Close(pluginFlush) }()
+	// Last: the notifiers deliver the job's last events, then stop. The
+	// job's end is told after the background parts are gone, so nothing
+	// (a GPU fault) comes after it.
+	defer func() {
+		if s.plugins != nil {
+			s.notifyEnd(ctx, err)
+			s.plugins.Close(pluginFlush)
+		}
+	}()
 	defer s.bg.Wait()
 	defer cancel(nil) // runs first: stop the background parts, then wait for them
 	if err := a.startPlugins(runID, cancel, s); err != nil {
 		return err
 	}
-	defer func() { s.notifyEnd(ctx, err) }()
 
 	if s.j, err = a.openRendezvous(ctx, runID); err != nil {
 		return err

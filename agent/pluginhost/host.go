@@ -118,12 +118,15 @@ func Start(cfg Config, log *slog.Logger) (*Host, error) {
 		}
 		all = append(all, started{sp, p, sched, err})
 	}
+	// Every runner exists before any runs: a running one notifies them all.
 	for _, s := range all {
+		h.runners = append(h.runners, newRunner(h, s.sp))
+	}
+	for i, s := range all {
 		if s.err == nil { // a failure is logged by the runner, which retries it in the background
 			h.log.Info("plugin started", "plugin", s.sp.Name, "kind", string(s.p.info.Kind), "version", s.p.info.Version)
 		}
-		r := newRunner(h, s.sp)
-		h.runners = append(h.runners, r)
+		r := h.runners[i]
 		h.goRun(func() { r.run(s.p, s.sched, s.err) })
 	}
 	return h, nil
@@ -175,14 +178,6 @@ func (h *Host) Notify(ev notifier.Event) {
 	}
 	for _, r := range h.runners {
 		r.enqueue(ev)
-	}
-}
-
-// SetJob names the job on the events from now on (the run id is known
-// only once the agent has one).
-func (h *Host) SetJob(job string) {
-	if h != nil {
-		h.cfg.Job = job
 	}
 }
 

@@ -61,6 +61,7 @@ func TestVerdicts(t *testing.T) {
 // A full queue drops events without blocking and counts them.
 func TestNotifyNeverBlocks(t *testing.T) {
 	h, buf, r := testHost(t, nil)
+	r.kind.Store(kindNotifier)
 	done := make(chan struct{})
 	go func() {
 		for i := 0; i < 100; i++ {

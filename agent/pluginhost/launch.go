@@ -11,6 +11,7 @@ import (
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc/status"
 
 	"github.com/ddp-agent/ddp-agent/plugins"
 	"github.com/ddp-agent/ddp-agent/plugins/detector"
@@ -32,15 +33,35 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 // proc is one running plugin process and what it serves.
 type proc struct {
 	client *goplugin.Client
+	cmd    *exec.Cmd
 	stderr *stderrTail
 	info   plugins.Info
 	det    detector.Detector
 	not    notifier.Notifier
 }
 
+// killGrace is how long a plugin gets to exit when asked (go-plugin's
+// graceful Kill); then its process group is SIGKILLed.
+const killGrace = 2 * time.Second
+
+// kill stops the plugin: go-plugin's graceful Kill, bounded (it waits
+// without limit for a frozen process), then SIGKILL to the plugin's
+// process group, which takes what the plugin started in it too.
 func (p *proc) kill() {
-	if p != nil && p.client != nil {
+	if p == nil || p.client == nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
 		p.client.Kill()
+	}()
+	select {
+	case <-done:
+	case <-time.After(killGrace):
+	}
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // its own group (Setpgid): the pgid is its pid
 	}
 }
 
@@ -69,7 +90,7 @@ func pluginSet() goplugin.PluginSet {
 	}
 }
 
-var versionRE = regexp.MustCompile(`Plugin version: (\d+)`)
+var versionRE = regexp.MustCompile(`incompatible API version with plugin\. Plugin version: (\d+)`)
 
 // launch starts sp's process, reads its Info and dispenses its kind. The
 // process gets SIGKILL when the agent dies (Pdeathsig; the SDK also
@@ -95,7 +116,7 @@ func (h *Host) launch(ctx context.Context, sp Spec) (*proc, error) {
 		SyncStdout:       io.Discard,
 		SyncStderr:       tail, // the plugin's os.Stderr, once it serves
 	})
-	p := &proc{client: client, stderr: tail}
+	p := &proc{client: client, cmd: cmd, stderr: tail}
 	if err := h.connect(ctx, sp, p); err != nil {
 		p.kill()
 		return nil, tail.wrap(err)
@@ -148,6 +169,17 @@ func (h *Host) connect(ctx context.Context, sp Spec, p *proc) error {
 	return nil
 }
 
+// pluginsOwn reports whether err is the plugin's own answer (its code
+// returned it), not a deadline or a broken connection: only that is a
+// refusal.
+func pluginsOwn(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	_, isStatus := status.FromError(err)
+	return !isStatus
+}
+
 // configure passes sp's settings to a started plugin; a refusal is the
 // user's.
 func (h *Host) configure(ctx context.Context, sp Spec, p *proc) (detector.Schedule, error) {
@@ -163,7 +195,7 @@ func (h *Host) configure(ctx context.Context, sp Spec, p *proc) (detector.Schedu
 	} else {
 		err = p.not.Configure(cctx, sp.Config)
 	}
-	if err != nil && cctx.Err() == nil && !p.exited() {
+	if err != nil && pluginsOwn(err) && !p.exitedWithin(200*time.Millisecond) {
 		return sched, &RefusedError{Plugin: sp.Name, Err: err}
 	}
 	if err != nil {

@@ -35,7 +35,7 @@ func (r *runner) deliver(p *proc) error {
 			switch {
 			case r.h.ctx.Err() != nil:
 				return nil
-			case p.exitedWithin(200 * time.Millisecond):
+			case !pluginsOwn(err) && p.exitedWithin(200*time.Millisecond):
 				return errors.New("the plugin exited")
 			case timedOut:
 				if timeouts++; timeouts >= hungNotifies {

@@ -1,6 +1,7 @@
 package pluginhost
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +43,7 @@ func newRunner(h *Host, sp Spec) *runner {
 // launched (nil when it failed with err).
 func (r *runner) run(p *proc, sched detector.Schedule, err error) {
 	fails := 0
+	toldRefused := false
 	for {
 		if p == nil {
 			if err == nil {
@@ -53,13 +55,26 @@ func (r *runner) run(p *proc, sched detector.Schedule, err error) {
 				}
 				fails++
 				wait := restartDelay(fails, r.h.cfg.FirstBackoff, r.h.cfg.MaxBackoff)
-				r.h.pluginFailed(r.sp, err, wait)
+				var refused *RefusedError
+				if errors.As(err, &refused) {
+					// Replaced or removed since the agent started: the job
+					// goes on; the plugin is tried again, quietly, in case
+					// it comes back.
+					wait = r.h.cfg.MaxBackoff
+					if !toldRefused {
+						r.h.pluginFailed(r.sp, err, wait)
+					}
+					toldRefused = true
+				} else {
+					r.h.pluginFailed(r.sp, err, wait)
+				}
 				if !r.h.sleep(wait) {
 					return
 				}
 				err = nil
 				continue
 			}
+			toldRefused = false
 			if fails > 0 {
 				r.h.log.Info("plugin restarted", "plugin", r.sp.Name, "after_failures", fails)
 			}
@@ -109,7 +124,8 @@ func (r *runner) enqueue(ev notifier.Event) {
 	default:
 		r.pending.Add(-1)
 		r.dropped.Add(1)
-		if !r.warnedDrop.Swap(true) {
+		// A plugin that never started may be a detector: nothing to say.
+		if r.kind.Load() == kindNotifier && !r.warnedDrop.Swap(true) {
 			r.h.log.Warn("notifier behind: its queue is full, events are dropped (counted; the total at exit)",
 				"plugin", r.sp.Name, "queue", cap(r.q))
 		}

@@ -13,6 +13,10 @@ import (
 // this long; the lines between are counted into the next one.
 const logEvery = time.Second
 
+// logFlap: a subject whose severity changes faster than this (a storm of
+// flaps) is logged at most this often.
+const logFlap = 100 * time.Millisecond
+
 // verdicts turns detector verdicts into what the agent does: every
 // verdict that asks for a restart or a drain goes to OnFinding; a change
 // of a subject's verdict is logged and told to the notifiers (a subject
@@ -61,7 +65,12 @@ func (v *verdicts) add(plugin string, f detector.Finding) {
 	}
 	v.last[key] = cur
 	quiet := f.Severity == detector.SeverityOK && !recovered // the first healthy verdict: nothing to say
-	logIt := !quiet && f.Time.Sub(cur.logged) >= logEvery
+	// A change of severity (a warning, an error, a clearing) is logged
+	// unless it comes within logFlap of the last line; a new message at the
+	// same severity at most once per logEvery.
+	since := f.Time.Sub(cur.logged)
+	newSeverity := prev == nil || prev.f.Severity != f.Severity
+	logIt := !quiet && (since >= logEvery || newSeverity && since >= logFlap)
 	suppressed := cur.suppressed
 	switch {
 	case logIt:

@@ -37,7 +37,7 @@ func (h *Host) watch(sp Spec, p *proc, sched detector.Schedule) error {
 				return
 			case now := <-t.C:
 				if silent := now.Sub(time.Unix(0, last.Load())); silent > limit {
-					cancel(&hungError{silent: limit, every: sched.Every})
+					cancel(&hungError{silent: silent.Round(100 * time.Millisecond), every: sched.Every})
 					return
 				}
 			}

@@ -45,7 +45,10 @@ func run(ctx context.Context, command string, timeout time.Duration) result {
 	cmd := osexec.Command("/bin/sh", "-c", command)
 	cmd.Stdout = w // a file, not a writer: no copying goroutine for Wait to wait on
 	cmd.Env = checkEnv(os.Environ())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own group, killed whole on timeout; and SIGKILL if this plugin
+	// dies mid-check (its agent SIGKILLed it, or died), so the check's
+	// shell does not outlive it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	err = cmd.Start()
 	_ = w.Close() // the child has its copy; EOF comes when the last holder ends
 	if err != nil {

@@ -2,7 +2,8 @@
 // name says, for the agent's plugin fault tests: crash (exits after its
 // first verdict), hang (promises a verdict every 200 ms, sends one, then
 // nothing), garbage (writes garbage to stdout before the handshake), v2
-// (speaks plugin protocol 2).
+// (speaks plugin protocol 2); and steady, which behaves: a healthy
+// verdict every 100 ms.
 package main
 
 import (
@@ -31,6 +32,16 @@ func (b bad) Configure(context.Context, plugins.Config) (detector.Schedule, erro
 func (b bad) Watch(ctx context.Context, emit func(detector.Finding) error) error {
 	if err := emit(detector.Finding{Subject: "node", Message: "healthy"}); err != nil {
 		return err
+	}
+	for b.mode == "steady" {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
+		if err := emit(detector.Finding{Subject: "node", Message: "healthy"}); err != nil {
+			return err
+		}
 	}
 	if b.mode == "crash" {
 		time.Sleep(300 * time.Millisecond)
