@@ -94,7 +94,8 @@ func TestPluginExecRestarts(t *testing.T) {
 	// The agent acts within a second of the verdict; the restart also
 	// waits for the old worker to stop (slower under the race detector
 	// on a loaded CI machine).
-	if d := acted.Sub(found); d < 0 || d > time.Second {
+	// (The agent acts on the verdict before it logs it: a negative gap.)
+	if d := acted.Sub(found); d > time.Second {
 		t.Errorf("acted %v after the finding, want within 1s\n%s", d, r.logs())
 	}
 	if d := restarted.Sub(found); d > 3*time.Second {
