@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -25,8 +26,9 @@ func TestHangReportedWithStackAndRestarted(t *testing.T) {
 	needTorch(t)
 	ckpt := t.TempDir()
 	const hangTimeout = 4 * time.Second
+	hook := newHookServer(t, 0, http.StatusOK) // a notifier hears the hang, with the stacks
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", hangTimeout.String(),
-		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--ckpt-every", "3", "--log-every", "5", "--ckpt-dir", ckpt,
+		"--plugin", "webhook,url="+hook.URL, filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--ckpt-every", "3", "--log-every", "5", "--ckpt-dir", ckpt,
 		"--batch-size", "4", "--hang-rank", "1", "--hang-at-step", "6")
 	if code := r.wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
@@ -53,6 +55,17 @@ func TestHangReportedWithStackAndRestarted(t *testing.T) {
 	var waited float64
 	if _, err := fmt.Sscan(m[1], &waited); err != nil || waited < hangTimeout.Seconds() || waited > hangTimeout.Seconds()+5 {
 		t.Errorf("reported after %s s, want within the timeout %v plus 5 s", m[1], hangTimeout)
+	}
+	if got := strings.Join(hook.kinds(), " "); got != "job_started hang restarted job_finished" {
+		t.Errorf("the webhook heard %q, want job_started hang restarted job_finished", got)
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	for _, ev := range hook.events {
+		details, _ := ev["details"].(map[string]any)
+		if ev["kind"] == "hang" && (details["missing"] != "1" || !strings.Contains(fmt.Sprint(details["report"]), "Python stack of rank 1:")) {
+			t.Errorf("hang event %v: want rank 1 missing and its stack", ev)
+		}
 	}
 }
 
