@@ -44,6 +44,8 @@ func TestConnLimitPerProcess(t *testing.T) {
 	if got := s.Conns(); got != DefaultMaxConnsPerProcess {
 		t.Errorf("Conns: got %d, want %d", got, DefaultMaxConnsPerProcess)
 	}
+	// The refusal reaches the client before the server logs it.
+	waitFor(t, "the limit's warning", func() bool { return warns.count(limitWarning) >= 1 })
 	if n := warns.count(limitWarning); n != 1 {
 		t.Errorf("limit warnings: got %d, want 1", n)
 	}
