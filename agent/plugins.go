@@ -23,8 +23,6 @@ const pluginFlush = 5 * time.Second
 type Plugins struct {
 	Specs []pluginhost.Spec
 	Dir   string // where the bundled plugins' binary is; "": next to the executable
-	// Host, when set, overrides the host's timeouts (tests).
-	Host pluginhost.Config
 }
 
 // PluginFaultError is a detector plugin's finding that stops this node's
@@ -54,9 +52,7 @@ func (a *Agent) startPlugins(runID string, cancel context.CancelCauseFunc, s *se
 	if len(p.Specs) == 0 {
 		return nil
 	}
-	cfg := p.Host
-	cfg.Specs, cfg.Job = p.Specs, runID
-	cfg.Dir = pluginhost.BundledDir(p.Dir)
+	cfg := pluginhost.Config{Specs: p.Specs, Job: runID, Dir: pluginhost.BundledDir(p.Dir)}
 	cfg.OnFinding = func(f pluginhost.Finding) {
 		pf := &PluginFaultError{Finding: f}
 		if pf.Drains() {

@@ -23,11 +23,12 @@ func Bundled(ctx context.Context, dir string) ([]string, error) {
 }
 
 // Describe starts each plugin of specs as `ddp-agent run` would (the same
-// handshake and checks) and returns its Info, without configuring it.
+// handshake) and returns its Info, without checking or configuring its
+// options.
 func Describe(ctx context.Context, dir string, specs []Spec, log *slog.Logger) ([]plugins.Info, error) {
 	cfg := Config{Dir: dir}
 	cfg.defaults()
-	h := &Host{cfg: cfg, log: log, ctx: ctx, describing: true}
+	h := &Host{cfg: cfg, log: log, ctx: ctx}
 	var infos []plugins.Info
 	for _, sp := range specs {
 		p, err := h.launch(ctx, Spec{Name: sp.Name, Path: sp.Path, Raw: sp.Raw, Config: plugins.Config{}})

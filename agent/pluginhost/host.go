@@ -80,9 +80,6 @@ type Host struct {
 	verdicts  *verdicts
 	wg        sync.WaitGroup
 	closeOnce sync.Once
-	// describing: plugins are started only to read their Info (ddp-agent
-	// plugins), so their required options are not asked for.
-	describing bool
 }
 
 // Start launches and configures every plugin. A plugin refused (a

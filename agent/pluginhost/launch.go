@@ -145,9 +145,6 @@ func (h *Host) connect(ctx context.Context, sp Spec, p *proc) error {
 	if sp.Path == "" && info.Name != sp.Name {
 		return &RefusedError{Plugin: sp.Name, Err: fmt.Errorf("the binary serves %q", info.Name)}
 	}
-	if err := sp.Config.Check(info); err != nil && !h.describing {
-		return &RefusedError{Plugin: sp.Name, Err: err}
-	}
 	p.info = info
 	switch info.Kind {
 	case plugins.KindDetector:
@@ -210,6 +207,10 @@ func (h *Host) start(ctx context.Context, sp Spec) (*proc, detector.Schedule, er
 	p, err := h.launch(ctx, sp)
 	if err != nil {
 		return nil, detector.Schedule{}, err
+	}
+	if err := sp.Config.Check(p.info); err != nil {
+		p.kill()
+		return nil, detector.Schedule{}, &RefusedError{Plugin: sp.Name, Err: err}
 	}
 	sched, err := h.configure(ctx, sp, p)
 	if err != nil {

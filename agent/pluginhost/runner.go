@@ -40,76 +40,71 @@ func newRunner(h *Host, sp Spec) *runner {
 }
 
 // run serves the plugin until the host closes. p is the process Start
-// launched (nil when it failed with err).
+// launched (nil when it failed with err). Every failure, to start or
+// while serving, takes the one path below: told, then a backoff.
 func (r *runner) run(p *proc, sched detector.Schedule, err error) {
-	fails := 0
-	toldRefused := false
+	fails, toldRefused := 0, false
 	for {
-		if p == nil {
-			if err == nil {
-				p, sched, err = r.h.start(r.h.ctx, r.sp)
-			}
-			if err != nil {
-				if r.h.ctx.Err() != nil {
-					return
+		if p == nil && err == nil {
+			if p, sched, err = r.h.start(r.h.ctx, r.sp); err == nil {
+				toldRefused = false
+				if fails > 0 {
+					r.h.log.Info("plugin restarted", "plugin", r.sp.Name, "after_failures", fails)
 				}
-				fails++
-				wait := restartDelay(fails, r.h.cfg.FirstBackoff, r.h.cfg.MaxBackoff)
-				var refused *RefusedError
-				if errors.As(err, &refused) {
-					// Replaced or removed since the agent started: the job
-					// goes on; the plugin is tried again, quietly, in case
-					// it comes back.
-					wait = r.h.cfg.MaxBackoff
-					if !toldRefused {
-						r.h.pluginFailed(r.sp, err, wait)
-					}
-					toldRefused = true
-				} else {
-					r.h.pluginFailed(r.sp, err, wait)
-				}
-				if !r.h.sleep(wait) {
-					return
-				}
-				err = nil
-				continue
-			}
-			toldRefused = false
-			if fails > 0 {
-				r.h.log.Info("plugin restarted", "plugin", r.sp.Name, "after_failures", fails)
 			}
 		}
-		began := time.Now()
-		r.up.Store(true)
-		if p.det != nil {
-			r.kind.Store(kindDetector)
-			r.discard()
-			err = r.h.watch(r.sp, p, sched)
-		} else {
-			r.kind.Store(kindNotifier)
-			err = r.deliver(p)
+		if err == nil {
+			began := time.Now()
+			err = r.serve(p, sched)
+			if time.Since(began) > healthyRun {
+				fails = 0
+			}
 		}
-		r.up.Store(false)
-		if p.exited() {
-			time.Sleep(100 * time.Millisecond) // its last stderr lines come over a stream of their own
-		}
-		err = p.stderr.wrap(err)
-		p.kill()
 		p = nil
 		if r.h.ctx.Err() != nil {
 			return
 		}
-		if time.Since(began) > healthyRun {
-			fails = 0
-		}
 		fails++
 		wait := restartDelay(fails, r.h.cfg.FirstBackoff, r.h.cfg.MaxBackoff)
-		r.h.pluginFailed(r.sp, err, wait)
+		var refused *RefusedError
+		if errors.As(err, &refused) {
+			// Replaced or removed since the agent started: the job goes
+			// on; the plugin is tried again, quietly, in case it comes back.
+			wait = r.h.cfg.MaxBackoff
+			if !toldRefused {
+				r.h.pluginFailed(r.sp, err, wait)
+			}
+			toldRefused = true
+		} else {
+			r.h.pluginFailed(r.sp, err, wait)
+		}
 		if !r.h.sleep(wait) {
 			return
 		}
 		err = nil
 	}
+}
+
+// serve runs a started plugin's kind (a detector's watch, a notifier's
+// deliveries) until it fails or the host closes, then stops the process.
+func (r *runner) serve(p *proc, sched detector.Schedule) error {
+	var err error
+	r.up.Store(true)
+	if p.det != nil {
+		r.kind.Store(kindDetector)
+		r.discard()
+		err = r.h.watch(r.sp, p, sched)
+	} else {
+		r.kind.Store(kindNotifier)
+		err = r.deliver(p)
+	}
+	r.up.Store(false)
+	if p.exited() {
+		time.Sleep(100 * time.Millisecond) // its last stderr lines come over a stream of their own
+	}
+	err = p.stderr.wrap(err)
+	p.kill()
+	return err
 }
 
 // enqueue queues ev for a notifier (or a plugin not yet started, which

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	detectorv1 "github.com/ddp-agent/ddp-agent/plugins/detector/proto"
+	"github.com/ddp-agent/ddp-agent/plugins/internal/wiretime"
 )
 
 // The wire enums start at 1 (0 is UNSPECIFIED, refused), so a plugin in
@@ -81,7 +82,7 @@ func findingToWire(f Finding) (*detectorv1.Finding, error) {
 		Severity:     sev,
 		Action:       act,
 		Message:      f.Message,
-		TimeUnixNano: timeToWire(f.Time),
+		TimeUnixNano: wiretime.To(f.Time),
 	}, nil
 }
 
@@ -99,25 +100,10 @@ func findingFromWire(msg *detectorv1.Finding) (Finding, error) {
 		Severity: sev,
 		Action:   act,
 		Message:  msg.GetMessage(),
-		Time:     timeFromWire(msg.GetTimeUnixNano()),
+		Time:     wiretime.From(msg.GetTimeUnixNano()),
 	}, nil
 }
 
 func scheduleFromWire(resp *detectorv1.ConfigureResponse) Schedule {
 	return Schedule{Every: time.Duration(resp.GetEveryNanos())}
-}
-
-// A zero time is 0 on the wire (time.Time{}.UnixNano() is not).
-func timeToWire(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func timeFromWire(ns int64) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns)
 }

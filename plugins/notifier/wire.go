@@ -3,8 +3,8 @@ package notifier
 import (
 	"fmt"
 	"math"
-	"time"
 
+	"github.com/ddp-agent/ddp-agent/plugins/internal/wiretime"
 	notifierv1 "github.com/ddp-agent/ddp-agent/plugins/notifier/proto"
 )
 
@@ -16,7 +16,7 @@ func eventToWire(ev Event) (*notifierv1.Event, error) {
 	}
 	return &notifierv1.Event{
 		Kind:         string(ev.Kind),
-		TimeUnixNano: timeToWire(ev.Time),
+		TimeUnixNano: wiretime.To(ev.Time),
 		Job:          ev.Job,
 		Node:         ev.Node,
 		Generation:   ev.Generation,
@@ -39,7 +39,7 @@ func eventFromWire(msg *notifierv1.Event) (Event, error) {
 	}
 	return Event{
 		Kind:       EventKind(msg.GetKind()),
-		Time:       timeFromWire(msg.GetTimeUnixNano()),
+		Time:       wiretime.From(msg.GetTimeUnixNano()),
 		Job:        msg.GetJob(),
 		Node:       msg.GetNode(),
 		Generation: msg.GetGeneration(),
@@ -48,19 +48,4 @@ func eventFromWire(msg *notifierv1.Event) (Event, error) {
 		Message:    msg.GetMessage(),
 		Details:    msg.GetDetails(),
 	}, nil
-}
-
-// A zero time is 0 on the wire (time.Time{}.UnixNano() is not).
-func timeToWire(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func timeFromWire(ns int64) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns)
 }
