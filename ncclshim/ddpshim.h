@@ -86,6 +86,15 @@ const char *ddpshim_last_error(void);
  *                          the agent's control socket (DDP_AGENT_SOCKET),
  *                          DDP_AGENT_GENERATION, LOCAL_RANK and RANK (the
  *                          agent admits workers by global rank; default: rank)
+ *   sidecar, sidecar_job   under bootstrap "external": the node's sidecar
+ *                          (ddp-agent sidecar) socket, and the job as the
+ *                          sidecar sees it (an object of strings: job,
+ *                          world_size, local_world_size, group_rank,
+ *                          master_addr, relay, gpu, stack_dir). The
+ *                          communicator sends it its events and obeys its
+ *                          Abort; no sidecar, or a lost one, changes nothing
+ *                          else. ddpshim_comm_info says "sidecar" (connected)
+ *                          and "sidecar_relay" (the leading sidecar's relay)
  *   timeout_ms             bound on the bootstrap and on each collective (default 600000,
  *                          at most 30 days)
  *   host                   address peers use to reach this rank (default: the

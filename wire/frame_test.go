@@ -21,6 +21,7 @@ func sampleMessages() []struct {
 	}{
 		{"hello", Hello{Rank: 3, LocalRank: 1, PID: 4242, Generation: 7, Transports: []string{"nccl", "gloo"}}},
 		{"hello_empty", Hello{Rank: -1}},
+		{"hello_sidecar", Hello{Rank: 2, LocalRank: 0, PID: 77, Generation: 1, Transports: []string{"host"}, Job: map[string]string{HelloJob: "j1", HelloWorldSize: "4"}}},
 		{"welcome", Welcome{JobID: "job-1", Generation: 7, WorldSize: 16, Rank: 3, Config: map[string]string{"b": "2", "a": "1", "": ""}}},
 		{"welcome_empty", Welcome{}},
 		{"kvset", KVSet{Key: "rank/3/addr", Value: []byte("10.0.0.1:29500\x00\xff")}},

@@ -17,7 +17,28 @@ type Hello struct {
 	PID        int32
 	Generation uint64
 	Transports []string
+	// Job describes the worker's job to a sidecar (ddp-agent sidecar),
+	// which did not launch it: keys HelloJob, HelloWorldSize and the
+	// other Hello* constants. Empty for ddp-agent run, which knows its
+	// workers. Encoded after the fields above only when not empty, so a
+	// Hello without it is byte for byte what older shims send.
+	Job map[string]string
 }
+
+// Keys of Hello.Job: what a sidecar needs of a job it did not launch.
+const (
+	HelloJob            = "job"              // the job's identity (TORCHELASTIC_RUN_ID, the Slurm or Kubernetes job)
+	HelloWorldSize      = "world_size"       // WORLD_SIZE
+	HelloLocalWorldSize = "local_world_size" // LOCAL_WORLD_SIZE
+	HelloGroupRank      = "group_rank"       // GROUP_RANK: the node's rank in the job
+	HelloMasterAddr     = "master_addr"      // MASTER_ADDR: where the leading sidecar's relay listens
+	HelloRelay          = "relay"            // the leading sidecar's relay endpoint, as rank 0's Welcome gave it
+	HelloGPU            = "gpu"              // the worker's GPU UUID; "" on a CPU
+	HelloStackDir       = "stack_dir"        // where the worker's ddp_agent writes its Python stacks
+	// WelcomeRelay is the Welcome.Config key of the leading sidecar's relay
+	// endpoint, which the hook of rank 0 passes on to the other nodes.
+	WelcomeRelay = "relay"
+)
 
 // Welcome is the agent's reply to an accepted Hello.
 type Welcome struct {
@@ -85,10 +106,17 @@ func (m Hello) encode(e *encoder) {
 	e.i32(m.PID)
 	e.u64(m.Generation)
 	e.strs(m.Transports)
+	if len(m.Job) > 0 {
+		e.strMap(m.Job)
+	}
 }
 
 func decodeHello(d *decoder) Hello {
-	return Hello{Rank: d.i32(), LocalRank: d.i32(), PID: d.i32(), Generation: d.u64(), Transports: d.strs()}
+	h := Hello{Rank: d.i32(), LocalRank: d.i32(), PID: d.i32(), Generation: d.u64(), Transports: d.strs()}
+	if len(d.b) > 0 {
+		h.Job = d.strMap()
+	}
+	return h
 }
 
 func (m Welcome) encode(e *encoder) {

@@ -46,15 +46,21 @@ type Config struct {
 	// Dir is the directory for the socket. Empty means a fresh
 	// os.MkdirTemp("", "ddp-agent-*"). Listen creates it if missing and sets
 	// its mode to 0700; Run removes it on exit if Listen created it.
-	Dir   string
-	JobID string
+	Dir string
+	// SocketName is the socket's file name in Dir; "" means SocketName.
+	SocketName string
+	JobID      string
 	// KV stores the keys of KVSet and KVGet, scoped as
 	// "<job>/<generation>/<key>". Nil means NewMemKV().
 	KV KV
 	// Authorize maps a peer pid to the worker rank it belongs to (the pid is
 	// a spawned worker or a descendant); an error denies the connection. It
-	// must not be nil and is called from connection goroutines concurrently.
+	// must not be nil (unless Sidecar is set) and is called from connection
+	// goroutines concurrently.
 	Authorize func(pid int) (rank int, err error)
+	// Sidecar, when set, admits workers by their Hello instead (ddp-agent
+	// sidecar); see Sidecar.
+	Sidecar Sidecar
 	// OnEvents, if not nil, receives the Events of a worker (ev may be
 	// retained). It is called from the connection goroutine and must not
 	// block long: the worker's other requests wait meanwhile.
@@ -97,6 +103,9 @@ type Config struct {
 // withDefaults returns cfg with every zero (or negative) setting replaced
 // by its default.
 func (cfg Config) withDefaults() Config {
+	if cfg.SocketName == "" {
+		cfg.SocketName = SocketName
+	}
 	if cfg.KV == nil {
 		cfg.KV = NewMemKV()
 	}

@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -34,6 +33,7 @@ type Server struct {
 	quota    *kvQuota
 	connsPer *connCounter
 	limitLog *limitLog
+	peerIDs  atomic.Uint64 // Peer.ID
 
 	mu     sync.Mutex
 	gen    uint64
@@ -46,7 +46,7 @@ type Server struct {
 // it with mode 0600. The Server accepts connections once Run is called; Run
 // also releases the socket, so it must be called once Listen succeeded.
 func Listen(cfg Config) (*Server, error) {
-	if cfg.Authorize == nil {
+	if cfg.Authorize == nil && cfg.Sidecar == nil {
 		return nil, errors.New("listen control socket: Config.Authorize is nil")
 	}
 	cfg = cfg.withDefaults()
@@ -72,7 +72,7 @@ func Listen(cfg Config) (*Server, error) {
 		err = os.Chmod(s.dir, 0o700)
 	}
 	if err == nil {
-		s.path = filepath.Join(s.dir, SocketName)
+		s.path = filepath.Join(s.dir, cfg.SocketName)
 		s.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: s.path, Net: "unix"})
 	}
 	if err == nil {
@@ -128,24 +128,7 @@ func (s *Server) DropGeneration(ctx context.Context, gen uint64) error {
 // Abort sends Abort{reason} to every connected worker in parallel and returns
 // how many received it. It blocks at most about twice Config.WriteTimeout
 // (a wedged connection's pending write, then the Abort write).
-func (s *Server) Abort(reason string) int {
-	s.mu.Lock()
-	conns := slices.Collect(maps.Keys(s.conns))
-	s.mu.Unlock()
-	var sent atomic.Int32
-	var wg sync.WaitGroup
-	wg.Add(len(conns))
-	for _, c := range conns {
-		go func() {
-			defer wg.Done()
-			if c.send(0, wire.Abort{Reason: reason}) == nil {
-				sent.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	return int(sent.Load())
-}
+func (s *Server) Abort(reason string) int { return s.AbortPeers(nil, reason) }
 
 // Conns returns the number of workers connected and past the handshake.
 func (s *Server) Conns() int {
@@ -215,6 +198,9 @@ type serverConn struct {
 	gen     uint64
 	counted bool       // the connection counts against the connection limits
 	wmu     sync.Mutex // serializes writes
+	// Under a Sidecar: the admitted peer, for its callbacks.
+	peer     Peer
+	admitted bool
 }
 
 func (c *serverConn) serve(ctx context.Context) {
@@ -263,10 +249,16 @@ func (c *serverConn) readLoop(ctx context.Context) {
 		}
 		switch m := m.(type) {
 		case wire.Events:
-			if c.s.cfg.OnEvents != nil {
+			if c.s.cfg.Sidecar != nil {
+				c.s.cfg.Sidecar.Events(c.peer, m)
+			} else if c.s.cfg.OnEvents != nil {
 				c.s.cfg.OnEvents(c.rank, m)
 			}
 		case wire.KVSet, wire.KVGet:
+			if c.s.cfg.Sidecar != nil {
+				c.send(f.ID, wire.Error{Code: wire.CodeDenied, Message: "a sidecar keeps no store: bootstrap through torch's store"})
+				continue
+			}
 			if set, ok := m.(wire.KVSet); ok && !c.admit(f.ID, set) {
 				continue
 			}
@@ -337,9 +329,13 @@ func (c *serverConn) handshake() error {
 		return fmt.Errorf("read peer credentials: %w", err)
 	}
 	c.log = c.log.With("pid", pid)
+	c.pid = pid
 	if uid != os.Getuid() {
 		c.send(0, wire.Error{Code: wire.CodeDenied, Message: "peer uid " + strconv.Itoa(uid) + " is not the agent's"})
 		return fmt.Errorf("peer uid %d: %w", uid, wire.ErrDenied)
+	}
+	if c.s.cfg.Sidecar != nil {
+		return c.handshakeSidecar(pid)
 	}
 	rank, err := c.s.cfg.Authorize(pid)
 	if err != nil {
@@ -354,24 +350,9 @@ func (c *serverConn) handshake() error {
 	}
 	c.counted = true
 
-	f, err := wire.ReadFrame(c.nc, wire.MaxPayload)
+	f, hello, err := c.readHello()
 	if err != nil {
-		if isProtocolError(err) {
-			c.send(0, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			err = fmt.Errorf("no whole Hello within %v of accept: %w", c.s.cfg.HandshakeTimeout, err)
-		}
-		return fmt.Errorf("read hello: %w", err)
-	}
-	m, err := wire.Decode(f)
-	hello, ok := m.(wire.Hello)
-	if err == nil && !ok {
-		err = fmt.Errorf("%w: first message is %v, want Hello", wire.ErrMalformed, f.Type)
-	}
-	if err != nil {
-		c.send(f.ID, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
-		return fmt.Errorf("read hello: %w", err)
+		return err
 	}
 	if int(hello.PID) != pid || int(hello.Rank) != rank {
 		msg := fmt.Sprintf("hello pid %d rank %d, but peer is pid %d rank %d", hello.PID, hello.Rank, pid, rank)
@@ -397,10 +378,38 @@ func (c *serverConn) handshake() error {
 	return c.writeLocked(f.ID, w)
 }
 
+// readHello reads the first frame within the handshake's deadline; it must
+// be a Hello. On failure it answers with an Error (best effort).
+func (c *serverConn) readHello() (wire.Frame, wire.Hello, error) {
+	f, err := wire.ReadFrame(c.nc, wire.MaxPayload)
+	if err != nil {
+		if isProtocolError(err) {
+			c.send(0, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("no whole Hello within %v of accept: %w", c.s.cfg.HandshakeTimeout, err)
+		}
+		return f, wire.Hello{}, fmt.Errorf("read hello: %w", err)
+	}
+	m, err := wire.Decode(f)
+	hello, ok := m.(wire.Hello)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: first message is %v, want Hello", wire.ErrMalformed, f.Type)
+	}
+	if err != nil {
+		c.send(f.ID, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})
+		return f, wire.Hello{}, fmt.Errorf("read hello: %w", err)
+	}
+	return f, hello, nil
+}
+
 func (s *Server) unregister(c *serverConn) {
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
+	if c.admitted {
+		s.cfg.Sidecar.Left(c.peer)
+	}
 }
 
 // send writes one frame under the write lock; on error the connection is

@@ -40,6 +40,7 @@ type Client struct {
 	err     error // set once the connection is unusable; wraps ErrClosed
 	closing bool
 	reason  string
+	told    bool // the agent sent Abort
 }
 
 type reply struct {
@@ -121,6 +122,9 @@ func (c *Client) readLoop() {
 			return
 		}
 		if a, ok := m.(wire.Abort); ok {
+			c.mu.Lock()
+			c.told = true
+			c.mu.Unlock()
 			c.abort(a.Reason)
 			continue
 		}
@@ -167,6 +171,14 @@ func (c *Client) abort(reason string) {
 // Aborted returns a channel that is closed when the agent sends Abort or the
 // connection is lost or closed.
 func (c *Client) Aborted() <-chan struct{} { return c.aborted }
+
+// Told reports whether the agent sent Abort (rather than the connection
+// ending); a sidecar's lost connection must not stop training.
+func (c *Client) Told() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.told
+}
 
 // AbortReason returns the reason of the Abort, or a description of why the
 // connection ended; it is empty while Aborted is open.

@@ -65,8 +65,11 @@ type Comm struct {
 	running   *Work  // the one it runs
 	collected uint64 // collectives completed
 
-	agent  *agentconn.Client // nil without ddp-agent
-	events *eventRing        // nil without ddp-agent
+	agent  *agentconn.Client // nil without ddp-agent (or a sidecar)
+	events *eventRing        // nil without ddp-agent (or a sidecar)
+	// sidecarRelay is what the sidecar's Welcome gave under
+	// wire.WelcomeRelay: rank 0's hook passes it on to the other nodes.
+	sidecarRelay string
 
 	// The nccl transport (nccl.go): the library, rank 0's unique id,
 	// and the communicator once connected; ep and tr stay nil.
@@ -127,6 +130,8 @@ func Open(cfg *Config) (*Comm, error) {
 			c.Close()
 			return nil, err
 		}
+	} else if cfg.Sidecar != "" {
+		c.connectSidecar()
 	}
 	return c, nil
 }
@@ -161,20 +166,7 @@ func (c *Comm) bootstrapAgent() error {
 	if int(w.WorldSize) != c.size {
 		return status.Errorf(status.Invalid, "agent says world size %d, config says %d", w.WorldSize, c.size)
 	}
-	c.events = newEventRing()
-	c.bg.Add(2)
-	go func() {
-		defer c.bg.Done()
-		c.events.ship(c.bgCtx, cl, c.reportInFlight)
-	}()
-	go func() {
-		defer c.bg.Done()
-		select {
-		case <-cl.Aborted():
-			c.Abort(fmt.Errorf("%w: %s", status.ErrAborted, cl.AbortReason()))
-		case <-c.bgCtx.Done():
-		}
-	}()
+	c.startShipping(cl, false)
 
 	if c.ncLib != nil {
 		return c.bootstrapAgentNCCL(ctx, cl)
@@ -460,6 +452,10 @@ func (c *Comm) Describe() string {
 	c.mu.Unlock()
 	if c.events != nil {
 		info["events_sent"], info["events_dropped"] = c.events.stats()
+	}
+	if c.cfg.Sidecar != "" && c.cfg.Bootstrap == "external" {
+		info["sidecar"] = c.agent != nil
+		info["sidecar_relay"] = c.sidecarRelay
 	}
 	out, _ := json.Marshal(info)
 	return string(out)

@@ -32,6 +32,10 @@ type Config struct {
 	CUDALib    string `json:"cuda_lib"`
 	// NoteFile: see Note.
 	NoteFile string `json:"note_file"`
+	// Sidecar is the node's sidecar socket under bootstrap "external";
+	// SidecarJob goes to it as wire.Hello.Job.
+	Sidecar    string            `json:"sidecar"`
+	SidecarJob map[string]string `json:"sidecar_job"`
 }
 
 const (

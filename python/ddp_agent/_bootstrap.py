@@ -4,7 +4,8 @@ A hook has up to two communicators, "host" and "nccl", each opened at its
 first bucket. Under ``ddp-agent run`` the shim bootstraps through the
 agent's control socket; otherwise (plain torchrun, a subgroup, a static
 multi-node job) the ranks exchange their addresses through torch's default
-store.
+store, and, when the node runs ``ddp-agent sidecar``, the job's
+communicators also send it their events (``_sidecar``).
 """
 
 import datetime
@@ -18,7 +19,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import _shim
+from . import _shim, _sidecar
 from ._failure import FirstError
 from ._shim import ShimError, Status
 
@@ -98,7 +99,7 @@ class Communicators:
             try:
                 if device is not None and device.type == "cuda":
                     with torch.cuda.device(device):  # NCCL binds a communicator to the caller's device
-                        comm = self._bootstrap(transport)
+                        comm = self._bootstrap(transport, device)
                 else:
                     comm = self._bootstrap(transport)
             except BaseException as e:
@@ -112,7 +113,7 @@ class Communicators:
             log.info("ddp_agent: communicator %s open: %s", self.name_of(transport), comm.info())
             return comm
 
-    def config(self, transport: str = "host") -> Dict[str, Any]:
+    def config(self, transport: str = "host", device: Optional[torch.device] = None) -> Dict[str, Any]:
         """Returns the ddpshim_open config of the transport's communicator, from the environment."""
         cfg: Dict[str, Any] = {
             "rank": self.rank,
@@ -128,7 +129,8 @@ class Communicators:
             # only the environment the process started with, not a variable
             # the script added since.
             cfg["nccl_lib"] = os.environ[_shim.ENV_NCCL_LIB]
-        sock = os.environ.get("DDP_AGENT_SOCKET")
+        # ddp-agent run sets both; $DDP_AGENT_SOCKET alone names a sidecar's socket.
+        sock = os.environ.get("DDP_AGENT_SOCKET") if _sidecar.under_run() else None
         # The agent admits the job's world; a smaller group bootstraps
         # through torch's store instead, and so does every group when the
         # agent says its store does not span the job (static multi-node).
@@ -148,6 +150,7 @@ class Communicators:
                 cfg["global_rank"] = int(os.environ["RANK"])
         else:
             cfg["bootstrap"] = "external"
+            self._add_sidecar(cfg, device)
         extra = os.environ.get(ENV_SHIM_CONFIG)
         if extra:
             try:
@@ -159,12 +162,55 @@ class Communicators:
             cfg.update(extra_cfg)
         return cfg
 
-    def _bootstrap(self, transport: str) -> _shim.Comm:
-        cfg = self.config(transport)
+    def _add_sidecar(self, cfg: Dict[str, Any], device: Optional[torch.device]) -> None:
+        """Points the communicator at the node's sidecar, when there is one (the job's world only, as with the agent)."""
+        if self.world_size != int(os.environ.get("WORLD_SIZE") or -1):
+            return
+        sock = _sidecar.find()
+        if not sock:
+            return
+        cfg.update(
+            sidecar=sock,
+            generation=_sidecar.generation(),
+            local_rank=_sidecar.local_rank(),
+            global_rank=int(os.environ.get("RANK") or self.rank),
+            sidecar_job=_sidecar.job_info(sock, self.rank, self.world_size, gpu=_gpu_uuid(device)),
+        )
+
+    def _relay(self, cfg: Dict[str, Any], comm: Optional[_shim.Comm]) -> None:
+        """Passes the leading sidecar's relay endpoint from rank 0 to the other nodes' sidecars.
+
+        Rank 0 always publishes (its sidecar's endpoint, or "" without one),
+        so that no rank waits for it in vain; the others read it before they
+        open, when a sidecar of theirs needs it (a multi-node job).
+        """
+        if cfg["bootstrap"] != "external" or self.world_size != int(os.environ.get("WORLD_SIZE") or -1):
+            return
+        key = f"sidecar_relay_{cfg['transport']}"
+        store = _store(self.name)
+        if comm is not None:  # rank 0, after its open
+            relay = str(comm.info().get("sidecar_relay") or "") if cfg.get("sidecar") else ""
+            store.set(key, relay)
+            return
+        job = cfg.get("sidecar_job")
+        if not job or job["local_world_size"] == job["world_size"]:
+            return
+        try:
+            store.wait([key], datetime.timedelta(milliseconds=self.timeout_ms))
+            job["relay"] = bytes(store.get(key)).decode("utf-8")
+        except RuntimeError as e:  # the exchange that follows names the missing rank
+            log.warning("ddp_agent: no relay endpoint from rank 0 for the sidecar: %s", e)
+
+    def _bootstrap(self, transport: str, device: Optional[torch.device] = None) -> _shim.Comm:
+        cfg = self.config(transport, device)
+        if self.rank != 0:
+            self._relay(cfg, None)
         comm = _shim.Comm.open(cfg)
         if cfg["bootstrap"] == "agent":
             return comm
         try:
+            if self.rank == 0:
+                self._relay(cfg, comm)
             blob = comm.bootstrap_info()
             peers = self.exchange(cfg["name"], "rank", blob, f"bootstrap of {cfg['name']}", "its address")
             comm.connect(peers)
@@ -231,6 +277,16 @@ class Communicators:
                 comm.close()
             except ShimError as e:
                 log.warning("ddp_agent: close %s: %s", self.name_of(transport), e)
+
+
+def _gpu_uuid(device: Optional[torch.device]) -> str:
+    """NVML's name of the device's GPU ("GPU-<uuid>"), for the sidecar's health watch; "" on a CPU."""
+    if device is None or device.type != "cuda":
+        return ""
+    try:
+        return "GPU-" + str(torch.cuda.get_device_properties(device).uuid)
+    except (AttributeError, RuntimeError):  # torch 1.13 has no uuid
+        return ""
 
 
 def _store(name: str) -> Any:

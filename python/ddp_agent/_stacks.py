@@ -1,6 +1,8 @@
 """Python stacks on request, for the agent's hang reports.
 
-Under ``ddp-agent run`` each worker gets ``$DDP_AGENT_STACK_DIR``. When a
+Under ``ddp-agent run`` each worker gets ``$DDP_AGENT_STACK_DIR``; beside a
+``ddp-agent sidecar``, the directory is the job's under the sidecar's socket
+(``_sidecar.stack_dir``). When a
 collective hangs, the agent wants to show where the ranks that never
 arrived are stuck, so :func:`enable` (called by ``register``) registers
 :mod:`faulthandler` on SIGUSR2 to write every thread's stack into
@@ -16,6 +18,8 @@ import signal
 import threading
 from typing import IO, Optional
 
+from . import _sidecar
+
 ENV_STACK_DIR = "DDP_AGENT_STACK_DIR"
 STACK_SIGNAL = signal.SIGUSR2
 
@@ -25,9 +29,12 @@ _path: Optional[str] = None
 
 
 def enable() -> Optional[str]:
-    """Registers the stack dump when running under ddp-agent; returns the file's path, or None."""
+    """Registers the stack dump when running under ddp-agent or beside its sidecar; returns the file's path, or None."""
     global _file, _path
     directory = os.environ.get(ENV_STACK_DIR)
+    if not directory:
+        sock = _sidecar.find()
+        directory = _sidecar.stack_dir(sock) if sock else None
     rank = os.environ.get("RANK")
     if not directory or rank is None:
         return None
@@ -39,7 +46,7 @@ def enable() -> Optional[str]:
         if _path == path:
             return path
         try:
-            os.makedirs(directory, exist_ok=True)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
             # Registered on a temporary name, renamed after: the file
             # exists only once the signal is safe to send.
             f = open(path + ".tmp", "w")

@@ -333,7 +333,7 @@ def register(
         raise RuntimeError("ddp_agent.register: torch.distributed is not initialized (init_process_group)")
     timeout_ms = _options.timeout_ms(timeout)
     _shim.version()  # load the library now: a missing one fails here, not in the first backward
-    _stacks.enable()  # under ddp-agent: a hang report can show where this rank is stuck
+    _stacks.enable()  # under ddp-agent or its sidecar: a hang report can show where this rank is stuck
     group = process_group if process_group is not None else getattr(ddp_model, "process_group", None)
     if group is None:
         group = dist.distributed_c10d._get_default_group()

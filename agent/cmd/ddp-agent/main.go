@@ -29,6 +29,7 @@ const usage = `ddp-agent: a node agent for PyTorch DDP training, in place of tor
 
 Usage:
   ddp-agent run [flags] [--] script.py [args...]   run and supervise this node's workers
+  ddp-agent sidecar [flags]                       watch the jobs of another launcher (torchrun, srun) on this node
   ddp-agent status --rdzv-endpoint HOST:PORT      show a multi-node job's nodes and state
   ddp-agent topo [--json]                         show this node's GPUs, their links and CPU/NUMA affinity
   ddp-agent plugins                               list the bundled plugins, their options and versions
@@ -49,6 +50,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		return runAgent(args[1:], stdout, stderr)
+	case "sidecar":
+		return runSidecar(args[1:], stdout, stderr)
 	case "status":
 		return runStatus(args[1:], stdout, stderr)
 	case "topo":
@@ -73,6 +76,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			case "status":
 				fmt.Fprint(stdout, statusUsage)
 				return 0
+			case "sidecar":
+				_, _, _ = sidecarFlags([]string{"-h"}, os.Getenv, stdout)
+				return 0
 			case "topo":
 				fmt.Fprint(stdout, topoUsage)
 				return 0
@@ -92,7 +98,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
-	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, status, topo, plugins, version, help)\n", args[0])
+	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, sidecar, status, topo, plugins, version, help)\n", args[0])
 	return 2
 }
 

@@ -221,6 +221,9 @@ func (s *Watch) answerHangs(ctx context.Context, fwd forwarder) {
 				continue
 			}
 			fwd.SendStacks(s.stacks(ctx, at, h.Missing))
+			if s.onRemote != nil {
+				s.onRemote(h)
+			}
 		}
 	}
 }

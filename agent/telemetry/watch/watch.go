@@ -73,6 +73,11 @@ type Config struct {
 	// OnHang ends the attempt whose collective hung; it is called at most
 	// once per attempt, from the watch's goroutine, and must not block.
 	OnHang func(*HangError)
+	// OnRemoteHang, if set, is told on a follower of a hang the leader
+	// found, once this node's stacks for it are sent; it must not block.
+	// ddp-agent run leaves it nil (the leader's restart reaches every node
+	// through the rendezvous); a sidecar aborts its ranks' communicators.
+	OnRemoteHang func(telemetry.Hang)
 }
 
 // GPUReading is NVML's view of a GPU now.
@@ -93,6 +98,7 @@ type Watch struct {
 	readHost    func(rank int) string
 	onStraggler func([]telemetry.Straggler)
 	onHang      func(*HangError)
+	onRemote    func(telemetry.Hang)
 	exp         Exporter            // set before the first attempt
 	remote      chan map[int]string // stacks from followers
 	relay       leaderRelay         // the leader's relay server, once needed
@@ -130,7 +136,7 @@ type attempt struct {
 // New returns a watch with no attempt.
 func New(cfg Config) *Watch {
 	return &Watch{log: cfg.Log, hangTimeout: cfg.HangTimeout, hangAuto: cfg.HangAuto, cost: cfg.StragglerCost, rankOf: cfg.RankOf,
-		readGPU: cfg.ReadGPU, readHost: cfg.ReadHost, onStraggler: cfg.OnStragglers, onHang: cfg.OnHang, remote: make(chan map[int]string, 16)}
+		readGPU: cfg.ReadGPU, readHost: cfg.ReadHost, onStraggler: cfg.OnStragglers, onHang: cfg.OnHang, onRemote: cfg.OnRemoteHang, remote: make(chan map[int]string, 16)}
 }
 
 // SetExporter sets where complete collectives, hangs and restarts go;

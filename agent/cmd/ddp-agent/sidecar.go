@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/sidecar"
+	"github.com/ddp-agent/ddp-agent/nvml"
+	"github.com/ddp-agent/ddp-agent/nvml/health"
+)
+
+const sidecarUsage = `Usage: ddp-agent sidecar [flags]
+
+Runs beside a launcher ddp-agent does not replace (torchrun, srun, a
+Kubeflow job), one per node and user, launching nothing. Workers whose
+script calls ddp_agent.register(model) find it on their own and send it
+their collectives: it names stalls and persistent stragglers, reports a
+hang with the missing ranks' Python stacks, watches the GPUs, exports
+traces, metrics and Perfetto files, and on a hang (or a GPU or plugin
+finding that calls for a restart) aborts the workers' communicators so
+that they fail at once and their launcher restarts them.
+
+The socket is $DDP_AGENT_SOCKET, else $XDG_RUNTIME_DIR/ddp-agent/sidecar.sock,
+else /tmp/ddp-agent-sidecar-<uid>/sidecar.sock; only processes of the same
+user are admitted. See docs/sidecar.md.
+
+Flags:
+`
+
+// sidecarFlags parses the sidecar's command line into its config.
+func sidecarFlags(args []string, getenv func(string) string, out io.Writer) (sidecar.Config, slog.Level, error) {
+	fs := flag.NewFlagSet("ddp-agent sidecar", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(out, sidecarUsage)
+		fs.PrintDefaults()
+	}
+	var cfg sidecar.Config
+	var hang, level string
+	var plugins []string
+	fs.StringVar(&cfg.Socket, "socket", "", "the control socket's path (default: $DDP_AGENT_SOCKET, else the per-user path above)")
+	fs.StringVar(&cfg.LogDir, "log-dir", "", "write each job's Perfetto trace files into DIR/<job id> (without an OTLP collector for traces)")
+	fs.StringVar(&hang, "hang-timeout", "60s", "a gradient all-reduce not finished this long after the first rank arrived is a hang: reported with the missing ranks' stacks, then the job's communicators here are aborted; auto: 60s, or 10 times the median step time when longer; 0 disables")
+	fs.StringVar(&cfg.OTelEndpoint, "otel-endpoint", "", "OpenTelemetry collector for traces and metrics (host:port for OTLP/gRPC, or an http:// URL); default: the OTEL_EXPORTER_OTLP_* variables")
+	fs.Float64Var(&cfg.TraceSample, "trace-sample", 0.1, "share of normal training steps traced (0 to 1); steps with a stall or hang are always traced")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve the first job's Prometheus metrics at this address (e.g. :9464)")
+	fs.Float64Var(&cfg.StragglerCost, "straggler-cost", 0.05, "name a persistent straggler only when the waits it causes cost at least this share of step time (0 to 1, exclusive)")
+	fs.DurationVar(&cfg.Linger, "job-linger", sidecar.DefaultLinger, "how long a job whose workers all disconnected is kept (its launcher's restart brings them back); then its traces are flushed")
+	fs.Func("plugin", "a plugin, as for ddp-agent run: NAME[,key=value...] or /path/to/plugin[,key=value...] (repeatable; also $DDP_AGENT_PLUGINS)", func(s string) error {
+		plugins = append(plugins, s)
+		return nil
+	})
+	fs.StringVar(&level, "log-level", "info", "the sidecar's log: debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return cfg, 0, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, 0, fmt.Errorf("unexpected argument %q: the sidecar launches nothing (ddp-agent run does)", fs.Arg(0))
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return cfg, 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	switch hang {
+	case "auto":
+		cfg.HangTimeout, cfg.HangAuto = 60*time.Second, true
+	case "0", "0s":
+	default:
+		d, err := parseSeconds(hang)
+		if err != nil {
+			return cfg, 0, fmt.Errorf("--hang-timeout: %w", err)
+		}
+		if d > 0 && d < time.Second {
+			return cfg, 0, fmt.Errorf("--hang-timeout %v is below a second: healthy collectives would look hung (0 disables it)", d)
+		}
+		cfg.HangTimeout = d
+	}
+	switch {
+	case cfg.TraceSample < 0 || cfg.TraceSample > 1:
+		return cfg, 0, fmt.Errorf("--trace-sample %v: want 0 to 1", cfg.TraceSample)
+	case cfg.StragglerCost <= 0 || cfg.StragglerCost >= 1:
+		return cfg, 0, fmt.Errorf("--straggler-cost %v: want more than 0 and less than 1", cfg.StragglerCost)
+	case cfg.Linger < time.Second:
+		return cfg, 0, fmt.Errorf("--job-linger %v: at least 1s (a launcher's restart takes that)", cfg.Linger)
+	}
+	specs, err := pluginhost.ParseSpecs(plugins, getenv("DDP_AGENT_PLUGINS"))
+	if err != nil {
+		return cfg, 0, err
+	}
+	cfg.Plugins, cfg.PluginDir = specs, getenv("DDP_AGENT_PLUGIN_DIR")
+	cfg.OTLPProtocol = otlpProtocol(cfg.OTelEndpoint, getenv)
+	return cfg, lvl, nil
+}
+
+func runSidecar(args []string, stdout, stderr io.Writer) int {
+	cfg, level, err := sidecarFlags(args, os.Getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		if !strings.Contains(err.Error(), "flag provided but not defined") {
+			fmt.Fprintf(stderr, "ddp-agent sidecar: %v\n", err)
+		}
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("component", "ddp-agent-sidecar")
+	node := discoverGPUs(context.Background(), os.Getenv)
+	defer node.close()
+	if node.err != nil {
+		fmt.Fprintf(stderr, "ddp-agent sidecar: %v\n", node.err)
+		return 2
+	}
+	if node.topo != nil {
+		g := &sidecar.GPUs{Topology: node.topo}
+		if lib := node.lib; lib != nil {
+			g.Watch = func(devs []health.Device, opts ...health.Option) *health.Watcher {
+				return health.NewWatcher(lib, devs, opts...)
+			}
+			g.State = func(uuid string) (nvml.GPUState, error) { return nvml.ReadGPUState(lib, uuid) }
+		}
+		cfg.GPUs = g
+	} else {
+		log.Info("no NVIDIA GPU (" + node.none + "): no GPU health watch")
+	}
+	sc, err := sidecar.New(cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "ddp-agent sidecar: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+	var refused *pluginhost.RefusedError
+	if err := sc.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "ddp-agent sidecar: %v\n", err)
+		if errors.As(err, &refused) {
+			return 2
+		}
+		return 1
+	}
+	log.Info("sidecar stopped")
+	return 0
+}

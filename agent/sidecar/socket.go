@@ -1,0 +1,56 @@
+package sidecar
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// SocketEnv overrides the sidecar's socket path, for the sidecar and for
+// the hook alike.
+const SocketEnv = "DDP_AGENT_SOCKET"
+
+// DefaultSocket is the node's sidecar socket for user uid: under
+// $XDG_RUNTIME_DIR (a per-user tmpfs, 0700, where systemd makes one),
+// else under /tmp in a directory named after the uid. The Python package
+// computes the same path (ddp_agent/_sidecar.py).
+func DefaultSocket(uid int, getenv func(string) string) string {
+	if p := getenv(SocketEnv); p != "" {
+		return p
+	}
+	if d := getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "ddp-agent", "sidecar.sock")
+	}
+	return filepath.Join(os.TempDir(), "ddp-agent-sidecar-"+strconv.Itoa(uid), "sidecar.sock")
+}
+
+// clearStale removes a socket file no sidecar answers on (the last one
+// was killed), and refuses when one does: two sidecars for one user on a
+// node would split its jobs' ranks.
+func clearStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&fs.ModeSocket == 0 {
+		return fmt.Errorf("%s exists and is not a socket", path)
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("another sidecar is serving %s", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("check %s: %w", path, err)
+	}
+	return os.Remove(path)
+}
