@@ -12,7 +12,7 @@ TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py
 # own torchrun, its NCCL bootstrap (fake NCCL), a worker dying with the hook
 # registered (restart and resume), a hang (stacks, restart).
 TORCH2_PYTHON ?=
-TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted)$$/^raise$$
+TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted|TestSidecarNamesStragglerUnderTorchrun)$$/^raise$$
 
 .PHONY: build test demo demo-fault bench lint fuzz clean
 
@@ -83,6 +83,7 @@ bench: build
 	$(PYTHON) examples/bench/ddp_step.py --agent bin/ddp-agent --python $(PYTHON) --reps 3 --steps 30 --warmup-steps 5
 	$(PYTHON) examples/bench/hook_cost.py --steps 50 --warmup 5
 	$(PYTHON) examples/bench/telemetry_overhead.py --agent bin/ddp-agent --python $(PYTHON) --reps 5 --steps 40 --warmup-steps 10 --batch-size 8
+	$(PYTHON) examples/bench/sidecar_overhead.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --reps 5 --steps 40 --warmup-steps 10 --batch-size 8
 	@go=$$(scripts/deps.sh) && $$go build -tags nvmlmock -o bin/ddp-agent-nvmlmock.tmp ./agent/cmd/ddp-agent && mv bin/ddp-agent-nvmlmock.tmp bin/ddp-agent-nvmlmock
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/stragglers -agent bin/ddp-agent -mock-agent bin/ddp-agent-nvmlmock -python $(PYTHON)
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/plugins -agent bin/ddp-agent -python $(PYTHON) -runs 10

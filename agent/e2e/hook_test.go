@@ -246,7 +246,8 @@ func TestHookNCCLUniqueIDThroughAgent(t *testing.T) {
 func TestHookTrainUnderTorchrun(t *testing.T) {
 	needTorch(t)
 	compat := torchrunCompat(t)
-	env := []string{"DDP_AGENT_SHIM=" + shimLib}
+	// TMPDIR of its own: no sidecar socket can be at the default path.
+	env := []string{"DDP_AGENT_SHIM=" + shimLib, "TMPDIR=" + t.TempDir()}
 	torchrun := func(args ...string) []string {
 		return append([]string{python, compat, "--standalone", "--nproc_per_node", "2"}, args...)
 	}
@@ -267,6 +268,9 @@ func TestHookTrainUnderTorchrun(t *testing.T) {
 	for rank, p := range checkProbes(t, r.stdout, r.logs()) {
 		if p.SocketEnv || p.Info["agent"] != false {
 			t.Errorf("rank %d: got socket_env %v agent %v, want neither under torchrun: %+v", rank, p.SocketEnv, p.Info["agent"], p)
+		}
+		if _, ok := p.Info["sidecar"]; ok {
+			t.Errorf("rank %d: the communicator tried a sidecar where there is none: %+v", rank, p.Info)
 		}
 		if num(p.Info, "collectives") <= 0 {
 			t.Errorf("rank %d: got no collectives: %+v", rank, p)
