@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/wire"
@@ -180,7 +181,14 @@ func (s *Server) Run(ctx context.Context) error {
 
 func (s *Server) removeDir() {
 	if s.ownDir {
-		if err := os.Remove(s.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		err := os.Remove(s.dir)
+		switch {
+		case err == nil, errors.Is(err, fs.ErrNotExist):
+		case errors.Is(err, syscall.ENOTEMPTY), errors.Is(err, syscall.EEXIST):
+			// Files of others live there too (a sidecar's workers' stacks);
+			// the caller cleans up.
+			s.log.Debug("control socket dir left: not empty", "dir", s.dir)
+		default:
 			s.log.Warn("remove control socket dir", "dir", s.dir, "err", err)
 		}
 	}

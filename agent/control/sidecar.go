@@ -53,7 +53,13 @@ func (c *serverConn) handshakeSidecar(pid int) error {
 	}
 	c.rank = int(hello.Rank)
 	c.log = c.log.With("rank", c.rank, "job", hello.Job[wire.HelloJob])
-	if le := c.s.connsPer.acquire(pid, c.rank, c.s.cfg); le != nil {
+	// A worker in a pid namespace the server cannot see has pid 0: it
+	// counts against the limits by the pid it says it has, or every such
+	// worker would share one process's.
+	if pid == 0 {
+		c.pid = -int(hello.PID)
+	}
+	if le := c.s.connsPer.acquire(c.pid, c.rank, c.s.cfg); le != nil {
 		c.send(f.ID, le.reply())
 		return fmt.Errorf("admit connection: %w", le)
 	}

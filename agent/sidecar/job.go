@@ -23,22 +23,23 @@ import (
 // (TORCHELASTIC_RESTART_COUNT): a Hello of a later one ends the attempt
 // watched and begins the next.
 type job struct {
-	id     string
-	sc     *Sidecar
-	ctx    context.Context // the job's life on this node
-	cancel context.CancelFunc
-	watch  *watch.Watch
-	exp    *export.Exporter
-	mon    *hostmon.Monitor
-	kv     *relayKV
-	bg     sync.WaitGroup
-	mu     sync.Mutex
-	gen    uint64
-	begun  bool            // an attempt is watched
-	end    chan struct{}   // closed when the attempt watched ends
-	peers  map[uint64]peer // by control.Peer.ID
-	linger *time.Timer     // closes the job when its last worker left and none came back
-	closed bool
+	id      string
+	sc      *Sidecar
+	ctx     context.Context // the job's life on this node
+	cancel  context.CancelFunc
+	watch   *watch.Watch
+	exp     *export.Exporter
+	mon     *hostmon.Monitor
+	kv      *relayKV
+	bg      sync.WaitGroup
+	mu      sync.Mutex
+	gen     uint64
+	begun   bool            // an attempt is watched
+	end     chan struct{}   // closed when the attempt watched ends
+	peers   map[uint64]peer // by control.Peer.ID
+	linger  *time.Timer     // closes the job when its last worker left and none came back
+	closed  bool
+	metrics bool // the job holds the sidecar's Prometheus address
 }
 
 // peer is a connected worker: its pid as the sidecar sees it, and its Hello.
@@ -68,13 +69,16 @@ func (sc *Sidecar) openJob(w worker) (*job, error) {
 			return nil, fmt.Errorf("job %s: %w", w.job, err)
 		}
 	}
+	metrics := sc.takeMetrics()
 	exp, err := export.New(j.ctx, export.Config{JobID: w.job, NodeRank: w.groupRank, Host: host, Topology: sc.topology(),
 		Endpoint: sc.cfg.OTelEndpoint, Protocol: sc.cfg.OTLPProtocol, SampleRatio: sc.cfg.TraceSample, TraceDir: traceDir,
-		MetricsAddr: sc.takeMetrics(), Worker: j.watch.Worker, Logger: log})
+		MetricsAddr: metrics, Worker: j.watch.Worker, Logger: log})
 	if err != nil {
+		sc.metricsUsed = sc.metricsUsed && metrics == ""
 		j.cancel()
 		return nil, fmt.Errorf("job %s: telemetry: %w", w.job, err)
 	}
+	j.metrics = metrics != ""
 	if u := exp.MetricsURL(); u != "" {
 		log.Info("Prometheus metrics", "url", u)
 	}
@@ -89,6 +93,9 @@ func (sc *Sidecar) openJob(w worker) (*job, error) {
 
 // dirName makes a job id a directory name.
 func dirName(id string) string {
+	if strings.Trim(id, ".") == "" {
+		return strings.Repeat("_", len(id)) // "." and ".." are not names of their own
+	}
 	return strings.Map(func(r rune) rune {
 		if r == '-' || r == '_' || r == '.' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9') {
 			return r
@@ -139,8 +146,12 @@ func (j *job) begin(w worker) {
 	var kv control.KV
 	// The leader publishes; a follower needs the leader's endpoint from
 	// its Hello. Without it, each node's sidecar watches its own ranks.
-	if w.nnodes() > 1 && (w.groupRank == 0 || w.relay != "") {
+	switch {
+	case w.nnodes() > 1 && (w.groupRank == 0 || w.relay != ""):
 		kv = j.kv
+	case w.nnodes() > 1:
+		j.sc.log.Info("no relay endpoint from rank 0's hook (no sidecar on its node?): this sidecar analyzes its own ranks only",
+			"job", j.id, "generation", w.gen, "group_rank", w.groupRank)
 	}
 	host, _ := os.Hostname()
 	workers := make([]telemetry.Worker, w.localWorld)

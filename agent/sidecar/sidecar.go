@@ -87,6 +87,9 @@ func New(cfg Config, log *slog.Logger) (*Sidecar, error) {
 		cfg.Socket = DefaultSocket(os.Getuid(), os.Getenv)
 	}
 	sc := &Sidecar{cfg: cfg, log: log, jobs: map[string]*job{}, named: map[string]map[int]bool{}}
+	if err := checkDir(filepath.Dir(cfg.Socket)); err != nil {
+		return nil, err
+	}
 	if err := clearStale(cfg.Socket); err != nil {
 		return nil, fmt.Errorf("sidecar socket: %w", err)
 	}
@@ -125,6 +128,13 @@ func (sc *Sidecar) Run(ctx context.Context) error {
 		"plugins", len(sc.cfg.Plugins), "gpus", sc.topology())
 	err := sc.srv.Run(ctx)
 	wg.Wait()
+	// The hooks' stack files; then the directory, if it is the sidecar's
+	// own and now empty (the control server left it while they were there).
+	stacks := filepath.Join(filepath.Dir(sc.cfg.Socket), "stacks")
+	if _, serr := os.Stat(stacks); serr == nil {
+		os.RemoveAll(stacks)
+		os.Remove(filepath.Dir(sc.cfg.Socket))
+	}
 	sc.mu.Lock()
 	jobs := sc.jobs
 	sc.jobs = map[string]*job{}
@@ -198,6 +208,16 @@ func (sc *Sidecar) Left(p control.Peer) {
 	}
 }
 
+// releaseMetrics gives the Prometheus address back when the job holding it
+// closed, for the next job.
+func (sc *Sidecar) releaseMetrics(j *job) {
+	if j.metrics {
+		sc.mu.Lock()
+		sc.metricsUsed = false
+		sc.mu.Unlock()
+	}
+}
+
 // closeIdle closes j if no worker came back during the linger time.
 func (sc *Sidecar) closeIdle(j *job) {
 	sc.mu.Lock()
@@ -214,6 +234,7 @@ func (sc *Sidecar) closeIdle(j *job) {
 	sc.mu.Unlock()
 	if idle {
 		j.close()
+		sc.releaseMetrics(j)
 	}
 }
 

@@ -63,6 +63,30 @@ func TestDefaultSocket(t *testing.T) {
 	}
 }
 
+func TestNames(t *testing.T) {
+	for id, want := range map[string]string{"job-1.a_b": "job-1.a_b", "a b/c:1": "a_b_c_1", "..": "__", ".": "_"} {
+		if got := dirName(id); got != want {
+			t.Errorf("dirName(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+// TestSocketDir: the socket's directory must be the user's alone; the
+// sidecar never chmods one that is not (a home directory, say).
+func TestSocketDir(t *testing.T) {
+	dir := t.TempDir()
+	os.Chmod(dir, 0o755)
+	if _, err := New(Config{Socket: filepath.Join(dir, "s.sock")}, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "mode 755") {
+		t.Errorf("a 0755 directory: got %v", err)
+	}
+	if fi, _ := os.Stat(dir); fi.Mode().Perm() != 0o755 {
+		t.Errorf("the directory's mode was changed to %o", fi.Mode().Perm())
+	}
+	if err := checkDir(filepath.Join(dir, "new")); err != nil {
+		t.Errorf("a missing directory (made 0700): %v", err)
+	}
+}
+
 func TestClearStale(t *testing.T) {
 	dir := t.TempDir()
 	if err := clearStale(filepath.Join(dir, "none.sock")); err != nil {

@@ -30,6 +30,30 @@ func DefaultSocket(uid int, getenv func(string) string) string {
 	return filepath.Join(os.TempDir(), "ddp-agent-sidecar-"+strconv.Itoa(uid), "sidecar.sock")
 }
 
+// checkDir refuses a socket directory that is not the user's alone: the
+// socket is the sidecar's whole admission boundary, and control.Listen
+// would make an existing directory 0700 (a home directory, say). A
+// missing directory is made 0700.
+func checkDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("sidecar socket directory: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("sidecar socket directory %s is not a directory", dir)
+	case ok && int(st.Uid) != os.Getuid():
+		return fmt.Errorf("sidecar socket directory %s belongs to uid %d, not to this user (%d): give the socket a directory of its own (--socket)", dir, st.Uid, os.Getuid())
+	case fi.Mode().Perm()&0o077 != 0:
+		return fmt.Errorf("sidecar socket directory %s has mode %o: it must be this user's alone (0700); give the socket a directory of its own (--socket)", dir, fi.Mode().Perm())
+	}
+	return nil
+}
+
 // clearStale removes a socket file no sidecar answers on (the last one
 // was killed), and refuses when one does: two sidecars for one user on a
 // node would split its jobs' ranks.

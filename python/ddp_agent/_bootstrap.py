@@ -164,7 +164,7 @@ class Communicators:
 
     def _add_sidecar(self, cfg: Dict[str, Any], device: Optional[torch.device]) -> None:
         """Points the communicator at the node's sidecar, when there is one (the job's world only, as with the agent)."""
-        if self.world_size != int(os.environ.get("WORLD_SIZE") or -1):
+        if self.world_size != _sidecar.world_size():
             return
         sock = _sidecar.find()
         if not sock:
@@ -173,7 +173,7 @@ class Communicators:
             sidecar=sock,
             generation=_sidecar.generation(),
             local_rank=_sidecar.local_rank(),
-            global_rank=int(os.environ.get("RANK") or self.rank),
+            global_rank=int(_sidecar.rank() or self.rank),
             sidecar_job=_sidecar.job_info(sock, self.rank, self.world_size, gpu=_gpu_uuid(device)),
         )
 
@@ -184,7 +184,7 @@ class Communicators:
         so that no rank waits for it in vain; the others read it before they
         open, when a sidecar of theirs needs it (a multi-node job).
         """
-        if cfg["bootstrap"] != "external" or self.world_size != int(os.environ.get("WORLD_SIZE") or -1):
+        if cfg["bootstrap"] != "external" or self.world_size != _sidecar.world_size():
             return
         key = f"sidecar_relay_{cfg['transport']}"
         store = _store(self.name)

@@ -80,6 +80,8 @@ def job_id() -> str:
 
 def dir_name(job: str) -> str:
     """A job id made a directory name (as the sidecar's dirName)."""
+    if not job.strip("."):
+        return "_" * len(job)  # "." and ".." are not names of their own
     return re.sub(r"[^A-Za-z0-9._-]", "_", job)
 
 
@@ -97,6 +99,16 @@ def _env_int(*names: str, default: int) -> int:
             except ValueError:
                 continue
     return default
+
+
+def world_size() -> int:
+    """The job's world from the launcher (-1: unknown): torchrun's WORLD_SIZE, else srun's task count."""
+    return _env_int("WORLD_SIZE", "SLURM_NTASKS", default=-1)
+
+
+def rank() -> Optional[str]:
+    """This worker's global rank from the launcher: torchrun's RANK, else srun's SLURM_PROCID."""
+    return os.environ.get("RANK") or os.environ.get("SLURM_PROCID")
 
 
 def generation() -> int:

@@ -35,7 +35,7 @@ def enable() -> Optional[str]:
     if not directory:
         sock = _sidecar.find()
         directory = _sidecar.stack_dir(sock) if sock else None
-    rank = os.environ.get("RANK")
+    rank = _sidecar.rank()  # RANK, or srun's SLURM_PROCID
     if not directory or rank is None:
         return None
     # Named after this process: the agent signals exactly the process that

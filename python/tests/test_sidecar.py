@@ -126,3 +126,19 @@ def test_stacks_beside_a_sidecar(clean, monkeypatch):
         assert stat.S_IMODE(os.stat(os.path.dirname(got)).st_mode) == 0o700
     finally:
         s.close()
+
+
+def test_under_srun(clean):
+    # Plain srun sets no WORLD_SIZE or RANK: the hook takes Slurm's.
+    clean.setenv("SLURM_NTASKS", "2")
+    clean.setenv("SLURM_PROCID", "1")
+    clean.setenv("SLURM_JOB_ID", "9")
+    h = Communicators("ddp_agent-1", rank=1, world_size=2, timeout_ms=5000)
+    path = _sidecar.default_socket()
+    s = listen(path)
+    try:
+        cfg = h.config()
+        assert (cfg["sidecar"], cfg["global_rank"], cfg["sidecar_job"]["job"]) == (path, 1, "slurm-9")
+    finally:
+        s.close()
+    assert _sidecar.dir_name("..") == "__"

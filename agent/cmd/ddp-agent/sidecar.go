@@ -31,8 +31,8 @@ finding that calls for a restart) aborts the workers' communicators so
 that they fail at once and their launcher restarts them.
 
 The socket is $DDP_AGENT_SOCKET, else $XDG_RUNTIME_DIR/ddp-agent/sidecar.sock,
-else /tmp/ddp-agent-sidecar-<uid>/sidecar.sock; only processes of the same
-user are admitted. See docs/sidecar.md.
+else $TMPDIR (or /tmp)/ddp-agent-sidecar-<uid>/sidecar.sock, in a directory
+that must be the user's alone; only processes of the same user are admitted. See docs/sidecar.md.
 
 Flags:
 `
@@ -53,7 +53,7 @@ func sidecarFlags(args []string, getenv func(string) string, out io.Writer) (sid
 	fs.StringVar(&hang, "hang-timeout", "60s", "a gradient all-reduce not finished this long after the first rank arrived is a hang: reported with the missing ranks' stacks, then the job's communicators here are aborted; auto: 60s, or 10 times the median step time when longer; 0 disables")
 	fs.StringVar(&cfg.OTelEndpoint, "otel-endpoint", "", "OpenTelemetry collector for traces and metrics (host:port for OTLP/gRPC, or an http:// URL); default: the OTEL_EXPORTER_OTLP_* variables")
 	fs.Float64Var(&cfg.TraceSample, "trace-sample", 0.1, "share of normal training steps traced (0 to 1); steps with a stall or hang are always traced")
-	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve the first job's Prometheus metrics at this address (e.g. :9464)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve one job's Prometheus metrics at a time at this address (e.g. :9464): the first opened, then the next after it closed")
 	fs.Float64Var(&cfg.StragglerCost, "straggler-cost", 0.05, "name a persistent straggler only when the waits it causes cost at least this share of step time (0 to 1, exclusive)")
 	fs.DurationVar(&cfg.Linger, "job-linger", sidecar.DefaultLinger, "how long a job whose workers all disconnected is kept (its launcher's restart brings them back); then its traces are flushed")
 	fs.Func("plugin", "a plugin, as for ddp-agent run: NAME[,key=value...] or /path/to/plugin[,key=value...] (repeatable; also $DDP_AGENT_PLUGINS)", func(s string) error {
