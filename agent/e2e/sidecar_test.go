@@ -331,3 +331,31 @@ func TestSidecarKilledAndStartedLate(t *testing.T) {
 		t.Errorf("the late sidecar did not pick up the restarted workers\n%s", late.logs())
 	}
 }
+
+// TestSidecarPluginAborts: a detector plugin beside the sidecar works as
+// under ddp-agent run: its restart-workers verdict (the bundled exec check
+// exiting 2) aborts the job's communicators, the workers fail with the
+// finding, and torchrun restarts them.
+func TestSidecarPluginAborts(t *testing.T) {
+	needTorch(t)
+	trigger := filepath.Join(t.TempDir(), "trigger")
+	script := writeScript(t, "if [ -e "+trigger+" ]; then rm -f "+trigger+"; echo 'fabric port mlx5_0/1 flapped'; exit 2; fi\necho fine\n")
+	sock := sidecarSocket(t, "node")
+	sc := startSidecar(t, sock, "--plugin", "exec,command="+script+",interval=500ms,timeout=5s")
+	r := torchrun(t, sock, []string{"DDP_AGENT_COLLECTIVE_TIMEOUT=300"}, append(oneNode(t), "--max_restarts", "1", trainPy(),
+		"--steps", "30", "--log-every", "2", "--ckpt-every", "5", "--ckpt-dir", t.TempDir(), "--sleep-per-step", "0.2")...)
+	waitFor(t, 90*time.Second, func() bool { return strings.Contains(r.stdout.String(), "step 6 ") }, r.logs)
+	if err := os.WriteFile(trigger, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(200 * time.Second); code != 0 {
+		t.Fatalf("torchrun: exit code %d\n%s\nsidecar:\n%s", code, r.logs(), tail(sc.stderr.String()))
+	}
+	out := r.stdout.String() + r.stderr.String()
+	if !strings.Contains(out, "communicator aborted: plugin exec") || !strings.Contains(out, "fabric port mlx5_0/1 flapped") {
+		t.Errorf("the workers did not fail with the plugin's finding\n%s", r.logs())
+	}
+	if !strings.Contains(out, "restart_count 1") || !strings.Contains(out, "done: steps=30") {
+		t.Errorf("torchrun did not restart the workers and finish\n%s", r.logs())
+	}
+}
