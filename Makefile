@@ -83,7 +83,7 @@ bench: build
 	$(PYTHON) examples/bench/ddp_step.py --agent bin/ddp-agent --python $(PYTHON) --reps 3 --steps 30 --warmup-steps 5
 	$(PYTHON) examples/bench/hook_cost.py --steps 50 --warmup 5
 	$(PYTHON) examples/bench/telemetry_overhead.py --agent bin/ddp-agent --python $(PYTHON) --reps 5 --steps 40 --warmup-steps 10 --batch-size 8
-	$(PYTHON) examples/bench/sidecar_overhead.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --reps 5 --steps 40 --warmup-steps 10 --batch-size 8
+	$(PYTHON) examples/bench/sidecar_overhead.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --reps 6 --steps 40 --warmup-steps 10 --batch-size 8
 	@go=$$(scripts/deps.sh) && $$go build -tags nvmlmock -o bin/ddp-agent-nvmlmock.tmp ./agent/cmd/ddp-agent && mv bin/ddp-agent-nvmlmock.tmp bin/ddp-agent-nvmlmock
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/stragglers -agent bin/ddp-agent -mock-agent bin/ddp-agent-nvmlmock -python $(PYTHON)
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/plugins -agent bin/ddp-agent -python $(PYTHON) -runs 10
