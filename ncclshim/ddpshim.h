@@ -93,7 +93,7 @@ const char *ddpshim_last_error(void);
  *                          master_addr, relay, gpu, stack_dir). The
  *                          communicator sends it its events and obeys its
  *                          Abort; no sidecar, or a lost one, changes nothing
- *                          else. ddpshim_comm_info says "sidecar" (connected)
+ *                          else (the link redials in the background). ddpshim_comm_info says "sidecar" (connected)
  *                          and "sidecar_relay" (the leading sidecar's relay)
  *   timeout_ms             bound on the bootstrap and on each collective (default 600000,
  *                          at most 30 days)

@@ -298,8 +298,9 @@ func TestSidecarTwoNodes(t *testing.T) {
 
 // TestSidecarKilledAndStartedLate: the sidecar SIGKILLed mid-training
 // changes nothing for the workers; a sidecar started later (on the same
-// socket path, a dead one's file still there) picks up the workers that
-// register after it: those of torchrun's restart after a worker failure.
+// socket path, a dead one's file still there) picks up the running
+// workers (their communicators redial) and those that register after it,
+// of torchrun's restart after a worker failure.
 func TestSidecarKilledAndStartedLate(t *testing.T) {
 	needTorch(t)
 	sock := sidecarSocket(t, "node")
@@ -327,8 +328,12 @@ func TestSidecarKilledAndStartedLate(t *testing.T) {
 	if !strings.Contains(out, "sidecar connection lost: training goes on") {
 		t.Errorf("the shims did not say they lost the sidecar\n%s", r.logs())
 	}
-	if !regexp.MustCompile(`worker connected.* generation=1`).MatchString(late.stderr.String()) {
-		t.Errorf("the late sidecar did not pick up the restarted workers\n%s", late.logs())
+	// The running workers redial the late sidecar; those of the restart
+	// register with it.
+	for gen := range 2 {
+		if !regexp.MustCompile(`worker connected.* rank=1 generation=` + strconv.Itoa(gen)).MatchString(late.stderr.String()) {
+			t.Errorf("the late sidecar did not pick up rank 1 of generation %d\n%s", gen, late.logs())
+		}
 	}
 }
 

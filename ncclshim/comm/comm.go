@@ -67,9 +67,7 @@ type Comm struct {
 
 	agent  *agentconn.Client // nil without ddp-agent (or a sidecar)
 	events *eventRing        // nil without ddp-agent (or a sidecar)
-	// sidecarRelay is what the sidecar's Welcome gave under
-	// wire.WelcomeRelay: rank 0's hook passes it on to the other nodes.
-	sidecarRelay string
+	side   *sidecarLink      // under bootstrap "external" with a sidecar; nil otherwise
 
 	// The nccl transport (nccl.go): the library, rank 0's unique id,
 	// and the communicator once connected; ep and tr stay nil.
@@ -166,7 +164,7 @@ func (c *Comm) bootstrapAgent() error {
 	if int(w.WorldSize) != c.size {
 		return status.Errorf(status.Invalid, "agent says world size %d, config says %d", w.WorldSize, c.size)
 	}
-	c.startShipping(cl, false)
+	c.startShipping(cl)
 
 	if c.ncLib != nil {
 		return c.bootstrapAgentNCCL(ctx, cl)
@@ -430,6 +428,12 @@ func (c *Comm) Close() {
 	if c.agent != nil {
 		c.agent.Close()
 	}
+	c.mu.Lock()
+	side := c.side
+	c.mu.Unlock()
+	if side != nil {
+		side.close()
+	}
 }
 
 // Describe is ddpshim_comm_info's JSON.
@@ -453,9 +457,13 @@ func (c *Comm) Describe() string {
 	if c.events != nil {
 		info["events_sent"], info["events_dropped"] = c.events.stats()
 	}
-	if c.cfg.Sidecar != "" && c.cfg.Bootstrap == "external" {
-		info["sidecar"] = c.agent != nil
-		info["sidecar_relay"] = c.sidecarRelay
+	c.mu.Lock()
+	side := c.side
+	c.mu.Unlock()
+	if side != nil {
+		side.mu.Lock()
+		info["sidecar"], info["sidecar_relay"] = side.cl != nil, side.relay
+		side.mu.Unlock()
 	}
 	out, _ := json.Marshal(info)
 	return string(out)
