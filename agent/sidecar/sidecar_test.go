@@ -271,3 +271,36 @@ func TestLeaderRelay(t *testing.T) {
 }
 
 var _ control.Sidecar = (*Sidecar)(nil)
+
+// TestLeaderWithoutFollowers: the leading sidecar of a two-node job whose
+// other node never reports (no sidecar there, a blocked relay port, a
+// restarted leader) does not take the other ranks' missing records for a
+// hang: it says so once and aborts nothing.
+func TestLeaderWithoutFollowers(t *testing.T) {
+	sc, lb := startSidecar(t, Config{HangTimeout: time.Second})
+	var clients []*agentconn.Client
+	for r := range 2 {
+		c, _, err := dial(t, sc, hello("mn", 0, r, r, 4, 2, wire.HelloGroupRank, "0", wire.HelloMasterAddr, "127.0.0.1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+	}
+	at := time.Now().UnixNano()
+	for _, c := range clients { // both local ranks in the collective, the other node's never heard of
+		if err := c.SendEvents(wire.Events{Events: []wire.CollectiveEvent{{Step: 1, Status: wire.StatusInFlight, TArrive: at, TStart: at}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return strings.Contains(lb.String(), "not judged a hang") })
+	for _, c := range clients {
+		select {
+		case <-c.Aborted():
+			t.Fatalf("aborted: %s\n%s", c.AbortReason(), lb.String())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if strings.Contains(lb.String(), "hang: step") {
+		t.Errorf("a hang reported\n%s", lb.String())
+	}
+}

@@ -63,19 +63,33 @@ func (s *Watch) checkHang(ctx context.Context, now time.Time) {
 	if h == nil {
 		return
 	}
-	s.mu.Lock()
-	if s.at != at || s.hung { // the attempt ended meanwhile, or its hang is out
-		s.mu.Unlock()
-		return
-	}
-	s.hung = true
-	s.mu.Unlock()
 	for i := range h.Waiting {
 		h.Waiting[i] += at.base
 	}
 	for i := range h.Missing {
 		h.Missing[i] += at.base
 	}
+	s.mu.Lock()
+	if s.at != at || s.hung { // the attempt ended meanwhile, or its hang is out
+		s.mu.Unlock()
+		return
+	}
+	// The records of another node's ranks are missing because that node
+	// never reported, or stopped: no hang this agent can judge (and under
+	// a sidecar the ranks may be training on).
+	if gone, why := s.heard.unjudged(h.Missing, at.offset, at.offset+len(at.local), time.Now()); len(gone) > 0 {
+		line := rankList(gone)
+		first := s.unjudged != line
+		s.unjudged = line
+		s.mu.Unlock()
+		if first {
+			s.log.Warn("collective unfinished past the hang timeout, but not judged a hang: the records of "+line+" are missing because "+why,
+				"step", h.Step, "bucket", h.Bucket, "generation", h.Gen, "ranks", line)
+		}
+		return
+	}
+	s.hung = true
+	s.mu.Unlock()
 	stacks := s.hangStacks(ctx, at, *h)
 	report := s.hangReport(*h, now, stacks)
 	s.log.Error("hang: " + report)

@@ -112,6 +112,8 @@ type Watch struct {
 	known    map[int]telemetry.Cause // the persistent stragglers named at the last look, this attempt, and their causes
 	dirty    bool                    // something to publish
 	evid     map[int]evidence        // every rank's evidence for a straggler's cause, as read at evidAt
+	heard    heard                   // the leader's: the other nodes' ranks, and when each last sent
+	unjudged string                  // the ranks last left unjudged, logged once
 	evidAt   time.Time
 	steps    stepClock
 	// progress is when a collective last completed, on this agent's
@@ -166,6 +168,8 @@ func (s *Watch) start(gen uint64, p analysis, local []telemetry.Worker, offset i
 	s.mu.Lock()
 	s.at, s.hung, s.known, s.steps, s.progress = at, false, nil, stepClock{}, time.Now()
 	s.evid = nil
+	s.heard.reset()
+	s.unjudged = ""
 	s.workers = map[int]telemetry.Worker{}
 	for _, w := range local {
 		s.workers[w.Rank] = w
@@ -235,6 +239,9 @@ func (s *Watch) Add(rank int, ev wire.Events) {
 // Records, Workers and Stacks are the leader's relay.Handler: what the
 // followers send.
 func (s *Watch) Records(node string, recs []telemetry.Record) {
+	s.mu.Lock()
+	s.heard.from(node, time.Now())
+	s.mu.Unlock()
 	if at := s.current(); at != nil && at.an != nil {
 		s.analyze(at, recs)
 	}
@@ -244,11 +251,14 @@ func (s *Watch) Records(node string, recs []telemetry.Record) {
 func (s *Watch) Workers(node string, ws []telemetry.Worker) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	ranks := make([]int, 0, len(ws))
 	for _, w := range ws {
 		if s.workers != nil {
 			s.workers[w.Rank] = w
 		}
+		ranks = append(ranks, w.Rank)
 	}
+	s.heard.from(node, time.Now(), ranks...)
 }
 
 // Stacks takes the Python stacks another node sent for a hang.
