@@ -230,6 +230,12 @@ func (c *serverConn) serve(ctx context.Context) {
 		c.s.limitLog.refused(time.Now(), c.rank, c.pid, le)
 		return
 	}
+	if errors.Is(err, io.EOF) {
+		// Closed before a whole Hello: a probe (the hook checks that a
+		// sidecar answers before it relies on one), or a worker gone.
+		c.log.Debug("control connection closed before its hello", "err", err)
+		return
+	}
 	if err != nil {
 		c.log.Warn("control handshake", "err", err)
 		return

@@ -50,15 +50,17 @@ func (sc *Sidecar) watchGPUs(ctx context.Context) {
 	}
 }
 
-// abortUsers aborts the jobs with a worker on GPU uuid, or every job when
-// a worker did not say its GPU.
+// abortUsers aborts the jobs with a worker on GPU uuid. A worker that did
+// not say its GPU (a CPU job's, or torch 1.13's, which has no UUIDs) is
+// not taken for one on it: a restart-level finding concerns the processes
+// on that GPU only (a drain-level one aborts every job anyway).
 func (sc *Sidecar) abortUsers(uuid, reason string) {
 	sc.mu.Lock()
 	var hit []string
 	for id, j := range sc.jobs {
 		j.mu.Lock()
 		for _, p := range j.peers {
-			if p.gpu == uuid || p.gpu == "" {
+			if p.gpu == uuid {
 				hit = append(hit, id)
 				break
 			}

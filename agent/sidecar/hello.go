@@ -29,6 +29,16 @@ func (w worker) offset() int { return w.rank - w.localRank }
 // (torchrun's --nproc-per-node is one number).
 func (w worker) nnodes() int { return (w.world + w.localWorld - 1) / w.localWorld }
 
+// Bounds on what one Hello may make the sidecar hold: a same-user process
+// can send any Hello, and the sidecar must not grow to the point where the
+// kernel's OOM killer picks a training worker.
+const (
+	maxWorld      = 1 << 17 // ranks in a job
+	maxLocalWorld = 1024    // workers of a job on one node
+	maxField      = 4096    // bytes of a string field (a path, an endpoint)
+	maxJobID      = 256
+)
+
 // parseHello checks a sidecar's Hello: a job, sizes that hold together,
 // ranks inside them. It is pure, for tests.
 func parseHello(h wire.Hello) (worker, error) {
@@ -38,8 +48,13 @@ func parseHello(h wire.Hello) (worker, error) {
 	if w.job == "" {
 		return worker{}, fmt.Errorf("hello names no job (Hello.Job[%q]): is this ddp_agent older than the sidecar?", wire.HelloJob)
 	}
-	if len(w.job) > 256 {
-		return worker{}, fmt.Errorf("job id of %d bytes, over 256", len(w.job))
+	if len(w.job) > maxJobID {
+		return worker{}, fmt.Errorf("job id of %d bytes, over %d", len(w.job), maxJobID)
+	}
+	for k, v := range j {
+		if len(v) > maxField {
+			return worker{}, fmt.Errorf("hello %s of %d bytes, over %d", k, len(v), maxField)
+		}
 	}
 	var err error
 	num := func(key string, def int) int {
@@ -59,10 +74,10 @@ func parseHello(h wire.Hello) (worker, error) {
 	switch {
 	case err != nil:
 		return worker{}, err
-	case w.world < 1 || w.world > 1<<20:
-		return worker{}, fmt.Errorf("hello world_size %d: want 1 to %d", w.world, 1<<20)
-	case w.localWorld < 1 || w.localWorld > w.world:
-		return worker{}, fmt.Errorf("hello local_world_size %d: want 1 to world_size %d", w.localWorld, w.world)
+	case w.world < 1 || w.world > maxWorld:
+		return worker{}, fmt.Errorf("hello world_size %d: want 1 to %d", w.world, maxWorld)
+	case w.localWorld < 1 || w.localWorld > w.world || w.localWorld > maxLocalWorld:
+		return worker{}, fmt.Errorf("hello local_world_size %d: want 1 to world_size %d, at most %d", w.localWorld, w.world, maxLocalWorld)
 	case w.rank < 0 || w.rank >= w.world:
 		return worker{}, fmt.Errorf("hello rank %d outside [0, %d)", w.rank, w.world)
 	case w.localRank < 0 || w.localRank >= w.localWorld || w.offset() < 0:

@@ -2,6 +2,8 @@ package sidecar
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,8 +34,11 @@ type job struct {
 	mon     *hostmon.Monitor
 	kv      *relayKV
 	bg      sync.WaitGroup
+	planMu  sync.Mutex // serializes the attempts' relay plans (watch.Begin), which may take seconds
 	mu      sync.Mutex
 	gen     uint64
+	shape   shape           // the attempt's job as its first worker described it
+	planned chan struct{}   // closed when the attempt's plan is made
 	begun   bool            // an attempt is watched
 	end     chan struct{}   // closed when the attempt watched ends
 	peers   map[uint64]peer // by control.Peer.ID
@@ -91,80 +96,22 @@ func (sc *Sidecar) openJob(w worker) (*job, error) {
 	return j, nil
 }
 
-// dirName makes a job id a directory name.
+// dirName makes a job id a directory name: letters, digits, '.', '_' and
+// '-' kept, anything else '_'; a name changed so, or long, gets a hash of
+// the id, so that two ids never share a directory. ddp_agent/_sidecar.py
+// computes the same.
 func dirName(id string) string {
-	if strings.Trim(id, ".") == "" {
-		return strings.Repeat("_", len(id)) // "." and ".." are not names of their own
-	}
-	return strings.Map(func(r rune) rune {
+	name := strings.Map(func(r rune) rune {
 		if r == '-' || r == '_' || r == '.' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9') {
 			return r
 		}
 		return '_'
 	}, id)
-}
-
-// admit takes a worker of the job in: a Hello of a new generation begins
-// its attempt, one of an older is refused. The Welcome carries the
-// leading sidecar's relay endpoint when this sidecar leads the job.
-func (j *job) admit(p control.Peer, w worker) (wire.Welcome, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.closed {
-		return wire.Welcome{}, errJobClosing
+	if name == id && len(id) <= 64 && strings.Trim(id, ".") != "" {
+		return name
 	}
-	switch {
-	case j.begun && w.gen < j.gen:
-		return wire.Welcome{}, &wire.RemoteError{Code: wire.CodeStaleGeneration,
-			Message: fmt.Sprintf("job %s is at generation %d, this worker is of %d", j.id, j.gen, w.gen)}
-	case !j.begun || w.gen > j.gen:
-		j.begin(w)
-	}
-	if j.linger != nil {
-		j.linger.Stop()
-		j.linger = nil
-	}
-	j.peers[p.ID] = peer{pid: p.PID, worker: w}
-	j.setMonitored()
-	return wire.Welcome{JobID: j.id, Generation: j.gen, WorldSize: int32(w.world), Rank: int32(w.rank),
-		Config: map[string]string{wire.WelcomeRelay: j.kv.published()}}, nil
-}
-
-// begin ends the attempt watched, if any, and begins w's (j.mu held). It
-// blocks while the relay plan is made: bounded by the watch (a leader's
-// listen, a follower's dial).
-func (j *job) begin(w worker) {
-	if j.begun {
-		j.watch.End()
-		close(j.end)
-		j.sc.log.Info("job restarted by its launcher: watching the next generation", "job", j.id, "from", j.gen, "to", w.gen)
-	}
-	j.gen, j.begun, j.end = w.gen, true, make(chan struct{})
-	if w.relay != "" {
-		_ = j.kv.Set(j.ctx, watch.LeaderKey(j.id, w.gen), []byte(w.relay))
-	}
-	var kv control.KV
-	// The leader publishes; a follower needs the leader's endpoint from
-	// its Hello. Without it, each node's sidecar watches its own ranks.
-	switch {
-	case w.nnodes() > 1 && (w.groupRank == 0 || w.relay != ""):
-		kv = j.kv
-	case w.nnodes() > 1:
-		j.sc.log.Info("no relay endpoint from rank 0's hook (no sidecar on its node?): this sidecar analyzes its own ranks only",
-			"job", j.id, "generation", w.gen, "group_rank", w.groupRank)
-	}
-	host, _ := os.Hostname()
-	workers := make([]telemetry.Worker, w.localWorld)
-	for lr := range workers {
-		workers[lr] = telemetry.Worker{Rank: w.offset() + lr, LocalRank: lr, Host: host, GPUIndex: -1}
-	}
-	masterAddr := w.masterAddr
-	if masterAddr == "" {
-		masterAddr = "127.0.0.1"
-	}
-	j.watch.Begin(j.ctx, watch.Attempt{Gen: w.gen, GroupRank: w.groupRank, NNodes: w.nnodes(), WorldSize: w.world,
-		RankOffset: w.offset(), MasterAddr: masterAddr, Done: j.end, Workers: workers, StackDir: w.stackDir,
-		KV: kv, JobID: j.id})
+	sum := sha256.Sum256([]byte(id))
+	return name[:min(len(name), 48)] + "-" + hex.EncodeToString(sum[:4])
 }
 
 // leave forgets a worker's connection; the job closes once its last worker
@@ -214,30 +161,37 @@ func (j *job) events(p control.Peer, ev wire.Events) {
 	}
 }
 
-// hung aborts the communicators of the job's workers here, so that they
-// fail now with the reason and their launcher restarts them; the stacks
-// were collected first (by the watch, before OnHang). It never blocks.
+// hung aborts the communicators of the job's workers of the hung
+// generation here, so that they fail now with the reason and their
+// launcher restarts them; the stacks were collected first (by the watch,
+// before OnHang). The watch calls it under its own lock: it takes none
+// and never blocks.
 func (j *job) hung(h telemetry.Hang, reason, report string) {
-	j.mu.Lock()
-	gen := j.gen
-	j.mu.Unlock()
-	j.sc.notifyHang(j.id, gen, h, reason, report)
-	j.sc.abortJob(j.id, int64(gen), "ddp-agent sidecar: "+reason)
+	go func() {
+		j.sc.notifyHang(j.id, h.Gen, h, reason, report)
+		j.sc.abortJob(j.id, int64(h.Gen), "ddp-agent sidecar: "+reason)
+	}()
 }
 
 // close ends the job: its watch, its exporter (flushed: the Perfetto
 // file is complete after it), its monitor.
-func (j *job) close() {
+func (j *job) close() { j.closeAnd(false) }
+
+// closeAnd closes the job; with dropStacks (its workers are gone: the
+// linger time passed) its stack files go too. At the sidecar's exit they
+// stay: the workers train on and redial the next sidecar.
+func (j *job) closeAnd(dropStacks bool) {
 	j.mu.Lock()
+	j.closed = true
 	if j.linger != nil {
 		j.linger.Stop()
 	}
-	if j.begun {
-		j.watch.End()
-		close(j.end)
-		j.begun = false
-	}
 	j.mu.Unlock()
+	j.planMu.Lock() // a plan in flight ends first
+	j.mu.Lock()
+	j.endAttempt()
+	j.mu.Unlock()
+	j.planMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(j.ctx), 5*time.Second)
 	defer cancel()
 	if err := j.exp.Shutdown(ctx); err != nil {
@@ -246,5 +200,8 @@ func (j *job) close() {
 	j.cancel()
 	j.bg.Wait()
 	j.watch.Close()
-	j.sc.log.Info("job closed: no worker connected", "job", j.id, "linger", j.sc.cfg.Linger)
+	if dropStacks {
+		os.RemoveAll(filepath.Join(filepath.Dir(j.sc.cfg.Socket), "stacks", dirName(j.id)))
+	}
+	j.sc.log.Info("job closed", "job", j.id)
 }

@@ -35,6 +35,10 @@ import (
 // the launcher's restart brings them back within it.
 const DefaultLinger = time.Minute
 
+// maxJobs bounds the jobs one sidecar watches at once (each holds a watch,
+// an exporter and a monitor): far above a node's real jobs.
+const maxJobs = 64
+
 // Config configures a Sidecar.
 type Config struct {
 	Socket        string        // the control socket; "": DefaultSocket
@@ -128,13 +132,11 @@ func (sc *Sidecar) Run(ctx context.Context) error {
 		"plugins", len(sc.cfg.Plugins), "gpus", sc.topology())
 	err := sc.srv.Run(ctx)
 	wg.Wait()
-	// The hooks' stack files; then the directory, if it is the sidecar's
-	// own and now empty (the control server left it while they were there).
-	stacks := filepath.Join(filepath.Dir(sc.cfg.Socket), "stacks")
-	if _, serr := os.Stat(stacks); serr == nil {
-		os.RemoveAll(stacks)
-		os.Remove(filepath.Dir(sc.cfg.Socket))
-	}
+	// The directory of the jobs' stacks and the socket's, when empty: the
+	// control server left the socket's while the stacks were there. Those
+	// of jobs still running stay, for the next sidecar.
+	os.Remove(filepath.Join(filepath.Dir(sc.cfg.Socket), "stacks"))
+	os.Remove(filepath.Dir(sc.cfg.Socket))
 	sc.mu.Lock()
 	jobs := sc.jobs
 	sc.jobs = map[string]*job{}
@@ -167,7 +169,8 @@ func (sc *Sidecar) Admit(p control.Peer) (wire.Welcome, error) {
 			return wel, err
 		}
 	}
-	return wire.Welcome{}, errJobClosing
+	// Worth a redial: CodeDenied would make the shim give up on this sidecar.
+	return wire.Welcome{}, &wire.RemoteError{Code: wire.CodeInternal, Message: errJobClosing.Error()}
 }
 
 // job returns w's job, opening it on its first worker.
@@ -178,7 +181,10 @@ func (sc *Sidecar) job(w worker) (*job, error) {
 		return j, nil
 	}
 	if sc.ctx == nil || sc.ctx.Err() != nil {
-		return nil, errors.New("the sidecar is stopping")
+		return nil, &wire.RemoteError{Code: wire.CodeInternal, Message: "the sidecar is stopping"}
+	}
+	if len(sc.jobs) >= maxJobs {
+		return nil, fmt.Errorf("%d jobs watched already, the most one sidecar takes", maxJobs)
 	}
 	j, err := sc.openJob(w)
 	if err != nil {
@@ -233,7 +239,7 @@ func (sc *Sidecar) closeIdle(j *job) {
 	j.mu.Unlock()
 	sc.mu.Unlock()
 	if idle {
-		j.close()
+		j.closeAnd(true)
 		sc.releaseMetrics(j)
 	}
 }

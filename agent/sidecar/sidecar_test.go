@@ -64,7 +64,13 @@ func TestDefaultSocket(t *testing.T) {
 }
 
 func TestNames(t *testing.T) {
-	for id, want := range map[string]string{"job-1.a_b": "job-1.a_b", "a b/c:1": "a_b_c_1", "..": "__", ".": "_"} {
+	for id, want := range map[string]string{
+		"job-1.a_b":             "job-1.a_b",
+		"a b/c:1":               "a_b_c_1-81b7dab8",
+		"a_b_c_1":               "a_b_c_1", // not the same as the one above
+		"..":                    "..-5ec1f7e7",
+		strings.Repeat("x", 70): strings.Repeat("x", 48) + "-c71bd109",
+	} {
 		if got := dirName(id); got != want {
 			t.Errorf("dirName(%q) = %q, want %q", id, got, want)
 		}
@@ -208,7 +214,7 @@ func TestJobsAndGenerations(t *testing.T) {
 	if _, _, err := dial(t, sc, hello("job-a", 0, 1, 1, 2, 2)); !errors.Is(err, wire.ErrStaleGeneration) {
 		t.Errorf("generation 0 after 1: got %v, want stale", err)
 	}
-	if !strings.Contains(lb.String(), "job restarted by its launcher") {
+	if !strings.Contains(lb.String(), "a new attempt of the job") {
 		t.Errorf("no log of the new generation\n%s", lb.String())
 	}
 
@@ -231,21 +237,32 @@ func TestJobsAndGenerations(t *testing.T) {
 
 	b0.Close()
 	waitFor(t, func() bool { return sc.lookup("job b/1") == nil })
-	if _, err := os.Stat(filepath.Join(logDir, "job_b_1", "trace-gen0.json")); err != nil {
+	if _, err := os.Stat(filepath.Join(logDir, dirName("job b/1"), "trace-gen0.json")); err != nil {
 		t.Errorf("job b's trace file: %v", err)
 	}
 	if sc.lookup("job-a") == nil {
 		t.Errorf("job-a closed while its workers are connected")
 	}
-	// A worker back within the linger time keeps the job.
+	// A worker back within the linger time keeps the job; with no worker
+	// connected, even a lower generation begins a new attempt (a run again
+	// under the same id: its restart count starts over).
+	j := sc.lookup("job-a")
 	a0.Close()
 	a1.Close()
-	if _, _, err := dial(t, sc, hello("job-a", 2, 0, 0, 2, 2)); err != nil {
+	waitFor(t, func() bool { j.mu.Lock(); defer j.mu.Unlock(); return len(j.peers) == 0 })
+	if _, _, err := dial(t, sc, hello("job-a", 0, 0, 0, 2, 2)); err != nil {
+		t.Fatalf("a new run of job-a at generation 0: %v", err)
+	}
+	time.Sleep(400 * time.Millisecond) // twice the linger time
+	if sc.lookup("job-a") != j {
+		t.Errorf("job-a closed although a worker came back")
+	}
+	// A worker describing another shape of the job begins anew too.
+	if _, _, err := dial(t, sc, hello("job-a", 0, 1, 1, 4, 2)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond)
-	if sc.lookup("job-a") == nil {
-		t.Errorf("job-a closed although a worker came back")
+	if n := strings.Count(lb.String(), "a new attempt of the job"); n != 3 {
+		t.Errorf("new attempts: got %d, want 3 (generation 1, the rerun, the new shape)\n%s", n, lb.String())
 	}
 }
 

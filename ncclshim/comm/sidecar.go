@@ -112,6 +112,11 @@ func (l *sidecarLink) run(ctx context.Context) {
 			return
 		}
 		next, _, err := l.dial(ctx)
+		if refused(err) {
+			// The sidecar answered and will answer the same to this Hello.
+			l.c.log.Warn("the sidecar refuses this worker: no more redials", "err", err)
+			return
+		}
 		if err != nil {
 			l.c.log.Debug("sidecar redial", "err", err)
 			backoff = min(2*backoff, sidecarRedialMax)
@@ -120,6 +125,14 @@ func (l *sidecarLink) run(ctx context.Context) {
 		l.set(next)
 		l.c.log.Info("sidecar connected", "socket", l.c.cfg.Sidecar)
 	}
+}
+
+// refused reports a sidecar's answer that a redial would get again: a
+// malformed Hello, or a refusal (another user's sidecar, too many jobs).
+// A stale generation is not one: the sidecar may have restarted.
+func refused(err error) bool {
+	var re *wire.RemoteError
+	return errors.As(err, &re) && (re.Code == wire.CodeBadRequest || re.Code == wire.CodeDenied)
 }
 
 func (l *sidecarLink) set(cl *agentconn.Client) {

@@ -34,7 +34,9 @@ For example ``{"shm": false}`` (TCP between ranks on one host too),
 the NCCL communicator alike.
 """
 
-_OWN_KEYS = ("rank", "world_size", "name")  # set from the process group and the registration only
+_OWN_KEYS = ("rank", "world_size", "name")
+
+_RELAY_WAIT_MS = 30_000  # a rank's wait for rank 0's sidecar relay endpoint  # set from the process group and the registration only
 
 
 class Communicators:
@@ -188,24 +190,34 @@ class Communicators:
             return
         key = f"sidecar_relay_{cfg['transport']}"
         store = _store(self.name)
-        if comm is not None:  # rank 0, after its open
-            relay = str(comm.info().get("sidecar_relay") or "") if cfg.get("sidecar") else ""
+        if self.rank == 0:  # after its open, or its failure (comm None): never leave the others waiting
+            relay = str(comm.info().get("sidecar_relay") or "") if comm is not None and cfg.get("sidecar") else ""
             store.set(key, relay)
             return
         job = cfg.get("sidecar_job")
         if not job or job["local_world_size"] == job["world_size"]:
             return
         try:
-            store.wait([key], datetime.timedelta(milliseconds=self.timeout_ms))
+            # Bounded apart from the timeout: rank 0 publishes at once after
+            # its open, and the exchange that follows names a missing rank.
+            store.wait([key], datetime.timedelta(milliseconds=min(self.timeout_ms, _RELAY_WAIT_MS)))
             job["relay"] = bytes(store.get(key)).decode("utf-8")
-        except RuntimeError as e:  # the exchange that follows names the missing rank
+        except RuntimeError as e:
             log.warning("ddp_agent: no relay endpoint from rank 0 for the sidecar: %s", e)
 
     def _bootstrap(self, transport: str, device: Optional[torch.device] = None) -> _shim.Comm:
         cfg = self.config(transport, device)
         if self.rank != 0:
             self._relay(cfg, None)
-        comm = _shim.Comm.open(cfg)
+        try:
+            comm = _shim.Comm.open(cfg)
+        except BaseException:
+            if self.rank == 0:
+                try:
+                    self._relay(cfg, None)
+                except Exception as e:  # the open's error is the one to raise
+                    log.debug("ddp_agent: relay key after a failed open: %s", e)
+            raise
         if cfg["bootstrap"] == "agent":
             return comm
         try:

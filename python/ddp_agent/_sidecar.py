@@ -10,9 +10,11 @@ sidecar their events and obey its Abort. No socket, or one in a directory
 of another user, means no sidecar: the hook works exactly as without one.
 """
 
+import hashlib
 import logging
 import os
 import re
+import socket
 import stat
 from typing import Dict, Optional
 
@@ -52,7 +54,7 @@ def find() -> Optional[str]:
         dst = os.stat(os.path.dirname(path) or ".")
     except OSError:
         return None
-    if not stat.S_ISSOCK(st.st_mode):
+    if not stat.S_ISSOCK(st.st_mode) or not _answers(path):
         return None
     if dst.st_uid != os.getuid() or dst.st_mode & 0o022:
         if not _warned.get(path):
@@ -67,6 +69,19 @@ def find() -> Optional[str]:
     return path
 
 
+def _answers(path: str) -> bool:
+    """Whether a sidecar accepts on the socket (a killed one leaves its file behind)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 def job_id() -> str:
     """The job's identity, the same on every rank: the launcher's run id, else the scheduler's job, else the master."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
@@ -79,10 +94,16 @@ def job_id() -> str:
 
 
 def dir_name(job: str) -> str:
-    """A job id made a directory name (as the sidecar's dirName)."""
-    if not job.strip("."):
-        return "_" * len(job)  # "." and ".." are not names of their own
-    return re.sub(r"[^A-Za-z0-9._-]", "_", job)
+    """A job id made a directory name, as the sidecar's dirName (agent/sidecar/job.go).
+
+    Letters, digits, '.', '_' and '-' are kept, anything else becomes '_';
+    a name changed so, or long, gets a hash of the id, so that two ids never
+    share a directory.
+    """
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", job)
+    if name == job and len(job) <= 64 and job.strip("."):
+        return name
+    return name[:48] + "-" + hashlib.sha256(job.encode("utf-8")).hexdigest()[:8]
 
 
 def stack_dir(socket: str) -> str:

@@ -26,6 +26,15 @@ STACK_SIGNAL = signal.SIGUSR2
 _lock = threading.Lock()
 _file: Optional[IO[str]] = None  # kept open: faulthandler writes to its descriptor from the signal handler
 _path: Optional[str] = None
+_warned_signal = False
+
+
+def _warn_signal_taken(handler: object) -> None:
+    global _warned_signal
+    _warned_signal = True
+    logging.getLogger("ddp_agent").warning(
+        "no Python stacks for hang reports: SIGUSR2 has the application's handler (%r)", handler
+    )
 
 
 def enable() -> Optional[str]:
@@ -37,6 +46,14 @@ def enable() -> Optional[str]:
         directory = _sidecar.stack_dir(sock) if sock else None
     rank = _sidecar.rank()  # RANK, or srun's SLURM_PROCID
     if not directory or rank is None:
+        return None
+    current = signal.getsignal(STACK_SIGNAL)
+    if callable(current) or current == signal.SIG_IGN:
+        # The application's own (a scheduler's preemption notice, say):
+        # replacing it would break the application; chaining would run it
+        # whenever the agent asks for a stack.
+        if not _warned_signal:
+            _warn_signal_taken(current)
         return None
     # Named after this process: the agent signals exactly the process that
     # registered (a wrapper script's child, say), after checking it is one

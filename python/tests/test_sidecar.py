@@ -72,7 +72,11 @@ def test_job_identity(clean):
     assert _sidecar.job_id() == "slurm-77.2"
     clean.setenv("TORCHELASTIC_RUN_ID", "run-1")
     assert _sidecar.job_id() == "run-1"
-    assert _sidecar.dir_name("a b/c:1") == "a_b_c_1"
+    # The same names as the sidecar's dirName (agent/sidecar TestNames).
+    assert _sidecar.dir_name("job-1.a_b") == "job-1.a_b"
+    assert _sidecar.dir_name("a b/c:1") == "a_b_c_1-81b7dab8"
+    assert _sidecar.dir_name("..") == "..-5ec1f7e7"
+    assert _sidecar.dir_name("x" * 70) == "x" * 48 + "-c71bd109"
 
 
 def test_job_info(clean):
@@ -121,7 +125,7 @@ def test_stacks_beside_a_sidecar(clean, monkeypatch):
     monkeypatch.setattr(_stacks, "_file", None)
     try:
         got = _stacks.enable()
-        assert got == os.path.join(os.path.dirname(path), "stacks", "job_1", f"rank0-pid{os.getpid()}.txt")
+        assert got == os.path.join(os.path.dirname(path), "stacks", _sidecar.dir_name("job/1"), f"rank0-pid{os.getpid()}.txt")
         assert os.path.exists(got)
         assert stat.S_IMODE(os.stat(os.path.dirname(got)).st_mode) == 0o700
     finally:
@@ -141,4 +145,3 @@ def test_under_srun(clean):
         assert (cfg["sidecar"], cfg["global_rank"], cfg["sidecar_job"]["job"]) == (path, 1, "slurm-9")
     finally:
         s.close()
-    assert _sidecar.dir_name("..") == "__"
