@@ -69,7 +69,10 @@ func TestSidecarAdmitsByHello(t *testing.T) {
 		t.Fatalf("welcome: got %+v", w)
 	}
 	other, _ := dial(t, s, sidecarHello("other", 0))
-	if p := sc.peers[0]; p.PID != os.Getpid() {
+	sc.mu.Lock()
+	p := sc.peers[0]
+	sc.mu.Unlock()
+	if p.PID != os.Getpid() {
 		t.Errorf("peer pid: got %d, want %d (the socket's)", p.PID, os.Getpid())
 	}
 	if err := good.SendEvents(wire.Events{Events: make([]wire.CollectiveEvent, 3)}); err != nil {

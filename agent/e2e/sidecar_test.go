@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -129,9 +131,30 @@ func TestSidecarNamesStragglerUnderTorchrun(t *testing.T) {
 	needTorch(t)
 	sock := sidecarSocket(t, "node")
 	logDir := t.TempDir()
-	sc := startSidecar(t, sock, "--log-dir", logDir, "--job-linger", "1s")
+	sc := startSidecar(t, sock, "--log-dir", logDir, "--job-linger", "1s", "--metrics-addr", "127.0.0.1:0")
 	r := torchrun(t, sock, nil, append(oneNode(t), trainPy(), "--steps", "30", "--log-every", "10",
 		"--ckpt-dir", t.TempDir(), "--slow-rank", "1", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "0.3")...)
+	// The job's Prometheus endpoint, scraped while it trains.
+	urlRE := regexp.MustCompile(`msg="serving prometheus metrics".* url=(\S+)`)
+	var url string
+	waitFor(t, 90*time.Second, func() bool {
+		m := urlRE.FindStringSubmatch(sc.stderr.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	}, sc.logs)
+	collectives := regexp.MustCompile(`(?m)^ddp_collectives_total\{[^}]*ddp_status="ok"[^}]*\} ([0-9]+)`)
+	waitFor(t, 90*time.Second, func() bool {
+		resp, err := http.Get(url)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		m := collectives.FindStringSubmatch(string(b))
+		return m != nil && m[1] != "0"
+	}, func() string { return "no ddp_collectives_total from " + url + "\n" + sc.logs() })
 	if code := r.wait(150 * time.Second); code != 0 {
 		t.Fatalf("torchrun: exit code %d\n%s\nsidecar:\n%s", code, r.logs(), tail(sc.stderr.String()))
 	}
