@@ -298,6 +298,9 @@ func TestCommandLine(t *testing.T) {
 		{"unknown flag", []string{"run", "--nprocs", "2", "x.py"}, 2, "", "unknown flag --nprocs"},
 		{"contradiction", []string{"run", "-m", "--no-python", "x"}, 2, "", "contradict"},
 		{"no script", []string{"run", "--nproc-per-node", "2"}, 2, "", "missing the training script"},
+		{"flags without run", []string{"--standalone", "--nproc-per-node", "2", "x.py"}, 2, "", "did you mean ddp-agent run --standalone"},
+		{"no interpreter", []string{"run", "--python", "/nonexistent/python3", "x.py"}, 2, "", "--python /nonexistent/python3: not found"},
+		{"no program", []string{"run", "--no-python", "no-such-program-here"}, 2, "", "no-such-program-here: not found in $PATH"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -318,12 +321,15 @@ func TestCommandLine(t *testing.T) {
 	}
 }
 
+// TestMissingScriptFailsCleanly: a script that is not there is one line
+// and exit 2, before any worker starts (it was every worker failing and
+// the job's exit 1).
 func TestMissingScriptFailsCleanly(t *testing.T) {
 	r := startAgent(t, nil, "--nproc-per-node", "2", "no_such_script.py")
-	if code := r.wait(30 * time.Second); code != 1 {
-		t.Errorf("exit code %d, want 1\n%s", code, r.logs())
+	if code := r.wait(30 * time.Second); code != 2 {
+		t.Errorf("exit code %d, want 2\n%s", code, r.logs())
 	}
-	if !strings.Contains(r.stderr.String(), "No such file") {
-		t.Errorf("report lacks Python's complaint\n%s", r.logs())
+	if got := r.stderr.String(); got != "ddp-agent run: no_such_script.py: no such file (the training script, relative to the directory ddp-agent runs in)\n" {
+		t.Errorf("want one line naming the script, got\n%s", r.logs())
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -98,6 +99,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
+	if strings.HasPrefix(args[0], "-") {
+		// torchrun's habit: flags first, no command.
+		fmt.Fprintf(stderr, "ddp-agent: %s is a flag, not a command: did you mean ddp-agent run %s ...?\n", args[0], args[0])
+		return 2
+	}
 	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, sidecar, status, topo, plugins, version, help)\n", args[0])
 	return 2
 }
@@ -114,7 +120,10 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, launch.Usage())
 		return 0
 	}
-	if err != nil { // a *launch.UsageError: Parse returns nothing else
+	if err == nil {
+		err = cfg.CheckCommand(launch.Finder{Stat: os.Stat, LookPath: exec.LookPath})
+	}
+	if err != nil { // a *launch.UsageError: Parse and CheckCommand return nothing else
 		fmt.Fprintf(stderr, "ddp-agent run: %v\n", err)
 		return 2
 	}

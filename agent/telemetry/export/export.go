@@ -229,6 +229,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	if e.inst, err = newInstruments(e.mp.Meter("github.com/ddp-agent/ddp-agent/agent/telemetry/export")); err != nil {
 		return nil, err
 	}
+	e.inst.zero(e.ctx)
 	if reg != nil {
 		if err := e.serveMetrics(reg); err != nil {
 			return nil, err

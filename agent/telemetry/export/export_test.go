@@ -102,7 +102,7 @@ func feed(e *Exporter, gen uint64) {
 func cleanEnv(t *testing.T) {
 	for _, v := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
 		"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-		"OTEL_SDK_DISABLED", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"} {
+		"OTEL_SDK_DISABLED", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"} {
 		t.Setenv(v, "")
 	}
 }
@@ -605,19 +605,24 @@ func TestEnvEndpoint(t *testing.T) {
 		endpoint string
 		protocol string
 	}{
-		{name: "grpc env", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "grpc"}},
-		{name: "grpc traces env", env: map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "grpc"}},
+		{name: "grpc env", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}},
+		{name: "grpc traces env", env: map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}},
 		{name: "http env", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}},
+		// The specification's default protocol: an endpoint alone is OTLP/HTTP.
+		{name: "http env by default", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http"}},
 		{name: "http config", endpoint: "http", protocol: ProtocolHTTP},
-		{name: "grpc url", endpoint: "grpc url"},
+		{name: "grpc url", endpoint: "grpc url", protocol: ProtocolGRPC},
+		{name: "grpc host:port", endpoint: "grpc host:port"},
+		{name: "metrics only", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http", "OTEL_TRACES_EXPORTER": "none"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cleanEnv(t)
 			rcv := otlptest.Start(t)
-			addr := map[string]string{"grpc": "http://" + rcv.Addr(), "grpc url": "http://" + rcv.Addr(), "http": rcv.HTTPEndpoint()}
+			addr := map[string]string{"grpc": "http://" + rcv.Addr(), "grpc url": "http://" + rcv.Addr(), "grpc host:port": rcv.Addr(),
+				"http": rcv.HTTPEndpoint()}
 			for k, v := range tc.env {
-				if a, ok := addr[v]; ok {
+				if a, ok := addr[v]; ok && strings.HasSuffix(k, "_ENDPOINT") {
 					v = a
 				}
 				t.Setenv(k, v)
@@ -627,7 +632,11 @@ func TestEnvEndpoint(t *testing.T) {
 			e := start(t, cfg)
 			feed(e, 0)
 			shutdown(t, e)
-			if got, want := len(rcv.Spans()), steps*(1+buckets*ranks)+1; got != want {
+			want := steps*(1+buckets*ranks) + 1
+			if tc.env["OTEL_TRACES_EXPORTER"] == "none" {
+				want = 0
+			}
+			if got := len(rcv.Spans()); got != want {
 				t.Errorf("%d spans, want %d", got, want)
 			}
 			wantMetrics := tc.env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == ""

@@ -1,6 +1,7 @@
 package export
 
 import (
+	"context"
 	"fmt"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -49,6 +50,17 @@ func newInstruments(m metric.Meter) (instruments, error) {
 		}
 	}
 	return in, nil
+}
+
+// zero makes the event counters exist at 0 from the start: a counter
+// that appears with its first increment has no earlier sample, so
+// Prometheus's increase() and rate() miss that first stall, hang or
+// restart, the one an alert is for.
+func (in instruments) zero(ctx context.Context) {
+	in.stalls.Add(ctx, 0)
+	in.waited.Add(ctx, 0)
+	in.hangs.Add(ctx, 0)
+	in.restarts.Add(ctx, 0)
 }
 
 // measure records c.

@@ -51,9 +51,11 @@ func (ep endpoint) String() string {
 // https:// URL, for http/protobuf the base that /v1/<signal> is appended
 // to), else where the OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT variables say. ok is false when
-// neither names one, or OTEL_SDK_DISABLED is true. protocol "" takes
-// OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL, then
-// grpc.
+// neither names one, OTEL_SDK_DISABLED is true, or OTEL_<SIGNAL>_EXPORTER
+// is none. protocol "" takes OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL,
+// OTEL_EXPORTER_OTLP_PROTOCOL, then the specification's default,
+// http/protobuf; a configured host:port without a scheme (the flag's
+// documented gRPC form) means grpc.
 func otlpEndpoint(cfgEndpoint, protocol, signal string) (ep endpoint, ok bool, err error) {
 	sig := strings.ToUpper(signal)
 	if protocol == "" {
@@ -61,7 +63,10 @@ func otlpEndpoint(cfgEndpoint, protocol, signal string) (ep endpoint, ok bool, e
 	}
 	switch protocol {
 	case "":
-		protocol = ProtocolGRPC
+		protocol = ProtocolHTTP
+		if cfgEndpoint != "" && !strings.Contains(cfgEndpoint, "://") {
+			protocol = ProtocolGRPC
+		}
 	case ProtocolGRPC, ProtocolHTTP:
 	default:
 		return endpoint{}, false, fmt.Errorf("otlp protocol %q: want %s or %s", protocol, ProtocolGRPC, ProtocolHTTP)
@@ -69,6 +74,13 @@ func otlpEndpoint(cfgEndpoint, protocol, signal string) (ep endpoint, ok bool, e
 	ep.protocol = protocol
 	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
 		return endpoint{}, false, nil
+	}
+	switch exp := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_" + sig + "_EXPORTER"))); exp {
+	case "", "otlp":
+	case "none":
+		return endpoint{}, false, nil
+	default:
+		return endpoint{}, false, fmt.Errorf("OTEL_%s_EXPORTER=%s: only otlp and none are supported", sig, exp)
 	}
 	if cfgEndpoint == "" {
 		if firstEnv("OTEL_EXPORTER_OTLP_"+sig+"_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
