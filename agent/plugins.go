@@ -3,9 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
@@ -94,33 +92,16 @@ func roundEventKind(reason string) notifier.EventKind {
 	return notifier.Restarted
 }
 
-// namedStragglers tells the notifiers about each rank newly named a
+// notifyStragglers tells the notifiers about each rank newly named a
 // persistent straggler (the watch hands over the named ranks at every
-// look); a rank named again after it recovered is told again.
-type namedStragglers struct {
-	mu    sync.Mutex
-	ranks map[int]bool
-}
-
-func (n *namedStragglers) look(s *session, named []telemetry.Straggler) {
+// look).
+func (s *session) notifyStragglers(named []telemetry.Straggler) {
 	if s.plugins == nil {
 		return
 	}
-	n.mu.Lock()
-	now := make(map[int]bool, len(named))
-	var fresh []telemetry.Straggler
-	for _, st := range named {
-		now[st.Rank] = true
-		if !n.ranks[st.Rank] {
-			fresh = append(fresh, st)
-		}
-	}
-	n.ranks = now
-	n.mu.Unlock()
-	for _, st := range fresh {
-		s.notify(notifier.Straggler, nil, st.Rank, fmt.Sprintf("persistent straggler: rank %d held the others back by %s, %.1f%% of the step time; cause %s",
-			st.Rank, st.Late.Round(time.Millisecond), 100*st.Share, st.Cause),
-			map[string]string{"cause": string(st.Cause), "late": st.Late.String(), "share": strconv.FormatFloat(st.Share, 'f', 3, 64)})
+	for _, st := range s.named.Fresh(named) {
+		msg, details := pluginhost.StragglerNotice(st)
+		s.notify(notifier.Straggler, nil, st.Rank, msg, details)
 	}
 }
 
@@ -146,8 +127,7 @@ func (s *session) notifyFault(at *attempt, f *Fault) {
 	switch f.Source {
 	case FromHang:
 		h, _ := errorsAs[*watch.HangError](f)
-		s.notify(notifier.Hang, at, -1, f.Reason, map[string]string{"missing": joinInts(h.Hang.Missing),
-			"step": strconv.FormatUint(h.Hang.Step, 10), "bucket": strconv.FormatUint(uint64(h.Hang.Bucket), 10), "report": h.Report})
+		s.notify(notifier.Hang, at, -1, f.Reason, pluginhost.HangDetails(h.Hang, h.Report))
 	case FromGPU:
 		s.notify(notifier.GPUFault, at, -1, f.Reason, nil)
 	case FromStraggler:

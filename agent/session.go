@@ -35,7 +35,7 @@ type session struct {
 	stragglers *stragglerPolicy
 	// plugins runs the --plugin processes; nil without any.
 	plugins *pluginhost.Host
-	named   namedStragglers // the stragglers the notifiers were told of
+	named   pluginhost.NamedStragglers // the stragglers the notifiers were told of
 
 	bg   sync.WaitGroup // the background parts, waited for at the end of Run
 	left bool           // this node left the rendezvous (or needs not)
@@ -85,7 +85,7 @@ func (a *Agent) startTelemetry(ctx context.Context, s *session) (func(), error) 
 	}
 	s.watch = watch.New(watch.Config{Log: a.log, HangTimeout: a.cfg.Telemetry.HangTimeout, HangAuto: a.cfg.Telemetry.HangAuto,
 		StragglerCost: a.cfg.Telemetry.StragglerCost, RankOf: a.authorize, ReadGPU: readGPU, ReadHost: s.mon.Slowdown,
-		OnStragglers: func(named []telemetry.Straggler) { s.named.look(s, named); s.stragglers.look(named) }, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
+		OnStragglers: func(named []telemetry.Straggler) { s.notifyStragglers(named); s.stragglers.look(named) }, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
 	exp, closeExp, err := a.openExporter(ctx, s.runID, s.runDir, s.keep, s.watch.Worker)
 	if err != nil {
 		s.watch.Close()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
+	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
@@ -44,7 +45,8 @@ type job struct {
 	peers   map[uint64]peer // by control.Peer.ID
 	linger  *time.Timer     // closes the job when its last worker left and none came back
 	closed  bool
-	metrics bool // the job holds the sidecar's Prometheus address
+	metrics bool                       // the job holds the sidecar's Prometheus address
+	named   pluginhost.NamedStragglers // the stragglers the notifiers were told of
 }
 
 // peer is a connected worker: its pid as the sidecar sees it, and its Hello.
@@ -60,7 +62,7 @@ func (sc *Sidecar) openJob(w worker) (*job, error) {
 	log := sc.log.With("job", w.job)
 	j.watch = watch.New(watch.Config{Log: log, HangTimeout: sc.cfg.HangTimeout, HangAuto: sc.cfg.HangAuto,
 		StragglerCost: sc.cfg.StragglerCost, RankOf: j.rankOf, ReadGPU: sc.readGPU(), ReadHost: j.mon.Slowdown,
-		OnStragglers: func(named []telemetry.Straggler) { sc.notifyStragglers(j.id, named) },
+		OnStragglers: func(named []telemetry.Straggler) { sc.notifyStragglers(j, named) },
 		OnHang:       func(h *watch.HangError) { j.hung(h.Hang, h.Error(), h.Report) },
 		OnRemoteHang: func(h telemetry.Hang) {
 			j.hung(h, fmt.Sprintf("the job's leading sidecar found a hang in step %d bucket %d", h.Step, h.Bucket), "")
@@ -168,7 +170,7 @@ func (j *job) events(p control.Peer, ev wire.Events) {
 // and never blocks.
 func (j *job) hung(h telemetry.Hang, reason, report string) {
 	go func() {
-		j.sc.notifyHang(j.id, h.Gen, h, reason, report)
+		j.sc.notifyHang(j.id, h, reason, report)
 		j.sc.abortJob(j.id, int64(h.Gen), "ddp-agent sidecar: "+reason)
 	}()
 }

@@ -2,8 +2,6 @@ package sidecar
 
 import (
 	"fmt"
-	"strconv"
-	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
@@ -45,34 +43,19 @@ func (sc *Sidecar) notify(ev notifier.Event) {
 	}
 }
 
-func (sc *Sidecar) notifyHang(id string, gen uint64, h telemetry.Hang, reason, report string) {
-	sc.notify(notifier.Event{Kind: notifier.Hang, Job: id, Generation: gen, Rank: -1, Message: reason,
-		Details: map[string]string{"missing": fmt.Sprint(h.Missing), "step": strconv.FormatUint(h.Step, 10),
-			"bucket": strconv.FormatUint(uint64(h.Bucket), 10), "report": report}})
+func (sc *Sidecar) notifyHang(id string, h telemetry.Hang, reason, report string) {
+	sc.notify(notifier.Event{Kind: notifier.Hang, Job: id, Generation: h.Gen, Rank: -1, Message: reason,
+		Details: pluginhost.HangDetails(h, report)})
 }
 
-// notifyStragglers tells the notifiers of each rank of job id newly named
-// a persistent straggler.
-func (sc *Sidecar) notifyStragglers(id string, named []telemetry.Straggler) {
+// notifyStragglers tells the notifiers of each rank of job j newly named a
+// persistent straggler.
+func (sc *Sidecar) notifyStragglers(j *job, named []telemetry.Straggler) {
 	if sc.plugins == nil {
 		return
 	}
-	sc.mu.Lock()
-	before := sc.named[id]
-	now := make(map[int]bool, len(named))
-	var fresh []telemetry.Straggler
-	for _, st := range named {
-		now[st.Rank] = true
-		if !before[st.Rank] {
-			fresh = append(fresh, st)
-		}
-	}
-	sc.named[id] = now
-	sc.mu.Unlock()
-	for _, st := range fresh {
-		sc.notify(notifier.Event{Kind: notifier.Straggler, Job: id, Rank: st.Rank,
-			Message: fmt.Sprintf("persistent straggler: rank %d held the others back by %s, %.1f%% of the step time; cause %s",
-				st.Rank, st.Late.Round(time.Millisecond), 100*st.Share, st.Cause),
-			Details: map[string]string{"cause": string(st.Cause), "late": st.Late.String()}})
+	for _, st := range j.named.Fresh(named) {
+		msg, details := pluginhost.StragglerNotice(st)
+		sc.notify(notifier.Event{Kind: notifier.Straggler, Job: j.id, Rank: st.Rank, Message: msg, Details: details})
 	}
 }

@@ -79,7 +79,6 @@ type Sidecar struct {
 	mu          sync.Mutex
 	jobs        map[string]*job
 	metricsUsed bool
-	named       map[string]map[int]bool // per job, the ranks the notifiers were told are persistent stragglers
 }
 
 // New checks cfg and binds the socket (clearing a dead sidecar's).
@@ -90,7 +89,7 @@ func New(cfg Config, log *slog.Logger) (*Sidecar, error) {
 	if cfg.Socket == "" {
 		cfg.Socket = DefaultSocket(os.Getuid(), os.Getenv)
 	}
-	sc := &Sidecar{cfg: cfg, log: log, jobs: map[string]*job{}, named: map[string]map[int]bool{}}
+	sc := &Sidecar{cfg: cfg, log: log, jobs: map[string]*job{}}
 	if err := checkDir(filepath.Dir(cfg.Socket)); err != nil {
 		return nil, err
 	}
@@ -234,7 +233,6 @@ func (sc *Sidecar) closeIdle(j *job) {
 		if sc.jobs[j.id] == j {
 			delete(sc.jobs, j.id)
 		}
-		delete(sc.named, j.id)
 	}
 	j.mu.Unlock()
 	sc.mu.Unlock()

@@ -65,8 +65,8 @@ type Comm struct {
 	running   *Work  // the one it runs
 	collected uint64 // collectives completed
 
-	agent  *agentconn.Client // nil without ddp-agent (or a sidecar)
-	events *eventRing        // nil without ddp-agent (or a sidecar)
+	agent  *agentconn.Client // nil without ddp-agent
+	events *eventRing        // nil without ddp-agent or a sidecar
 	side   *sidecarLink      // under bootstrap "external" with a sidecar; nil otherwise
 
 	// The nccl transport (nccl.go): the library, rank 0's unique id,
