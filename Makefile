@@ -14,10 +14,11 @@ TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py
 TORCH2_PYTHON ?=
 TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted|TestSidecarNamesStragglerUnderTorchrun)$$/^raise$$
 
-.PHONY: build test demo demo-fault bench lint fuzz clean
+.PHONY: build wheel test test-deploy demo demo-fault bench lint fuzz clean
 
-# bin/ddp-agent, and bin/libddpshim.so with its header; the .so is also
-# copied into python/ddp_agent/ so `pip install ./python` ships it. Each
+# bin/ddp-agent, bin/ddp-agent-plugins, and bin/libddpshim.so with its
+# header; the three are also copied into python/ddp_agent/ so `pip install
+# ./python` and `make wheel` ship them. Each
 # lands under a temporary name and is renamed into place: overwriting a
 # library that running workers have mapped crashes them (SIGSEGV or SIGBUS),
 # and a new inode leaves them theirs.
@@ -27,8 +28,19 @@ build:
 	  $$go build -ldflags "$(LDFLAGS)" -o bin/.ddp-agent-plugins.tmp ./plugins/cmd/ddp-agent-plugins && mv -f bin/.ddp-agent-plugins.tmp bin/ddp-agent-plugins && \
 	  CGO_ENABLED=1 $$go build -buildmode=c-shared -o bin/.libddpshim.so.tmp ./ncclshim && mv -f bin/.libddpshim.so.tmp bin/libddpshim.so && \
 	  rm -f bin/.libddpshim.so.h && cp ncclshim/ddpshim.h bin/ && \
-	  cp bin/libddpshim.so python/ddp_agent/.libddpshim.so.tmp && mv -f python/ddp_agent/.libddpshim.so.tmp python/ddp_agent/libddpshim.so
+	  for f in libddpshim.so ddp-agent ddp-agent-plugins; do \
+	    cp bin/$$f python/ddp_agent/.$$f.tmp && mv -f python/ddp_agent/.$$f.tmp python/ddp_agent/$$f || exit 1; done
 	@echo "built bin/ddp-agent bin/ddp-agent-plugins bin/libddpshim.so"
+
+# dist/ddp_agent-<version>-py3-none-<platform>.whl: the hook, libddpshim.so,
+# ddp-agent (a console command whose --python defaults to the interpreter it
+# was installed with) and ddp-agent-plugins; `pip install dist/ddp_agent-*.whl`
+# on a node with no Go. Built offline with the system's setuptools and wheel.
+wheel: build
+	@scripts/deps.sh wheel >/dev/null
+	@rm -f dist/ddp_agent-*.whl
+	$(PYTHON) -m pip wheel -q --no-deps --no-build-isolation --no-index -w dist ./python
+	@ls dist/ddp_agent-*.whl
 
 # The README's test command: vet, then every Go test (unit and end-to-end,
 # with real Python workers under ddp-agent and torchrun) under the race

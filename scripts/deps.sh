@@ -4,6 +4,7 @@
 # CPU, gloo), pytest and pip for /usr/bin/python3. Prints the Go binary to use.
 # Safe to run again: it installs only what is missing.
 #   scripts/deps.sh go      only the Go toolchain, modules and gcc (for make build)
+#   scripts/deps.sh wheel   that and pip, setuptools and wheel for $PYTHON (make wheel)
 #   scripts/deps.sh         that and Debian's PyTorch 1.13 for $PYTHON (make demo, bench)
 #   scripts/deps.sh torch2  only the PyTorch 2.x venv (below); prints its python
 #   scripts/deps.sh all     everything (make test): prints the Go binary
@@ -117,16 +118,22 @@ fi
 command -v gcc >/dev/null || apt_install "a C compiler (cgo: libddpshim.so, race detector)" "gcc libc6-dev"
 if [ "$what" = go ]; then echo "$GO_BIN"; exit 0; fi
 
+# make wheel, and the install tests: `pip install --no-build-isolation` offline.
+pip_tools() {
+	if ! "$PYTHON" -m pip --version >/dev/null 2>&1 || ! "$PYTHON" -c 'import setuptools, wheel' 2>/dev/null; then
+		apt_install "pip, setuptools and wheel for $PYTHON" "python3-pip python3-setuptools python3-wheel"
+	fi
+}
+if [ "$what" = wheel ]; then pip_tools; echo "$GO_BIN"; exit 0; fi
+
 if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
 	apt_install "PyTorch for $PYTHON" "python3-torch python3-pytest"
 fi
 if ! "$PYTHON" -c 'import pytest' 2>/dev/null; then
 	apt_install "pytest for $PYTHON" "python3-pytest"
 fi
-# The install test runs `pip install --no-build-isolation ./python` offline.
-if ! "$PYTHON" -m pip --version >/dev/null 2>&1 || ! "$PYTHON" -c 'import setuptools, wheel' 2>/dev/null; then
-	apt_install "pip, setuptools and wheel for $PYTHON" "python3-pip python3-setuptools python3-wheel"
-fi
+# The install tests run `pip install --no-build-isolation ./python` offline.
+pip_tools
 # The plugins' end-to-end tests make a veth pair in a network namespace
 # (they skip, saying why, without ip or root).
 command -v ip >/dev/null || [ "$(id -u)" != 0 ] || apt_install "iproute2 (the nic plugin's veth tests)" "iproute2"

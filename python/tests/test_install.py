@@ -1,4 +1,5 @@
-"""`pip install --no-build-isolation ./python` works offline, and the installed package finds its bundled library.
+"""`pip install --no-build-isolation ./python` works offline, the installed package finds its bundled library,
+and the wheel's `ddp-agent` command runs a DDP job from a fresh venv with the venv's interpreter.
 
 Needs pip, setuptools and wheel for /usr/bin/python3 (Debian 12: python3-pip,
 which pulls in python3-setuptools and python3-wheel). The venv is made
@@ -22,6 +23,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYTHON_DIR = ROOT / "python"
 DEBIAN_PACKAGES = "python3-pip python3-setuptools python3-wheel"
+BUNDLED = ("libddpshim.so", "ddp-agent", "ddp-agent-plugins")
 
 
 def missing_tools() -> str:
@@ -58,7 +60,7 @@ def run(cmd, **kwargs) -> subprocess.CompletedProcess:
     return r
 
 
-def test_pip_install_offline(tmp_path):
+def need_tools() -> None:
     missing = missing_tools()
     if missing:
         msg = f"{sys.executable} has no {missing}: {install_hint()}"
@@ -66,21 +68,47 @@ def test_pip_install_offline(tmp_path):
             pytest.fail(msg)
         pytest.skip(msg)
 
-    # A copy of python/ with the library bundled, as `make build` leaves it;
-    # building from a copy keeps pip's build/ and egg-info out of the tree.
+
+def source_copy(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A copy of python/ with the library and the agent's binaries bundled,
+    as `make build` leaves it; building from a copy keeps pip's build/ and
+    egg-info out of the tree. The binaries come from next to $DDP_AGENT_SHIM
+    (bin/, where `make build` puts all three)."""
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(PYTHON_DIR / "pyproject.toml", src)
-    shutil.copytree(PYTHON_DIR / "ddp_agent", src / "ddp_agent", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    shutil.copy(os.environ["DDP_AGENT_SHIM"], src / "ddp_agent" / "libddpshim.so")
+    shutil.copy(PYTHON_DIR / "setup.py", src)
+    shutil.copytree(
+        PYTHON_DIR / "ddp_agent", src / "ddp_agent", ignore=shutil.ignore_patterns("__pycache__", *BUNDLED)
+    )
+    bin_dir = pathlib.Path(os.environ["DDP_AGENT_SHIM"]).parent
+    for name in BUNDLED:
+        shutil.copy2(bin_dir / name, src / "ddp_agent" / name)
+    return src
 
-    venv = tmp_path / "venv"
-    env = {k: v for k, v in os.environ.items() if k not in ("DDP_AGENT_SHIM", "PYTHONPATH", "PIP_INDEX_URL")}
+
+def clean_env() -> dict:
+    """This environment without what points at the checkout or another index."""
+    drop = ("DDP_AGENT_SHIM", "DDP_AGENT_PYTHON", "PYTHON_EXEC", "PYTHONPATH", "PIP_INDEX_URL")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
+
+
+def make_venv(venv: pathlib.Path, env: dict) -> pathlib.Path:
+    """A fresh venv seeing this interpreter's torch; returns its python."""
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], env=env)
     see_outer_venv(venv)
-    py = venv / "bin" / "python"
+    return venv / "bin" / "python"
+
+
+def test_pip_install_offline(tmp_path):
+    need_tools()
+    src = source_copy(tmp_path)
+    env = clean_env()
+    py = make_venv(tmp_path / "venv", env)
     run([str(py), "-m", "pip", "install", "--no-build-isolation", "--no-index", str(src)], env=env, cwd=tmp_path)
+    venv = tmp_path / "venv"
 
     out = tmp_path / "elsewhere"
     out.mkdir()
@@ -103,3 +131,48 @@ def test_pip_install_offline(tmp_path):
     assert version.startswith("ddpshim "), version
     r = run([str(py), "-m", "pip", "show", "ddp-agent"], env=env)
     assert f"Version: {pkg_version}" in r.stdout, r.stdout
+    assert (venv / "bin" / "ddp-agent").is_file(), "no ddp-agent console command"
+
+
+# The worker of test_wheel_runs_ddp_job: it says which interpreter ran it.
+WHICH = """
+import os, sys
+import ddp_agent
+print("worker python", sys.executable, "rank", os.environ["RANK"], flush=True)
+"""
+
+
+def test_wheel_runs_ddp_job(tmp_path):
+    """`make wheel`'s wheel in a fresh venv: `ddp-agent run` (no Go, no
+    checkout on the path) runs the demo's DDP job with the hook, its workers
+    on the venv's interpreter although another python3 is first on PATH."""
+    need_tools()
+    env = clean_env()
+    wheel = os.environ.get("DDP_AGENT_WHEEL")
+    if not wheel:
+        out = tmp_path / "dist"
+        run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+             "-w", str(out), str(source_copy(tmp_path))], env=env, cwd=tmp_path)
+        wheel = str(next(out.glob("ddp_agent-*.whl")))
+    assert "-py3-none-linux_" in wheel, f"{wheel}: not a platform wheel"
+    py = make_venv(tmp_path / "venv", env)
+    run([str(py), "-m", "pip", "install", "-q", "--no-index", wheel], env=env, cwd=tmp_path)
+
+    # The venv is not activated: its bin/ holds ddp-agent, but the first
+    # python3 on PATH is the system's, as with pyenv or conda in the way.
+    agent = tmp_path / "venv" / "bin" / "ddp-agent"
+    env["PATH"] = "/usr/bin:/bin"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "which.py").write_text(WHICH)
+    r = run([str(agent), "run", "--standalone", "--nproc-per-node", "2", "which.py"], env=env, cwd=work)
+    ran = sorted(line.split()[2] for line in r.stdout.splitlines() if "worker python" in line)
+    assert ran == [str(py), str(py)], f"workers ran on {ran}, not {py}:\n{r.stdout}\n{r.stderr}"
+
+    train = ROOT / "examples" / "train.py"
+    r = run([str(agent), "run", "--standalone", "--nproc-per-node", "2", str(train), "--steps", "6",
+             "--ckpt-dir", str(work / "ckpt"), "--comm-hook", "ddp-agent"], env=env, cwd=work)
+    out = r.stdout + r.stderr
+    assert "comm hook: ddp-agent" in out, out
+    sums = {line.split("sha256=")[1] for line in out.splitlines() if "params rank=" in line}
+    assert len(sums) == 1 and out.count("params rank=") == 2, f"ranks disagree or missing:\n{out}"

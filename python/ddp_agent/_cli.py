@@ -1,0 +1,40 @@
+"""The ``ddp-agent`` console command of an installed wheel.
+
+The wheel carries the Go binary next to this package (with
+``ddp-agent-plugins`` and ``libddpshim.so``, as ``make build`` lays out
+``bin/``); this entry point replaces itself with it (``execv``: the same pid,
+so Slurm's and Kubernetes' signals reach the agent itself). Its one addition:
+``--python`` defaults to the interpreter this command was installed with
+(through ``DDP_AGENT_PYTHON``), not the first ``python3`` on ``PATH``, which
+on a machine with pyenv or conda is often one without torch or this package.
+An explicit ``--python``, ``DDP_AGENT_PYTHON`` or ``PYTHON_EXEC`` still wins.
+"""
+
+import os
+import pathlib
+import sys
+
+BINARY = "ddp-agent"
+
+
+def binary_path() -> pathlib.Path:
+    """The bundled ddp-agent binary."""
+    return pathlib.Path(__file__).resolve().parent / BINARY
+
+
+def environ(env, python: str) -> dict:
+    """env with DDP_AGENT_PYTHON defaulted to python, unless a choice is made already."""
+    out = dict(env)
+    if not out.get("DDP_AGENT_PYTHON") and not out.get("PYTHON_EXEC"):
+        out["DDP_AGENT_PYTHON"] = python
+    return out
+
+
+def main() -> None:
+    exe = binary_path()
+    if not os.access(exe, os.X_OK):
+        sys.exit(
+            f"ddp-agent: {exe} is missing or not executable: this install of the ddp_agent package "
+            "has no agent binary (build the wheel with `make wheel`, or `make build` before `pip install ./python`)"
+        )
+    os.execve(exe, [BINARY] + sys.argv[1:], environ(os.environ, sys.executable))
