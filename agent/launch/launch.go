@@ -292,6 +292,10 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 		}
 	}
 
+	// torchrun reads PET_NODE_RANK only for the static backend, and Kubeflow
+	// Trainer sets it on every pod whatever the backend: from the environment
+	// it does not contradict a store's ranks as --node-rank does.
+	petNodeRank := set["node-rank"]
 	i := 0
 	for ; i < len(args); i++ {
 		a := args[i]
@@ -314,6 +318,7 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 			return nil, err
 		}
 		again := set[f.name]
+		petNodeRank = petNodeRank && f.name != "node-rank"
 		set[f.name] = true                // given twice: the last one wins, as with argparse
 		if f.repeat && again && !f.bool { // ... unless it is one of ddp-agent's repeatable ones
 			if !hasVal {
@@ -345,6 +350,9 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 		return nil, usagef("missing the training script (ddp-agent run [flags] script.py [args...])")
 	}
 	c := &Config{Script: args[i], ScriptArgs: append([]string(nil), args[i+1:]...)}
+	if petNodeRank {
+		delete(set, "node-rank")
+	}
 	if err := raw.fill(c, set, host); err != nil {
 		return nil, err
 	}

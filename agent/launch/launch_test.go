@@ -306,6 +306,25 @@ func TestParseEnvironment(t *testing.T) {
 	}
 }
 
+// TestParsePETNodeRank: Kubeflow Trainer sets PET_NODE_RANK on every pod;
+// torchrun reads it for the static backend only, so it must not refuse a
+// c10d or etcd command line there, as --node-rank given by hand does.
+func TestParsePETNodeRank(t *testing.T) {
+	kubeflow := map[string]string{"PET_NNODES": "4", "PET_NODE_RANK": "2", "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29500"}
+	getenv := func(k string) string { return kubeflow[k] }
+	c, err := Parse(strings.Fields("--nnodes 3:4 --rdzv-backend c10d --rdzv-endpoint job-node-0-0.job:29400 train.py"), getenv, fourCPUs)
+	if err != nil || c.NodeRank != 0 {
+		t.Errorf("c10d under PET_NODE_RANK=2: got %v, %v; want accepted, node rank 0 (the store's to assign)", c, err)
+	}
+	c, err = Parse([]string{"train.py"}, getenv, fourCPUs)
+	if err != nil || c.NodeRank != 2 || c.NNodesMax != 4 || c.MasterPort != 29500 {
+		t.Errorf("static under PET_*: got %+v, %v; want node rank 2 of 4, master port 29500", c, err)
+	}
+	if _, err := Parse(strings.Fields("--rdzv-backend c10d --rdzv-endpoint h:1 --node-rank 1 train.py"), getenv, fourCPUs); err == nil {
+		t.Error("--node-rank on the command line with c10d was accepted")
+	}
+}
+
 func TestNProcGPU(t *testing.T) {
 	eight := Host{CPUs: 2, GPUs: func() (int, error) { return 8, nil }}
 	for _, spec := range []string{"gpu", "auto"} {

@@ -185,6 +185,7 @@ func (c *Config) checkRendezvous(set map[string]bool) error {
 	if set["node-rank"] {
 		return usagef("--node-rank is for the static backend; with --rdzv-backend %s the rendezvous assigns ranks", c.RdzvBackend)
 	}
+	c.NodeRank = 0 // the store assigns ranks; a PET_NODE_RANK is ignored, as torchrun does
 	if len(c.Endpoints()) == 0 {
 		return usagef("--rdzv-endpoint %q names no store", c.RdzvEndpoint)
 	}
