@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
@@ -111,7 +112,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	s := &session{runID: runID, runDir: runDir, keep: keep, events: newEventTally(), faults: newFaults(),
-		mon: hostmon.NewMonitor(a.log)}
+		mon: hostmon.NewMonitor(a.log), health: newLoopHealth(time.Now)}
+	stopHealth := context.AfterFunc(ctx, func() { s.health.stop(ctx) })
+	defer stopHealth()
 	s.stragglers = a.newStragglerPolicy(ctx, s, func(se *StragglerError) { cancel(se) })
 	// Last: the notifiers deliver the job's last events, then stop. The
 	// job's end is told after the background parts are gone, so nothing

@@ -28,11 +28,13 @@ type attempt struct {
 
 // loop runs attempts until the job succeeds, fails, or ctx ends.
 func (a *Agent) loop(ctx context.Context, s *session) error {
+	defer s.health.set(phaseStopped)
 	var ended []attemptEnd // how the attempts so far ended, for the restart backoff
 	for n := 0; ; n++ {
 		if err := a.waitBackoff(ctx, ended); err != nil {
 			return err
 		}
+		s.health.set(phaseRendezvous)
 		waitStart := time.Now()
 		r, err := s.j.rz.Next(ctx)
 		if err != nil {
@@ -45,6 +47,7 @@ func (a *Agent) loop(ctx context.Context, s *session) error {
 		case err != nil:
 			return err
 		}
+		s.health.set(phaseRunning)
 		f, err := a.wait(ctx, s, at)
 		ran := time.Since(at.started)
 		s.stragglers.end()
@@ -59,6 +62,7 @@ func (a *Agent) loop(ctx context.Context, s *session) error {
 		case f == nil:
 			return a.succeed(ctx, s, at)
 		}
+		s.health.set(phaseRestarting)
 		if done, err := a.recover(ctx, s, at, f); done {
 			return err
 		}
@@ -161,6 +165,8 @@ func (a *Agent) wait(ctx context.Context, s *session, at *attempt) (*Fault, erro
 	}()
 	exited := make(chan error, 1)
 	go func() { exited <- at.g.Wait(rctx) }()
+	tick := time.NewTicker(healthTick) // the liveness probe's sign that this loop still turns
+	defer tick.Stop()
 	go func() {
 		defer close(watched)
 		select {
@@ -176,6 +182,8 @@ func (a *Agent) wait(ctx context.Context, s *session, at *attempt) (*Fault, erro
 			return a.exitFault(ctx, at, err)
 		case <-s.faults.ready:
 			f = s.faults.take(at.gen, at.started, a.dropStale)
+		case <-tick.C:
+			s.health.ticked()
 		}
 	}
 	end()

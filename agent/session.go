@@ -36,6 +36,7 @@ type session struct {
 	// plugins runs the --plugin processes; nil without any.
 	plugins *pluginhost.Host
 	named   pluginhost.NamedStragglers // the stragglers the notifiers were told of
+	health  *loopHealth                // the loop's phase, for /healthz and /readyz
 
 	bg   sync.WaitGroup // the background parts, waited for at the end of Run
 	left bool           // this node left the rendezvous (or needs not)
@@ -86,7 +87,7 @@ func (a *Agent) startTelemetry(ctx context.Context, s *session) (func(), error) 
 	s.watch = watch.New(watch.Config{Log: a.log, HangTimeout: a.cfg.Telemetry.HangTimeout, HangAuto: a.cfg.Telemetry.HangAuto,
 		StragglerCost: a.cfg.Telemetry.StragglerCost, RankOf: a.authorize, ReadGPU: readGPU, ReadHost: s.mon.Slowdown,
 		OnStragglers: func(named []telemetry.Straggler) { s.notifyStragglers(named); s.stragglers.look(named) }, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
-	exp, closeExp, err := a.openExporter(ctx, s.runID, s.runDir, s.keep, s.watch.Worker)
+	exp, closeExp, err := a.openExporter(ctx, s.runID, s.runDir, s.keep, s.watch.Worker, s.health)
 	if err != nil {
 		s.watch.Close()
 		return nil, err

@@ -30,8 +30,9 @@ func (a *Agent) workers(g *supervisor.Group, offset int) []telemetry.Worker {
 
 // openExporter starts the traces, metrics and Perfetto file of this run,
 // as the configuration and the OTEL_* variables say; close flushes them
-// (bounded).
-func (a *Agent) openExporter(ctx context.Context, runID, runDir string, keep bool, worker func(int) telemetry.Worker) (*export.Exporter, func(), error) {
+// (bounded). health answers the probes next to /metrics.
+func (a *Agent) openExporter(ctx context.Context, runID, runDir string, keep bool, worker func(int) telemetry.Worker,
+	health export.Health) (*export.Exporter, func(), error) {
 	tc := a.cfg.Telemetry
 	host, _ := os.Hostname()
 	traceDir := ""
@@ -45,7 +46,7 @@ func (a *Agent) openExporter(ctx context.Context, runID, runDir string, keep boo
 	exp, err := export.New(ctx, export.Config{
 		JobID: runID, NodeRank: a.cfg.Rendezvous.NodeRank, Host: host, Topology: topo,
 		Endpoint: tc.OTelEndpoint, Protocol: tc.OTLPProtocol, SampleRatio: tc.TraceSample, TraceDir: traceDir,
-		MetricsAddr: tc.MetricsAddr, Worker: worker, Logger: a.log,
+		MetricsAddr: tc.MetricsAddr, Health: health, Worker: worker, Logger: a.log,
 	})
 	if err != nil {
 		return nil, func() {}, fmt.Errorf("telemetry: %w", err)

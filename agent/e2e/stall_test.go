@@ -164,13 +164,13 @@ func TestTracesOverOTLP(t *testing.T) {
 	traces := map[string]uint64{} // trace id -> step
 	for _, sp := range spans {
 		step, _ := sp.Attr("ddp.step").(int64)
-		if strings.HasPrefix(sp.Name, "stall: ") {
+		if sp.Name == "stall" {
 			stalled[uint64(step)] = true
 			// A loaded machine makes small stalls of its own (see
 			// TestStallNamesStraggler); the injected ones are a second.
-			if late, _ := sp.Attr("ddp.late_ms").(float64); late >= 500 {
-				if sp.Name != "stall: rank 1" {
-					t.Errorf("stall span %q", sp.Name)
+			if late, _ := sp.Attr("ddp.stall.late").(float64); late >= 0.5 {
+				if sp.Attr("ddp.straggler.rank") != int64(1) || sp.Resource["service.name"] != "ddp-agent rank 1" {
+					t.Errorf("stall span of rank %v on %v, want rank 1", sp.Attr("ddp.straggler.rank"), sp.Resource["service.name"])
 				}
 				injected[uint64(step)] = true
 			}
@@ -182,11 +182,14 @@ func TestTracesOverOTLP(t *testing.T) {
 			}
 			traces[sp.TraceIDHex()] = uint64(step)
 		}
-		if strings.HasPrefix(sp.Name, "allreduce") {
-			for _, k := range []string{"ddp.rank", "ddp.bucket", "ddp.bytes", "ddp.dtype", "ddp.wait_ms", "ddp.busbw_gbps", "host.name"} {
+		if sp.Name == "allreduce" {
+			for _, k := range []string{"ddp.rank", "ddp.bucket", "ddp.bytes", "ddp.dtype", "ddp.wait", "ddp.allreduce.busbw", "host.name"} {
 				if sp.Attr(k) == nil {
 					t.Errorf("span %q lacks %s", sp.Name, k)
 				}
+			}
+			if want := fmt.Sprint("ddp-agent rank ", sp.Attr("ddp.rank")); sp.Resource["service.name"] != want {
+				t.Errorf("allreduce span on %v, want %s", sp.Resource["service.name"], want)
 			}
 		}
 	}
@@ -243,16 +246,16 @@ func TestStallsAcrossNodes(t *testing.T) {
 	ranksInStep := map[int64]map[int64]bool{}
 	injected := map[int64]bool{}
 	for _, sp := range rcv.Spans() {
-		if strings.HasPrefix(sp.Name, "stall: ") {
-			if late, _ := sp.Attr("ddp.late_ms").(float64); late >= 500 {
+		if sp.Name == "stall" {
+			if late, _ := sp.Attr("ddp.stall.late").(float64); late >= 0.5 {
 				step, _ := sp.Attr("ddp.step").(int64)
-				if sp.Name != "stall: rank 3" {
-					t.Errorf("step %d: stall span %q, want rank 3", step, sp.Name)
+				if sp.Attr("ddp.straggler.rank") != int64(3) || sp.Resource["service.name"] != "ddp-agent rank 3" {
+					t.Errorf("step %d: stall span of rank %v on %v, want rank 3", step, sp.Attr("ddp.straggler.rank"), sp.Resource["service.name"])
 				}
 				injected[step] = true
 			}
 		}
-		if !strings.HasPrefix(sp.Name, "allreduce") {
+		if sp.Name != "allreduce" {
 			continue
 		}
 		step, _ := sp.Attr("ddp.step").(int64)

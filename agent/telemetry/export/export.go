@@ -13,8 +13,12 @@
 // generation) arrives, or until Config.StepDelay has passed since its
 // latest collective, or until Hang, Generation or Shutdown; then it decides
 // whether to keep the step (every step with a stall is kept, the others by
-// Config.SampleRatio) and exports the root span "step N", covering the
-// step's collectives, with its children. A collective that arrives after
+// Config.SampleRatio) and exports the root span "step", covering the
+// step's collectives, with its children: an "allreduce" span per rank and
+// collective, and a "stall" span per stall. Span names are bounded (the
+// step, rank and bucket are attributes), and the spans of each rank come
+// from a resource of their own (service.name "ddp-agent rank R", see
+// tracers), so a trace viewer shows the rank on every row. A collective that arrives after
 // its step went out is exported on its own under the same root span id.
 // Metrics are recorded at once, for every collective.
 package export
@@ -39,7 +43,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
@@ -78,9 +81,13 @@ type Config struct {
 	// TraceDir, when there is no OTLP for traces, receives
 	// trace-gen<N>.json per generation; "" writes none.
 	TraceDir string
-	// MetricsAddr is where Prometheus scrapes /metrics (":9464"); "" serves
-	// none.
+	// MetricsAddr is where Prometheus scrapes /metrics (":9464"), and
+	// where the probes GET /healthz and /readyz are answered (see Health);
+	// "" serves none.
 	MetricsAddr string
+	// Health answers /healthz and /readyz; nil serves /healthz alone,
+	// answering ok while the process serves HTTP.
+	Health Health
 
 	// Worker says where a rank runs, for span attributes; nil knows
 	// nothing. It is called with the exporter's lock held: it must not
@@ -99,10 +106,10 @@ type Exporter struct {
 	log *slog.Logger
 	ctx context.Context // for its values only: spans and measurements
 
-	tp     *sdktrace.TracerProvider // nil without OTLP traces
-	tracer trace.Tracer
-	mp     *sdkmetric.MeterProvider
-	inst   instruments
+	tr    *tracers      // nil without OTLP traces
+	fails []*failureLog // of the OTLP exports, one per signal
+	mp    *sdkmetric.MeterProvider
+	inst  instruments
 
 	srv        *http.Server // nil without MetricsAddr
 	srvDone    chan struct{}
@@ -181,22 +188,18 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	}()
 
 	if traceOTLP {
-		exp, err := newSpanExporter(ctx, traceEP, cfg.exportTimeout)
+		fail := e.failureLog("traces", traceEP)
+		exp, err := newSpanExporter(ctx, traceEP, cfg.exportTimeout, fail)
 		if err != nil {
 			return nil, fmt.Errorf("otlp trace exporter for %s: %w", traceEP, err)
 		}
-		logged := loggedSpans{exp, &failureLog{log: e.log, what: "spans", ep: traceEP}}
-		e.tp = sdktrace.NewTracerProvider(
-			sdktrace.WithResource(res),
-			sdktrace.WithIDGenerator(idGenerator{}),
-			sdktrace.WithSampler(sdktrace.AlwaysSample()), // the exporter samples by step itself
-			sdktrace.WithBatcher(logged,
-				sdktrace.WithBatchTimeout(time.Second),
-				sdktrace.WithExportTimeout(cfg.exportTimeout),
-				sdktrace.WithMaxQueueSize(1<<15)),
-		)
-		e.tracer = e.tp.Tracer("github.com/ddp-agent/ddp-agent/agent/telemetry/export")
-		e.log.Info("exporting traces over otlp", "endpoint", traceEP.String(), "sample", cfg.SampleRatio)
+		logged := loggedSpans{exp, fail}
+		bsp := sdktrace.NewBatchSpanProcessor(logged,
+			sdktrace.WithBatchTimeout(time.Second),
+			sdktrace.WithExportTimeout(cfg.exportTimeout),
+			sdktrace.WithMaxQueueSize(1<<15))
+		e.tr = newTracers(res, cfg.JobID, bsp)
+		e.log.Info("exporting traces over otlp", "endpoint", traceEP.String(), "service", e.tr.service, "sample", cfg.SampleRatio)
 	} else if cfg.TraceDir != "" {
 		if e.file, err = newTraceFile(cfg.TraceDir, cfg.JobID, e.log); err != nil {
 			return nil, err
@@ -206,11 +209,12 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 
 	mopts := []sdkmetric.Option{sdkmetric.WithResource(res)}
 	if metricOTLP {
-		exp, err := newMetricExporter(ctx, metricEP, cfg.exportTimeout)
+		fail := e.failureLog("metrics", metricEP)
+		exp, err := newMetricExporter(ctx, metricEP, cfg.exportTimeout, fail)
 		if err != nil {
 			return nil, fmt.Errorf("otlp metric exporter for %s: %w", metricEP, err)
 		}
-		logged := loggedMetrics{exp, &failureLog{log: e.log, what: "metrics", ep: metricEP}}
+		logged := loggedMetrics{exp, fail}
 		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(logged, sdkmetric.WithTimeout(cfg.exportTimeout))))
 	}
 	var reg *prometheus.Registry
@@ -226,7 +230,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		mopts = append(mopts, sdkmetric.WithReader(pexp))
 	}
 	e.mp = sdkmetric.NewMeterProvider(mopts...)
-	if e.inst, err = newInstruments(e.mp.Meter("github.com/ddp-agent/ddp-agent/agent/telemetry/export")); err != nil {
+	if e.inst, err = newInstruments(e.mp.Meter(scope)); err != nil {
 		return nil, err
 	}
 	e.inst.zero(e.ctx)
@@ -269,6 +273,7 @@ func (e *Exporter) serveMetrics(reg *prometheus.Registry) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	healthHandlers(mux, e.cfg.Health)
 	e.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	e.srvDone = make(chan struct{})
 	addr := ln.Addr().(*net.TCPAddr)
@@ -292,7 +297,7 @@ func (e *Exporter) serveMetrics(reg *prometheus.Registry) error {
 func (e *Exporter) MetricsURL() string { return e.metricsURL }
 
 // tracing reports whether spans go anywhere.
-func (e *Exporter) tracing() bool { return e.tracer != nil || e.file != nil }
+func (e *Exporter) tracing() bool { return e.tr != nil || e.file != nil }
 
 // Collectives exports finished collectives: metrics for every one at once,
 // spans and trace-file events when their step is exported (see the
@@ -478,7 +483,20 @@ func (e *Exporter) Shutdown(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, 2*e.cfg.exportTimeout)
 		defer cancel()
 	}
-	err = errors.Join(err, e.shutdownProviders(ctx))
+	pctx := ctx
+	failing := e.failing()
+	if failing {
+		// A collector that did not take the last export is not waited
+		// for long at exit; it was warned about when it failed.
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(ctx, time.Second)
+		defer cancel()
+	}
+	if perr := e.shutdownProviders(pctx); perr != nil && failing && errors.Is(perr, context.DeadlineExceeded) {
+		e.log.Debug("otlp: what was left unexported at exit is dropped", "err", perr)
+	} else {
+		err = errors.Join(err, perr)
+	}
 	if e.srv != nil {
 		if serr := e.srv.Shutdown(ctx); serr != nil {
 			e.srv.Close()
@@ -489,10 +507,20 @@ func (e *Exporter) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// failing reports whether the last OTLP export of some signal failed.
+func (e *Exporter) failing() bool {
+	for _, f := range e.fails {
+		if f.isFailing() {
+			return true
+		}
+	}
+	return false
+}
+
 func (e *Exporter) shutdownProviders(ctx context.Context) error {
 	var err error
-	if e.tp != nil {
-		if terr := e.tp.Shutdown(ctx); terr != nil {
+	if e.tr != nil {
+		if terr := e.tr.shutdown(ctx); terr != nil {
 			err = fmt.Errorf("trace provider: %w", terr)
 		}
 	}

@@ -191,7 +191,9 @@ func TestOTLPRoundTrip(t *testing.T) {
 			for s, spans := range got {
 				checkStep(t, s, spans)
 			}
-			checkResource(t, rcv.Spans()[0].Resource)
+			for _, sp := range rcv.Spans() {
+				checkResource(t, sp)
+			}
 
 			ms, err := rcv.WaitMetrics(t.Context(), func(ms []otlptest.Metric) bool { return len(ms) > 0 })
 			if err != nil {
@@ -221,22 +223,44 @@ func counter(ms []otlptest.Metric, name string) int64 {
 	return n
 }
 
-func checkResource(t *testing.T, res map[string]any) {
+// checkResource checks the resource of span sp: the agent's for the
+// step root, its rank's for a span of a rank (allreduce, stall).
+func checkResource(t *testing.T, sp otlptest.Span) {
 	t.Helper()
+	res := sp.Resource
 	want := map[string]any{"service.name": "ddp-agent", "ddp.job_id": job, "ddp.node_rank": int64(0), "host.name": "node0",
 		"ddp.topology": "4x GPU, NVLink"}
+	if rank, ok := sp.Attr("ddp.rank").(int64); ok {
+		r := strconv.Itoa(int(rank))
+		want["service.name"] = "ddp-agent rank " + r
+		want["service.namespace"] = "ddp-agent"
+		want["service.instance.id"] = job + "/rank-" + r
+		want["ddp.rank"] = rank
+		want["host.name"] = worker(int(rank)).Host
+	}
 	for k, v := range want {
 		if res[k] != v {
-			t.Errorf("resource %s: got %v, want %v", k, res[k], v)
+			t.Errorf("%s span: resource %s: got %v, want %v", sp.Name, k, res[k], v)
 		}
 	}
+}
+
+// ofBucket is the spans of spans with attribute ddp.bucket = b.
+func ofBucket(spans []otlptest.Span, b uint32) []otlptest.Span {
+	var out []otlptest.Span
+	for _, s := range spans {
+		if s.Attr("ddp.bucket") == int64(b) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // checkStep checks the spans of one step: a root, a child per rank and
 // bucket, and for the stalled step a stall span and events.
 func checkStep(t *testing.T, step uint64, spans []otlptest.Span) {
 	t.Helper()
-	roots := named(spans, "step "+strconv.FormatUint(step, 10))
+	roots := named(spans, "step")
 	if len(roots) != 1 {
 		t.Fatalf("step %d: %d root spans, want 1", step, len(roots))
 	}
@@ -260,7 +284,7 @@ func checkStep(t *testing.T, step uint64, spans []otlptest.Span) {
 	n := 0
 	for b := range uint32(buckets) {
 		c := collective(0, step, b)
-		children := named(spans, fmt.Sprintf("allreduce bucket %d", b))
+		children := ofBucket(named(spans, "allreduce"), b)
 		if len(children) != ranks {
 			t.Fatalf("step %d bucket %d: %d spans, want %d", step, b, len(children), ranks)
 		}
@@ -268,7 +292,7 @@ func checkStep(t *testing.T, step uint64, spans []otlptest.Span) {
 		if c.Stall != nil {
 			fastest = c.Records[slow].End.Sub(c.Records[slow].Start)
 		}
-		algbw := float64(nbytes) / fastest.Seconds() / 1e9
+		algbw := float64(nbytes) / fastest.Seconds()
 		for _, s := range children {
 			n++
 			ids[hex.EncodeToString(s.SpanId)] = true
@@ -287,9 +311,9 @@ func checkStep(t *testing.T, step uint64, spans []otlptest.Span) {
 				}
 			}
 			for k, v := range map[string]float64{
-				"ddp.algbw_gbps": algbw,
-				"ddp.busbw_gbps": algbw * 2 * (ranks - 1) / ranks,
-				"ddp.wait_ms":    float64(r.End.Sub(r.Start)-fastest) / 1e6,
+				"ddp.allreduce.algbw": algbw,
+				"ddp.allreduce.busbw": algbw * 2 * (ranks - 1) / ranks,
+				"ddp.wait":            (r.End.Sub(r.Start) - fastest).Seconds(),
 			} {
 				if got, _ := s.Attr(k).(float64); math.Abs(got-v) > 1e-9*max(1, v) {
 					t.Errorf("step %d bucket %d rank %d: %s = %v, want %v", step, b, rank, k, got, v)
@@ -301,12 +325,28 @@ func checkStep(t *testing.T, step uint64, spans []otlptest.Span) {
 			if got, want := hasEvent(s, "stall"), c.Stall != nil && rank == slow; got != want {
 				t.Errorf("step %d bucket %d rank %d: stall event %v, want %v", step, b, rank, got, want)
 			}
+			// The straggler stands out, and the ranks that waited say for whom.
+			wantStraggler, wantWaited := any(nil), any(nil)
+			if c.Stall != nil && rank == slow {
+				wantStraggler = true
+			} else if c.Stall != nil {
+				wantWaited = int64(slow)
+			}
+			if got := s.Attr("ddp.straggler"); got != wantStraggler {
+				t.Errorf("step %d bucket %d rank %d: ddp.straggler = %v, want %v", step, b, rank, got, wantStraggler)
+			}
+			if got := s.Attr("ddp.waited_for.rank"); got != wantWaited {
+				t.Errorf("step %d bucket %d rank %d: ddp.waited_for.rank = %v, want %v", step, b, rank, got, wantWaited)
+			}
+			if s.Status.GetCode() == 2 {
+				t.Errorf("step %d bucket %d rank %d: status error on a collective that went well", step, b, rank)
+			}
 		}
 	}
 	if len(ids) != n {
 		t.Errorf("step %d: %d distinct span ids for %d spans", step, len(ids), n)
 	}
-	stalls := named(spans, fmt.Sprintf("stall: rank %d", slow))
+	stalls := named(spans, "stall")
 	if step != stalled {
 		if len(stalls) != 0 || hasEvent(root, "stall") {
 			t.Errorf("step %d: a stall where there is none", step)
@@ -323,8 +363,11 @@ func checkStep(t *testing.T, step uint64, spans []otlptest.Span) {
 			t.Errorf("stall span %s = %v, want %v", k, got, v)
 		}
 	}
-	if got := s.Attr("ddp.waited_gpu_s"); got != 0.24 {
-		t.Errorf("stall span ddp.waited_gpu_s = %v, want 0.24", got)
+	if got := s.Attr("ddp.stall.waited"); got != 0.24 {
+		t.Errorf("stall span ddp.stall.waited = %v, want 0.24", got)
+	}
+	if got := s.Resource["service.name"]; got != fmt.Sprintf("ddp-agent rank %d", slow) {
+		t.Errorf("stall span on %v, want the straggler's resource", got)
 	}
 	if !hasEvent(root, "stall") {
 		t.Errorf("step %d: no stall event on the root", step)
@@ -401,7 +444,7 @@ func TestLateCollective(t *testing.T) {
 		if got, want := len(steps[s]), 1+buckets*ranks; got != want {
 			t.Errorf("step %d: %d spans, want %d", s, got, want)
 		}
-		if got := len(named(steps[s], fmt.Sprintf("step %d", s))); got != 1 {
+		if got := len(named(steps[s], "step")); got != 1 {
 			t.Errorf("step %d: %d roots, want 1", s, got)
 		}
 	}
@@ -422,7 +465,7 @@ func TestHang(t *testing.T) {
 	if got, want := len(steps[3]), 1+ranks+1; got != want {
 		t.Errorf("step 3 (sample ratio 0, hung): %d spans, want %d: the root, bucket 0, the hang", got, want)
 	}
-	hangs := named(steps[3], "hang: rank 2 missing")
+	hangs := named(steps[3], "hang")
 	if len(hangs) != 1 {
 		t.Fatalf("%d hang spans, want 1", len(hangs))
 	}
@@ -444,7 +487,7 @@ func TestHang(t *testing.T) {
 		t.Errorf("stack event attributes %v", ev)
 	}
 	// A hang in a step with no finished collective gets a root of its own.
-	if got := len(named(steps[7], "step 7")); got != 1 || len(steps[7]) != 2 {
+	if got := len(named(steps[7], "step")); got != 1 || len(steps[7]) != 2 {
 		t.Errorf("step 7: %d roots in %d spans, want 1 in 2", got, len(steps[7]))
 	}
 }
@@ -455,8 +498,9 @@ func TestRestartSpan(t *testing.T) {
 	e := start(t, config(rcv.Addr(), 1))
 	e.Restart(3, "worker 2 exited with code 1")
 	shutdown(t, e)
-	spans := named(rcv.Spans(), "restart generation 3")
-	if len(spans) != 1 || !hasEvent(spans[0], "restart") || spans[0].Attr("ddp.restart.reason") != "worker 2 exited with code 1" {
+	spans := named(rcv.Spans(), "restart")
+	if len(spans) != 1 || !hasEvent(spans[0], "restart") || spans[0].Attr("ddp.restart.reason") != "worker 2 exited with code 1" ||
+		spans[0].Attr("ddp.generation") != int64(3) || spans[0].Resource["service.name"] != "ddp-agent" {
 		t.Errorf("restart spans %v", spans)
 	}
 }
@@ -485,7 +529,7 @@ func TestPrometheus(t *testing.T) {
 		`ddp_allreduce_duration_seconds_bucket{ddp_bucket="1",ddp_job_id="job-1",le="0.05"} 9`, // the stall is slower
 		`ddp_allreduce_duration_seconds_bucket{ddp_bucket="1",ddp_job_id="job-1",le="0.1"} 10`,
 		`ddp_allreduce_duration_seconds_count{ddp_bucket="0",ddp_job_id="job-1"} 10`,
-		`ddp_allreduce_busbw_gigabytes_per_second_count{ddp_bucket="2",ddp_job_id="job-1"} 10`,
+		`ddp_allreduce_busbw_bytes_per_second_count{ddp_bucket="2",ddp_job_id="job-1"} 10`,
 	} {
 		if !bytes.Contains(body, []byte("\n"+want+"\n")) {
 			t.Errorf("metrics lack %s:\n%s", want, body)
@@ -697,13 +741,13 @@ func TestTraceID(t *testing.T) {
 }
 
 func TestBandwidth(t *testing.T) {
-	c := telemetry.Collective{Bytes: 1e9}
+	c := telemetry.Collective{Bytes: 1e9} // bytes per second
 	for r := range 8 {
 		d := time.Second + time.Duration(r)*time.Millisecond
 		c.Records = append(c.Records, telemetry.Record{Rank: r, Start: t0, End: t0.Add(d)})
 	}
 	bw := bandwidthOf(c)
-	if bw.fastest != time.Second || bw.algbw != 1 || bw.busbw != 1.75 {
-		t.Errorf("got %+v, want 1s, algbw 1, busbw 1.75", bw)
+	if bw.fastest != time.Second || bw.algbw != 1e9 || bw.busbw != 1.75e9 {
+		t.Errorf("got %+v, want 1s, algbw 1e9, busbw 1.75e9", bw)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // bucket, the status, the straggler's rank.
 type instruments struct {
 	duration    metric.Float64Histogram // ddp.allreduce.duration, s, by bucket
-	busbw       metric.Float64Histogram // ddp.allreduce.busbw, GB/s, by bucket
+	busbw       metric.Float64Histogram // ddp.allreduce.busbw, bytes/s, by bucket
 	collectives metric.Int64Counter     // ddp.collectives, by status
 	stalls      metric.Int64Counter     // ddp.stalls, by straggler rank
 	waited      metric.Float64Counter   // ddp.stall.waited, GPU-seconds
@@ -29,9 +29,12 @@ func newInstruments(m metric.Meter) (instruments, error) {
 	in.duration, errs[0] = m.Float64Histogram("ddp.allreduce.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time of a gradient all-reduce: the longest any rank spent in it, the early ranks waiting inside."),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-	in.busbw, errs[1] = m.Float64Histogram("ddp.allreduce.busbw", metric.WithUnit("GBy/s"),
+	// In bytes per second, a base unit: Prometheus names it
+	// ddp_allreduce_busbw_bytes_per_second, where "GBy/s" made a unit
+	// promtool check metrics rejects. The buckets span 100 MB/s to 800 GB/s.
+	in.busbw, errs[1] = m.Float64Histogram("ddp.allreduce.busbw", metric.WithUnit("By/s"),
 		metric.WithDescription("Bus bandwidth of a gradient all-reduce as nccl-tests computes it, from the fastest rank's time."),
-		metric.WithExplicitBucketBoundaries(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 200, 400, 800))
+		metric.WithExplicitBucketBoundaries(1e8, 2.5e8, 5e8, 1e9, 2.5e9, 5e9, 1e10, 2.5e10, 5e10, 1e11, 2e11, 4e11, 8e11))
 	in.collectives, errs[2] = m.Int64Counter("ddp.collectives", metric.WithUnit("{collective}"),
 		metric.WithDescription("Gradient all-reduces finished on every rank."))
 	in.stalls, errs[3] = m.Int64Counter("ddp.stalls", metric.WithUnit("{stall}"),

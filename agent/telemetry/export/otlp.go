@@ -3,12 +3,10 @@ package export
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/url"
 	"os"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
@@ -16,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
@@ -30,6 +27,7 @@ const (
 type endpoint struct {
 	protocol string
 	fromEnv  bool   // the exporter reads the OTEL_* variables itself
+	env      string // then the variable naming the endpoint, NAME=value
 	hostPort string // host:port
 	path     string // base path of an http/protobuf endpoint, without the /v1/<signal>
 	insecure bool
@@ -37,7 +35,7 @@ type endpoint struct {
 
 func (ep endpoint) String() string {
 	if ep.fromEnv {
-		return "OTEL_EXPORTER_OTLP_* (" + ep.protocol + ")"
+		return ep.env + " (" + ep.protocol + ")"
 	}
 	scheme := "https"
 	if ep.insecure {
@@ -83,10 +81,14 @@ func otlpEndpoint(cfgEndpoint, protocol, signal string) (ep endpoint, ok bool, e
 		return endpoint{}, false, fmt.Errorf("OTEL_%s_EXPORTER=%s: only otlp and none are supported", sig, exp)
 	}
 	if cfgEndpoint == "" {
-		if firstEnv("OTEL_EXPORTER_OTLP_"+sig+"_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
+		name := "OTEL_EXPORTER_OTLP_" + sig + "_ENDPOINT"
+		if os.Getenv(name) == "" {
+			name = "OTEL_EXPORTER_OTLP_ENDPOINT"
+		}
+		if os.Getenv(name) == "" {
 			return endpoint{}, false, nil
 		}
-		ep.fromEnv = true
+		ep.fromEnv, ep.env = true, name+"="+os.Getenv(name)
 		return ep, true, nil
 	}
 	if err := ep.parse(cfgEndpoint); err != nil {
@@ -141,7 +143,7 @@ func firstEnv(names ...string) string {
 	return ""
 }
 
-func newSpanExporter(ctx context.Context, ep endpoint, timeout time.Duration) (sdktrace.SpanExporter, error) {
+func newSpanExporter(ctx context.Context, ep endpoint, timeout time.Duration, fail *failureLog) (sdktrace.SpanExporter, error) {
 	if ep.protocol == ProtocolHTTP {
 		opts := []otlptracehttp.Option{otlptracehttp.WithTimeout(timeout)}
 		if !ep.fromEnv {
@@ -152,7 +154,7 @@ func newSpanExporter(ctx context.Context, ep endpoint, timeout time.Duration) (s
 		}
 		return otlptracehttp.New(ctx, opts...)
 	}
-	opts := []otlptracegrpc.Option{otlptracegrpc.WithTimeout(timeout)}
+	opts := []otlptracegrpc.Option{otlptracegrpc.WithTimeout(timeout), otlptracegrpc.WithDialOption(fail.dialOptions()...)}
 	if !ep.fromEnv {
 		opts = append(opts, otlptracegrpc.WithEndpoint(ep.hostPort))
 		if ep.insecure {
@@ -162,7 +164,7 @@ func newSpanExporter(ctx context.Context, ep endpoint, timeout time.Duration) (s
 	return otlptracegrpc.New(ctx, opts...)
 }
 
-func newMetricExporter(ctx context.Context, ep endpoint, timeout time.Duration) (sdkmetric.Exporter, error) {
+func newMetricExporter(ctx context.Context, ep endpoint, timeout time.Duration, fail *failureLog) (sdkmetric.Exporter, error) {
 	if ep.protocol == ProtocolHTTP {
 		opts := []otlpmetrichttp.Option{otlpmetrichttp.WithTimeout(timeout)}
 		if !ep.fromEnv {
@@ -173,7 +175,7 @@ func newMetricExporter(ctx context.Context, ep endpoint, timeout time.Duration) 
 		}
 		return otlpmetrichttp.New(ctx, opts...)
 	}
-	opts := []otlpmetricgrpc.Option{otlpmetricgrpc.WithTimeout(timeout)}
+	opts := []otlpmetricgrpc.Option{otlpmetricgrpc.WithTimeout(timeout), otlpmetricgrpc.WithDialOption(fail.dialOptions()...)}
 	if !ep.fromEnv {
 		opts = append(opts, otlpmetricgrpc.WithEndpoint(ep.hostPort))
 		if ep.insecure {
@@ -181,54 +183,4 @@ func newMetricExporter(ctx context.Context, ep endpoint, timeout time.Duration) 
 		}
 	}
 	return otlpmetricgrpc.New(ctx, opts...)
-}
-
-// failureLog logs the first failed export as a warning and the recovery
-// after it, so an unreachable collector shows once in the agent's log
-// rather than through the SDK's global error handler, on every batch.
-type failureLog struct {
-	log     *slog.Logger
-	what    string // "spans", "metrics"
-	ep      endpoint
-	failing atomic.Bool
-}
-
-func (f *failureLog) result(n int, err error) {
-	switch {
-	case err != nil && !f.failing.Swap(true):
-		f.log.Warn("otlp export failed; dropping until the collector answers", "signal", f.what,
-			"endpoint", f.ep.String(), "dropped", n, "err", err)
-	case err != nil:
-		f.log.Debug("otlp export failed", "signal", f.what, "dropped", n, "err", err)
-	case f.failing.Swap(false):
-		f.log.Info("otlp export recovered", "signal", f.what, "endpoint", f.ep.String())
-	}
-}
-
-// loggedSpans is a span exporter whose failures go to the log.
-type loggedSpans struct {
-	sdktrace.SpanExporter
-	fail *failureLog
-}
-
-func (l loggedSpans) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
-	err := l.SpanExporter.ExportSpans(ctx, spans)
-	l.fail.result(len(spans), err)
-	return nil
-}
-
-// loggedMetrics is a metric exporter whose failures go to the log.
-type loggedMetrics struct {
-	sdkmetric.Exporter
-	fail *failureLog
-}
-
-func (l loggedMetrics) Export(ctx context.Context, rm *metricdata.ResourceMetrics) error {
-	err := l.Exporter.Export(ctx, rm)
-	n := 0
-	for _, sm := range rm.ScopeMetrics {
-		n += len(sm.Metrics)
-	}
-	l.fail.result(n, err)
-	return nil
 }

@@ -60,13 +60,13 @@ func TestEnvEndpoint(t *testing.T) {
 func TestNoOTLP(t *testing.T) {
 	cleanEnv(t)
 	e := start(t, config("", 1))
-	if e.tp != nil {
+	if e.tr != nil {
 		t.Errorf("OTLP traces without an endpoint")
 	}
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
 	t.Setenv("OTEL_SDK_DISABLED", "true")
 	e = start(t, config("", 1))
-	if e.tp != nil {
+	if e.tr != nil {
 		t.Errorf("OTLP traces with OTEL_SDK_DISABLED")
 	}
 	feed(e, 0)

@@ -32,9 +32,9 @@ func (e *Exporter) rootContext(k stepKey) trace.SpanContext {
 	})
 }
 
-// start starts a span with the given id: a root span of step k when child
-// is false, else a child of the step's root.
-func (e *Exporter) start(k stepKey, id string, child bool, name string, at time.Time, attrs ...attribute.KeyValue) trace.Span {
+// start starts a span of tracer tr with the given id: a root span of step
+// k when child is false, else a child of the step's root.
+func (e *Exporter) start(tr trace.Tracer, k stepKey, id string, child bool, name string, at time.Time, attrs ...attribute.KeyValue) trace.Span {
 	root := e.rootContext(k)
 	ctx := e.ctx
 	opts := []trace.SpanStartOption{trace.WithTimestamp(at), trace.WithAttributes(attrs...)}
@@ -45,9 +45,12 @@ func (e *Exporter) start(k stepKey, id string, child bool, name string, at time.
 		ctx = withIDs(ctx, root.TraceID(), root.SpanID())
 		opts = append(opts, trace.WithNewRoot())
 	}
-	_, span := e.tracer.Start(ctx, name, opts...)
+	_, span := tr.Start(ctx, name, opts...)
 	return span
 }
+
+// rankTracer is the tracer of the spans of worker w: its rank's resource.
+func (e *Exporter) rankTracer(w telemetry.Worker) trace.Tracer { return e.tr.rank(w.Rank, w.Host) }
 
 func (e *Exporter) worker(rank int) telemetry.Worker {
 	if e.cfg.Worker != nil {
@@ -75,7 +78,7 @@ func workerAttrs(w telemetry.Worker) []attribute.KeyValue {
 
 // bandwidth is a collective's throughput as nccl-tests computes it, from
 // the fastest rank's time in it: algbw = bytes / time, busbw = algbw ×
-// 2(n−1)/n for an all-reduce over n ranks; in GB/s (10⁹ bytes). Both are 0
+// 2(n−1)/n for an all-reduce over n ranks; in bytes per second. Both are 0
 // when the time is.
 type bandwidth struct {
 	fastest      time.Duration
@@ -93,7 +96,7 @@ func bandwidthOf(c telemetry.Collective) bandwidth {
 		return bandwidth{}
 	}
 	n := float64(len(c.Records))
-	b.algbw = float64(c.Bytes) / b.fastest.Seconds() / 1e9
+	b.algbw = float64(c.Bytes) / b.fastest.Seconds()
 	b.busbw = b.algbw * 2 * (n - 1) / n
 	return b
 }
@@ -115,14 +118,17 @@ func extent(cs []telemetry.Collective) (from, to time.Time) {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
+// stallAttrs are a stall's attributes, times in seconds: OpenTelemetry
+// keeps units out of attribute names (docs/stalls-and-traces.md lists
+// them with their units).
 func stallAttrs(s *telemetry.Stall) []attribute.KeyValue {
 	return []attribute.KeyValue{
 		attribute.Int("ddp.straggler.rank", s.Straggler),
-		attribute.Float64("ddp.late_ms", ms(s.Late)),
+		attribute.Float64("ddp.stall.late", s.Late.Seconds()),
 		attribute.Int("ddp.waiters", s.Waiters),
-		attribute.Float64("ddp.waited_gpu_s", s.Waited.Seconds()),
-		attribute.Float64("ddp.threshold_ms", ms(s.Threshold)),
-		attribute.Float64("ddp.median_ms", ms(s.Median)),
+		attribute.Float64("ddp.stall.waited", s.Waited.Seconds()),
+		attribute.Float64("ddp.stall.threshold", s.Threshold.Seconds()),
+		attribute.Float64("ddp.stall.median", s.Median.Seconds()),
 	}
 }
 
@@ -146,8 +152,8 @@ func (e *Exporter) exportStep(k stepKey, cs []telemetry.Collective) {
 	}
 }
 
-// exportRoot exports the root span of step k from..to, with a "stall"
-// event per stalled collective of cs.
+// exportRoot exports the root span "step" of step k from..to, on the
+// agent's resource, with a "stall" event per stalled collective of cs.
 func (e *Exporter) exportRoot(k stepKey, from, to time.Time, cs []telemetry.Collective) {
 	stalls := 0
 	for _, c := range cs {
@@ -155,9 +161,8 @@ func (e *Exporter) exportRoot(k stepKey, from, to time.Time, cs []telemetry.Coll
 			stalls++
 		}
 	}
-	name := "step " + strconv.FormatUint(k.step, 10)
-	if e.tracer != nil {
-		span := e.start(k, "root", false, name, from,
+	if e.tr != nil {
+		span := e.start(e.tr.agentT, k, "root", false, "step", from,
 			attribute.Int64("ddp.step", int64(k.step)),
 			attribute.Int64("ddp.generation", int64(k.gen)),
 			attribute.Int("ddp.collectives", len(cs)),
@@ -172,17 +177,18 @@ func (e *Exporter) exportRoot(k stepKey, from, to time.Time, cs []telemetry.Coll
 	}
 	if e.file != nil {
 		e.file.use(k.gen)
-		e.file.add(event{Name: name, Cat: "step", Ph: "X", TS: micros(from), Dur: dur(to.Sub(from)), PID: jobPID, TID: 0,
+		e.file.add(event{Name: "step " + strconv.FormatUint(k.step, 10), Cat: "step", Ph: "X", TS: micros(from), Dur: dur(to.Sub(from)), PID: jobPID, TID: 0,
 			Args: map[string]any{"step": k.step, "generation": k.gen, "collectives": len(cs), "stalls": stalls}})
 	}
 }
 
-// exportCollective exports one span per rank of c under its step's root,
-// and for a stall a "stall" event on the straggler's span and a span
-// "stall: rank R".
+// exportCollective exports one span "allreduce" per rank of c under its
+// step's root, each on its rank's resource. In a stall the straggler's
+// span has ddp.straggler=true and a "stall" event, the others'
+// ddp.waited_for.rank naming it (their bars are the long ones: they
+// waited), and the straggler's rank gets a span "stall" (exportStall).
 func (e *Exporter) exportCollective(k stepKey, c telemetry.Collective) {
 	bw := bandwidthOf(c)
-	name := "allreduce bucket " + strconv.FormatUint(uint64(c.Bucket), 10)
 	dtype := dtypeName(c.DType)
 	if e.file != nil {
 		e.file.use(k.gen)
@@ -192,18 +198,24 @@ func (e *Exporter) exportCollective(k stepKey, c telemetry.Collective) {
 		wait := r.End.Sub(r.Start) - bw.fastest
 		status := statusName(r.Status)
 		straggler := c.Stall != nil && c.Stall.Straggler == r.Rank
-		if e.tracer != nil {
+		if e.tr != nil {
 			attrs := append(workerAttrs(w),
 				attribute.Int("ddp.bucket", int(c.Bucket)),
 				attribute.Int64("ddp.step", int64(c.Step)),
 				attribute.Int64("ddp.generation", int64(c.Gen)),
 				attribute.Int64("ddp.bytes", int64(c.Bytes)),
 				attribute.String("ddp.dtype", dtype),
-				attribute.Float64("ddp.wait_ms", ms(wait)),
-				attribute.Float64("ddp.algbw_gbps", bw.algbw),
-				attribute.Float64("ddp.busbw_gbps", bw.busbw),
+				attribute.Float64("ddp.wait", wait.Seconds()),
+				attribute.Float64("ddp.allreduce.algbw", bw.algbw),
+				attribute.Float64("ddp.allreduce.busbw", bw.busbw),
 				attribute.String("ddp.status", status))
-			span := e.start(k, fmt.Sprintf("rank %d bucket %d", r.Rank, c.Bucket), true, name, r.Start, attrs...)
+			switch {
+			case straggler:
+				attrs = append(attrs, attribute.Bool("ddp.straggler", true))
+			case c.Stall != nil:
+				attrs = append(attrs, attribute.Int("ddp.waited_for.rank", c.Stall.Straggler))
+			}
+			span := e.start(e.rankTracer(w), k, fmt.Sprintf("rank %d bucket %d", r.Rank, c.Bucket), true, "allreduce", r.Start, attrs...)
 			if r.Status != 0 {
 				span.SetStatus(codes.Error, status)
 			}
@@ -214,9 +226,10 @@ func (e *Exporter) exportCollective(k stepKey, c telemetry.Collective) {
 		}
 		if e.file != nil {
 			pid, tid := e.file.thread(r.Rank, w.Host, w.GPU)
-			e.file.add(event{Name: name, Cat: "allreduce", Ph: "X", TS: micros(r.Start), Dur: dur(r.End.Sub(r.Start)), PID: pid, TID: tid,
+			e.file.add(event{Name: "allreduce bucket " + strconv.FormatUint(uint64(c.Bucket), 10), Cat: "allreduce", Ph: "X",
+				TS: micros(r.Start), Dur: dur(r.End.Sub(r.Start)), PID: pid, TID: tid,
 				Args: map[string]any{"rank": r.Rank, "bucket": c.Bucket, "step": c.Step, "generation": c.Gen,
-					"bytes": c.Bytes, "dtype": dtype, "wait_ms": ms(wait), "algbw_gbps": bw.algbw, "busbw_gbps": bw.busbw,
+					"bytes": c.Bytes, "dtype": dtype, "wait_ms": ms(wait), "algbw_gbps": bw.algbw / 1e9, "busbw_gbps": bw.busbw / 1e9,
 					"status": status, "arrive_us": micros(r.Arrive)}})
 			if straggler {
 				e.file.add(event{Name: "stall", Cat: "stall", Ph: "i", Scope: "t", TS: micros(r.Arrive), PID: pid, TID: tid,
@@ -224,7 +237,7 @@ func (e *Exporter) exportCollective(k stepKey, c telemetry.Collective) {
 			}
 		}
 	}
-	if c.Stall != nil && e.tracer != nil {
+	if c.Stall != nil && e.tr != nil {
 		e.exportStall(k, c)
 	}
 }
@@ -234,8 +247,9 @@ func stallArgs(s *telemetry.Stall, bucket uint32) map[string]any {
 		"waited_gpu_s": s.Waited.Seconds(), "threshold_ms": ms(s.Threshold), "median_ms": ms(s.Median)}
 }
 
-// exportStall exports the span "stall: rank R" of c: from when the last
-// of the other ranks arrived to when the straggler did.
+// exportStall exports the span "stall" of c on the straggler's resource:
+// from when the last of the other ranks arrived to when the straggler
+// did, the time the others spent waiting for it.
 func (e *Exporter) exportStall(k stepKey, c telemetry.Collective) {
 	s := c.Stall
 	at := stragglerArrival(c)
@@ -245,25 +259,26 @@ func (e *Exporter) exportStall(k stepKey, c telemetry.Collective) {
 		attribute.Int("ddp.bucket", int(c.Bucket)),
 		attribute.Int64("ddp.step", int64(c.Step)),
 		attribute.Int64("ddp.generation", int64(c.Gen)))
-	span := e.start(k, fmt.Sprintf("stall bucket %d", c.Bucket), true, fmt.Sprintf("stall: rank %d", s.Straggler), at.Add(-s.Late), attrs...)
+	span := e.start(e.rankTracer(w), k, fmt.Sprintf("stall bucket %d", c.Bucket), true, "stall", at.Add(-s.Late), attrs...)
 	span.End(trace.WithTimestamp(at))
 }
 
-// exportHang exports the span of hang h, from its first arrival to now.
+// exportHang exports the span "hang" of hang h on the agent's resource,
+// from its first arrival to now, with status Error.
 func (e *Exporter) exportHang(k stepKey, h telemetry.Hang, stacks map[int]string, now time.Time) {
 	name := "hang: bucket " + strconv.FormatUint(uint64(h.Bucket), 10)
 	if len(h.Missing) > 0 {
 		name = "hang: " + rankList(h.Missing) + " missing"
 	}
 	ranks := slices.Sorted(maps.Keys(stacks))
-	if e.tracer != nil {
+	if e.tr != nil {
 		var hosts []string
 		for _, r := range h.Missing {
 			if w := e.worker(r); w.Host != "" && !slices.Contains(hosts, w.Host) {
 				hosts = append(hosts, w.Host)
 			}
 		}
-		span := e.start(k, fmt.Sprintf("hang bucket %d", h.Bucket), true, name, h.Since,
+		span := e.start(e.tr.agentT, k, fmt.Sprintf("hang bucket %d", h.Bucket), true, "hang", h.Since,
 			attribute.Int("ddp.bucket", int(h.Bucket)),
 			attribute.Int64("ddp.step", int64(h.Step)),
 			attribute.Int64("ddp.generation", int64(h.Gen)),
@@ -291,10 +306,10 @@ func (e *Exporter) exportHang(k stepKey, h telemetry.Hang, stacks map[int]string
 	}
 }
 
-// exportRestart exports a restart of generation gen as a span of its own
-// trace, with a "restart" event.
+// exportRestart exports a restart of generation gen as a span "restart"
+// of its own trace on the agent's resource, with a "restart" event.
 func (e *Exporter) exportRestart(gen uint64, reason string, now time.Time) {
-	if e.tracer != nil {
+	if e.tr != nil {
 		h := sha256.New()
 		h.Write([]byte(e.cfg.JobID))
 		var b [9]byte
@@ -305,7 +320,7 @@ func (e *Exporter) exportRestart(gen uint64, reason string, now time.Time) {
 		tid := trace.TraceID(sum[:16])
 		ctx := withIDs(e.ctx, tid, spanID(tid, "restart"))
 		attrs := []attribute.KeyValue{attribute.Int64("ddp.generation", int64(gen)), attribute.String("ddp.restart.reason", reason)}
-		_, span := e.tracer.Start(ctx, fmt.Sprintf("restart generation %d", gen), trace.WithNewRoot(),
+		_, span := e.tr.agentT.Start(ctx, "restart", trace.WithNewRoot(),
 			trace.WithTimestamp(now), trace.WithAttributes(attrs...))
 		span.AddEvent("restart", trace.WithTimestamp(now), trace.WithAttributes(attrs...))
 		span.End(trace.WithTimestamp(now))

@@ -13,9 +13,10 @@ import (
 
 // Stragglers takes the persistent stragglers named now in generation gen
 // (the watch's look, about every second). Each rank newly named, or named
-// with another cause, becomes a span "persistent straggler: rank R" with
-// its cause and evidence (and an instant in the trace file); the gauge
-// ddp.stragglers is 1 for each named rank, by rank and cause, and 0 once
+// with another cause, becomes a span "persistent straggler" on the
+// rank's resource with its cause and evidence (and an instant in the
+// trace file); the gauge
+// ddp.stragglers is 1 for each named rank, by ddp.rank and ddp.cause, and 0 once
 // it is no longer named; stalls whose straggler is named carry its cause.
 func (e *Exporter) Stragglers(gen uint64, sts []telemetry.Straggler) {
 	e.mu.Lock()
@@ -46,7 +47,7 @@ func (e *Exporter) Stragglers(gen uint64, sts []telemetry.Straggler) {
 }
 
 func stragglerSet(rank int, cause telemetry.Cause) metric.RecordOption {
-	return metric.WithAttributeSet(attribute.NewSet(attribute.Int("ddp.straggler.rank", rank), attribute.String("ddp.cause", string(cause))))
+	return metric.WithAttributeSet(attribute.NewSet(attribute.Int("ddp.rank", rank), attribute.String("ddp.cause", string(cause))))
 }
 
 // causeAttrs is the cause of the stall's straggler when it is a named
@@ -61,21 +62,22 @@ func (e *Exporter) causeAttrs(s *telemetry.Stall) []attribute.KeyValue {
 // exportStraggler exports st's naming as a span of its own trace, and an
 // instant in the trace file.
 func (e *Exporter) exportStraggler(gen uint64, st telemetry.Straggler, now time.Time) {
-	name := fmt.Sprintf("persistent straggler: rank %d", st.Rank)
-	if e.tracer != nil {
+	name := fmt.Sprintf("persistent straggler: rank %d", st.Rank) // the trace file's
+	if e.tr != nil {
 		tid := trace.TraceID(digest(e.cfg.JobID, kindStraggler, gen, uint64(now.UnixNano()))[:16])
 		ctx := withIDs(e.ctx, tid, spanID(tid, "straggler"))
-		attrs := append(workerAttrs(e.worker(st.Rank)),
+		w := e.worker(st.Rank)
+		attrs := append(workerAttrs(w),
 			attribute.Int64("ddp.generation", int64(gen)),
 			attribute.Int("ddp.straggler.rank", st.Rank),
 			attribute.String("ddp.cause", string(st.Cause)),
 			attribute.String("ddp.cause.evidence", st.Evidence),
-			attribute.Float64("ddp.late_ms", ms(st.Late)),
+			attribute.Float64("ddp.straggler.late", st.Late.Seconds()),
 			attribute.Float64("ddp.share", st.Share),
 			attribute.Float64("ddp.p", st.P),
 			attribute.Int("ddp.steps.last", st.Last),
 			attribute.Int("ddp.steps.window", st.Steps))
-		_, span := e.tracer.Start(ctx, name, trace.WithNewRoot(), trace.WithTimestamp(now), trace.WithAttributes(attrs...))
+		_, span := e.rankTracer(w).Start(ctx, "persistent straggler", trace.WithNewRoot(), trace.WithTimestamp(now), trace.WithAttributes(attrs...))
 		span.End(trace.WithTimestamp(now))
 	}
 	if e.file != nil && e.file.f != nil {

@@ -36,7 +36,7 @@ func TestStragglerSpanAndGauge(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return regexp.MustCompile(`(?m)^ddp_stragglers\{.*$`).FindString(string(body))
 	}
-	if got, want := gauge(), `ddp_stragglers{ddp_cause="input",ddp_job_id="job-1",ddp_straggler_rank="2"} 1`; got != want {
+	if got, want := gauge(), `ddp_stragglers{ddp_cause="input",ddp_job_id="job-1",ddp_rank="2"} 1`; got != want {
 		t.Errorf("gauge %q, want %q", got, want)
 	}
 	e.Stragglers(0, nil)
@@ -44,8 +44,9 @@ func TestStragglerSpanAndGauge(t *testing.T) {
 		t.Errorf("gauge %q after recovery, want 0", got)
 	}
 	shutdown(t, e)
-	spans := named(rcv.Spans(), "persistent straggler: rank 2")
-	if len(spans) != 1 || spans[0].Attr("ddp.cause") != "input" || spans[0].Attr("ddp.cause.evidence") != st.Evidence {
+	spans := named(rcv.Spans(), "persistent straggler")
+	if len(spans) != 1 || spans[0].Attr("ddp.cause") != "input" || spans[0].Attr("ddp.cause.evidence") != st.Evidence ||
+		spans[0].Attr("ddp.straggler.late") != 0.04 || spans[0].Resource["service.name"] != "ddp-agent rank 2" {
 		t.Errorf("straggler spans %v, want one with cause input", spans)
 	}
 	stalls := 0
