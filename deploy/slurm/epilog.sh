@@ -17,6 +17,7 @@
 # through Slurm's generic "Epilog error".
 
 set -u
+# shellcheck source=/dev/null
 [ -r /etc/default/ddp-agent-slurm ] && . /etc/default/ddp-agent-slurm
 
 DDP_AGENT_DRAIN_DIR=${DDP_AGENT_DRAIN_DIR:-/tmp}

@@ -25,6 +25,8 @@
 #   DDP_AGENT_SCONTROL     the scontrol command (default scontrol)
 
 set -u
+export PATH="${PATH:+$PATH:}/usr/sbin:/usr/bin:/sbin:/bin" # slurmd's environment may have none
+# shellcheck source=/dev/null
 [ -r /etc/default/ddp-agent-slurm ] && . /etc/default/ddp-agent-slurm
 
 DDP_AGENT_CHECKS_DIR=${DDP_AGENT_CHECKS_DIR:-/etc/ddp-agent/checks.d}
@@ -46,15 +48,24 @@ drain() {
 
 # run_checks runs every check; it returns 3 when one asked for a drain.
 run_checks() {
-	local check out rc worst=0
+	local check name out rc pid tmp worst=0
 	[ -d "$DDP_AGENT_CHECKS_DIR" ] || return 0
+	tmp=$(mktemp) || return 0
 	for check in "$DDP_AGENT_CHECKS_DIR"/*; do
-		[ -f "$check" ] && [ -x "$check" ] || continue
-		# Its own process group (setsid), killed whole on timeout, as the exec
-		# plugin does; only the first line of its output is kept.
-		out=$(timeout -s KILL "$DDP_AGENT_CHECK_TIMEOUT" setsid "$check" </dev/null 2>/dev/null | head -n 1)
-		rc=${PIPESTATUS[0]}
+		if [ ! -f "$check" ] || [ ! -x "$check" ]; then
+			continue
+		fi
 		name=${check##*/}
+		# As the exec plugin does: the check runs in a process group of its
+		# own (timeout makes one and kills all of it on timeout), which is
+		# killed when the check exits, so its background children go too;
+		# the message is the first line of its first 1 KiB of output.
+		timeout -s KILL "$DDP_AGENT_CHECK_TIMEOUT" "$check" </dev/null >"$tmp" 2>/dev/null &
+		pid=$!
+		wait "$pid"
+		rc=$?
+		kill -KILL -- "-$pid" 2>/dev/null
+		out=$(head -c 1024 "$tmp" | head -n 1 | tr -cd '[:print:]')
 		case "$rc" in
 		0) ;;
 		1 | 2) log "check $name: warning (exit $rc): $out" ;;
@@ -62,10 +73,11 @@ run_checks() {
 			drain "check $name: $out"
 			worst=3
 			;;
-		137) log "check $name: warning: ran past ${DDP_AGENT_CHECK_TIMEOUT}s and was killed" ;;
+		124 | 137) log "check $name: warning: ran past ${DDP_AGENT_CHECK_TIMEOUT}s and was killed" ;;
 		*) log "check $name: warning: exit $rc: $out" ;;
 		esac
 	done
+	rm -f -- "$tmp"
 	return "$worst"
 }
 
