@@ -131,8 +131,11 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return err
 	}
 
+	// A drain finding (a plugin, a GPU) can come while the rendezvous
+	// waits for its nodes: the node must still exit as drained, not with
+	// the cancelled wait's error.
 	if s.j, err = a.openRendezvous(ctx, runID); err != nil {
-		return err
+		return drainOr(ctx, err)
 	}
 	defer s.j.close()
 	defer func() {
@@ -144,7 +147,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	}()
 	closeTelemetry, err := a.startTelemetry(ctx, s)
 	if err != nil {
-		return err
+		return drainOr(ctx, err)
 	}
 	defer closeTelemetry()
 	stopControl, err := a.startControl(ctx, s)

@@ -98,6 +98,21 @@ func TestPluginExecDrains(t *testing.T) {
 	}
 }
 
+// A drain finding while the rendezvous still waits for the other nodes
+// (here one that never comes) is still a drain: exit 3, not the cancelled
+// wait's exit 1.
+func TestPluginExecDrainsDuringRendezvous(t *testing.T) {
+	script := writeScript(t, "echo 'node scheduled for maintenance'; exit 3\n")
+	r := startAgent(t, nil, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"--rdzv-id", "drain-in-rdzv", "--plugin", "exec,command="+script+",interval=1s", "timed.py", "30")
+	if code := r.wait(30 * time.Second); code != 3 {
+		t.Fatalf("exit %d, want 3 (drained)\n%s", code, r.logs())
+	}
+	if strings.Contains(r.stdout.String(), "ready") {
+		t.Errorf("a worker started without its second node\n%s", r.logs())
+	}
+}
+
 // A plugin of another protocol version, an unknown option or a missing
 // binary stops the agent before the job, with one line.
 func TestPluginRefused(t *testing.T) {
