@@ -115,14 +115,15 @@ type Exporter struct {
 	srvDone    chan struct{}
 	metricsURL string
 
-	mu      sync.Mutex
-	closed  bool
-	file    *traceFile // nil without a trace file
-	pending map[stepKey]*pendingStep
-	done    map[stepKey]stepState // the steps exported lately
-	order   []stepKey             // of done, oldest first
-	timer   *time.Timer
-	named   map[int]telemetry.Cause // the persistent stragglers named at the last look
+	mu         sync.Mutex
+	closed     bool
+	file       *traceFile // nil without a trace file
+	pending    map[stepKey]*pendingStep
+	done       map[stepKey]stepState // the steps exported lately
+	order      []stepKey             // of done, oldest first
+	timer      *time.Timer
+	named      map[int]telemetry.Cause // the persistent stragglers named at the last look
+	stallRanks int                     // ranks 0..stallRanks-1 have a ddp_stalls_total series
 }
 
 // stepKey is one step of one generation: one trace.

@@ -523,6 +523,8 @@ func TestPrometheus(t *testing.T) {
 	for _, want := range []string{
 		`ddp_collectives_total{ddp_job_id="job-1",ddp_status="ok"} 30`,
 		`ddp_stalls_total{ddp_job_id="job-1",ddp_straggler_rank="2"} 1`,
+		`ddp_stalls_total{ddp_job_id="job-1",ddp_straggler_rank="0"} 0`, // at 0 before its first stall
+		`ddp_stalls_total{ddp_job_id="job-1",ddp_straggler_rank="3"} 0`,
 		`ddp_stall_waited_seconds_total{ddp_job_id="job-1"} 0.24`,
 		`ddp_hangs_total{ddp_job_id="job-1"} 1`,
 		`ddp_restarts_total{ddp_job_id="job-1"} 1`,

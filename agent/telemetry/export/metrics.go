@@ -55,6 +55,10 @@ func newInstruments(m metric.Meter) (instruments, error) {
 	return in, nil
 }
 
+// maxZeroRanks bounds the stall series made at 0 ahead of a stall: one per
+// rank up to it, so a huge job does not start with that many series.
+const maxZeroRanks = 4096
+
 // zero makes the event counters exist at 0 from the start: a counter
 // that appears with its first increment has no earlier sample, so
 // Prometheus's increase() and rate() miss that first stall, hang or
@@ -81,6 +85,12 @@ func (e *Exporter) measure(c telemetry.Collective) {
 		}
 	}
 	e.inst.collectives.Add(e.ctx, 1, metric.WithAttributes(attribute.String("ddp.status", statusName(status))))
+	// Every rank's stall series exists at 0 once the world is known, so an
+	// alert on increase(ddp_stalls_total) sees each rank's first stall
+	// too; beyond maxZeroRanks the series appear with their first stall.
+	for ; e.stallRanks < min(len(c.Records), maxZeroRanks); e.stallRanks++ {
+		e.inst.stalls.Add(e.ctx, 0, metric.WithAttributes(attribute.Int("ddp.straggler.rank", e.stallRanks)))
+	}
 	if c.Stall != nil {
 		e.inst.stalls.Add(e.ctx, 1, metric.WithAttributes(attribute.Int("ddp.straggler.rank", c.Stall.Straggler)))
 		e.inst.waited.Add(e.ctx, c.Stall.Waited.Seconds())
