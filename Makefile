@@ -64,6 +64,19 @@ test: build
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $$py2 -m pytest -q -p no:cacheprovider python/tests
 
+# The deploy paths on the real tools (deploy/README.md): a real Slurm
+# (slurm-wlm and munge from apt: slurmctld and two slurmd on this host)
+# running deploy/slurm's sbatch scripts; Jaeger v1.76.0 (built once from
+# the Go module proxy into .cache/deploy, minutes the first time) and
+# Debian's Prometheus receiving a real job's traces and metrics through
+# deploy/observability's configs; and deploy/k8s's manifests decoded
+# strictly. Installs what is missing (as root); `.ci/run` runs it after
+# `make test`.
+test-deploy: build
+	@go=$$(scripts/deps.sh) && deploy/slurm/testdeps.sh && deploy/observability/testdeps.sh >/dev/null && \
+	  DDP_AGENT_DEPLOY_TESTS=1 DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
+	    $$go test -count=1 -timeout 15m ./deploy/...
+
 # A real 2-worker DDP job (gloo on CPU) under ddp-agent. On PyTorch 2.x:
 # make demo PYTHON=$(scripts/deps.sh torch2)
 demo: build
