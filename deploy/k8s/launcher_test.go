@@ -237,6 +237,14 @@ func checkHealthProbes(t *testing.T, j *batchv1.Job, c corev1.Container, cfg *la
 			t.Errorf("%s probe on %s port %v (%d, %v), want %s on --metrics-addr's port %d", p.kind, p.probe.HTTPGet.Path, p.probe.HTTPGet.Port, got, err, p.path, port)
 		}
 	}
+	// The agent serves HTTP only once it reached its store, which it may
+	// dial for the whole join timeout: a startup probe must cover that, or
+	// the kubelet kills pods waiting for pod 0.
+	if sp := c.StartupProbe; sp == nil || sp.HTTPGet == nil || sp.HTTPGet.Path != "/healthz" {
+		t.Errorf("no startupProbe on /healthz: liveness would kill a pod still dialing the store")
+	} else if wait := time.Duration(sp.PeriodSeconds*sp.FailureThreshold) * time.Second; wait < cfg.Rdzv.JoinTimeout {
+		t.Errorf("startupProbe allows %v, less than the join timeout %v", wait, cfg.Rdzv.JoinTimeout)
+	}
 	ann := j.Spec.Template.Annotations
 	if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/port"] != strconv.Itoa(port) {
 		t.Errorf("prometheus annotations %v: want scrape \"true\" on port %d", ann, port)
