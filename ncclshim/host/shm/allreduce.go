@@ -72,6 +72,21 @@ func (c *Comm) run(ctx context.Context, buf []byte, dt reduce.DType, op reduce.O
 		j.deadline, j.ctxDeadline = d, true
 	}
 
+	// Every peer must have checked the last collective's header, which it
+	// does at its first step, before this one overwrites it. A collective
+	// whose chunks this rank gets nothing back from (empty, or fewer
+	// elements than ranks) does not wait for that, so without this a rank
+	// could run ahead and a peer would see the next header and report a
+	// mismatch. A peer that has reduced every step of the last collective
+	// (red reached base) has checked it; usually that is already so.
+	for p := range c.world {
+		if p != c.rank {
+			if err := c.await(&j, 0, p, c.ctl[p].red, j.base, "check the previous header"); err != nil {
+				return err
+			}
+		}
+	}
+
 	// Publish this collective's header; the first step's in counter
 	// releases it to the peers, which check it before they read anything.
 	me := c.ctl[c.rank]

@@ -13,6 +13,9 @@ import (
 var benchSizes = []int{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
 
 func sizeName(n int) string {
+	if n < 1<<10 {
+		return fmt.Sprintf("%dB", n)
+	}
 	if n >= 1<<20 {
 		return fmt.Sprintf("%dMiB", n>>20)
 	}
@@ -21,7 +24,8 @@ func sizeName(n int) string {
 
 // BenchmarkAllReduce all-reduces float32 buffers between 2 ranks with the
 // default Config: as goroutines of this process; as 2 processes (the test
-// binary re-run as rank 1), which is the real case; and as 2 processes that
+// binary re-run as rank 1), which is the real case (procs/0B: empty
+// collectives, the cost of the synchronisation alone); and as 2 processes that
 // cycle through 256 MiB of buffers, so each collective starts from memory
 // rather than cache (as a DDP bucket that backward wrote long before would).
 // busbw is 2(n-1)/n * bytes / time: for n = 2 it is bytes / time, the MB/s
@@ -30,7 +34,7 @@ func BenchmarkAllReduce(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run("goroutines/"+sizeName(size), func(b *testing.B) { benchGoroutines(b, size) })
 	}
-	for _, size := range benchSizes {
+	for _, size := range append([]int{0}, benchSizes...) {
 		b.Run("procs/"+sizeName(size), func(b *testing.B) { benchProcs(b, size, 1) })
 	}
 	for _, size := range benchSizes[2:] {

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/internal/leaktest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
@@ -318,6 +319,42 @@ func TestConsecutive(t *testing.T) {
 					}
 				}
 				checkResult(t, dt, op, bufs, i)
+			}
+		})
+	}
+}
+
+// TestBackToBackSmall runs collectives of 0, 1 and 2 elements back to back,
+// without the ranks meeting in between: a rank that gets nothing back from
+// a collective must still not publish its next header before every peer
+// has checked the last one (it did, and the peers saw a mismatch).
+func TestBackToBackSmall(t *testing.T) {
+	for _, world := range []int{2, 3} {
+		t.Run(strconv.Itoa(world)+" ranks", func(t *testing.T) {
+			comms := newGroup(t, world, Config{Timeout: time.Minute})
+			errs := allRanks(comms, func(r int, c *Comm) error {
+				for i := range 3000 {
+					n := i % 3
+					buf := make([]float32, n)
+					for k := range buf {
+						buf[k] = float32(r + 1)
+					}
+					b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(buf))), 4*n)
+					if err := c.AllReduce(context.Background(), b, reduce.Float32, reduce.Sum); err != nil {
+						return fmt.Errorf("collective %d: %w", i, err)
+					}
+					for k, v := range buf {
+						if want := float32(world * (world + 1) / 2); v != want {
+							return fmt.Errorf("collective %d element %d: got %v, want %v", i, k, v, want)
+						}
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
 			}
 		})
 	}
