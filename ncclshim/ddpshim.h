@@ -170,8 +170,10 @@ int ddpshim_mark(int64_t comm, uint64_t step, int kind);
  * one and after ddpshim_abort; DDPSHIM_ERR_CLOSED when the communicator was
  * closed before it ran; DDPSHIM_ERR_INVALID (unknown handle). Collectives
  * run one at a time in issue order, each bounded by timeout_ms from its
- * start, so a wait returns even when a peer dies or hangs. The handle stays
- * valid until ddpshim_work_free. */
+ * start, so a wait returns even when a peer dies or hangs. When none is
+ * running, the calling thread runs the queued ones up to this work itself
+ * (host transport), saving two thread wake-ups per collective. The handle
+ * stays valid until ddpshim_work_free. */
 int ddpshim_work_wait(int64_t work);
 
 /* ddpshim_work_test stores 1 in *done when the work has completed, else 0,
@@ -210,8 +212,10 @@ int ddpshim_nccl_info(char *buf, size_t len);
 /* ddpshim_comm_info writes a NUL-terminated JSON object describing comm
  * into buf: rank, world_size, transport ("tcp", "shm" or "nccl", with an
  * "nccl" object: source, version, nonblocking, cuda: whether the
- * watchdog has a CUDA driver), collectives,
- * events_sent, events_dropped, agent (whether connected). Returns
+ * watchdog has a CUDA driver), collectives (completed), run_by_waiter (of
+ * those, how many a ddpshim_work_wait ran on its own thread rather than the
+ * communicator's executor), events_sent, events_dropped, agent (whether
+ * connected). Returns
  * DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf, too small, unknown handle),
  * DDPSHIM_ERR_CLOSED. */
 int ddpshim_comm_info(int64_t comm, char *buf, size_t len);

@@ -64,6 +64,7 @@ type Comm struct {
 	busy      bool   // the executor is running a collective
 	running   *Work  // the one it runs
 	collected uint64 // collectives completed
+	byWaiter  uint64 // of which a waiter ran (runUpTo)
 
 	agent  *agentconn.Client // nil without ddp-agent
 	events *eventRing        // nil without ddp-agent or a sidecar
@@ -285,30 +286,64 @@ func (c *Comm) enqueue(w *Work) error {
 	return nil
 }
 
-// execute runs queued collectives one at a time until the comm is closed.
-// After the first failure the transport is desynchronized, so the comm
-// aborts and every later collective fails with that cause.
+// execute runs queued collectives one at a time until the comm is closed,
+// unless a waiter runs them itself (runUpTo). After the first failure the
+// transport is desynchronized, so the comm aborts and every later
+// collective fails with that cause.
 func (c *Comm) execute(tr allReducer) {
 	for {
 		c.mu.Lock()
-		var w *Work
-		if len(c.queue) > 0 {
-			w = c.queue[0]
-			c.queue[0] = nil
-			c.queue = c.queue[1:]
-		}
-		c.busy = w != nil
-		c.running = w
+		w := c.take()
 		closed := c.closed
 		c.mu.Unlock()
 		if w == nil {
 			if closed {
 				return
 			}
-			<-c.wake // enqueue and close send it; an aborted comm waits here too
+			<-c.wake // enqueue, close and a finished collective send it; an aborted comm waits here too
 			continue
 		}
 		c.run(tr, w)
+	}
+}
+
+// take pops the next collective and marks it running, or returns nil when
+// the queue is empty or one is running already. The caller holds c.mu.
+func (c *Comm) take() *Work {
+	if c.busy || len(c.queue) == 0 {
+		return nil
+	}
+	w := c.queue[0]
+	c.queue[0] = nil
+	c.queue = c.queue[1:]
+	c.busy, c.running = true, w
+	return w
+}
+
+// runUpTo runs the queued collectives up to w on the calling goroutine, in
+// queue order, as long as no other goroutine is running one. A caller
+// about to block on w would otherwise wait for the executor to be woken
+// and then be woken by it in turn: two thread hand-offs, which cost more
+// than a 64 KiB all-reduce over shared memory. It returns when w is done,
+// or when the executor has taken the next collective.
+func (c *Comm) runUpTo(w *Work) {
+	for !w.Done() {
+		c.mu.Lock()
+		var next *Work
+		if !c.closed && c.tr != nil {
+			next = c.take()
+		}
+		if next != nil {
+			c.exec.Add(1) // under mu and before closed is set: Close waits for it
+			c.byWaiter++
+		}
+		tr := c.tr
+		c.mu.Unlock()
+		if next == nil {
+			return
+		}
+		c.run(tr, next)
+		c.exec.Done()
 	}
 }
 
@@ -343,6 +378,12 @@ func (c *Comm) run(tr allReducer, w *Work) {
 	c.collected++
 	c.busy = false
 	c.running = nil
+	if len(c.queue) > 0 { // queued while a waiter ran this one: the executor may be asleep
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
 	c.mu.Unlock()
 	w.err = err
 	close(w.done)
@@ -441,7 +482,7 @@ func (c *Comm) Describe() string {
 	c.mu.Lock()
 	info := map[string]any{
 		"rank": c.rank, "world_size": c.size, "name": c.cfg.Name,
-		"transport": "", "collectives": c.collected, "agent": c.agent != nil,
+		"transport": "", "collectives": c.collected, "run_by_waiter": c.byWaiter, "agent": c.agent != nil,
 		"events_sent": 0, "events_dropped": 0, "connected": c.tr != nil,
 	}
 	if c.tr != nil {
@@ -524,11 +565,14 @@ func (c *Comm) AllReduce(buf unsafe.Pointer, count int64, dt reduce.DType, op re
 	return w, nil
 }
 
-// Wait blocks until w is done and returns its error. The transports fail a
-// collective within the timeout of its start; past that and a margin, Wait
+// Wait blocks until w is done and returns its error. When no collective is
+// running, the caller runs the queued ones up to w itself (runUpTo) instead
+// of waking the executor. The transports fail a collective within the
+// timeout of its start; past that and a margin, a Wait that only waits
 // aborts the communicator itself, so that a transport bug never hangs a
 // rank.
 func (w *Work) Wait() error {
+	w.c.runUpTo(w)
 	limit := w.c.cfg.timeout() + 30*time.Second
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()

@@ -302,6 +302,9 @@ class Work:
     def wait(self) -> None:
         """Blocks (GIL released) until the work completes; raises ShimError if it failed.
 
+        With the host transport the calling thread runs the queued
+        collectives up to this one itself when none is running.
+
         Returns within the communicator's timeout_ms even when a peer dies.
         """
         lib = _library()
