@@ -112,6 +112,7 @@ bench: build
 	@go=$$(scripts/deps.sh) && $$go build -tags nvmlmock -o bin/ddp-agent-nvmlmock.tmp ./agent/cmd/ddp-agent && mv bin/ddp-agent-nvmlmock.tmp bin/ddp-agent-nvmlmock
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/stragglers -agent bin/ddp-agent -mock-agent bin/ddp-agent-nvmlmock -python $(PYTHON)
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/plugins -agent bin/ddp-agent -python $(PYTHON) -runs 10
+	$(PYTHON) examples/bench/mpi/run.py --python $(PYTHON) --shim bin/libddpshim.so
 
 lint:
 	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./... && \
