@@ -120,6 +120,23 @@ func trainArgs(c *cluster, name string, steps int) []string {
 		"--warmup-steps", "1", "--log-every", "1", "--ckpt-every", "0", "--ckpt-dir", filepath.Join(c.dir, "ckpt-"+name)}
 }
 
+// submitTraining submits deploy/slurm/SCRIPT for 2 nodes running
+// examples/train.py for steps steps (trainArgs); it returns the job's id
+// and output file.
+func submitTraining(ctx context.Context, t *testing.T, c *cluster, repo string, env []string, script, name string, steps int) (id, outPath string) {
+	args := append([]string{"--nodes=2", "--chdir=" + repo, "--time=5", filepath.Join(repo, "deploy/slurm", script)},
+		trainArgs(c, name, steps)...)
+	return c.sbatch(ctx, t, env, args...)
+}
+
+// waitTraining waits until job id's output shows its second step.
+func waitTraining(ctx context.Context, t *testing.T, id, outPath string) {
+	waitFor(ctx, t, 90*time.Second, "job "+id+" to train two steps", func() (bool, string) {
+		data, _ := os.ReadFile(outPath)
+		return strings.Contains(string(data), "step 2 loss"), string(data)
+	})
+}
+
 var paramsRE = regexp.MustCompile(`params rank=(\d+) sha256=(\w+)`)
 
 // checkTrained checks that every rank of a 4-rank world finished with the
@@ -155,9 +172,7 @@ func readOutput(t *testing.T, path string) string {
 // STOP_TIMEOUT=14s against KillWait=15 also makes the script warn.
 func runToCompletion(ctx context.Context, t *testing.T, c *cluster, repo string, env []string) {
 	env = append(env, fmt.Sprintf("RDZV_PORT=%d", freePort(t)), "STOP_TIMEOUT=14s")
-	args := append([]string{"--nodes=2", "--chdir=" + repo, "--time=5", filepath.Join(repo, "deploy/slurm/ddp-agent.sbatch")},
-		trainArgs(c, "complete", 4)...)
-	id, outPath := c.sbatch(ctx, t, env, args...)
+	id, outPath := submitTraining(ctx, t, c, repo, env, "ddp-agent.sbatch", "complete", 4)
 	state, exit := c.waitJob(ctx, t, id, 120*time.Second)
 	out := readOutput(t, outPath)
 	if state != "COMPLETED" || exit != "0:0" {
@@ -181,13 +196,8 @@ func runToCompletion(ctx context.Context, t *testing.T, c *cluster, repo string,
 func cancelMidTraining(ctx context.Context, t *testing.T, c *cluster, repo string, env []string) {
 	env = append(env, fmt.Sprintf("RDZV_PORT=%d", freePort(t)), "STOP_TIMEOUT=5s")
 	marker := filepath.Join(c.dir, "ckpt-cancel-marker")
-	args := append([]string{"--nodes=2", "--chdir=" + repo, "--time=5", filepath.Join(repo, "deploy/slurm/ddp-agent.sbatch")},
-		trainArgs(c, "cancel-marker", 100000)...)
-	id, outPath := c.sbatch(ctx, t, env, args...)
-	waitFor(ctx, t, 90*time.Second, "job "+id+" to train two steps", func() (bool, string) {
-		data, _ := os.ReadFile(outPath)
-		return strings.Contains(string(data), "step 2 loss"), string(data)
-	})
+	id, outPath := submitTraining(ctx, t, c, repo, env, "ddp-agent.sbatch", "cancel-marker", 100000)
+	waitTraining(ctx, t, id, outPath)
 	running := processesWithEnv("SLURM_JOB_ID=" + id)
 	var agents, workers int
 	for _, p := range running {
@@ -226,9 +236,7 @@ func cancelMidTraining(ctx context.Context, t *testing.T, c *cluster, repo strin
 // srun torchrun, each watching its node's ranks, then stopped cleanly.
 func sidecarToCompletion(ctx context.Context, t *testing.T, c *cluster, repo string, env []string) {
 	env = append(env, fmt.Sprintf("RDZV_PORT=%d", freePort(t)))
-	args := append([]string{"--nodes=2", "--chdir=" + repo, "--time=5", filepath.Join(repo, "deploy/slurm/sidecar.sbatch")},
-		trainArgs(c, "sidecar", 4)...)
-	id, outPath := c.sbatch(ctx, t, env, args...)
+	id, outPath := submitTraining(ctx, t, c, repo, env, "sidecar.sbatch", "sidecar", 4)
 	state, exit := c.waitJob(ctx, t, id, 120*time.Second)
 	out := readOutput(t, outPath)
 	if state != "COMPLETED" || exit != "0:0" {
@@ -275,14 +283,9 @@ func exit3Drains(ctx context.Context, t *testing.T, c *cluster, repo string, env
 	env = append(env, fmt.Sprintf("RDZV_PORT=%d", freePort(t)), "STOP_TIMEOUT=5s",
 		"DDP_AGENT_DRAIN_DIR="+filepath.Join(c.dir, "drain"),
 		"DDP_AGENT_ARGS=--plugin exec,command="+check+",interval=1s")
-	args := append([]string{"--nodes=2", "--chdir=" + repo, "--time=5", filepath.Join(repo, "deploy/slurm/ddp-agent.sbatch")},
-		trainArgs(c, "drain", 100000)...)
-	id, outPath := c.sbatch(ctx, t, env, args...)
+	id, outPath := submitTraining(ctx, t, c, repo, env, "ddp-agent.sbatch", "drain", 100000)
 	defer func() { _, _ = c.cmd(ctx, "scontrol", "update", "NodeName=n2", "State=RESUME") }()
-	waitFor(ctx, t, 90*time.Second, "job "+id+" to train two steps", func() (bool, string) {
-		data, _ := os.ReadFile(outPath)
-		return strings.Contains(string(data), "step 2 loss"), string(data)
-	})
+	waitTraining(ctx, t, id, outPath)
 	if err := os.WriteFile(trigger, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,6 @@ type tracers struct {
 	job     string
 	bsp     sdktrace.SpanProcessor // shared; shut down last
 
-	agent     *sdktrace.TracerProvider
 	agentT    trace.Tracer
 	ranks     map[rankKey]trace.Tracer
 	providers []*sdktrace.TracerProvider // the agent's, then every rank's
@@ -52,8 +51,7 @@ func newTracers(base *resource.Resource, job string, bsp sdktrace.SpanProcessor)
 		service = v.AsString()
 	}
 	t := &tracers{base: base, service: service, job: job, bsp: bsp, ranks: map[rankKey]trace.Tracer{}}
-	t.agent = t.provider(base)
-	t.agentT = t.agent.Tracer(scope)
+	t.agentT = t.provider(base).Tracer(scope)
 	return t
 }
 
