@@ -142,7 +142,7 @@ func ddpshim_work_test(work C.int64_t, done *C.int) (rc C.int) {
 		return fail(status.Errorf(status.Invalid, "ddpshim_work_test: done must not be NULL"))
 	}
 	*done = 0
-	if w.Done() {
+	if w.Test() {
 		*done = 1
 	}
 	return status.OK

@@ -60,6 +60,7 @@ type Comm struct {
 	tr        allReducer     // nil until connected
 	queue     []*Work
 	wake      chan struct{}
+	kick      *time.Timer // wakes the executor for work no waiter took
 	closed    bool
 	busy      bool   // the executor is running a collective
 	running   *Work  // the one it runs
@@ -106,6 +107,8 @@ func Open(cfg *Config) (*Comm, error) {
 		size: *cfg.WorldSize,
 		wake: make(chan struct{}, 1),
 	}
+	c.kick = time.AfterFunc(time.Hour, c.wakeExecutor)
+	c.kick.Stop()
 	c.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With(
 		"component", "ddpshim", "name", cfg.Name)
 	// A C ABI call has no context to inherit: the comm's lifetime is its own.
@@ -265,6 +268,24 @@ func (c *Comm) Connect(lines []string) error {
 	return nil
 }
 
+// kickAfter is how long a collective may wait in the queue for a waiter
+// to run it (runUpTo) before the kick timer wakes the executor. Waking the
+// executor at once, on every enqueue, cost a 64 KiB all-reduce over shared
+// memory more than its data movement: a thread hand-off, and then the
+// executor and the waiter racing for the work. The hook's waiter thread
+// waits on each work right after issuing it, so the timer rarely fires; a
+// caller that never waits still sees its work start within kickAfter, and
+// one that polls (Test) wakes the executor itself.
+const kickAfter = 100 * time.Microsecond
+
+// wakeExecutor makes the executor look at the queue.
+func (c *Comm) wakeExecutor() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
 // enqueue starts an all-reduce; it never waits for data.
 func (c *Comm) enqueue(w *Work) error {
 	c.mu.Lock()
@@ -279,9 +300,8 @@ func (c *Comm) enqueue(w *Work) error {
 		return status.AbortedBy(err)
 	}
 	c.queue = append(c.queue, w)
-	select {
-	case c.wake <- struct{}{}:
-	default:
+	if len(c.queue) == 1 && !c.busy {
+		c.kick.Reset(kickAfter)
 	}
 	return nil
 }
@@ -378,11 +398,11 @@ func (c *Comm) run(tr allReducer, w *Work) {
 	c.collected++
 	c.busy = false
 	c.running = nil
-	if len(c.queue) > 0 { // queued while a waiter ran this one: the executor may be asleep
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
+	if len(c.queue) > 0 {
+		// Queued while this one ran. The executor takes it next if it ran
+		// this one; if a waiter did, the executor may be asleep, and the
+		// waiter usually comes back for the next one at once (kickAfter).
+		c.kick.Reset(kickAfter)
 	}
 	c.mu.Unlock()
 	w.err = err
@@ -417,10 +437,8 @@ func (c *Comm) Close() {
 		return
 	}
 	c.closed = true
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.kick.Stop()
+	c.wakeExecutor()
 	if c.tr != nil || c.nc != nil {
 		c.noteClosed(time.Now()) // before the peers can see it go
 	}
@@ -573,6 +591,9 @@ func (c *Comm) AllReduce(buf unsafe.Pointer, count int64, dt reduce.DType, op re
 // rank.
 func (w *Work) Wait() error {
 	w.c.runUpTo(w)
+	if w.Done() {
+		return w.err
+	}
 	limit := w.c.cfg.timeout() + 30*time.Second
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -589,6 +610,19 @@ func (w *Work) Wait() error {
 			return err
 		}
 	}
+}
+
+// Test reports whether w has completed, without blocking. A caller that
+// polls will not run the queue itself (Wait does), so the executor is
+// woken now rather than when the kick timer fires.
+func (w *Work) Test() bool {
+	if w.Done() {
+		return true
+	}
+	if w.started.Load() == 0 {
+		w.c.wakeExecutor()
+	}
+	return false
 }
 
 // Done reports whether w has completed, without blocking.

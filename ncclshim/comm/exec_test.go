@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
@@ -115,5 +116,62 @@ func TestWaitAfterClose(t *testing.T) {
 		if err := w.Wait(); err == nil {
 			t.Errorf("work %d: got nil, want an error after close", i)
 		}
+	}
+}
+
+// TestUnwaitedWorkRuns: collectives that no caller waits on still run, in
+// order, with the executor woken by the kick timer (Done only looks) or by
+// Test, and later ones queue behind a running one and run too.
+func TestUnwaitedWorkRuns(t *testing.T) {
+	const world, batch, count = 2, 8, 1031
+	for _, poll := range []string{"done", "test"} {
+		t.Run(poll, func(t *testing.T) {
+			comms := openWorld(t, world, func(r int) string {
+				return `{"rank":` + strconv.Itoa(r) + `,"world_size":2,"timeout_ms":20000,"name":"t"}`
+			})
+			bufs := make([][][]float32, world)
+			works := make([][]*Work, world)
+			for r := range world {
+				for i := range batch {
+					b := make([]float32, count)
+					for k := range b {
+						b[k] = float32(r*i + k%5)
+					}
+					w, err := comms[r].AllReduce(unsafe.Pointer(&b[0]), count, reduce.Float32, reduce.Sum, nil, uint64(i), 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					bufs[r] = append(bufs[r], b)
+					works[r] = append(works[r], w)
+				}
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for r := range world {
+				for i, w := range works[r] {
+					for !(poll == "done" && w.Done() || poll == "test" && w.Test()) {
+						if time.Now().After(deadline) {
+							t.Fatalf("rank %d, collective %d: not done after 10 s without a waiter", r, i)
+						}
+						time.Sleep(50 * time.Microsecond)
+					}
+					if w.err != nil {
+						t.Fatalf("rank %d, collective %d: %v", r, i, w.err)
+					}
+					for k, v := range bufs[r][i] {
+						if want := float32(i + 2*(k%5)); v != want {
+							t.Fatalf("rank %d, collective %d, element %d: got %v, want %v", r, i, k, v, want)
+						}
+					}
+				}
+			}
+			for r := range world {
+				comms[r].mu.Lock()
+				n := comms[r].byWaiter
+				comms[r].mu.Unlock()
+				if n != 0 {
+					t.Errorf("rank %d: %d collectives run by a waiter, want 0: no caller waited", r, n)
+				}
+			}
+		})
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -257,7 +256,7 @@ func (c *Comm) await(j *job, k, p int, ctr *uint32, want uint32, what string) er
 			return nil
 		}
 		if i%64 == 0 {
-			runtime.Gosched()
+			yield(i)
 			if start.IsZero() {
 				start = time.Now()
 			} else if time.Since(start) > spinFor {
