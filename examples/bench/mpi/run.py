@@ -54,6 +54,7 @@ def parse_args():
     p.add_argument("--target-s", type=float, default=0.25)
     p.add_argument("--ceiling-reps", type=int, default=7)
     p.add_argument("--ceiling-mib", default="64,256", help="sizes of the memory ceiling, MiB")
+    p.add_argument("--memceiling", help="a built examples/bench/memceiling (default: build it with gcc)")
     p.add_argument("--no-mpi", action="store_true", help="skip OpenMPI even when installed")
     p.add_argument("--bind-to", default="", help="mpirun --bind-to (core, none, ...; default: mpirun's own)")
     p.add_argument("--json", help="write every measurement here")
@@ -72,8 +73,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def ceiling(world, reps, mib, tmp):
-    exe = os.path.join(tmp, "memceiling")
+def ceiling(world, reps, mib, tmp, exe=None):
+    exe = exe or os.path.join(tmp, "memceiling")
     if not os.path.exists(exe):
         subprocess.run(["gcc", "-O2", "-o", exe, os.path.join(HERE, "..", "memceiling", "memceiling.c")], check=True)
     out = subprocess.run([exe, "-n", str(world), "-r", str(reps)] + mib.split(","),
@@ -186,7 +187,7 @@ def main():
     tables = []
     with tempfile.TemporaryDirectory(prefix="ddp-bench-mpi-") as tmp:
         for world in [int(x) for x in args.ranks.split(",")]:
-            ceil = ceiling(world, args.ceiling_reps, args.ceiling_mib, tmp)
+            ceil = ceiling(world, args.ceiling_reps, args.ceiling_mib, tmp, args.memceiling)
             variants = MPI_VARIANTS if mpi else [("none", None, "shm,tcp,gloo")]
             launches = [(v[0], launch(args, world, v, tmp)) for v in variants]
             cols = summarize(world, launches, ceil)
