@@ -113,6 +113,11 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 			err = fmt.Errorf("%w; %w", err, r.err)
 		}
 	}
+	for _, c := range []*net.TCPConn{recv, send} {
+		if c != nil && err == nil {
+			err = tune(c, cfg.LinkTimeout)
+		}
+	}
 	var local *shm.Comm
 	if err == nil && cfg.SHM && sameHost(peers) {
 		if local, err = setupLocal(ctx, send, recv, rank, n, peers[0].Nonce, cfg); err != nil {
@@ -144,7 +149,6 @@ func dial(ctx context.Context, peer PeerInfo, rank, size int, log *slog.Logger) 
 			tc := c.(*net.TCPConn)
 			err = clientHandshake(ctx, tc, rank, size, peer.Nonce)
 			if err == nil && ctx.Err() == nil { // else ctx may have cut the handshake's deadline short
-				tune(tc)
 				return tc, nil
 			}
 			tc.Close()
@@ -203,7 +207,6 @@ func accept(ctx context.Context, ln *net.TCPListener, from, size int, nonce stri
 	wg.Wait()
 	select {
 	case c := <-won:
-		tune(c)
 		return c, nil
 	default:
 	}
@@ -285,13 +288,19 @@ func serverHandshake(ctx context.Context, c *net.TCPConn, from, size int, nonce 
 }
 
 // tune readies a handshaken connection for bulk data: no Nagle delay, no
-// deadline left over from the handshake. Socket buffers stay with the
-// kernel's autotuning, which grows them to net.ipv4.tcp_rmem/tcp_wmem's
-// maximum; a fixed SO_RCVBUF would be capped at net.core.rmem_max, and
-// measured no faster on loopback.
-func tune(c *net.TCPConn) {
+// deadline left over from the handshake, and keepalive probes every
+// linkTimeout/10 once it is idle (watchLinks says why). Socket buffers stay
+// with the kernel's autotuning, which grows them to
+// net.ipv4.tcp_rmem/tcp_wmem's maximum; a fixed SO_RCVBUF would be capped
+// at net.core.rmem_max, and measured no faster on loopback.
+func tune(c *net.TCPConn, linkTimeout time.Duration) error {
 	c.SetNoDelay(true)
 	c.SetDeadline(time.Time{})
+	probe := max(linkTimeout/10, 100*time.Millisecond)
+	if err := c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: 10}); err != nil {
+		return fmt.Errorf("set keepalive: %w", err)
+	}
+	return nil
 }
 
 // ctxError classifies the end of ctx: a deadline is ErrTimeout, anything

@@ -15,9 +15,11 @@
 // over the ring; the ring then only watches that the peers are alive, so a
 // rank that dies fails the others at once rather than at the timeout.
 //
-// A Comm runs two goroutines of its own: one receives from the predecessor
-// (it also notices when the predecessor goes away between collectives) and
-// one watches the connection to the successor for the same reason. The
+// A Comm runs three goroutines of its own: one receives from the
+// predecessor (it also notices when the predecessor goes away between
+// collectives), one watches the connection to the successor for the same
+// reason, and one fails the Comm when a neighbour's host stops
+// acknowledging (a link down: Config.LinkTimeout, linkwatch.go). The
 // caller's goroutine sends. Any failure during a collective leaves the byte
 // streams out of step, so the Comm aborts itself: Done is closed, and every
 // later AllReduce fails at once with the first cause.

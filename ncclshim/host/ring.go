@@ -11,6 +11,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
@@ -19,10 +20,11 @@ import (
 
 // Defaults of Config. 256 KiB segments measured best or as good as any
 // for 64 KiB to 64 MiB buffers (BenchmarkAllReduce), and keep the staging
-// buffer in L2.
+// buffer in L2. DefaultLinkTimeout: see Config.LinkTimeout.
 const (
 	DefaultTimeout      = 10 * time.Minute
 	DefaultSegmentBytes = 256 << 10
+	DefaultLinkTimeout  = 10 * time.Second
 )
 
 // Config tunes a Comm; the zero value takes the defaults.
@@ -33,6 +35,13 @@ type Config struct {
 	// SegmentBytes is the pipelining unit: a rank forwards a segment as soon
 	// as it has received and reduced it (default DefaultSegmentBytes).
 	SegmentBytes int
+	// LinkTimeout fails the Comm when a neighbour's host has acknowledged
+	// nothing for that long (default DefaultLinkTimeout): a link that went
+	// down or a host that froze, which reset nothing and would otherwise
+	// hold the ring until Timeout. Only the neighbour's kernel counts, never
+	// its application (watchLinks): a rank that is late to call AllReduce,
+	// or a slow but working link, does not trip it.
+	LinkTimeout time.Duration
 	// Logger receives connection and failure events (default: discarded).
 	Logger *slog.Logger
 	// SHM lets ranks that all run on one host (equal HostIDs) all-reduce
@@ -47,6 +56,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SegmentBytes <= 0 {
 		c.SegmentBytes = DefaultSegmentBytes
+	}
+	if c.LinkTimeout <= 0 {
+		c.LinkTimeout = DefaultLinkTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -94,7 +106,7 @@ type Comm struct {
 	gone error         // a neighbour closed cleanly: the next AllReduce fails
 	done chan struct{} // closed when err is set
 
-	wg sync.WaitGroup // the receiver and the successor watcher
+	wg sync.WaitGroup // the receiver, the successor watcher and the link watcher
 }
 
 func newComm(rank, size int, send, recv *net.TCPConn, local *shm.Comm, cfg Config) *Comm {
@@ -114,9 +126,10 @@ func newComm(rank, size int, send, recv *net.TCPConn, local *shm.Comm, cfg Confi
 		done:     make(chan struct{}),
 	}
 	if size > 1 {
-		c.wg.Add(2)
+		c.wg.Add(3)
 		go c.receive()
 		go c.watchSuccessor()
+		go c.watchLinks(cfg.LinkTimeout)
 	}
 	return c
 }
@@ -620,10 +633,16 @@ func lostPeer(peer int, err error) error {
 	return peerError(peer, PeerLost, err)
 }
 
-// classify maps an I/O error to ErrTimeout (a deadline) or ErrPeer.
+// classify maps an I/O error to ErrTimeout (a deadline) or ErrPeer. The
+// kernel's ETIMEDOUT is ErrPeer: the peer's host acknowledged nothing for
+// Config.LinkTimeout, which the message says, since "connection timed out"
+// alone reads like the collective's own deadline.
 func classify(err error) error {
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
 		return ErrTimeout
+	case errors.Is(err, syscall.ETIMEDOUT): // keepalive probes went unanswered
+		return fmt.Errorf("%w: its host stopped answering (link down or host frozen)", ErrPeer)
 	}
 	return ErrPeer
 }
