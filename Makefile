@@ -14,7 +14,7 @@ TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py
 TORCH2_PYTHON ?=
 TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted|TestSidecarNamesStragglerUnderTorchrun)$$/^raise$$
 
-.PHONY: build wheel test test-deploy demo demo-fault bench lint fuzz clean
+.PHONY: build wheel test test-deploy demo demo-fault bench bench-links lint fuzz clean
 
 # bin/ddp-agent, bin/ddp-agent-plugins, and bin/libddpshim.so with its
 # header; the three are also copied into python/ddp_agent/ so `pip install
@@ -113,6 +113,12 @@ bench: build
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/stragglers -agent bin/ddp-agent -mock-agent bin/ddp-agent-nvmlmock -python $(PYTHON)
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/plugins -agent bin/ddp-agent -python $(PYTHON) -runs 10
 	$(PYTHON) examples/bench/mpi/run.py --python $(PYTHON) --shim bin/libddpshim.so
+	$(MAKE) --no-print-directory bench-links
+
+# The shim's TCP ring and gloo between hosts simulated as network namespaces on
+# rate-limited links (docs/links.md); as root, else it says it skipped.
+bench-links: build
+	$(PYTHON) examples/bench/links/run.py --python $(PYTHON) --shim bin/libddpshim.so
 
 lint:
 	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./... && \
