@@ -297,7 +297,8 @@ func tune(c *net.TCPConn, linkTimeout time.Duration) error {
 	c.SetNoDelay(true)
 	c.SetDeadline(time.Time{})
 	probe := max(linkTimeout/10, 100*time.Millisecond)
-	if err := c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: 10}); err != nil {
+	// Idle and 9 unanswered probes: the kernel drops it at linkTimeout.
+	if err := c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: 9}); err != nil {
 		return fmt.Errorf("set keepalive: %w", err)
 	}
 	return nil

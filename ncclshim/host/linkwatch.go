@@ -15,10 +15,13 @@ import (
 // application does:
 //
 //   - A connection with nothing in flight (a receiving one, or any between
-//     collectives) sends keepalive probes every LinkTimeout/10 (tune); the
-//     kernel drops it with ETIMEDOUT after 10 unanswered ones.
-//   - A connection with data in flight is watched here: unacknowledged
-//     bytes and no acknowledgement for LinkTimeout fail the Comm.
+//     collectives) sends keepalive probes every LinkTimeout/10 once idle
+//     for LinkTimeout/10 (tune); the kernel drops it with ETIMEDOUT after
+//     9 unanswered ones, LinkTimeout after the last word from the peer.
+//   - A connection with data in flight is watched here, every
+//     LinkTimeout/4: unacknowledged bytes and no acknowledgement for
+//     LinkTimeout fail the Comm, between 1 and 1.25 LinkTimeouts after the
+//     link died.
 //
 // Not TCP_USER_TIMEOUT, which would do the second alone: since Linux 5.11
 // it also drops a connection whose receiver keeps its window shut for that

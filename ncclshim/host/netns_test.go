@@ -120,8 +120,8 @@ func TestNetnsAllReduce(t *testing.T) {
 
 // TestNetnsLinkDown cuts one host's link in the middle of a 24 MiB
 // all-reduce between 3 hosts on 200 Mbit/s links (about 1.3 s of
-// traffic). Nothing is reset, yet every rank fails within the link
-// timeout and a second: the others with a PeerError that names the cut
+// traffic). Nothing is reset, yet every rank fails within 1.25 link
+// timeouts and half a second: the others with a PeerError that names the cut
 // rank, or a rank that failed before them because of it, and the cut rank
 // itself too, rather than waiting for the minute-long Timeout.
 func TestNetnsLinkDown(t *testing.T) {
@@ -142,8 +142,9 @@ func TestNetnsLinkDown(t *testing.T) {
 		if rep.Err == "" {
 			t.Fatalf("rank %d: all-reduce succeeded with rank %d's link cut", r, cutRank)
 		}
-		if d := rep.At.Sub(cutAt); d > netLinkTimeout+time.Second {
-			t.Errorf("rank %d failed %v after the cut, want within %v", r, d, netLinkTimeout+time.Second)
+		// The bound: 1.25 link timeouts (linkwatch.go), and time to spare.
+		if d, most := rep.At.Sub(cutAt), netLinkTimeout*5/4+500*time.Millisecond; d > most {
+			t.Errorf("rank %d failed %v after the cut, want within %v", r, d, most)
 		}
 		if !rep.IsPeer {
 			t.Errorf("rank %d: %s, want ErrPeer", r, rep.Err)
