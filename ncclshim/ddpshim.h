@@ -214,8 +214,10 @@ int ddpshim_nccl_info(char *buf, size_t len);
  * "nccl" object: source, version, nonblocking, cuda: whether the
  * watchdog has a CUDA driver), collectives (completed), run_by_waiter (of
  * those, how many a ddpshim_work_wait ran on its own thread rather than the
- * communicator's executor), events_sent, events_dropped, agent (whether
- * connected). Returns
+ * communicator's executor), single_copy (with "shm": whether all-reduces of
+ * 1 MiB and more copy straight between the ranks' buffers with
+ * process_vm_readv/writev, which needs ptrace access between them),
+ * events_sent, events_dropped, agent (whether connected). Returns
  * DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf, too small, unknown handle),
  * DDPSHIM_ERR_CLOSED. */
 int ddpshim_comm_info(int64_t comm, char *buf, size_t len);

@@ -128,7 +128,7 @@ func ddpshim_work_wait(work C.int64_t) (rc C.int) {
 	if err != nil {
 		return fail(err)
 	}
-	return result(w.Wait())
+	return result(w.WaitFromC())
 }
 
 //export ddpshim_work_test

@@ -22,6 +22,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
+	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
@@ -323,7 +324,7 @@ func (c *Comm) execute(tr allReducer) {
 			<-c.wake // enqueue, close and a finished collective send it; an aborted comm waits here too
 			continue
 		}
-		c.run(tr, w)
+		c.run(tr, w, false)
 	}
 }
 
@@ -346,7 +347,7 @@ func (c *Comm) take() *Work {
 // and then be woken by it in turn: two thread hand-offs, which cost more
 // than a 64 KiB all-reduce over shared memory. It returns when w is done,
 // or when the executor has taken the next collective.
-func (c *Comm) runUpTo(w *Work) {
+func (c *Comm) runUpTo(w *Work, locked bool) {
 	for !w.Done() {
 		c.mu.Lock()
 		var next *Work
@@ -362,19 +363,25 @@ func (c *Comm) runUpTo(w *Work) {
 		if next == nil {
 			return
 		}
-		c.run(tr, next)
+		c.run(tr, next, locked)
 		c.exec.Done()
 	}
 }
 
-func (c *Comm) run(tr allReducer, w *Work) {
+// run runs w on tr; locked says the calling goroutine serves a call from C
+// on that C thread (shm.OnLockedThread says what changes).
+func (c *Comm) run(tr allReducer, w *Work, locked bool) {
 	start := time.Now()
 	w.started.Store(start.UnixNano())
 	err := context.Cause(c.ctx)
 	if err != nil {
 		err = status.AbortedBy(err)
 	} else {
-		ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
+		parent := c.ctx
+		if locked {
+			parent = shm.OnLockedThread(parent)
+		}
+		ctx, cancel := context.WithTimeout(parent, c.cfg.timeout())
 		err = tr.AllReduce(ctx, w.buf, w.dt, w.op)
 		cancel()
 		if err != nil {
@@ -505,6 +512,9 @@ func (c *Comm) Describe() string {
 	}
 	if c.tr != nil {
 		info["transport"] = c.tr.Transport()
+		if sc, ok := c.tr.(interface{ SingleCopy() bool }); ok {
+			info["single_copy"] = sc.SingleCopy()
+		}
 	}
 	if c.ncLib != nil {
 		info["connected"] = c.nc != nil
@@ -589,8 +599,14 @@ func (c *Comm) AllReduce(buf unsafe.Pointer, count int64, dt reduce.DType, op re
 // timeout of its start; past that and a margin, a Wait that only waits
 // aborts the communicator itself, so that a transport bug never hangs a
 // rank.
-func (w *Work) Wait() error {
-	w.c.runUpTo(w)
+func (w *Work) Wait() error { return w.wait(false) }
+
+// WaitFromC is Wait for ddpshim_work_wait, whose goroutine is locked to
+// the C caller's thread.
+func (w *Work) WaitFromC() error { return w.wait(true) }
+
+func (w *Work) wait(locked bool) error {
+	w.c.runUpTo(w, locked)
 	if w.Done() {
 		return w.err
 	}

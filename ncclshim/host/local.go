@@ -93,8 +93,26 @@ func setupLocal(ctx context.Context, send, recv *net.TCPConn, rank, size int, no
 		cfg.Logger.Log(ctx, level, "host: shared memory unavailable, the TCP ring carries the data", "rank", rank, "err", why)
 		return nil, nil
 	}
+	// Every rank has mapped the segment: decide on the single-copy path.
+	direct, err := local.Negotiate(ctx)
+	if err != nil {
+		local.Close()
+		return nil, fmt.Errorf("shared-memory setup: %w", fromSHM(err))
+	}
+	if !direct {
+		level := slog.LevelDebug // another rank cannot
+		if local.WhyStaged() != nil {
+			level = slog.LevelInfo
+		}
+		cfg.Logger.Log(ctx, level, "host: shared memory without single copy: large all-reduces copy through the segment",
+			"rank", rank, "err", local.WhyStaged())
+	}
 	return local, nil
 }
+
+// SingleCopy reports whether large all-reduces take shared memory's
+// single-copy path (cross-memory attach, package shm's direct.go).
+func (c *Comm) SingleCopy() bool { return c.local != nil && c.local.Direct() }
 
 func writeToken(c *net.TCPConn, ok bool) error {
 	b := []byte{'N'}

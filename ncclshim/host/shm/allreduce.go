@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,7 @@ type job struct {
 	ctx         context.Context
 	deadline    time.Time
 	ctxDeadline bool // deadline is ctx's
+	locked      bool // the caller's goroutine is locked to its thread (OnLockedThread)
 	buf         []byte
 	dt          reduce.DType
 	op          reduce.Op
@@ -48,6 +50,16 @@ func (j *job) span(ch, k int) (lo, hi int) {
 	return (off + a) * j.es, (off + b) * j.es
 }
 
+// chunk returns the byte range in buf of chunk ch.
+func (j *job) chunk(ch int) (lo, hi int) {
+	off := ch*j.per + min(ch, j.extra)
+	n := j.per
+	if ch < j.extra {
+		n++
+	}
+	return off * j.es, (off + n) * j.es
+}
+
 // slotSeg returns the bytes of segment ch, ring step t, in rank q's slot.
 func (c *Comm) slotSeg(q int, t uint32, ch, n int) []byte {
 	off := (int(t%depth)*c.world + ch) * c.seg
@@ -62,7 +74,7 @@ func (c *Comm) run(ctx context.Context, buf []byte, dt reduce.DType, op reduce.O
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	j := job{ctx: ctx, buf: buf, dt: dt, op: op, seq: seq, base: c.step, es: dt.Size()}
+	j := job{ctx: ctx, buf: buf, dt: dt, op: op, seq: seq, base: c.step, es: dt.Size(), locked: onLockedThread(ctx)}
 	j.count = len(buf) / j.es
 	j.per, j.extra = j.count/c.world, j.count%c.world
 	j.segElems = c.seg / j.es
@@ -96,6 +108,9 @@ func (c *Comm) run(ctx context.Context, buf []byte, dt reduce.DType, op reduce.O
 
 	if c.world == 1 {
 		return nil // the sum and the mean of one buffer are that buffer
+	}
+	if c.direct && int64(len(buf)) >= c.directMin {
+		return c.runDirect(&j)
 	}
 
 	// At least one step, so that even empty collectives compare headers.
@@ -256,7 +271,9 @@ func (c *Comm) await(j *job, k, p int, ctr *uint32, want uint32, what string) er
 			return nil
 		}
 		if i%64 == 0 {
-			yield(i)
+			if !j.locked {
+				runtime.Gosched()
+			}
 			if start.IsZero() {
 				start = time.Now()
 			} else if time.Since(start) > spinFor {

@@ -35,10 +35,17 @@ func BenchmarkAllReduce(b *testing.B) {
 		b.Run("goroutines/"+sizeName(size), func(b *testing.B) { benchGoroutines(b, size) })
 	}
 	for _, size := range append([]int{0}, benchSizes...) {
-		b.Run("procs/"+sizeName(size), func(b *testing.B) { benchProcs(b, size, 1) })
+		b.Run("procs/"+sizeName(size), func(b *testing.B) { benchProcs(b, size, 1, -1) })
 	}
 	for _, size := range benchSizes[2:] {
-		b.Run("procs-cold/"+sizeName(size), func(b *testing.B) { benchProcs(b, size, max(1, 256<<20/size)) })
+		b.Run("procs-cold/"+sizeName(size), func(b *testing.B) { benchProcs(b, size, max(1, 256<<20/size), -1) })
+	}
+	// The same with the single-copy path for every size (direct.go).
+	for _, size := range benchSizes {
+		b.Run("procs-direct/"+sizeName(size), func(b *testing.B) { benchProcs(b, size, 1, 1) })
+	}
+	for _, size := range benchSizes[2:] {
+		b.Run("procs-direct-cold/"+sizeName(size), func(b *testing.B) { benchProcs(b, size, max(1, 256<<20/size), 1) })
 	}
 }
 
@@ -78,17 +85,20 @@ func benchGoroutines(b *testing.B, size int) {
 
 // benchProcs runs rank 1 in a helper process; both ranks cycle through
 // nbufs buffers of size bytes.
-func benchProcs(b *testing.B, size, nbufs int) {
+func benchProcs(b *testing.B, size, nbufs int, directMin int64) {
 	const world = 2
 	path := segPath(b)
-	c, err := Create(path, world, Config{Timeout: time.Minute})
+	c, err := Create(path, world, Config{Timeout: time.Minute, DirectMin: directMin})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer c.Close()
 	cmd := startHelper(b, "bench", path, 1, world, c.slotBytes(), size,
-		"SHM_ITERS="+strconv.Itoa(b.N), "SHM_BUFS="+strconv.Itoa(nbufs))
+		"SHM_ITERS="+strconv.Itoa(b.N), "SHM_BUFS="+strconv.Itoa(nbufs), "SHM_NEGOTIATE=1")
 	defer cmd.Wait()
+	if on, err := c.Negotiate(context.Background()); err != nil || on != (directMin > 0) {
+		b.Fatalf("negotiate: %v, %v (%v)", on, err, c.WhyStaged())
+	}
 	bufs := make([][]byte, nbufs)
 	for i := range bufs {
 		bufs[i] = inputs(reduce.Float32, 0, size/4, i)

@@ -1,7 +1,7 @@
 package shm
 
 import (
-	"runtime"
+	"context"
 	"syscall"
 	"time"
 	"unsafe"
@@ -26,18 +26,21 @@ func futexWake(addr *uint32) {
 	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp, 1<<31-1, 0, 0, 0)
 }
 
-// yield is await's pause while it spins. It is not runtime.Gosched on every
-// call: the shim's collectives mostly run on a thread that a cgo call has
-// locked, where Gosched hands the P to another thread and wakes this one
-// back, a pair of futex calls each time (most of a small all-reduce's time
-// when await called it every 64 loads). Nor sched_yield(2): an executor
-// goroutine that yields its core to a caller polling ddpshim_work_test
-// gets it back a time slice later. So it only spins, and every 1024th call
-// (well after spinFor, unless the counter's cache line bounces fast) lets
-// the Go scheduler run other goroutines, for ranks that share a process and
-// its Ps (the tests).
-func yield(i int) {
-	if i%(64*1024) == 0 {
-		runtime.Gosched()
-	}
+// lockedKey marks a context whose caller runs on a locked thread.
+type lockedKey struct{}
+
+// OnLockedThread marks ctx as that of a caller whose goroutine is locked to
+// its OS thread, as a goroutine serving a call from C (cgo) is: await then
+// spins without runtime.Gosched, which costs such a goroutine a hand-off of
+// its P to another thread and a wake-up back, two futex calls, every time
+// (most of a small all-reduce's time when await yielded every 64 loads; a
+// perf profile showed it). Others yield, so that ranks sharing a process
+// and its Ps (the tests) let each other run.
+func OnLockedThread(ctx context.Context) context.Context {
+	return context.WithValue(ctx, lockedKey{}, true)
+}
+
+func onLockedThread(ctx context.Context) bool {
+	v, _ := ctx.Value(lockedKey{}).(bool)
+	return v
 }

@@ -17,7 +17,9 @@ import (
 //	0            global header: magic, version, world, segment bytes, depth, file size
 //	line         abort word: 0, or 1+rank of the first rank that aborted
 //	ctlOff+r*ctlStride   control block of rank r:
-//	   +0        collective header: seq, dtype, op, closed, count (u64)
+//	   +0        collective header: seq, dtype, op, closed, count (u64),
+//	             the buffer's address (u64); then, set once: pid, the
+//	             single-copy verdict, the probe word's address (u64)
 //	   +line     in: steps whose inputs rank r has published
 //	   +2*line   red: steps whose owned segment rank r has reduced and published
 //	   +3*line   done: steps whose results rank r has copied out
@@ -27,7 +29,7 @@ import (
 //	             owner j, segment r holds the result of r's own chunk.
 const (
 	magic   uint64 = 0x31_4d_48_53_50_44_44 // "DDPSHM1"
-	version uint32 = 1
+	version uint32 = 2
 
 	line      = 128
 	ctlOff    = 2 * line
@@ -50,6 +52,7 @@ const (
 	offSeg     = 16
 	offDepth   = 24
 	offSize    = 32
+	offDirect  = 40 // Config.DirectMin of the segment (rank 0's)
 	offAbort   = line
 
 	// Within a control block.
@@ -58,6 +61,10 @@ const (
 	offOp      = 8
 	offClosed  = 12
 	offCount   = 16
+	offAddr    = 24
+	offPid     = 32
+	offCMA     = 36
+	offProbe   = 40
 	offIn      = line
 	offRed     = 2 * line
 	offDone    = 3 * line
@@ -97,7 +104,9 @@ func alignUp(n, a int) int { return (n + a - 1) / a * a }
 // rankCtl points at one rank's control block in the mapping.
 type rankCtl struct {
 	seq, dtype, op, closed *uint32
-	count                  *uint64
+	count, addr            *uint64
+	pid, cma               *uint32
+	probe                  *uint64
 	in, red, done, waiters *uint32
 }
 
@@ -107,7 +116,7 @@ func u64(mem []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&mem[off
 // create makes the file at path (O_EXCL, mode 0600), sizes it and writes the
 // header; the magic number goes last, so a rank that opens the file early
 // sees a bad header rather than a half-written one.
-func create(path string, geo geometry) (mem []byte, err error) {
+func create(path string, geo geometry, directMin int64) (mem []byte, err error) {
 	fd, err := syscall.Open(path, syscall.O_RDWR|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, &os.PathError{Op: "create", Path: path, Err: err}
@@ -130,6 +139,7 @@ func create(path string, geo geometry) (mem []byte, err error) {
 	atomic.StoreUint64(u64(mem, offSeg), uint64(geo.segBytes))
 	atomic.StoreUint32(u32(mem, offDepth), depth)
 	atomic.StoreUint64(u64(mem, offSize), uint64(geo.size))
+	atomic.StoreUint64(u64(mem, offDirect), uint64(directMin))
 	atomic.StoreUint64(u64(mem, offMagic), magic)
 	return mem, nil
 }

@@ -26,6 +26,12 @@
 // abort flag are re-checked; the writer calls FUTEX_WAKE only when a waiter
 // has said it sleeps.
 //
+// Collectives of Config.DirectMin bytes and more (1 MiB by default) take a
+// single-copy path instead when every rank can reach every other's memory
+// with process_vm_readv/writev (Negotiate decides, once): the owner of a
+// chunk reads it from the peers' own buffers and writes the result straight
+// into them, reading and writing each byte of memory once (direct.go).
+//
 // Every wait, and every step of a collective that does not wait, checks
 // Abort, ctx, the deadline and the peers' abort flag. A dead peer is seen
 // only through the timeout: the caller's TCP connections detect it sooner
@@ -36,10 +42,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
@@ -63,13 +71,14 @@ var (
 const (
 	PeerClosed  = "closed"  // it closed its communicator
 	PeerAborted = "aborted" // it raised the abort flag
+	PeerLost    = "lost"    // its process is gone (seen by the single-copy path)
 )
 
 // PeerError is a failure that one peer caused; it wraps ErrPeer. Rank is
 // the peer's.
 type PeerError struct {
 	Rank int
-	Kind string // PeerClosed or PeerAborted
+	Kind string // PeerClosed, PeerAborted or PeerLost
 	Err  error
 }
 
@@ -86,12 +95,19 @@ type Config struct {
 	// the segment; Open takes the segment's, and a non-zero value that
 	// disagrees with it is an error.
 	SlotBytes int
+	// DirectMin is the smallest collective, in bytes, that takes the
+	// single-copy path (direct.go) once Negotiate has found it works on
+	// every rank (default DefaultDirectMin; negative: never). Create
+	// stores it in the segment and Open takes the segment's, so all ranks
+	// agree.
+	DirectMin int64
 }
 
 // Defaults.
 const (
 	DefaultTimeout   = 10 * time.Minute
 	DefaultSlotBytes = 2 << 20
+	DefaultDirectMin = 1 << 20
 )
 
 // Comm is one rank's handle on a segment. AllReduce calls are issued one at
@@ -109,6 +125,15 @@ type Comm struct {
 	ctl   []rankCtl
 	slots [][]byte
 	abort *uint32 // the segment's abort word
+
+	// The single-copy path (direct.go): the smallest collective that takes
+	// it, and whether Negotiate found that every rank can read and write
+	// every other's memory. probe is the word the peers read to check.
+	directMin int64
+	direct    bool
+	probe     *uint64
+	bounce    []byte // where a peer's segment lands before it is reduced
+	whyStaged error  // why this rank cannot take it
 
 	// stop holds the error that Abort or Close set; in-flight and later
 	// AllReduce calls return it.
@@ -136,7 +161,10 @@ func Create(path string, world int, cfg Config) (*Comm, error) {
 	if err := checkTimeout(cfg); err != nil {
 		return nil, fmt.Errorf("shm create %s: %w", path, err)
 	}
-	mem, err := create(path, geo)
+	if cfg.DirectMin == 0 {
+		cfg.DirectMin = DefaultDirectMin
+	}
+	mem, err := create(path, geo, cfg.DirectMin)
 	if err != nil {
 		return nil, fmt.Errorf("shm create: %w", err)
 	}
@@ -183,10 +211,16 @@ func newComm(mem []byte, geo geometry, rank int, cfg Config) *Comm {
 		ctl:     make([]rankCtl, geo.world),
 		slots:   make([][]byte, geo.world),
 		abort:   u32(mem, offAbort),
+
+		directMin: int64(atomic.LoadUint64(u64(mem, offDirect))),
+		probe:     new(uint64),
 	}
 	if c.timeout == 0 {
 		c.timeout = DefaultTimeout
 	}
+	// What a peer reads to check that it reaches this process's memory
+	// (and not another process's that has the same pid in its namespace).
+	*c.probe = probeWord(rank)
 	for r := range c.ctl {
 		b := ctlOff + r*ctlStride
 		c.ctl[r] = rankCtl{
@@ -195,6 +229,10 @@ func newComm(mem []byte, geo geometry, rank int, cfg Config) *Comm {
 			op:      u32(mem, b+offOp),
 			closed:  u32(mem, b+offClosed),
 			count:   u64(mem, b+offCount),
+			addr:    u64(mem, b+offAddr),
+			pid:     u32(mem, b+offPid),
+			cma:     u32(mem, b+offCMA),
+			probe:   u64(mem, b+offProbe),
 			in:      u32(mem, b+offIn),
 			red:     u32(mem, b+offRed),
 			done:    u32(mem, b+offDone),
@@ -203,6 +241,9 @@ func newComm(mem []byte, geo geometry, rank int, cfg Config) *Comm {
 		o := geo.dataOff + r*geo.slot
 		c.slots[r] = mem[o : o+geo.slot : o+geo.slot]
 	}
+	me := c.ctl[rank]
+	atomic.StoreUint32(me.pid, uint32(os.Getpid()))
+	atomic.StoreUint64(me.probe, uint64(uintptr(unsafe.Pointer(c.probe))))
 	return c
 }
 

@@ -57,6 +57,12 @@ func helper(mode string) int {
 		return 2
 	}
 	defer c.Close()
+	if os.Getenv("SHM_NEGOTIATE") != "" {
+		if _, err := c.Negotiate(context.Background()); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 2
+		}
+	}
 	bufs := make([][]byte, max(1, env("SHM_BUFS")))
 	for i := range bufs {
 		bufs[i] = inputs(reduce.Float32, c.rank, env("SHM_BYTES")/4, i) // touched: no page faults in the collective
