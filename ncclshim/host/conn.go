@@ -289,16 +289,19 @@ func serverHandshake(ctx context.Context, c *net.TCPConn, from, size int, nonce 
 
 // tune readies a handshaken connection for bulk data: no Nagle delay, no
 // deadline left over from the handshake, and keepalive probes every
-// linkTimeout/10 once it is idle (watchLinks says why). Socket buffers stay
+// linkTimeout/10 (at least a second) once it is idle (watchLinks says why). Socket buffers stay
 // with the kernel's autotuning, which grows them to
 // net.ipv4.tcp_rmem/tcp_wmem's maximum; a fixed SO_RCVBUF would be capped
 // at net.core.rmem_max, and measured no faster on loopback.
 func tune(c *net.TCPConn, linkTimeout time.Duration) error {
 	c.SetNoDelay(true)
 	c.SetDeadline(time.Time{})
-	probe := max(linkTimeout/10, 100*time.Millisecond)
-	// Idle and 9 unanswered probes: the kernel drops it at linkTimeout.
-	if err := c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: 9}); err != nil {
+	// Idle for one probe interval, then count unanswered probes: the kernel
+	// drops it linkTimeout after the peer's last word. It counts whole
+	// seconds, so a linkTimeout under 2 s acts as 2 s here.
+	probe := max(time.Second, (linkTimeout / 10).Round(time.Second))
+	count := max(1, int(linkTimeout/probe)-1)
+	if err := c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: probe, Interval: probe, Count: count}); err != nil {
 		return fmt.Errorf("set keepalive: %w", err)
 	}
 	return nil

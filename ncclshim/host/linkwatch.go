@@ -15,9 +15,10 @@ import (
 // application does:
 //
 //   - A connection with nothing in flight (a receiving one, or any between
-//     collectives) sends keepalive probes every LinkTimeout/10 once idle
-//     for LinkTimeout/10 (tune); the kernel drops it with ETIMEDOUT after
-//     9 unanswered ones, LinkTimeout after the last word from the peer.
+//     collectives) sends keepalive probes every LinkTimeout/10 (at least a
+//     second, the kernel's unit) once idle that long (tune); the kernel
+//     drops it with ETIMEDOUT when they have gone unanswered until
+//     LinkTimeout after the peer's last word (2 s at the least).
 //   - A connection with data in flight is watched here, every
 //     LinkTimeout/4: unacknowledged bytes and no acknowledgement for
 //     LinkTimeout fail the Comm, between 1 and 1.25 LinkTimeouts after the

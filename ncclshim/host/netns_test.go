@@ -28,7 +28,9 @@ const netRankEnv = "DDP_HOST_NETNS_RANK"
 
 // netLinkTimeout is Config.LinkTimeout in these tests: short, so that a
 // cut link fails the ring quickly, and the matrix proves it does not fail
-// a healthy link at its rate limit, with its queue full.
+// a healthy link at its rate limit, with its queue full. Between
+// collectives keepalive makes it 2 s (its least), so the two mechanisms of
+// linkwatch.go are told apart by when they fire.
 const netLinkTimeout = time.Second
 
 type netRankSpec struct {
@@ -118,16 +120,33 @@ func TestNetnsAllReduce(t *testing.T) {
 	}
 }
 
-// TestNetnsLinkDown cuts one host's link in the middle of a 24 MiB
-// all-reduce between 3 hosts on 200 Mbit/s links (about 1.3 s of
-// traffic). Nothing is reset, yet every rank fails within 1.25 link
-// timeouts and half a second: the others with a PeerError that names the cut
-// rank, or a rank that failed before them because of it, and the cut rank
-// itself too, rather than waiting for the minute-long Timeout.
+// TestNetnsLinkDown cuts one host's link between 3 hosts on 200 Mbit/s
+// links, in the middle of a 24 MiB all-reduce (about 1.3 s of traffic),
+// and between collectives. Nothing is reset, yet every rank fails within
+// its bound: the others with a PeerError that names the cut rank, or a
+// rank that failed before them because of it, and the cut rank itself
+// too, rather than waiting for the minute-long Timeout (or, between
+// collectives, for the next AllReduce). Mid-collective the senders'
+// watcher fires within 1.25 link timeouts; between collectives only
+// keepalive can, after 2 s. Both bounds leave half a second to spare.
 func TestNetnsLinkDown(t *testing.T) {
+	for _, tc := range []struct {
+		name, job string
+		most      time.Duration
+	}{
+		{"mid-collective", "cut", netLinkTimeout*5/4 + 500*time.Millisecond},
+		{"between collectives", "idle", max(netLinkTimeout, 2*time.Second) + 500*time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			linkDown(t, tc.job, tc.most)
+		})
+	}
+}
+
+func linkDown(t *testing.T, job string, most time.Duration) {
 	const n, cutRank = 3, 1
 	lab := newNetLab(t, n, 200)
-	ranks := startNetRanks(t, lab, netRankSpec{Job: "cut", Count: 6 << 20})
+	ranks := startNetRanks(t, lab, netRankSpec{Job: job, Count: 6 << 20})
 	for r, rk := range ranks {
 		if rep := rk.next(t, 30*time.Second); !rep.Started {
 			t.Fatalf("rank %d: %+v, want started", r, rep)
@@ -140,10 +159,9 @@ func TestNetnsLinkDown(t *testing.T) {
 		rep := rk.next(t, 30*time.Second)
 		t.Logf("rank %d after %v: %s", r, rep.At.Sub(cutAt).Round(time.Millisecond), rep.Err)
 		if rep.Err == "" {
-			t.Fatalf("rank %d: all-reduce succeeded with rank %d's link cut", r, cutRank)
+			t.Fatalf("rank %d: no failure with rank %d's link cut", r, cutRank)
 		}
-		// The bound: 1.25 link timeouts (linkwatch.go), and time to spare.
-		if d, most := rep.At.Sub(cutAt), netLinkTimeout*5/4+500*time.Millisecond; d > most {
+		if d := rep.At.Sub(cutAt); d > most {
 			t.Errorf("rank %d failed %v after the cut, want within %v", r, d, most)
 		}
 		if !rep.IsPeer {
@@ -292,8 +310,12 @@ func TestNetnsRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if spec.Job == "cut" {
+	switch spec.Job {
+	case "cut":
 		runCut(t.Context(), c, spec, report)
+		return
+	case "idle":
+		runIdle(t.Context(), c, report)
 		return
 	}
 	var in *inputs
@@ -334,6 +356,22 @@ func runCut(ctx context.Context, c *Comm, spec netRankSpec, report func(netRepor
 		return
 	}
 	report(errReport(err))
+}
+
+// runIdle runs one small all-reduce, reports, and reports why the Comm
+// failed once it does, with no collective running.
+func runIdle(ctx context.Context, c *Comm, report func(netReport)) {
+	if err := c.AllReduce(ctx, make([]byte, 4<<10), reduce.Float32, reduce.Sum); err != nil {
+		report(errReport(fmt.Errorf("ended before the cut: %w", err)))
+		return
+	}
+	report(netReport{Started: true})
+	select {
+	case <-c.Done():
+		report(errReport(c.Err()))
+	case <-time.After(30 * time.Second):
+		report(netReport{PeerRank: -1})
+	}
 }
 
 func errReport(err error) netReport {

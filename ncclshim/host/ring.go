@@ -40,7 +40,8 @@ type Config struct {
 	// down or a host that froze, which reset nothing and would otherwise
 	// hold the ring until Timeout. Only the neighbour's kernel counts, never
 	// its application (watchLinks): a rank that is late to call AllReduce,
-	// or a slow but working link, does not trip it.
+	// or a slow but working link, does not trip it. Between collectives it
+	// is kept in whole seconds, and at least 2 s (keepalive's unit).
 	LinkTimeout time.Duration
 	// Logger receives connection and failure events (default: discarded).
 	Logger *slog.Logger
@@ -615,7 +616,7 @@ func (c *Comm) watchSuccessor() {
 		c.fail(fmt.Errorf("rank %d: connection to rank %d: %w: unexpected data", c.rank, next, ErrPeer))
 		return
 	}
-	c.fail(peerError(next, PeerLost, fmt.Errorf("rank %d: connection to rank %d: %w: %w", c.rank, next, ErrPeer, err)))
+	c.fail(peerError(next, PeerLost, fmt.Errorf("rank %d: connection to rank %d: %w: %w", c.rank, next, classify(err), err)))
 }
 
 // ioError is an I/O error of a collective with peer: what is "send ... to"
