@@ -215,7 +215,7 @@ int ddpshim_nccl_info(char *buf, size_t len);
  * watchdog has a CUDA driver), collectives (completed), run_by_waiter (of
  * those, how many a ddpshim_work_wait ran on its own thread rather than the
  * communicator's executor), single_copy (with "shm": whether all-reduces of
- * 1 MiB and more copy straight between the ranks' buffers with
+ * 64 KiB and more copy straight between the ranks' buffers with
  * process_vm_readv/writev, which needs ptrace access between them),
  * events_sent, events_dropped, agent (whether connected). Returns
  * DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf, too small, unknown handle),

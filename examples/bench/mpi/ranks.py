@@ -65,9 +65,12 @@ def runners(impls, rank, world, timeout_ms):
         if name not in impls:
             continue
         comm = base.open_comm(rank, world, dict(extra, name="mpi-bench-" + name), timeout_ms)
-        got = comm.info().get("transport")
+        info = comm.info()
+        got = info.get("transport")
         if got != name:
             raise SystemExit("rank %d: shim comm %r runs transport %r" % (rank, name, got))
+        if rank == 0 and name == "shm":
+            print("# shim shm: single_copy %s" % info.get("single_copy"), file=sys.stderr, flush=True)
         out[name] = (lambda t, s, c=comm: base.allreduce(c, t, s), comm.close)
     if "gloo" in impls:
         out["gloo"] = (lambda t, s: dist.all_reduce(t), lambda: None)
