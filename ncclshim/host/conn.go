@@ -289,10 +289,10 @@ func serverHandshake(ctx context.Context, c *net.TCPConn, from, size int, nonce 
 
 // tune readies a handshaken connection for bulk data: no Nagle delay, no
 // deadline left over from the handshake, and keepalive probes every
-// linkTimeout/10 (at least a second) once it is idle (watchLinks says why). Socket buffers stay
-// with the kernel's autotuning, which grows them to
-// net.ipv4.tcp_rmem/tcp_wmem's maximum; a fixed SO_RCVBUF would be capped
-// at net.core.rmem_max, and measured no faster on loopback.
+// linkTimeout/10 (at least a second) once it is idle (linkwatch.go says
+// why). Socket buffers stay with the kernel's autotuning, which grows them
+// to net.ipv4.tcp_rmem/tcp_wmem's maximum; a fixed SO_RCVBUF would be
+// capped at net.core.rmem_max, and measured no faster on loopback.
 func tune(c *net.TCPConn, linkTimeout time.Duration) error {
 	c.SetNoDelay(true)
 	c.SetDeadline(time.Time{})
