@@ -17,8 +17,10 @@ def recv(host, port):
     ln.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ln.bind((host, port))
     ln.listen(1)
+    ln.settimeout(30)  # a sender that never comes fails the run instead of hanging it
     print("listening", flush=True)
     c, _ = ln.accept()
+    c.settimeout(None)
     buf = bytearray(1 << 20)
     n, t0, t1 = 0, None, None
     while True:
