@@ -216,7 +216,7 @@ int ddpshim_nccl_info(char *buf, size_t len);
  * those, how many a ddpshim_work_wait ran on its own thread rather than the
  * communicator's executor), single_copy (with "shm": whether all-reduces of
  * 64 KiB and more copy straight between the ranks' buffers with
- * process_vm_readv/writev, which needs ptrace access between them),
+ * process_vm_readv, which needs ptrace access between them),
  * events_sent, events_dropped, agent (whether connected). Returns
  * DDPSHIM_OK, DDPSHIM_ERR_INVALID (null buf, too small, unknown handle),
  * DDPSHIM_ERR_CLOSED. */

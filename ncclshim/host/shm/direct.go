@@ -17,13 +17,13 @@ import (
 // segment twice: into the slot, then the owner's result out of it, about
 // three reads and three writes of the buffer per rank, where an all-reduce
 // needs one of each (memceiling.c says why). With cross-memory attach
-// (process_vm_readv/writev, the kernel copying straight between two
-// processes' memory) the owner of chunk r reads chunk r of every peer's own
-// buffer into a bounce buffer that stays in cache, adds it into its own
-// buffer, and writes the sum straight into every peer's buffer: each byte of
-// memory is read once and written once. It needs ptrace access to the peers
-// (same user, and Yama's ptrace_scope 0, or a container that allows it), so
-// Negotiate probes it once and every rank takes it only if all can.
+// (process_vm_readv, the kernel copying straight from another process's
+// memory) the owner of chunk r reads chunk r of every peer's own buffer into
+// a bounce buffer that stays in cache and adds it into its own buffer; then
+// every rank reads each owner's result straight into its buffer: each byte
+// of memory is read once and written once. It needs ptrace access to the
+// peers (same user, and Yama's ptrace_scope 0, or a container that allows
+// it), so Negotiate probes it once and every rank takes it only if all can.
 //
 // The order of the additions is the staged path's (the owner's data, then
 // the peers' in rank order), so both paths give bit-identical results.
@@ -120,8 +120,16 @@ func (c *Comm) probePeer(p int) error {
 
 // runDirect is the single-copy all-reduce of j: the header is published,
 // the peers' memory reachable. Ring step j.base+1 is the whole collective:
-// in says this rank's buffer address is published, red that its chunk's
-// result is in every peer's buffer, done that every owner's is in its own.
+// in says this rank's buffer address is published, red that its chunk is
+// reduced in its buffer (and that it has read the peers' parts of it), done
+// that it has pulled every owner's result into its own buffer.
+//
+// A rank only ever reads the peers' memory, never writes it: a peer that
+// gives up on a collective (abort, timeout) and returns may reuse its buffer
+// at once, and a late write from a rank that had not noticed yet would
+// corrupt it. A late read only reads garbage, and the reader then fails
+// too, because the peer never publishes done. Before it returns, a rank
+// waits for every peer's done, so nobody reads its buffer afterwards.
 func (c *Comm) runDirect(j *job) error {
 	me := c.ctl[c.rank]
 	atomic.StoreUint64(me.addr, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(j.buf)))))
@@ -146,11 +154,23 @@ func (c *Comm) runDirect(j *job) error {
 	}
 	c.publish(me.red, next)
 	for _, p := range peers {
-		if err := c.await(j, 0, p.rank, c.ctl[p.rank].red, next, "write its result into this rank's buffer"); err != nil {
+		if err := c.await(j, 0, p.rank, c.ctl[p.rank].red, next, "reduce its chunk"); err != nil {
 			return err
+		}
+		lo, hi := j.chunk(p.rank)
+		if lo == hi {
+			continue
+		}
+		if err := vmRead(p.pid, j.buf[lo:hi], p.addr+uintptr(lo)); err != nil {
+			return c.peerMemError(p, err)
 		}
 	}
 	c.publish(me.done, next)
+	for _, p := range peers {
+		if err := c.await(j, 0, p.rank, c.ctl[p.rank].done, next, "read this rank's result"); err != nil {
+			return err
+		}
+	}
 	c.step = next
 	return nil
 }
@@ -162,8 +182,8 @@ type peer struct {
 	addr uintptr
 }
 
-// reduceOwn reduces this rank's chunk from the peers' buffers, a bounce
-// buffer at a time, and writes each piece of the result into theirs.
+// reduceOwn reduces this rank's chunk in its buffer from the peers' parts
+// of it, read a bounce buffer at a time.
 func (c *Comm) reduceOwn(j *job, peers []peer) error {
 	lo, hi := j.chunk(c.rank)
 	step := len(c.bounce) / j.es * j.es
@@ -176,29 +196,24 @@ func (c *Comm) reduceOwn(j *job, peers []peer) error {
 		for _, p := range peers {
 			in := c.bounce[:end-off]
 			if err := vmRead(p.pid, in, p.addr+uintptr(off)); err != nil {
-				return c.peerMemError(p, "read from", err)
+				return c.peerMemError(p, err)
 			}
 			reduce.Add(j.dt, own, own, in)
 		}
 		if j.op == reduce.Avg {
 			reduce.Div(j.dt, own, c.world)
 		}
-		for _, p := range peers {
-			if err := vmWrite(p.pid, p.addr+uintptr(off), own); err != nil {
-				return c.peerMemError(p, "write into", err)
-			}
-		}
 	}
 	return nil
 }
 
-// peerMemError explains a failed cross-memory copy: a peer that is gone is
-// that peer's failure, anything else a broken protocol.
-func (c *Comm) peerMemError(p peer, what string, err error) error {
+// peerMemError explains a failed read of a peer's memory: a peer that is
+// gone is that peer's failure, anything else a broken protocol.
+func (c *Comm) peerMemError(p peer, err error) error {
 	if errors.Is(err, unix.ESRCH) {
 		return &PeerError{Rank: p.rank, Kind: PeerLost, Err: fmt.Errorf("%w: rank %d (pid %d) is gone: %w", ErrPeer, p.rank, p.pid, err)}
 	}
-	return fmt.Errorf("%w: single copy: %s rank %d's buffer (pid %d): %w", ErrPeer, what, p.rank, p.pid, err)
+	return fmt.Errorf("%w: single copy: read rank %d's buffer (pid %d): %w", ErrPeer, p.rank, p.pid, err)
 }
 
 // vmRead copies len(dst) bytes at addr in process pid into dst.
@@ -215,24 +230,6 @@ func vmRead(pid int, dst []byte, addr uintptr) error {
 			return errors.New("process_vm_readv: no progress")
 		}
 		dst, addr = dst[n:], addr+uintptr(n)
-	}
-	return nil
-}
-
-// vmWrite copies src into process pid's memory at addr.
-func vmWrite(pid int, addr uintptr, src []byte) error {
-	for len(src) > 0 {
-		local := []unix.Iovec{{Base: &src[0]}}
-		local[0].SetLen(len(src))
-		remote := []unix.RemoteIovec{{Base: addr, Len: len(src)}}
-		n, err := unix.ProcessVMWritev(pid, local, remote, 0)
-		if err != nil {
-			return fmt.Errorf("process_vm_writev: %w", err)
-		}
-		if n == 0 {
-			return errors.New("process_vm_writev: no progress")
-		}
-		src, addr = src[n:], addr+uintptr(n)
 	}
 	return nil
 }

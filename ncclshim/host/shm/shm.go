@@ -28,9 +28,10 @@
 //
 // Collectives of Config.DirectMin bytes and more (64 KiB by default) take a
 // single-copy path instead when every rank can reach every other's memory
-// with process_vm_readv/writev (Negotiate decides, once): the owner of a
-// chunk reads it from the peers' own buffers and writes the result straight
-// into them, reading and writing each byte of memory once (direct.go).
+// with process_vm_readv (Negotiate decides, once): the owner of a chunk
+// reads it from the peers' own buffers, and every rank reads the owners'
+// results straight into its own, reading and writing each byte of memory
+// once; no rank ever writes another's memory (direct.go).
 //
 // Every wait, and every step of a collective that does not wait, checks
 // Abort, ctx, the deadline and the peers' abort flag. A dead peer is seen
