@@ -210,7 +210,9 @@ int ddpshim_close(int64_t comm);
 int ddpshim_nccl_info(char *buf, size_t len);
 
 /* ddpshim_comm_info writes a NUL-terminated JSON object describing comm
- * into buf: rank, world_size, transport ("tcp", "shm" or "nccl", with an
+ * into buf: rank, world_size, transport ("tcp", "shm", "hierarchical":
+ * shared memory within hosts and a ring of one rank per host between them,
+ * or "nccl", with an
  * "nccl" object: source, version, nonblocking, cuda: whether the
  * watchdog has a CUDA driver), collectives (completed), run_by_waiter (of
  * those, how many a ddpshim_work_wait ran on its own thread rather than the

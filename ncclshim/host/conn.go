@@ -66,7 +66,7 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 	}
 	cfg = cfg.withDefaults()
 	if n == 1 {
-		return newComm(rank, n, nil, nil, nil, cfg), nil
+		return newComm(rank, n, nil, nil, nil, nil, cfg), nil
 	}
 	prev, next := (rank+n-1)%n, (rank+1)%n
 	if peers[next].Addr == "" {
@@ -119,9 +119,15 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 		}
 	}
 	var local *shm.Comm
-	if err == nil && cfg.SHM && sameHost(peers) {
-		if local, err = setupLocal(ctx, send, recv, rank, n, peers[0].Nonce, cfg); err != nil {
+	var hier *hierarchy
+	if err == nil && cfg.SHM && (sameHost(peers) || hierarchical(peers)) {
+		var ok bool
+		if local, ok, err = setupLocal(ctx, send, recv, rank, peers, cfg); err != nil {
 			err = fmt.Errorf("set up shared memory: %w", err)
+		}
+		if err == nil && ok && !sameHost(peers) {
+			hier, err = newHierarchy(ctx, e, rank, peers, local, cfg)
+			local = nil // the hierarchy owns it now
 		}
 	}
 	if err != nil {
@@ -132,7 +138,7 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 		}
 		return nil, fmt.Errorf("connect rank %d: %w", rank, err)
 	}
-	c := newComm(rank, n, send, recv, local, cfg)
+	c := newComm(rank, n, send, recv, local, hier, cfg)
 	cfg.Logger.Debug("host: ring connected", "rank", rank, "size", n, "transport", c.Transport(), "prev", recv.RemoteAddr(), "next", send.RemoteAddr())
 	return c, nil
 }
@@ -173,6 +179,7 @@ func dial(ctx context.Context, peer PeerInfo, rank, size int, log *slog.Logger) 
 // stranger does not hold up the real peer; they are all over when accept
 // returns.
 func accept(ctx context.Context, ln *net.TCPListener, from, size int, nonce string, log *slog.Logger) (*net.TCPConn, error) {
+	ln.SetDeadline(time.Time{}) // an earlier accept on ln (the full ring's) left it in the past
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(ctx, func() { ln.SetDeadline(time.Unix(1, 0)) })
 	var wg sync.WaitGroup

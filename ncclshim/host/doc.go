@@ -1,6 +1,6 @@
 // Package host is the shim's CPU transport: a bandwidth-optimal ring
-// all-reduce over TCP, handing the data to shared memory when every rank
-// runs on one host.
+// all-reduce over TCP, handing the data to shared memory among the ranks
+// of each host.
 //
 // Every rank opens an Endpoint (a listener on an ephemeral port), the caller
 // exchanges the endpoints' PeerInfo through its bootstrap channel, and Connect
@@ -13,7 +13,11 @@
 // With Config.SHM, ranks that all run on one host (equal PeerInfo.HostID)
 // all-reduce through a shared-memory segment instead (package shm), set up
 // over the ring; the ring then only watches that the peers are alive, so a
-// rank that dies fails the others at once rather than at the timeout.
+// rank that dies fails the others at once rather than at the timeout. When
+// the ranks span several hosts with more than one on some, each host gets
+// a segment of its own and the job all-reduces hierarchically: within each
+// host through shared memory, between hosts over a second ring of the
+// hosts' lowest ranks, then back within each host (hier.go).
 //
 // A Comm runs three goroutines of its own: one receives from the
 // predecessor (it also notices when the predecessor goes away between

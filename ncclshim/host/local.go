@@ -22,20 +22,34 @@ func sameHost(peers []PeerInfo) bool {
 	return true
 }
 
-// setupLocal tries to put every rank of a one-host ring on a shared-memory
-// segment, agreeing over the freshly connected ring, before the Comm's
+// setupLocal tries to put the ranks of each host on a shared-memory segment
+// of their own (one segment for the whole job when it runs on one host),
+// agreeing over the freshly connected full ring, before the Comm's
 // goroutines use it:
 //
-//  1. rank 0 creates /dev/shm/ddpshim-<rank 0's nonce> and sends a token
-//     around the ring; each rank maps the segment if the token says every
-//     rank before it did, and passes on whether it did too;
-//  2. when the token is back, rank 0 unlinks the name (every rank that will
-//     ever map it has) and sends the verdict around once more.
+//  1. a token goes around the ring from rank 0; each host's lowest rank
+//     (its leader, always reached first) creates
+//     /dev/shm/ddpshim-<leader's nonce>, the host's other ranks map it,
+//     each only if the token says every rank before it did, and passes on
+//     whether it did too (a rank alone on its host has nothing to map);
+//  2. when the token is back, every rank that will ever map a segment has:
+//     rank 0 sends the verdict around once more, and each leader unlinks
+//     its segment's name once it knows (rank 0 at once).
 //
-// All ranks use the segment, or none does (nil, nil: the ring carries the
-// data); an error means the ring itself failed. It blocks until ctx is done
-// at the longest.
-func setupLocal(ctx context.Context, send, recv *net.TCPConn, rank, size int, nonce string, cfg Config) (*shm.Comm, error) {
+// All ranks use their host's segment, or none does (ok false: the ring
+// carries the data); an error means the ring itself failed. Then the ranks
+// of each segment decide on its single-copy path. It blocks until ctx is
+// done at the longest.
+func setupLocal(ctx context.Context, send, recv *net.TCPConn, rank int, peers []PeerInfo, cfg Config) (local *shm.Comm, ok bool, err error) {
+	size := len(peers)
+	groups, hostOf := hosts(peers)
+	group := groups[hostOf[rank]]
+	leader, localRank := group[0], 0
+	for i, r := range group {
+		if r == rank {
+			localRank = i
+		}
+	}
 	dl, _ := ctx.Deadline()
 	send.SetDeadline(dl)
 	recv.SetDeadline(dl)
@@ -43,18 +57,30 @@ func setupLocal(ctx context.Context, send, recv *net.TCPConn, rank, size int, no
 		send.SetDeadline(time.Unix(1, 0))
 		recv.SetDeadline(time.Unix(1, 0))
 	})
-	path := "/dev/shm/ddpshim-" + nonce
+	path := "/dev/shm/ddpshim-" + peers[leader].Nonce
 	scfg := shm.Config{Timeout: cfg.Timeout}
-	var local *shm.Comm
-	var why error  // why this rank did not map the segment
-	var err error  // the ring failed
-	ok := true     // every rank so far mapped the segment
-	if rank == 0 { // round 1
-		local, why = shm.Create(path, size, scfg)
-	} else if ok, err = readToken(recv); err == nil && ok {
-		local, why = shm.Open(path, rank, size, scfg)
+	var why error // why this rank did not map the segment
+	unlinked := false
+	unlink := func() {
+		if local != nil && rank == leader && !unlinked {
+			unlinked = true
+			if uerr := shm.Unlink(path); uerr != nil {
+				cfg.Logger.Warn("host: shared memory", "err", uerr)
+			}
+		}
 	}
-	ok = ok && local != nil
+	ok = true     // every rank so far mapped its segment
+	if rank > 0 { // round 1
+		ok, err = readToken(recv)
+	}
+	if err == nil && ok && len(group) > 1 {
+		if rank == leader {
+			local, why = shm.Create(path, len(group), scfg)
+		} else {
+			local, why = shm.Open(path, localRank, len(group), scfg)
+		}
+		ok = local != nil
+	}
 	if err == nil {
 		err = writeToken(send, ok)
 	}
@@ -62,15 +88,12 @@ func setupLocal(ctx context.Context, send, recv *net.TCPConn, rank, size int, no
 		if err == nil {
 			ok, err = readToken(recv) // every rank's
 		}
-		if local != nil {
-			if uerr := shm.Unlink(path); uerr != nil {
-				cfg.Logger.Warn("host: shared memory", "err", uerr)
-			}
-		}
+		unlink()
 	}
 	if err == nil && rank > 0 { // round 2
 		ok, err = readToken(recv)
 	}
+	unlink()
 	if err == nil && rank < size-1 {
 		err = writeToken(send, ok)
 	}
@@ -84,20 +107,23 @@ func setupLocal(ctx context.Context, send, recv *net.TCPConn, rank, size int, no
 			local.Close()
 		}
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		level := slog.LevelDebug // another rank could not map it
 		if why != nil {
 			level = slog.LevelWarn
 		}
 		cfg.Logger.Log(ctx, level, "host: shared memory unavailable, the TCP ring carries the data", "rank", rank, "err", why)
-		return nil, nil
+		return nil, false, nil
 	}
-	// Every rank has mapped the segment: decide on the single-copy path.
+	if local == nil {
+		return nil, true, nil // alone on its host
+	}
+	// Every rank of the segment has mapped it: decide on the single-copy path.
 	direct, err := local.Negotiate(ctx)
 	if err != nil {
 		local.Close()
-		return nil, fmt.Errorf("shared-memory setup: %w", fromSHM(err))
+		return nil, false, fmt.Errorf("shared-memory setup: %w", fromSHM(err))
 	}
 	if !direct {
 		level := slog.LevelDebug // another rank cannot
@@ -107,12 +133,20 @@ func setupLocal(ctx context.Context, send, recv *net.TCPConn, rank, size int, no
 		cfg.Logger.Log(ctx, level, "host: shared memory without single copy: large all-reduces copy through the segment",
 			"rank", rank, "err", local.WhyStaged())
 	}
-	return local, nil
+	return local, true, nil
 }
 
 // SingleCopy reports whether large all-reduces take shared memory's
 // single-copy path (cross-memory attach, package shm's direct.go).
-func (c *Comm) SingleCopy() bool { return c.local != nil && c.local.Direct() }
+func (c *Comm) SingleCopy() bool {
+	switch {
+	case c.local != nil:
+		return c.local.Direct()
+	case c.hier != nil && c.hier.local != nil:
+		return c.hier.local.Direct()
+	}
+	return false
+}
 
 func writeToken(c *net.TCPConn, ok bool) error {
 	b := []byte{'N'}

@@ -3,6 +3,7 @@ package host
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -45,8 +46,9 @@ func fileExists(name string) bool {
 }
 
 // TestSharedMemory: with Config.SHM, ranks on one host all-reduce through
-// shared memory, with the same results as the ring; ranks on different
-// hosts, or without SHM, use the ring.
+// shared memory, with the same results as the ring; ranks on several hosts
+// with more than one on some go hierarchical (hier_test.go has more); one
+// rank per host, or no SHM, use the ring.
 func TestSharedMemory(t *testing.T) {
 	elsewhere := func(p []PeerInfo) { p[len(p)-1].HostID = "another host" }
 	tests := []struct {
@@ -59,7 +61,12 @@ func TestSharedMemory(t *testing.T) {
 		{"2 ranks", 2, true, nil, "shm"},
 		{"3 ranks", 3, true, nil, "shm"},
 		{"4 ranks", 4, true, nil, "shm"},
-		{"one rank elsewhere", 3, true, elsewhere, "tcp"},
+		{"one rank elsewhere", 3, true, elsewhere, "hierarchical"},
+		{"every rank elsewhere", 3, true, func(p []PeerInfo) {
+			for r := range p {
+				p[r].HostID = fmt.Sprint("host ", r)
+			}
+		}, "tcp"},
 		{"off", 2, false, nil, "tcp"},
 	}
 	for _, tc := range tests {

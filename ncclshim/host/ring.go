@@ -87,6 +87,7 @@ type Comm struct {
 	log        *slog.Logger
 	send, recv *net.TCPConn // to rank+1 and from rank-1; nil when size is 1
 	local      *shm.Comm    // carries the data instead of the ring when not nil
+	hier       *hierarchy   // or this does, across hosts (hier.go)
 
 	busy    atomic.Bool   // an AllReduce is running
 	closing atomic.Bool   // Close is saying goodbye
@@ -110,7 +111,7 @@ type Comm struct {
 	wg sync.WaitGroup // the receiver, the successor watcher and the link watcher
 }
 
-func newComm(rank, size int, send, recv *net.TCPConn, local *shm.Comm, cfg Config) *Comm {
+func newComm(rank, size int, send, recv *net.TCPConn, local *shm.Comm, hier *hierarchy, cfg Config) *Comm {
 	c := &Comm{
 		rank:     rank,
 		size:     size,
@@ -120,6 +121,7 @@ func newComm(rank, size int, send, recv *net.TCPConn, local *shm.Comm, cfg Confi
 		send:     send,
 		recv:     recv,
 		local:    local,
+		hier:     hier,
 		reqs:     make(chan *collective, 1),
 		results:  make(chan error, 1),
 		received: newProgress(),
@@ -141,11 +143,15 @@ func (c *Comm) Rank() int { return c.rank }
 // Size returns the world size.
 func (c *Comm) Size() int { return c.size }
 
-// Transport returns "shm" when the data goes through shared memory, else
-// "tcp".
+// Transport returns "shm" when the data goes through shared memory,
+// "hierarchical" when through shared memory within hosts and a ring of the
+// hosts' leaders between them (hier.go), else "tcp".
 func (c *Comm) Transport() string {
-	if c.local != nil {
+	switch {
+	case c.local != nil:
 		return "shm"
+	case c.hier != nil:
+		return "hierarchical"
 	}
 	return "tcp"
 }
@@ -191,6 +197,9 @@ func (c *Comm) Close() error {
 	c.wg.Wait()
 	if c.local != nil {
 		c.local.Close() // waits for a running AllReduce to let go of the mapping
+	}
+	if c.hier != nil {
+		c.hier.close()
 	}
 	return nil
 }
@@ -245,7 +254,7 @@ func (c *Comm) neighbourClosed(err error, received int64) {
 	c.mu.Unlock()
 	// Over shared memory the ring carries no data: the collective may still
 	// finish, and shm tells if it needs the closed rank.
-	if received >= 0 && c.local == nil && !c.closing.Load() && c.issued.Load() > uint64(received) {
+	if received >= 0 && c.local == nil && c.hier == nil && !c.closing.Load() && c.issued.Load() > uint64(received) {
 		c.fail(err)
 	}
 	c.log.Debug("host: neighbour closed", "rank", c.rank, "err", err)
@@ -278,6 +287,9 @@ func (c *Comm) fail(err error) {
 		// The peers' shared-memory waits fail at once too. Not on Close:
 		// shm.Close tells only the peers that still wait for this rank.
 		c.local.Abort(err)
+	}
+	if c.hier != nil && !errors.Is(err, ErrClosed) {
+		c.hier.abort(err)
 	}
 	if c.send != nil {
 		c.send.Close()
@@ -329,6 +341,13 @@ func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op re
 	if c.local != nil {
 		if err := c.local.AllReduce(ctx, buf, dt, op); err != nil {
 			c.fail(fromSHM(err))
+			return c.Err()
+		}
+		return nil
+	}
+	if c.hier != nil {
+		if err := c.hier.allReduce(ctx, buf, dt, op); err != nil {
+			c.fail(fmt.Errorf("all-reduce on rank %d: %w", c.rank, err))
 			return c.Err()
 		}
 		return nil

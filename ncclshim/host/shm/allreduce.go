@@ -29,6 +29,7 @@ type job struct {
 	buf         []byte
 	dt          reduce.DType
 	op          reduce.Op
+	hdrOp       uint32 // op as the header says it: op, or broadcastOp|root
 	seq         uint32
 	base        uint32 // first ring step of this collective
 	es          int    // element size
@@ -70,11 +71,16 @@ func (c *Comm) slotSeg(q int, t uint32, ch, n int) []byte {
 // order, so the counters may wrap.
 func reached(v, want uint32) bool { return int32(v-want) >= 0 }
 
-func (c *Comm) run(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op, seq uint32) error {
+// run runs collective seq: an all-reduce, or with root >= 0 a broadcast
+// of root's buf.
+func (c *Comm) run(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op, seq uint32, root int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	j := job{ctx: ctx, buf: buf, dt: dt, op: op, seq: seq, base: c.step, es: dt.Size(), locked: onLockedThread(ctx)}
+	j := job{ctx: ctx, buf: buf, dt: dt, op: op, hdrOp: uint32(op), seq: seq, base: c.step, es: dt.Size(), locked: onLockedThread(ctx)}
+	if root >= 0 {
+		j.hdrOp = broadcastOp | uint32(root)
+	}
 	j.count = len(buf) / j.es
 	j.per, j.extra = j.count/c.world, j.count%c.world
 	j.segElems = c.seg / j.es
@@ -103,11 +109,14 @@ func (c *Comm) run(ctx context.Context, buf []byte, dt reduce.DType, op reduce.O
 	me := c.ctl[c.rank]
 	atomic.StoreUint64(me.count, uint64(j.count))
 	atomic.StoreUint32(me.dtype, uint32(dt))
-	atomic.StoreUint32(me.op, uint32(op))
+	atomic.StoreUint32(me.op, j.hdrOp)
 	atomic.StoreUint32(me.seq, seq)
 
 	if c.world == 1 {
 		return nil // the sum and the mean of one buffer are that buffer
+	}
+	if root >= 0 {
+		return c.runBroadcast(&j, root)
 	}
 	if c.direct && int64(len(buf)) >= c.directMin {
 		return c.runDirect(&j)
@@ -238,13 +247,13 @@ func (c *Comm) checkHeader(j *job, p int) error {
 	seq := atomic.LoadUint32(h.seq)
 	count := atomic.LoadUint64(h.count)
 	dt := reduce.DType(atomic.LoadUint32(h.dtype))
-	op := reduce.Op(atomic.LoadUint32(h.op))
+	op := atomic.LoadUint32(h.op)
 	switch {
 	case seq != j.seq:
 		return fmt.Errorf("rank %d is at collective %d: %w", p, seq, ErrMismatch)
-	case count != uint64(j.count) || dt != j.dt || op != j.op:
-		return fmt.Errorf("rank %d has %d %v (%v), this rank %d %v (%v): %w",
-			p, count, dt, op, j.count, j.dt, j.op, ErrMismatch)
+	case count != uint64(j.count) || dt != j.dt || op != j.hdrOp:
+		return fmt.Errorf("rank %d has %d %v (%s), this rank %d %v (%s): %w",
+			p, count, dt, opName(op), j.count, j.dt, opName(j.hdrOp), ErrMismatch)
 	}
 	return nil
 }

@@ -359,21 +359,39 @@ func (c *Comm) stopErr() error {
 // promptly too, and later calls fail at once. Calls must not overlap; an
 // overlapping call returns an error without touching the collective.
 func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
+	return c.collective(ctx, "all-reduce", buf, dt, op, -1)
+}
+
+// Broadcast copies root's buf into every other rank's buf: a collective like
+// AllReduce (the same ordering, arguments, errors and breakage), and as
+// AllReduce's results, bit-identical. dt only sizes the elements (the
+// ranks check that they agree on it). The ranks of a host use it to hand
+// the result that their leader brought back from the other hosts to the
+// rest (package host's hierarchy).
+func (c *Comm) Broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error {
+	if root < 0 || root >= c.world {
+		return fmt.Errorf("shm broadcast on rank %d: root %d out of range for world %d", c.rank, root, c.world)
+	}
+	return c.collective(ctx, "broadcast", buf, dt, reduce.Sum, root)
+}
+
+// collective runs an all-reduce (root < 0) or a broadcast from root.
+func (c *Comm) collective(ctx context.Context, what string, buf []byte, dt reduce.DType, op reduce.Op, root int) error {
 	if !c.busy.CompareAndSwap(false, true) {
-		return fmt.Errorf("shm all-reduce on rank %d: another all-reduce is running on this communicator", c.rank)
+		return fmt.Errorf("shm %s on rank %d: another collective is running on this communicator", what, c.rank)
 	}
 	defer c.busy.Store(false)
 	c.life.RLock()
 	defer c.life.RUnlock()
 	if c.mem == nil {
-		return fmt.Errorf("shm all-reduce on rank %d: %w", c.rank, ErrClosed)
+		return fmt.Errorf("shm %s on rank %d: %w", what, c.rank, ErrClosed)
 	}
 	seq := c.seq + 1
 	if err := c.stopErr(); err != nil {
-		return fmt.Errorf("shm all-reduce %d: %w", seq, err)
+		return fmt.Errorf("shm %s %d: %w", what, seq, err)
 	}
 	if c.broken != nil {
-		return fmt.Errorf("shm all-reduce %d on rank %d: broken by an earlier error: %w", seq, c.rank, c.broken)
+		return fmt.Errorf("shm %s %d on rank %d: broken by an earlier error: %w", what, seq, c.rank, c.broken)
 	}
 	c.seq = seq
 	var err error
@@ -385,10 +403,10 @@ func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op re
 	case len(buf)%dt.Size() != 0:
 		err = fmt.Errorf("buffer of %d bytes is not a whole number of %v", len(buf), dt)
 	default:
-		err = c.run(ctx, buf, dt, op, seq)
+		err = c.run(ctx, buf, dt, op, seq, root)
 	}
 	if err != nil {
-		err = fmt.Errorf("shm all-reduce %d on rank %d of %d: %w", seq, c.rank, c.world, err)
+		err = fmt.Errorf("shm %s %d on rank %d of %d: %w", what, seq, c.rank, c.world, err)
 		c.broken = err
 		c.raise(err)
 		c.wakeAll()
