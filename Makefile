@@ -55,7 +55,7 @@ test: build
 	  $$go run ./scripts/sizes -top 0 && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
 	  DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_TEST_NCCL_LIB=$$nccl \
-	    $$go test -race -count=1 -timeout 30m ./... && \
+	    $$go test -race -count=1 -timeout 50m ./... && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider python/tests && \
 	  echo "== PyTorch $$($$py2 -c 'import torch; print(torch.__version__)') ($$py2)" && \

@@ -368,6 +368,35 @@ func (c *Comm) runUpTo(w *Work, locked bool) {
 	}
 }
 
+// causeGrace is how long a collective that a peer failed waits for this
+// rank's own abort, under an agent or a sidecar, before it blames the peer.
+const causeGrace = 250 * time.Millisecond
+
+// abortCause returns why this rank's communicator was aborted, if it was,
+// for a collective that failed with err. The agent or the sidecar aborts
+// every rank of a job at once, and the rank that hears it first breaks the
+// others' collective (its connections close, its shared-memory abort flag
+// goes up) before they hear it themselves; without waiting a little for
+// their own abort, they would report the peer's EOF instead of the reason
+// and blame the peer. A peer that died on its own costs this rank the
+// grace, once.
+func (c *Comm) abortCause(err error) error {
+	c.mu.Lock()
+	supervised := c.agent != nil || c.side != nil
+	c.mu.Unlock()
+	if cause := context.Cause(c.ctx); cause != nil || !supervised || !errors.Is(err, host.ErrPeer) {
+		return cause
+	}
+	t := time.NewTimer(causeGrace)
+	defer t.Stop()
+	select {
+	case <-c.ctx.Done():
+		return context.Cause(c.ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
 // run runs w on tr; locked says the calling goroutine serves a call from C
 // on that C thread (shm.OnLockedThread says what changes).
 func (c *Comm) run(tr allReducer, w *Work, locked bool) {
@@ -385,7 +414,7 @@ func (c *Comm) run(tr allReducer, w *Work, locked bool) {
 		err = tr.AllReduce(ctx, w.buf, w.dt, w.op)
 		cancel()
 		if err != nil {
-			if cause := context.Cause(c.ctx); cause != nil {
+			if cause := c.abortCause(err); cause != nil {
 				err = fmt.Errorf("%w (%v)", cause, err)
 			} else {
 				c.notePeerFailure(err, time.Now()) // before the caller hears of it, and exits

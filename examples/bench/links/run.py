@@ -40,7 +40,9 @@ import netlab  # noqa: E402
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rates", default="1000,2500", help="link rates, Mbit/s, comma-separated")
-    p.add_argument("--ranks", default="2,3")
+    p.add_argument("--ranks", default="2,3", help="hosts, comma-separated")
+    p.add_argument("--per-host", type=int, default=1,
+                   help="ranks per host; above 1 the shim's hierarchical all-reduce runs beside the flat ring")
     p.add_argument("--delay-us", type=int, default=0, help="one-way delay per hop (needs sch_netem)")
     p.add_argument("--sizes", default=",".join(str(64 << 10 << 2 * i) for i in range(6)), help="bytes, comma-separated")
     p.add_argument("--rounds", type=int, default=3)
@@ -72,16 +74,28 @@ def streams(lab, secs):
 
 
 def ranks(args, lab, tmp):
-    """Runs ranks.py on every host of lab; returns rank 0's JSON."""
-    n = len(lab.hosts)
+    """Runs ranks.py on every host of lab, --per-host ranks each; returns rank 0's JSON.
+
+    With several ranks per host, each rank runs in a UTS namespace of its own
+    named after its host, so that the shim's HostID (boot id, hostname,
+    /dev/shm) tells the hosts apart while a host's ranks agree: the default
+    config then goes hierarchical.
+    """
+    n, k = len(lab.hosts), args.per_host
     out = os.path.join(tmp, "ranks-%d-%d.json" % (lab.rate_mbit, n))
-    env = dict(os.environ, MASTER_ADDR=lab.ips[0], MASTER_PORT="29517", WORLD_SIZE=str(n),
+    env = dict(os.environ, MASTER_ADDR=lab.ips[0], MASTER_PORT="29517", WORLD_SIZE=str(n * k),
                DDP_AGENT_SHIM=args.shim, GLOO_SOCKET_IFNAME="eth0")
     env.pop("DDP_AGENT_SOCKET", None)  # the shim bootstraps through torch's store
-    cmd = [args.python, os.path.join(REPO, "examples", "bench", "mpi", "ranks.py"), "--impls", "tcp,gloo",
+    impls = "tcp,gloo" if k == 1 else "hierarchical,tcp,gloo"
+    cmd = [args.python, os.path.join(REPO, "examples", "bench", "mpi", "ranks.py"), "--impls", impls,
            "--sizes", args.sizes, "--rounds", str(args.rounds), "--target-s", str(args.target_s),
            "--warmup", str(args.warmup), "--min-iters", str(args.min_iters), "--json", out]
-    procs = [subprocess.Popen(lab.cmd(r, cmd), env=dict(env, RANK=str(r))) for r in range(n)]
+    procs = []
+    for r in range(n * k):
+        host = r // k
+        argv = cmd if k == 1 else ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                                   "%s-host%d" % (lab.id, host)] + cmd
+        procs.append(subprocess.Popen(lab.cmd(host, argv), env=dict(env, RANK=str(r))))
     rcs = [p.wait() for p in procs]
     if any(rcs):
         raise SystemExit("ranks.py on %d hosts at %d Mbit/s failed: exit %s" % (n, lab.rate_mbit, rcs))
@@ -102,6 +116,8 @@ def cell(v):
 
 
 def table(results):
+    if results and results[0].get("per_host", 1) > 1:
+        return hier_table(results)
     lines = ["| link | ranks | stream, Gbit/s | size | ring busbw, Gbit/s | gloo busbw, Gbit/s "
              "| ring / link rate | ring / stream | ring / gloo |", "|---:" * 9 + "|"]
     for res in results:
@@ -113,6 +129,25 @@ def table(results):
             lines.append("| %g Gbit/s | %d | %.2f | %s%s | %s | %s | %.2f | %.2f | %.2f |" % (
                 rate, n, stream, human(row["bytes"]), "" if row["correct"] else " **WRONG**",
                 cell(ring), cell(gloo), r / rate, r / stream, r / g))
+    return "\n".join(lines)
+
+
+def hier_table(results):
+    """The hierarchical all-reduce beside the flat ring and gloo, all over the job's n*k ranks."""
+    lines = ["| link | hosts × ranks | size | hierarchical, Gbit/s | flat ring, Gbit/s | gloo, Gbit/s "
+             "| hierarchical / flat ring | hierarchical / gloo | hierarchical / ideal |", "|---:" * 9 + "|"]
+    for res in results:
+        rate, n, k = res["rate_mbit"] / 1000, res["world"], res["per_host"]
+        world = n * k
+        # Each host's link carries 2(n-1)/n of the buffer each way: busbw over world ranks then
+        # tops out at rate * (2(world-1)/world) / (2(n-1)/n).
+        ideal = rate * ((world - 1) / world) / ((n - 1) / n)
+        for row in res["ranks"]["rows"]:
+            h, f, g = ([gbits(row["bytes"], world, s) for s in row["seconds"][impl]] for impl in ("hierarchical", "tcp", "gloo"))
+            mh = statistics.median(h)
+            lines.append("| %g Gbit/s | %d × %d | %s%s | %s | %s | %s | %.2f | %.2f | %.2f |" % (
+                rate, n, k, human(row["bytes"]), "" if row["correct"] else " **WRONG**", cell(h), cell(f), cell(g),
+                mh / statistics.median(f), mh / statistics.median(g), mh / ideal))
     return "\n".join(lines)
 
 
@@ -150,7 +185,8 @@ def main():
                     print("# %d Mbit/s, %d hosts: streams %s Gbit/s" % (rate, n, " ".join("%.2f" % x for x in st)),
                           file=sys.stderr, flush=True)
                     t0 = time.time()
-                    res = {"rate_mbit": rate, "world": n, "streams": st, "ranks": ranks(args, lab, tmp)}
+                    res = {"rate_mbit": rate, "world": n, "per_host": args.per_host, "streams": st,
+                           "ranks": ranks(args, lab, tmp)}
                     res["seconds"] = time.time() - t0
                     results.append(res)
     print()

@@ -17,6 +17,8 @@ round's seconds to --json.
 Implementations (--impls):
   shm   ddpshim_allreduce + ddpshim_work_wait, shared-memory transport
   tcp   the same over the TCP ring ({"shm": false})
+  hierarchical  the same with the default config where the ranks span several
+        hosts with more than one on some (examples/bench/links/run.py --per-host)
   gloo  torch.distributed.all_reduce on the gloo group
   mpi   mpi4py's COMM_WORLD.Allreduce(MPI.IN_PLACE, ...)
 """
@@ -61,7 +63,7 @@ def rank_and_world():
 def runners(impls, rank, world, timeout_ms):
     """Returns {name: (run(t, step), close())} for the implementations asked for."""
     out = {}
-    for name, extra in (("shm", {}), ("tcp", {"shm": False})):
+    for name, extra in (("shm", {}), ("tcp", {"shm": False}), ("hierarchical", {})):
         if name not in impls:
             continue
         comm = base.open_comm(rank, world, dict(extra, name="mpi-bench-" + name), timeout_ms)
