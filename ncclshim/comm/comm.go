@@ -372,20 +372,20 @@ func (c *Comm) runUpTo(w *Work, locked bool) {
 // rank's own abort, under an agent or a sidecar, before it blames the peer.
 const causeGrace = 250 * time.Millisecond
 
-// abortCause returns why this rank's communicator was aborted, if it was,
-// for a collective that failed with err. The agent or the sidecar aborts
-// every rank of a job at once, and the rank that hears it first breaks the
-// others' collective (its connections close, its shared-memory abort flag
-// goes up) before they hear it themselves; without waiting a little for
-// their own abort, they would report the peer's EOF instead of the reason
-// and blame the peer. A peer that died on its own costs this rank the
-// grace, once.
-func (c *Comm) abortCause(err error) error {
+// awaitAbort waits up to causeGrace for this rank's own abort after a
+// collective failed with err, a peer's failure, under an agent or a
+// sidecar, and returns its cause (nil if none came). The agent or the
+// sidecar aborts every rank of a job at once, and the rank that hears it
+// first breaks the others' collective (its connections close, its
+// shared-memory abort flag goes up) before they hear it themselves;
+// without the wait they would report the peer's EOF instead of the reason.
+// A peer that died on its own costs this rank the grace, once.
+func (c *Comm) awaitAbort(err error) error {
 	c.mu.Lock()
 	supervised := c.agent != nil || c.side != nil
 	c.mu.Unlock()
-	if cause := context.Cause(c.ctx); cause != nil || !supervised || !errors.Is(err, host.ErrPeer) {
-		return cause
+	if !supervised || !errors.Is(err, host.ErrPeer) {
+		return nil
 	}
 	t := time.NewTimer(causeGrace)
 	defer t.Stop()
@@ -414,10 +414,16 @@ func (c *Comm) run(tr allReducer, w *Work, locked bool) {
 		err = tr.AllReduce(ctx, w.buf, w.dt, w.op)
 		cancel()
 		if err != nil {
-			if cause := c.abortCause(err); cause != nil {
-				err = fmt.Errorf("%w (%v)", cause, err)
-			} else {
+			cause := context.Cause(c.ctx)
+			if cause == nil {
+				// The transport failed before this rank was aborted: the
+				// peer's doing as far as this rank saw, whatever the agent
+				// says next (the note is evidence of the order, for blame).
 				c.notePeerFailure(err, time.Now()) // before the caller hears of it, and exits
+				cause = c.awaitAbort(err)
+			}
+			if cause != nil {
+				err = fmt.Errorf("%w (%v)", cause, err)
 			}
 			c.Abort(fmt.Errorf("all-reduce of step %d bucket %d (%d bytes): %w", w.step, w.bucket, len(w.buf), err))
 			err = fmt.Errorf("all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
