@@ -1,8 +1,12 @@
 package host
 
 import (
+	"bytes"
+	"errors"
 	"sync"
 	"testing"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
 // newRing connects n ranks over loopback in this process; the Comms are
@@ -25,4 +29,21 @@ func each(n int, f func(r int) error) []error {
 	}
 	wg.Wait()
 	return errs
+}
+
+// checkAllReduce all-reduces in's buffers of dt on every rank of comms and
+// checks each rank's result against the exact reference, bit for bit.
+func checkAllReduce(t *testing.T, comms []*Comm, in *inputs, dt reduce.DType, op reduce.Op) {
+	t.Helper()
+	bufs := in.encode(dt)
+	errs := each(len(comms), func(r int) error { return comms[r].AllReduce(t.Context(), bufs[r], dt, op) })
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("%d elements %v %v: %v", len(bufs[0])/dt.Size(), dt, op, err)
+	}
+	want := in.want(dt, op)
+	for r, got := range bufs {
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%d elements %v %v rank %d: %s", len(bufs[0])/dt.Size(), dt, op, r, firstDiff(dt, got, want))
+		}
+	}
 }

@@ -48,17 +48,7 @@ func TestHierarchical(t *testing.T) {
 				in := newInputs(n, count)
 				for _, dt := range reduce.DTypes {
 					for _, op := range []reduce.Op{reduce.Sum, reduce.Avg} {
-						bufs := in.encode(dt)
-						errs := each(n, func(r int) error { return comms[r].AllReduce(t.Context(), bufs[r], dt, op) })
-						if err := errors.Join(errs...); err != nil {
-							t.Fatalf("count %d %v %v: %v", count, dt, op, err)
-						}
-						want := in.want(dt, op)
-						for r, got := range bufs {
-							if !bytes.Equal(got, want) {
-								t.Fatalf("count %d %v %v rank %d: %s", count, dt, op, r, firstDiff(dt, got, want))
-							}
-						}
+						checkAllReduce(t, comms, in, dt, op)
 					}
 				}
 			}

@@ -12,7 +12,8 @@ import (
 )
 
 // Waiting: spin on the counter for up to spinFor (yielding the P now and
-// then, so ranks that share a process let each other run), then sleep in
+// then, so ranks that share a process let each other run, unless the
+// caller is on a locked thread: OnLockedThread), then sleep in
 // FUTEX_WAIT for up to sleepFor at a time, re-checking abort, ctx and the
 // deadline between sleeps.
 const (

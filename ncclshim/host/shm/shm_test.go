@@ -271,17 +271,7 @@ func TestAllReduce(t *testing.T) {
 							count = 3<<20/dt.Size() + 5
 						}
 						t.Run(fmt.Sprintf("%s/%v/%v", cc.name, dt, op), func(t *testing.T) {
-							bufs := make([][]byte, world)
-							errs := allRanks(comms, func(r int, c *Comm) error {
-								bufs[r] = inputs(dt, r, count, salt)
-								return c.AllReduce(context.Background(), bufs[r], dt, op)
-							})
-							for r, err := range errs {
-								if err != nil {
-									t.Fatalf("rank %d: %v", r, err)
-								}
-							}
-							checkResult(t, dt, op, bufs, salt)
+							checkResult(t, dt, op, runAll(t, comms, dt, op, count, salt), salt)
 						})
 					}
 				}
