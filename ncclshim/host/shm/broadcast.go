@@ -3,7 +3,6 @@ package shm
 import (
 	"fmt"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
@@ -104,7 +103,7 @@ func (c *Comm) broadcastDirect(j *job, root int) error {
 	me := c.ctl[c.rank]
 	next := j.base + 1
 	if c.rank == root {
-		atomic.StoreUint64(me.addr, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(j.buf)))))
+		atomic.StoreUint64(me.addr, uint64(addrOf(j.buf)))
 		c.publish(me.in, next)
 		if err := c.checkPeers(j, me, next); err != nil {
 			return err

@@ -19,7 +19,8 @@ import (
 //	ctlOff+r*ctlStride   control block of rank r:
 //	   +0        collective header: seq, dtype, op, closed, count (u64),
 //	             the buffer's address (u64); then, set once: pid, the
-//	             single-copy verdict, the probe word's address (u64)
+//	             single-copy verdict, the probe word's address (u64); then
+//	             the single copy's gate and writing words (gate.go)
 //	   +line     in: steps whose inputs rank r has published
 //	   +2*line   red: steps whose owned segment rank r has reduced and published
 //	   +3*line   done: steps whose results rank r has copied out
@@ -29,7 +30,7 @@ import (
 //	             owner j, segment r holds the result of r's own chunk.
 const (
 	magic   uint64 = 0x31_4d_48_53_50_44_44 // "DDPSHM1"
-	version uint32 = 2
+	version uint32 = 3
 
 	line      = 128
 	ctlOff    = 2 * line
@@ -65,6 +66,8 @@ const (
 	offPid     = 32
 	offCMA     = 36
 	offProbe   = 40
+	offGate    = 48
+	offWriting = 52
 	offIn      = line
 	offRed     = 2 * line
 	offDone    = 3 * line
@@ -107,6 +110,7 @@ type rankCtl struct {
 	count, addr            *uint64
 	pid, cma               *uint32
 	probe                  *uint64
+	gate, writing          *uint32
 	in, red, done, waiters *uint32
 }
 

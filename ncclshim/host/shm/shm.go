@@ -238,6 +238,8 @@ func newComm(mem []byte, geo geometry, rank int, cfg Config) *Comm {
 			pid:     u32(mem, b+offPid),
 			cma:     u32(mem, b+offCMA),
 			probe:   u64(mem, b+offProbe),
+			gate:    u32(mem, b+offGate),
+			writing: u32(mem, b+offWriting),
 			in:      u32(mem, b+offIn),
 			red:     u32(mem, b+offRed),
 			done:    u32(mem, b+offDone),
