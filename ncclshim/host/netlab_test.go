@@ -92,8 +92,16 @@ func (l *netLab) cut(t *testing.T, i int) {
 }
 
 // command runs exe with args as a process inside host i's namespace.
-func (l *netLab) command(i int, exe string, args ...string) *exec.Cmd {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", l.hosts[i], exe}, args...)...)
+// With uts, the process also gets a UTS namespace of its own whose
+// hostname is the host's namespace name: the shim's HostID (boot id,
+// hostname, /dev/shm) then tells the simulated hosts apart, while the ranks
+// of one host still agree, as on real machines.
+func (l *netLab) command(i int, uts bool, exe string, args ...string) *exec.Cmd {
+	argv := append([]string{"netns", "exec", l.hosts[i]}, exe)
+	if uts {
+		argv = append([]string{"netns", "exec", l.hosts[i], "unshare", "--uts", "sh", "-c", `hostname "$0" && exec "$@"`, l.hosts[i]}, exe)
+	}
+	cmd := exec.Command("ip", append(argv, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return cmd
 }

@@ -36,6 +36,8 @@ const netLinkTimeout = time.Second
 type netRankSpec struct {
 	Rank, Size int
 	Host       string
+	PerHost    int    // ranks on each host (0: 1), hosts told apart by hostname (netLab.command)
+	SHM        bool   // Config.SHM: ranks on one host share memory, so with PerHost > 1 the all-reduce is hierarchical
 	Job        string // "matrix" or "cut"
 	Count      int    // float32s of the "cut" job's all-reduce
 	LateRank   int    // in the matrix, this rank starts its largest collectives late...
@@ -44,15 +46,16 @@ type netRankSpec struct {
 
 // netReport is one line a rank prints, prefixed with netReportTag.
 type netReport struct {
-	Peer     *PeerInfo `json:",omitempty"` // first: where it listens
-	Case     int       `json:",omitempty"` // a matrix case's index + 1
-	Sum      string    `json:",omitempty"` // sha256 of the case's result
-	Started  bool      `json:",omitempty"` // the cut job's all-reduce is moving data
-	Err      string    `json:",omitempty"`
-	IsPeer   bool      `json:",omitempty"` // Err wraps ErrPeer
-	PeerRank int       // the PeerError's rank, or -1
-	PeerKind string    `json:",omitempty"`
-	At       time.Time // when the report was made
+	Peer      *PeerInfo `json:",omitempty"` // first: where it listens
+	Case      int       `json:",omitempty"` // a matrix case's index + 1
+	Sum       string    `json:",omitempty"` // sha256 of the case's result
+	Transport string    `json:",omitempty"` // with Case: the Comm's Transport()
+	Started   bool      `json:",omitempty"` // the cut job's all-reduce is moving data
+	Err       string    `json:",omitempty"`
+	IsPeer    bool      `json:",omitempty"` // Err wraps ErrPeer
+	PeerRank  int       // the PeerError's rank, or -1
+	PeerKind  string    `json:",omitempty"`
+	At        time.Time // when the report was made
 }
 
 const netReportTag = "NETRANK "
@@ -91,32 +94,56 @@ func TestNetnsAllReduce(t *testing.T) {
 			if n == 3 {
 				spec.LateRank, spec.Late = n-1, netLinkTimeout*3/2
 			}
-			ranks := startNetRanks(t, lab, spec)
-			cases := netMatrix(n)
-			var in *inputs
-			for i, mc := range cases {
-				if in == nil || in.n != n || len(in.sumHalves) != mc.count {
-					in = newInputs(n, mc.count)
-				}
-				sum := sha256.Sum256(in.want(mc.dt, mc.op))
-				want := hex.EncodeToString(sum[:])
-				for r, rk := range ranks {
-					rep := rk.next(t, 2*time.Minute)
-					if rep.Err != "" {
-						t.Fatalf("rank %d, count=%d/%v/%v: %s", r, mc.count, mc.dt, mc.op, rep.Err)
-					}
-					if rep.Case != i+1 || rep.Sum != want {
-						t.Fatalf("rank %d, count=%d/%v/%v: case %d, result sha256 %.12s, want case %d, %.12s (the reference)",
-							r, mc.count, mc.dt, mc.op, rep.Case, rep.Sum, i+1, want)
-					}
-				}
-			}
-			for r, rk := range ranks {
-				if err := rk.wait(); err != nil {
-					t.Errorf("rank %d: %v", r, err)
-				}
-			}
+			checkNetMatrix(t, startNetRanks(t, lab, spec), "tcp")
 		})
+	}
+}
+
+// TestNetnsHierarchical runs the matrix with 2 ranks on each of 2 and 3
+// hosts (2 Gbit/s links) and shared memory allowed, so the all-reduce is
+// hierarchical: each host's ranks reduce in shared memory, their leaders
+// over the ring between the hosts, and the result goes back through shared
+// memory; bit for bit the reference on every rank.
+func TestNetnsHierarchical(t *testing.T) {
+	for _, hosts := range []int{2, 3} {
+		t.Run(fmt.Sprintf("hosts=%d", hosts), func(t *testing.T) {
+			lab := newNetLab(t, hosts, 2000)
+			ranks := startNetRanks(t, lab, netRankSpec{Job: "matrix", LateRank: -1, PerHost: 2, SHM: true})
+			checkNetMatrix(t, ranks, "hierarchical")
+		})
+	}
+}
+
+// checkNetMatrix reads every rank's reports of the matrix and compares each
+// result with the reference, and the transport with want.
+func checkNetMatrix(t *testing.T, ranks []*netRank, want string) {
+	t.Helper()
+	n := len(ranks)
+	var in *inputs
+	for i, mc := range netMatrix(n) {
+		if in == nil || in.n != n || len(in.sumHalves) != mc.count {
+			in = newInputs(n, mc.count)
+		}
+		sum := sha256.Sum256(in.want(mc.dt, mc.op))
+		ref := hex.EncodeToString(sum[:])
+		for r, rk := range ranks {
+			rep := rk.next(t, 2*time.Minute)
+			if rep.Err != "" {
+				t.Fatalf("rank %d, count=%d/%v/%v: %s", r, mc.count, mc.dt, mc.op, rep.Err)
+			}
+			if rep.Case != i+1 || rep.Sum != ref {
+				t.Fatalf("rank %d, count=%d/%v/%v: case %d, result sha256 %.12s, want case %d, %.12s (the reference)",
+					r, mc.count, mc.dt, mc.op, rep.Case, rep.Sum, i+1, ref)
+			}
+			if rep.Transport != want {
+				t.Fatalf("rank %d: transport %q, want %q", r, rep.Transport, want)
+			}
+		}
+	}
+	for r, rk := range ranks {
+		if err := rk.wait(); err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
 	}
 }
 
@@ -197,13 +224,14 @@ func startNetRanks(t *testing.T, lab *netLab, spec netRankSpec) []*netRank {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := len(lab.hosts)
+	per := max(1, spec.PerHost)
+	n := len(lab.hosts) * per
 	ranks := make([]*netRank, n)
 	peers := make([]PeerInfo, n)
 	for r := range n {
-		spec.Rank, spec.Size, spec.Host = r, n, lab.ips[r]
+		spec.Rank, spec.Size, spec.Host = r, n, lab.ips[r/per]
 		js, _ := json.Marshal(spec)
-		cmd := lab.command(r, exe, "-test.run=^TestNetnsRank$", "-test.timeout=2m")
+		cmd := lab.command(r/per, per > 1, exe, "-test.run=^TestNetnsRank$", "-test.timeout=2m")
 		cmd.Env = append(os.Environ(), netRankEnv+"="+string(js))
 		cmd.Stderr = os.Stderr
 		rk := &netRank{reports: make(chan netReport, 256), exited: make(chan struct{})}
@@ -304,7 +332,7 @@ func TestNetnsRank(t *testing.T) {
 	if err != nil {
 		t.Fatalf("read peers: %v", err)
 	}
-	cfg := Config{Timeout: time.Minute, LinkTimeout: netLinkTimeout}
+	cfg := Config{Timeout: time.Minute, LinkTimeout: netLinkTimeout, SHM: spec.SHM}
 	c, err := Connect(t.Context(), ep, spec.Rank, peers, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +360,7 @@ func TestNetnsRank(t *testing.T) {
 			return
 		}
 		sum := sha256.Sum256(buf)
-		report(netReport{Case: i + 1, Sum: hex.EncodeToString(sum[:])})
+		report(netReport{Case: i + 1, Sum: hex.EncodeToString(sum[:]), Transport: c.Transport()})
 	}
 }
 
