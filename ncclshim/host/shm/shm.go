@@ -28,10 +28,12 @@
 //
 // Collectives of Config.DirectMin bytes and more (64 KiB by default) take a
 // single-copy path instead when every rank can reach every other's memory
-// with process_vm_readv (Negotiate decides, once): the owner of a chunk
-// reads it from the peers' own buffers, and every rank reads the owners'
-// results straight into its own, reading and writing each byte of memory
-// once; no rank ever writes another's memory (direct.go).
+// with process_vm_readv and process_vm_writev (Negotiate decides, once): the
+// owner of a chunk reads it from the peers' own buffers a piece at a time,
+// adds it into its own, and writes each reduced piece, still in cache, into
+// the peers' buffers, so each rank's buffer is read once and written once
+// (direct.go); a per-rank gate keeps writes out of a buffer whose rank has
+// left the collective (gate.go).
 //
 // Every wait, and every step of a collective that does not wait, checks
 // Abort, ctx, the deadline and the peers' abort flag. A dead peer is seen
