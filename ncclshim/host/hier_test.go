@@ -44,11 +44,19 @@ func TestHierarchical(t *testing.T) {
 					t.Fatalf("rank %d: transport %q, want hierarchical", r, got)
 				}
 			}
-			for _, count := range []int{0, 1, n - 1, 1037, 300_001} {
-				in := newInputs(n, count)
-				for _, dt := range reduce.DTypes {
-					for _, op := range []reduce.Op{reduce.Sum, reduce.Avg} {
-						checkAllReduce(t, comms, in, dt, op)
+			for _, seg := range []int{defaultPipeSeg, 40 << 10} {
+				// 40 KiB segments pipeline the larger counts: a
+				// segment's ring overlaps the next one's shared
+				// memory, and segments end mid-element for no dtype.
+				for _, c := range comms {
+					c.hier.seg = seg
+				}
+				for _, count := range []int{0, 1, n - 1, 1037, 300_001} {
+					in := newInputs(n, count)
+					for _, dt := range reduce.DTypes {
+						for _, op := range []reduce.Op{reduce.Sum, reduce.Avg} {
+							checkAllReduce(t, comms, in, dt, op)
+						}
 					}
 				}
 			}
