@@ -24,8 +24,8 @@ import (
 // buffer: each rank's buffer is read once and written once, and a result
 // never goes back to memory to be read again. (Pulling the results instead,
 // every rank reading the owners' chunks, reads them from memory a second
-// time: on a 2-core VM, 2 processes at 64 MiB, 3.0-3.6 GB/s busbw against
-// pushing's 4.5-5.2.) It needs ptrace access to the peers (same user, and
+// time: on a 2-core VM, 2 processes at 64 MiB, 3.5-4.4 GB/s busbw against
+// pushing's 4.3-6.4.) It needs ptrace access to the peers (same user, and
 // Yama's ptrace_scope 0, or a container that allows it), so Negotiate probes
 // it once and every rank takes it only if all can.
 //
