@@ -273,7 +273,7 @@ func TestSidecarTwoNodes(t *testing.T) {
 		scs[n] = startSidecar(t, sock)
 		runs[n] = torchrun(t, sock, nil, "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
 			"--rdzv_endpoint", "127.0.0.1:"+port, "--rdzv_id", "two-nodes", trainPy(), "--steps", "30", "--log-every", "10",
-			"--ckpt-dir", t.TempDir(), "--slow-rank", "3", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "0.3")
+			"--ckpt-dir", t.TempDir(), "--slow-rank", "3", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "0.6")
 	}
 	var wg sync.WaitGroup
 	codes := [2]int{}
