@@ -223,13 +223,13 @@ func (c *Comm) reduceOwn(j *job, peers []peer, step uint32) error {
 	return nil
 }
 
-// peerMemError explains a failed read of a peer's memory: a peer that is
-// gone is that peer's failure, anything else a broken protocol.
+// peerMemError explains a failed read or write of a peer's memory: a peer
+// that is gone is that peer's failure, anything else a broken protocol.
 func (c *Comm) peerMemError(p peer, err error) error {
 	if errors.Is(err, unix.ESRCH) {
 		return &PeerError{Rank: p.rank, Kind: PeerLost, Err: fmt.Errorf("%w: rank %d (pid %d) is gone: %w", ErrPeer, p.rank, p.pid, err)}
 	}
-	return fmt.Errorf("%w: single copy: read rank %d's buffer (pid %d): %w", ErrPeer, p.rank, p.pid, err)
+	return fmt.Errorf("%w: single copy: reach rank %d's buffer (pid %d): %w", ErrPeer, p.rank, p.pid, err)
 }
 
 // vmRead copies len(dst) bytes at addr in process pid into dst.
