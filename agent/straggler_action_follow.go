@@ -72,11 +72,11 @@ func (a *Agent) publishedStragglers(s *session) func(context.Context) ([]telemet
 			if ns.Stalls == nil {
 				continue
 			}
-			for _, g := range ns.Stalls.Stragglers {
-				out = append(out, telemetry.Straggler{Rank: g.Rank, Last: g.Last, Steps: g.Steps,
-					Late: time.Duration(g.LateMS * float64(time.Millisecond)), Share: g.Share,
-					Cause: telemetry.Cause(g.Cause), Evidence: g.Evidence})
+			r, err := telemetry.DecodeReport(ns.Stalls)
+			if err != nil { // written by hand, or by another version: status shows it
+				continue
 			}
+			out = append(out, r.Named()...)
 		}
 		return out, nil
 	}

@@ -12,13 +12,36 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
-func publish(t *testing.T, e *Etcd, s NodeStalls) {
+func publish(t *testing.T, e *Etcd, s telemetry.Report) {
 	t.Helper()
-	if err := e.PublishStalls(t.Context(), s); err != nil {
+	if err := publishReport(t.Context(), e, s); err != nil {
 		t.Fatalf("PublishStalls: %v", err)
 	}
+}
+
+// publishReport encodes r as the watch does and publishes it.
+func publishReport(ctx context.Context, e *Etcd, r telemetry.Report) error {
+	b, err := r.Encode(time.Now())
+	if err != nil {
+		return err
+	}
+	return e.PublishStalls(ctx, b)
+}
+
+// stallsOf decodes n's report, nil when it has none.
+func stallsOf(t *testing.T, n NodeStatus) *telemetry.Report {
+	t.Helper()
+	if n.Stalls == nil {
+		return nil
+	}
+	r, err := telemetry.DecodeReport(n.Stalls)
+	if err != nil {
+		t.Fatalf("node %s: %v", n.Node, err)
+	}
+	return &r
 }
 
 // stallKeys counts the job's stalls/ keys.
@@ -43,9 +66,9 @@ func TestPublishStallsReadBack(t *testing.T) {
 		lines = append(lines, fmt.Sprintf("step %d bucket 3: rank 1 (h, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds", 800+i))
 	}
 	lines[10] = "step 810 " + strings.Repeat("é", 400) // 809 bytes
-	in := NodeStalls{
+	in := telemetry.Report{
 		Stalls:     lines,
-		Stragglers: []StragglerInfo{{Rank: 1, Host: "h", GPU: "GPU-5c1e", Last: 15, Steps: 20}},
+		Stragglers: []telemetry.ReportedStraggler{{Rank: 1, Host: "h", GPU: "GPU-5c1e", Last: 15, Steps: 20}},
 		Hang:       "step 9 bucket 2 (generation 0) has not finished 30.00 s after the first rank arrived\nPython stack of rank 1:\n...",
 	}
 	before := time.Now()
@@ -56,17 +79,17 @@ func TestPublishStallsReadBack(t *testing.T) {
 	if n.Role != RoleRunning || len(s.Malformed) != 0 {
 		t.Fatalf("node %+v, malformed %+v", n, s.Malformed)
 	}
-	got := n.Stalls
+	got := stallsOf(t, n)
 	if got == nil {
 		t.Fatalf("no stalls read back: %+v", n)
 	}
 	if got.Updated.Before(before.Add(-time.Second)) || got.Updated.After(time.Now()) {
 		t.Errorf("updated %v, want about %v", got.Updated, before)
 	}
-	if len(got.Stalls) != MaxStallLines || got.Stalls[0] != lines[2] || got.Stalls[9] != lines[11] {
-		t.Errorf("stalls %q, want the last %d of %d", got.Stalls, MaxStallLines, len(lines))
+	if len(got.Stalls) != telemetry.MaxStallLines || got.Stalls[0] != lines[2] || got.Stalls[9] != lines[11] {
+		t.Errorf("stalls %q, want the last %d of %d", got.Stalls, telemetry.MaxStallLines, len(lines))
 	}
-	if long := got.Stalls[8]; len(long) > MaxStallLineBytes || !utf8.ValidString(long) || !strings.HasPrefix(long, "step 810 éé") || !strings.HasSuffix(long, "…") {
+	if long := got.Stalls[8]; len(long) > telemetry.MaxStallLineBytes || !utf8.ValidString(long) || !strings.HasPrefix(long, "step 810 éé") || !strings.HasSuffix(long, "…") {
 		t.Errorf("long line: %d bytes, %q", len(long), long)
 	}
 	if !slices.Equal(got.Stragglers, in.Stragglers) {
@@ -80,10 +103,10 @@ func TestPublishStallsReadBack(t *testing.T) {
 	}
 
 	// A later report replaces the last, on the lease of the node entry.
-	publish(t, a, NodeStalls{Updated: before, Hang: "step 10 bucket 0 hung"})
+	publish(t, a, telemetry.Report{Updated: before, Hang: "step 10 bucket 0 hung"})
 	s = readStatus(t, cli, RootPrefix, "job")
 	n = nodeOf(t, s, a.Node())
-	if g := n.Stalls; g == nil || !g.Updated.Equal(before) || len(g.Stalls) != 0 || len(g.Stragglers) != 0 || g.Hang != "step 10 bucket 0 hung" {
+	if g := stallsOf(t, n); g == nil || !g.Updated.Equal(before) || len(g.Stalls) != 0 || len(g.Stragglers) != 0 || g.Hang != "step 10 bucket 0 hung" {
 		t.Fatalf("second report: %+v", n.Stalls)
 	}
 	resp, err := cli.Etcd().Get(t.Context(), Prefix(RootPrefix, "job")+stallsDir+a.Node())
@@ -94,15 +117,15 @@ func TestPublishStallsReadBack(t *testing.T) {
 	// ctx bounds it.
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if err := a.PublishStalls(ctx, NodeStalls{}); err == nil {
+	if err := publishReport(ctx, a, telemetry.Report{}); err == nil {
 		t.Errorf("PublishStalls with a cancelled ctx: no error")
 	}
 	// A bad straggler is the caller's bug: nothing is written.
-	err = a.PublishStalls(t.Context(), NodeStalls{Stalls: []string{"x"}, Stragglers: []StragglerInfo{{Rank: 3, Last: 21, Steps: 20}}})
+	err = publishReport(t.Context(), a, telemetry.Report{Stalls: []string{"x"}, Stragglers: []telemetry.ReportedStraggler{{Rank: 3, Last: 21, Steps: 20}}})
 	if err == nil || !strings.Contains(err.Error(), "straggler rank 3: last in 21 of 20 steps") {
 		t.Errorf("bad straggler: %v", err)
 	}
-	if g := nodeOf(t, readStatus(t, cli, RootPrefix, "job"), a.Node()).Stalls; g == nil || g.Hang != "step 10 bucket 0 hung" {
+	if g := stallsOf(t, nodeOf(t, readStatus(t, cli, RootPrefix, "job"), a.Node())); g == nil || g.Hang != "step 10 bucket 0 hung" {
 		t.Errorf("after a refused report: %+v", g)
 	}
 }
@@ -115,8 +138,8 @@ func TestStallsGoWithTheAgent(t *testing.T) {
 	a, b := open(t, dial(), cfg), open(t, dial(), cfg)
 	nextAll(t, a, b)
 	cli := dial()
-	publish(t, a, NodeStalls{Stalls: []string{"from a"}})
-	publish(t, b, NodeStalls{Stalls: []string{"from b"}})
+	publish(t, a, telemetry.Report{Stalls: []string{"from a"}})
+	publish(t, b, telemetry.Report{Stalls: []string{"from b"}})
 	if n := stallKeys(t, cli); n != 2 {
 		t.Fatalf("%d stalls keys, want 2", n)
 	}
@@ -125,7 +148,7 @@ func TestStallsGoWithTheAgent(t *testing.T) {
 	if n := stallKeys(t, cli); n != 1 {
 		t.Fatalf("after a left: %d stalls keys, want 1", n)
 	}
-	if err := a.PublishStalls(t.Context(), NodeStalls{Stalls: []string{"too late"}}); err == nil {
+	if err := publishReport(t.Context(), a, telemetry.Report{Stalls: []string{"too late"}}); err == nil {
 		t.Errorf("PublishStalls after Leave: no error")
 	}
 
@@ -133,7 +156,7 @@ func TestStallsGoWithTheAgent(t *testing.T) {
 	// without waiting for it.
 	lease := nodeOf(t, readStatus(t, cli, RootPrefix, "job"), b.Node()).Entry.Lease
 	b.Close()
-	if err := b.PublishStalls(t.Context(), NodeStalls{}); err == nil || !strings.Contains(err.Error(), "closed") {
+	if err := publishReport(t.Context(), b, telemetry.Report{}); err == nil || !strings.Contains(err.Error(), "closed") {
 		t.Errorf("PublishStalls after Close: %v", err)
 	}
 	if _, err := cli.Etcd().Revoke(t.Context(), clientv3.LeaseID(lease)); err != nil {
@@ -162,7 +185,7 @@ func TestStatusStallsWrittenByHand(t *testing.T) {
 	put(t, cli, p+nodesDir+"b", NodeInfo{Node: "b", Host: "host-b", State: NodeActive})
 	put(t, cli, p+stallsDir+"a", "{not json")
 	put(t, cli, p+stallsDir+"b", `{"updated": "2025-03-14T10:17:13Z", "stalls": ["step 1 bucket 0: rank 3 late"], "stragglers": [{"rank": 3, "host": "host-b", "gpu": "GPU-1", "last": 15, "steps": 20}]}`)
-	put(t, cli, p+stallsDir+"ghost", NodeStalls{Hang: "step 2 bucket 1 hung"})
+	put(t, cli, p+stallsDir+"ghost", telemetry.Report{Hang: "step 2 bucket 1 hung"})
 
 	s := readStatus(t, cli, RootPrefix, "fx")
 	if got, want := roles(s), "a:running b:running"; got != want {
@@ -174,86 +197,59 @@ func TestStatusStallsWrittenByHand(t *testing.T) {
 	if n := nodeOf(t, s, "a"); n.Stalls != nil || n.Malformed != "" || n.Entry == nil {
 		t.Fatalf("node a: %+v", n)
 	}
-	want := &NodeStalls{Updated: time.Date(2025, 3, 14, 10, 17, 13, 0, time.UTC), Stalls: []string{"step 1 bucket 0: rank 3 late"},
-		Stragglers: []StragglerInfo{{Rank: 3, Host: "host-b", GPU: "GPU-1", Last: 15, Steps: 20}}}
-	if got := nodeOf(t, s, "b").Stalls; fmt.Sprint(got) != fmt.Sprint(want) {
+	want := &telemetry.Report{Updated: time.Date(2025, 3, 14, 10, 17, 13, 0, time.UTC), Stalls: []string{"step 1 bucket 0: rank 3 late"},
+		Stragglers: []telemetry.ReportedStraggler{{Rank: 3, Host: "host-b", GPU: "GPU-1", Last: 15, Steps: 20}}}
+	if got := stallsOf(t, nodeOf(t, s, "b")); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("node b stalls %+v, want %+v", got, want)
 	}
 }
 
-func TestLimitStalls(t *testing.T) {
-	now := time.Date(2025, 3, 14, 10, 17, 13, 0, time.UTC)
-	many := func(n int, f func(int) string) []string {
-		var out []string
-		for i := range n {
-			out = append(out, f(i))
-		}
-		return out
-	}
+// TestStallsObject: the store keeps a report as opaque JSON: any object,
+// compacted onto one line; anything else is malformed.
+func TestStallsObject(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		in   NodeStalls
-		want NodeStalls
-		err  string
+		name, raw, want string
+		err             bool
 	}{
-		{name: "empty", want: NodeStalls{Updated: now, Stalls: []string{}, Stragglers: []StragglerInfo{}}},
-		{
-			name: "first lines only, blank lines dropped",
-			in:   NodeStalls{Updated: now.Add(-time.Minute), Stalls: []string{"a\nb", "  ", "\n", " c \r\n"}, Hang: "h1\r\nh2"},
-			want: NodeStalls{Updated: now.Add(-time.Minute), Stalls: []string{"a", "c"}, Stragglers: []StragglerInfo{}, Hang: "h1"},
-		},
-		{
-			name: "the newest lines stay",
-			in:   NodeStalls{Stalls: many(25, func(i int) string { return fmt.Sprint(i) })},
-			want: NodeStalls{Updated: now, Stalls: many(10, func(i int) string { return fmt.Sprint(15 + i) }), Stragglers: []StragglerInfo{}},
-		},
-		{
-			name: "long lines are cut",
-			in:   NodeStalls{Stalls: []string{strings.Repeat("x", 500), strings.Repeat("x", 501), strings.Repeat("x", 498) + "é"}, Hang: strings.Repeat("€", 200)},
-			want: NodeStalls{Updated: now, Stalls: []string{strings.Repeat("x", 500), strings.Repeat("x", 497) + "…", strings.Repeat("x", 498) + "é"},
-				Stragglers: []StragglerInfo{}, Hang: strings.Repeat("€", 165) + "…"},
-		},
-		{
-			name: "invalid UTF-8 counts as JSON stores it",
-			in:   NodeStalls{Stalls: []string{"a\xffb", strings.Repeat("\xff", 200)}},
-			want: NodeStalls{Updated: now, Stalls: []string{"a\uFFFDb", "\uFFFD"}, Stragglers: []StragglerInfo{}},
-		},
-		{
-			name: "stragglers capped, names cut",
-			in: NodeStalls{Stragglers: append([]StragglerInfo{{Rank: 0, Host: strings.Repeat("h", 300), GPU: "GPU-0\nx", Last: 0, Steps: 0}},
-				slices.Repeat([]StragglerInfo{{Rank: 1, Last: 1, Steps: 2}}, 12)...)},
-			want: NodeStalls{Updated: now, Stalls: []string{}, Stragglers: append([]StragglerInfo{{Rank: 0, Host: strings.Repeat("h", 253) + "…", GPU: "GPU-0"}},
-				slices.Repeat([]StragglerInfo{{Rank: 1, Last: 1, Steps: 2}}, 9)...)},
-		},
-		{name: "negative rank", in: NodeStalls{Stragglers: []StragglerInfo{{Rank: -1}}}, err: "straggler rank -1: last in 0 of 0 steps"},
-		{name: "negative count", in: NodeStalls{Stragglers: []StragglerInfo{{Rank: 1, Last: -1, Steps: 2}}}, err: "straggler rank 1: last in -1 of 2 steps"},
-		{name: "negative late", in: NodeStalls{Stragglers: []StragglerInfo{{Rank: 1, Last: 1, Steps: 2, LateMS: -1}}}, err: "straggler rank 1: late -1 ms, share 0 of step time"},
-		{name: "share above 1", in: NodeStalls{Stragglers: []StragglerInfo{{Rank: 1, Last: 1, Steps: 2, Share: 1.5}}}, err: "straggler rank 1: late 0 ms, share 1.5 of step time"},
-		{
-			name: "a bad straggler past the cap",
-			in:   NodeStalls{Stragglers: append(slices.Repeat([]StragglerInfo{{Rank: 1, Last: 1, Steps: 2}}, 10), StragglerInfo{Rank: 2, Last: 3, Steps: 2})},
-			err:  "straggler rank 2: last in 3 of 2 steps",
-		},
+		{name: "a report", raw: `{"updated":"2025-03-14T10:17:13Z","stalls":[],"stragglers":[]}`, want: `{"updated":"2025-03-14T10:17:13Z","stalls":[],"stragglers":[]}`},
+		{name: "written by hand", raw: "{\n  \"hang\": \"step 2\",\n  \"x\": [1, 2]\n}\n", want: `{"hang":"step 2","x":[1,2]}`},
+		{name: "not json", raw: "{not json", err: true},
+		{name: "null", raw: "null", err: true},
+		{name: "a list", raw: "[]", err: true},
+		{name: "empty", raw: "", err: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := limitStalls(tc.in, now)
-			if tc.err != "" {
-				if err == nil || err.Error() != tc.err {
-					t.Fatalf("got error %v, want %q", err, tc.err)
-				}
-				return
+			got, err := stallsObject([]byte(tc.raw))
+			if (err != nil) != tc.err {
+				t.Fatalf("got error %v, want one: %v", err, tc.err)
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if encode(got) != encode(tc.want) {
-				t.Fatalf("got %s, want %s", encode(got), encode(tc.want))
-			}
-			for _, l := range append(slices.Clone(got.Stalls), got.Hang) {
-				if len(l) > MaxStallLineBytes {
-					t.Fatalf("a line of %d bytes", len(l))
-				}
+			if string(got) != tc.want {
+				t.Errorf("got %s, want %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestPublishStallsRefuses: what status could not show is not written.
+func TestPublishStallsRefuses(t *testing.T) {
+	dial := testStore(t)
+	a := open(t, dial(), testConfig(t, 1, 1))
+	nextAll(t, a)
+	for _, tc := range []struct {
+		name, raw, err string
+	}{
+		{name: "not an object", raw: "[1]", err: "not a JSON object"},
+		{name: "not json", raw: "{", err: "unexpected end of JSON input"},
+		{name: "too large", raw: `{"hang":"` + strings.Repeat("x", MaxStallsBytes) + `"}`, err: "more than 65536"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := a.PublishStalls(t.Context(), []byte(tc.raw))
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("got %v, want an error with %q", err, tc.err)
+			}
+		})
+	}
+	if n := stallKeys(t, dial()); n != 0 {
+		t.Errorf("got %d stalls keys, want 0", n)
 	}
 }

@@ -10,7 +10,7 @@
 //	<prefix>job                 JobInfo, written once by the first agent
 //	<prefix>state               State: the generation, its phase and members
 //	<prefix>nodes/<node>        NodeInfo of each live agent, on its lease
-//	<prefix>stalls/<node>       NodeStalls: the slow collectives its agent saw, on its lease
+//	<prefix>stalls/<node>       the slow collectives its agent saw (telemetry.Report, opaque here), on its lease
 //	<prefix>rounds/<gen>/<node> JoinInfo: the node asks to join round <gen>, on its lease
 //	<prefix>leaders/<gen>       the join key of round <gen>'s leader, on its lease
 //	<prefix>members/<gen>/<by>  the members of round <gen> as closed by node <by>, a JSON list
@@ -193,35 +193,6 @@ type WorkerGPU struct {
 	UUID      string `json:"uuid,omitempty"`
 	CPUs      string `json:"cpus,omitempty"` // bound CPUs, "" when not bound
 	MemNode   int    `json:"mem_node"`       // NUMA node of its memory policy, -1: none
-}
-
-// NodeStalls is what a node's agent saw of slow collectives among its own
-// workers, for status. The agent replaces it as it learns more; it lives
-// on the agent's lease, so it disappears with the agent.
-type NodeStalls struct {
-	Updated time.Time `json:"updated"`
-	// Stalls are the last stall reports, one line each, newest last, at
-	// most MaxStallLines of at most MaxStallLineBytes, e.g. "step 812
-	// bucket 3: rank 5 (node-b, GPU 1, pid 4411) arrived 2.31 s after the
-	// others; 7 ranks waited 16.2 GPU-seconds".
-	Stalls     []string        `json:"stalls"`
-	Stragglers []StragglerInfo `json:"stragglers"`     // persistent stragglers, at most MaxStragglers
-	Hang       string          `json:"hang,omitempty"` // the first line of the last hang report, if any
-}
-
-// StragglerInfo is a rank that arrived last in most of the recent steps.
-type StragglerInfo struct {
-	Rank  int    `json:"rank"`  // global rank
-	Host  string `json:"host"`  // where it runs, "" if unknown
-	GPU   string `json:"gpu"`   // the UUID of its GPU, "" without one
-	Last  int    `json:"last"`  // of the last Steps steps, how many it held the others back in
-	Steps int    `json:"steps"` // the steps looked at
-	// The wait it caused (median, in its steps) and its share of step time.
-	LateMS float64 `json:"late_ms,omitempty"`
-	Share  float64 `json:"share,omitempty"`
-	// Why: input, compute, gpu, host, network or unknown, and the evidence.
-	Cause    string `json:"cause,omitempty"`
-	Evidence string `json:"evidence,omitempty"`
 }
 
 // JoinInfo is a node's request to join one round.

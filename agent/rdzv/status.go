@@ -2,6 +2,7 @@ package rdzv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -63,13 +64,15 @@ const (
 //	                        gpus: NodeGPUs, its GPUs and its workers'
 //	                        placement, absent on a node without NVML, ...)
 //	             join       its JoinInfo in the open round, if it joined
-//	             stalls     its NodeStalls (stalls/<node>), if its agent
-//	                        published any: updated, stalls (the last
-//	                        stall reports, one line each, newest last),
-//	                        stragglers ([{rank, host, gpu, last, steps}]:
-//	                        persistent stragglers, last in <last> of the
-//	                        last <steps> steps), hang (the first line of
-//	                        the last hang report, absent when none)
+//	             stalls     its agent's stalls report (stalls/<node>), if
+//	                        it published one, as stored: a
+//	                        telemetry.Report, opaque to this package:
+//	                        updated, stalls (the last stall reports, one
+//	                        line each, newest last), stragglers ([{rank,
+//	                        host, gpu, last, steps, ...}]: persistent
+//	                        stragglers, last in <last> of the last <steps>
+//	                        steps), hang (the first line of the last hang
+//	                        report, absent when none)
 //	             malformed  why its node entry did not parse
 //	malformed  every value that did not parse: [{"key", "error"}]
 //	store_members  the store's etcd members: [{name, id, endpoints,
@@ -92,13 +95,13 @@ type Status struct {
 
 // NodeStatus is one node of a Status; see Status for its JSON form.
 type NodeStatus struct {
-	Node      string      `json:"node"`
-	Role      Role        `json:"role"`
-	Member    *Member     `json:"member,omitempty"`
-	Entry     *NodeInfo   `json:"entry,omitempty"`
-	Join      *JoinInfo   `json:"join,omitempty"`
-	Stalls    *NodeStalls `json:"stalls,omitempty"`
-	Malformed string      `json:"malformed,omitempty"`
+	Node      string          `json:"node"`
+	Role      Role            `json:"role"`
+	Member    *Member         `json:"member,omitempty"`
+	Entry     *NodeInfo       `json:"entry,omitempty"`
+	Join      *JoinInfo       `json:"join,omitempty"`
+	Stalls    json.RawMessage `json:"stalls,omitempty"` // telemetry.Report's JSON, compacted; nil when none
+	Malformed string          `json:"malformed,omitempty"`
 
 	joinRev int64 // create revision of its join key: the join order
 }
@@ -291,12 +294,12 @@ func (s *Status) collectNodes(prefix string, k *jobKeys) {
 		if n == nil {
 			continue
 		}
-		var st NodeStalls
-		if err := decode(key, kv.Value, &st); err != nil {
-			s.bad(key, err)
+		st, err := stallsObject(kv.Value)
+		if err != nil {
+			s.bad(key, fmt.Errorf("malformed value at %s: %w", key, err))
 			continue
 		}
-		n.Stalls = &st
+		n.Stalls = st
 	}
 
 	for _, n := range byNode {

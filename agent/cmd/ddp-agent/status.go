@@ -15,6 +15,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
 const statusUsage = `Usage: ddp-agent status --rdzv-endpoint HOST:PORT[,HOST:PORT...] [flags]
@@ -435,13 +436,20 @@ const stallLines = 3
 func renderStalls(w io.Writer, st *rdzv.Status, now time.Time) {
 	header := false
 	for _, n := range st.Nodes {
-		s := n.Stalls
-		if s == nil || len(s.Stalls) == 0 && len(s.Stragglers) == 0 && s.Hang == "" {
+		if n.Stalls == nil {
+			continue
+		}
+		s, err := telemetry.DecodeReport(n.Stalls)
+		if err == nil && len(s.Stalls) == 0 && len(s.Stragglers) == 0 && s.Hang == "" {
 			continue
 		}
 		if !header {
 			fmt.Fprintln(w, "\nSTALLS")
 			header = true
+		}
+		if err != nil {
+			fmt.Fprintf(w, "%s\n  malformed: %v\n", n.Node, err)
+			continue
 		}
 		if s.Updated.IsZero() {
 			fmt.Fprintln(w, n.Node)

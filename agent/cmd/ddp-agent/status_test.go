@@ -16,6 +16,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
 // startStore starts an embedded etcd for one test and returns its endpoint
@@ -171,11 +172,15 @@ func TestStatusJSON(t *testing.T) {
 	cfg.Hosted = true
 	a := openAgent(t, ep, cfg)
 	formRound(t, a)
-	stalls := rdzv.NodeStalls{
+	stalls := telemetry.Report{
 		Stalls:     []string{"step 812 bucket 3: rank 1 (h, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds"},
-		Stragglers: []rdzv.StragglerInfo{{Rank: 1, Host: "h", GPU: "GPU-5c1e", Last: 15, Steps: 20}},
+		Stragglers: []telemetry.ReportedStraggler{{Rank: 1, Host: "h", GPU: "GPU-5c1e", Last: 15, Steps: 20}},
 	}
-	if err := a.PublishStalls(t.Context(), stalls); err != nil {
+	report, err := stalls.Encode(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PublishStalls(t.Context(), report); err != nil {
 		t.Fatal(err)
 	}
 
@@ -224,7 +229,7 @@ func TestStatusJSON(t *testing.T) {
 			t.Fatalf("no %q in the node's stalls: %s", k, nodes.Nodes[0])
 		}
 	}
-	if s := got.Nodes[0].Stalls; s == nil || s.Updated.IsZero() || fmt.Sprint(s.Stalls, s.Stragglers) != fmt.Sprint(stalls.Stalls, stalls.Stragglers) || s.Hang != "" {
+	if s := decodeReport(t, got.Nodes[0].Stalls); s == nil || s.Updated.IsZero() || fmt.Sprint(s.Stalls, s.Stragglers) != fmt.Sprint(stalls.Stalls, stalls.Stragglers) || s.Hang != "" {
 		t.Fatalf("stalls %+v, want %+v", s, stalls)
 	}
 
@@ -238,6 +243,29 @@ $`)
 	if code != 0 || errOut != "" || !ok || !want.MatchString(section) {
 		t.Fatalf("exit %d, stderr %q, stalls section %q", code, errOut, section)
 	}
+}
+
+// encodeReport is r as an agent stores it.
+func encodeReport(t *testing.T, r telemetry.Report) json.RawMessage {
+	t.Helper()
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// decodeReport is the report status read, nil when none.
+func decodeReport(t *testing.T, raw json.RawMessage) *telemetry.Report {
+	t.Helper()
+	if raw == nil {
+		return nil
+	}
+	r, err := telemetry.DecodeReport(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &r
 }
 
 func TestStatusSeveralJobs(t *testing.T) {
@@ -409,8 +437,8 @@ func TestRenderStatus(t *testing.T) {
 	}
 	st.Nodes[0].Entry.GPUs = &rdzv.NodeGPUs{Summary: "2× NVIDIA A40, PCIe only, up to PIX, driver 535.183.01, CUDA 12.2", Binding: "node", Ring: []int{1, 0}}
 	st.Nodes[2].Entry.GPUs = &rdzv.NodeGPUs{Summary: "2× NVIDIA H100 80GB HBM3, NVLink between all pairs (NV18 or more)", Binding: "exclusive", Ring: []int{0, 1}}
-	st.Nodes[0].Stalls = &rdzv.NodeStalls{Updated: now.Add(-time.Minute), Stalls: []string{}, Stragglers: []rdzv.StragglerInfo{}} // nothing to show
-	st.Nodes[2].Stalls = &rdzv.NodeStalls{
+	st.Nodes[0].Stalls = encodeReport(t, telemetry.Report{Updated: now.Add(-time.Minute), Stalls: []string{}, Stragglers: []telemetry.ReportedStraggler{}}) // nothing to show
+	st.Nodes[2].Stalls = encodeReport(t, telemetry.Report{
 		Updated: now.Add(-12 * time.Second),
 		Stalls: []string{
 			"step 808 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.12 s after the others; 1 ranks waited 2.1 GPU-seconds",
@@ -419,10 +447,10 @@ func TestRenderStatus(t *testing.T) {
 			"step 811 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.28 s after the others; 1 ranks waited 2.3 GPU-seconds",
 			"step 812 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds",
 		},
-		Stragglers: []rdzv.StragglerInfo{{Rank: 5, Host: "vm3", GPU: "GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c", Last: 15, Steps: 20, LateMS: 212, Share: 0.104,
+		Stragglers: []telemetry.ReportedStraggler{{Rank: 5, Host: "vm3", GPU: "GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c", Last: 15, Steps: 20, LateMS: 212, Share: 0.104,
 			Cause: "gpu", Evidence: "forward and backward take 210ms longer and its GPU is slowed: throttled: hw thermal slowdown"}, {Rank: 4, Last: 6, Steps: 20}},
 		Hang: "step 813 bucket 0 (generation 3) has not finished 30.00 s after the first rank arrived; waiting: rank 4; never arrived: rank 5 (vm3, GPU 1, pid 4411). Aborting the communicators and restarting the job.",
-	}
+	})
 	var b strings.Builder
 	renderStatus(&b, st, "127.0.0.1:29400", now)
 	want := `job t1 (store 127.0.0.1:29400)   generation 3   running since 10:15:03 (2m10s)

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
@@ -75,8 +74,8 @@ func (s *Watch) reportStall(c telemetry.Collective) {
 		"duration", c.Duration().Round(time.Millisecond), "threshold", st.Threshold.Round(time.Millisecond))
 	s.mu.Lock()
 	s.stalls = append(s.stalls, msg)
-	if len(s.stalls) > rdzv.MaxStallLines {
-		s.stalls = s.stalls[len(s.stalls)-rdzv.MaxStallLines:]
+	if len(s.stalls) > telemetry.MaxStallLines {
+		s.stalls = s.stalls[len(s.stalls)-telemetry.MaxStallLines:]
 	}
 	s.dirty = true
 	s.mu.Unlock()

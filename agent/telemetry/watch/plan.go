@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/relay"
 )
@@ -30,9 +29,18 @@ type Attempt struct {
 	StackDir string             // where the workers' ddp_agent writes its stacks
 	// KV is the job-wide store the leader publishes its relay address in;
 	// nil without one (each node then analyzes its own ranks).
-	KV    control.KV
+	KV    KV
 	JobID string
 	Token string // --rdzv-token; "": the leader's relay makes a random secret and publishes it in KV
+}
+
+// KV is the job-wide store the relay plan uses: the agent's control.KV,
+// or a sidecar's endpoint carried through its workers.
+type KV interface {
+	// Set stores value under key.
+	Set(ctx context.Context, key string, value []byte) error
+	// Get blocks until key exists or ctx is done.
+	Get(ctx context.Context, key string) ([]byte, error)
 }
 
 // relayWait bounds a follower's wait for the leader's relay address; past

@@ -5,12 +5,13 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
-// Publisher is the rendezvous when it has a store for `ddp-agent status`.
+// Publisher is the rendezvous when it has a store for `ddp-agent status`:
+// it keeps the encoded telemetry.Report as opaque data (rdzv.Etcd).
 type Publisher interface {
-	PublishStalls(context.Context, rdzv.NodeStalls) error
+	PublishStalls(ctx context.Context, report []byte) error
 }
 
 // Publish puts what status shows into the store every 2 s while there is
@@ -31,14 +32,16 @@ func (s *Watch) Publish(ctx context.Context, pub Publisher) {
 			continue
 		}
 		s.dirty = false
-		ns := rdzv.NodeStalls{Stalls: slices.Clone(s.stalls), Hang: s.lastHang}
+		r := telemetry.Report{Stalls: slices.Clone(s.stalls), Hang: s.lastHang}
 		s.mu.Unlock()
 		for _, st := range stragglers {
-			w := s.Worker(st.Rank)
-			ns.Stragglers = append(ns.Stragglers, rdzv.StragglerInfo{Rank: st.Rank, Last: st.Last, Steps: st.Steps, Host: w.Host, GPU: w.GPU,
-				LateMS: float64(st.Late) / float64(time.Millisecond), Share: st.Share, Cause: string(st.Cause), Evidence: st.Evidence})
+			r.Stragglers = append(r.Stragglers, telemetry.ReportStraggler(st, s.Worker(st.Rank)))
 		}
-		if err := pub.PublishStalls(ctx, ns); err != nil {
+		b, err := r.Encode(time.Now())
+		if err == nil {
+			err = pub.PublishStalls(ctx, b)
+		}
+		if err != nil {
 			s.log.Debug("publish stalls for status", "err", err)
 			s.mu.Lock()
 			s.dirty = true // again at the next tick
