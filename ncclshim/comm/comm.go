@@ -21,6 +21,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
@@ -229,7 +230,7 @@ func (c *Comm) Connect(lines []string) error {
 	switch {
 	case c.closed:
 		c.mu.Unlock()
-		return status.ErrClosed
+		return failure.ErrClosed
 	case c.tr != nil || ep == nil:
 		c.mu.Unlock()
 		return status.Errorf(status.Invalid, "communicator is already connected")
@@ -256,7 +257,7 @@ func (c *Comm) Connect(lines []string) error {
 	if c.closed {
 		c.mu.Unlock()
 		tr.Close()
-		return status.ErrClosed
+		return failure.ErrClosed
 	}
 	c.tr = tr
 	c.exec.Add(1) // under mu: close either sees tr and waits for the executor, or neither
@@ -293,7 +294,7 @@ func (c *Comm) enqueue(w *Work) error {
 	defer c.mu.Unlock()
 	switch {
 	case c.closed:
-		return status.ErrClosed
+		return failure.ErrClosed
 	case c.tr == nil:
 		return status.Errorf(status.Invalid, "communicator is not connected (call ddpshim_connect first)")
 	}
@@ -384,7 +385,7 @@ func (c *Comm) awaitAbort(err error) error {
 	c.mu.Lock()
 	supervised := c.agent != nil || c.side != nil
 	c.mu.Unlock()
-	if !supervised || !errors.Is(err, host.ErrPeer) {
+	if !supervised || !errors.Is(err, failure.ErrPeer) {
 		return nil
 	}
 	t := time.NewTimer(causeGrace)
@@ -454,8 +455,8 @@ func (c *Comm) run(tr allReducer, w *Work, locked bool) {
 // Abort fails pending and later collectives with cause; the first cause
 // wins. It returns at once.
 func (c *Comm) Abort(cause error) {
-	if !errors.Is(cause, status.ErrAborted) {
-		cause = fmt.Errorf("%w: %w", status.ErrAborted, cause)
+	if !errors.Is(cause, failure.ErrAborted) {
+		cause = fmt.Errorf("%w: %w", failure.ErrAborted, cause)
 	}
 	c.cancel(cause)
 	c.mu.Lock()
@@ -471,7 +472,7 @@ func (c *Comm) Abort(cause error) {
 
 // Close aborts pending work, stops the goroutines and releases the
 // transport and the agent connection. Works still queued fail with
-// status.ErrClosed.
+// failure.ErrClosed.
 func (c *Comm) Close() {
 	c.mu.Lock()
 	if c.closed {
@@ -491,9 +492,9 @@ func (c *Comm) Close() {
 	ep, tr := c.ep, c.tr
 	c.mu.Unlock()
 	if pending {
-		c.Abort(status.ErrClosed)
+		c.Abort(failure.ErrClosed)
 	}
-	c.cancel(status.ErrClosed)
+	c.cancel(failure.ErrClosed)
 	if ep != nil {
 		ep.Close()
 	}
@@ -503,7 +504,7 @@ func (c *Comm) Close() {
 	c.queue = nil
 	c.mu.Unlock()
 	for _, w := range queue {
-		w.err = status.ErrClosed
+		w.err = failure.ErrClosed
 		close(w.done)
 	}
 	c.mu.Lock()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 	"github.com/ddp-agent/ddp-agent/wire"
@@ -113,7 +114,7 @@ func (c *Comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 	switch {
 	case c.closed:
 		c.mu.Unlock()
-		return status.ErrClosed
+		return failure.ErrClosed
 	case c.nc != nil:
 		c.mu.Unlock()
 		return status.Errorf(status.Invalid, "communicator is already connected")
@@ -140,7 +141,7 @@ func (c *Comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 	defer c.mu.Unlock()
 	if c.closed {
 		nc.Abort()
-		return status.ErrClosed
+		return failure.ErrClosed
 	}
 	c.nc = nc
 	c.cu = cu
@@ -160,7 +161,7 @@ func (c *Comm) allreduceNCCL(w *Work, ptr unsafe.Pointer, count int64, stream un
 	c.mu.Unlock()
 	switch {
 	case closed:
-		return status.ErrClosed
+		return failure.ErrClosed
 	case nc == nil:
 		return status.Errorf(status.Invalid, "communicator is not connected (call ddpshim_connect first)")
 	}

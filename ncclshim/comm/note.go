@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/ncclshim/host"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 )
 
 // Note is what a process's communicators leave for the agent
@@ -69,7 +69,7 @@ func (c *Comm) updateNote(change func(*Note) bool) {
 // it. The process's first such note stays: a second communicator failing
 // later fails for the same reason.
 func (c *Comm) notePeerFailure(err error, at time.Time) {
-	var pe *host.PeerError
+	var pe *failure.PeerError
 	if !errors.As(err, &pe) {
 		return
 	}
@@ -78,7 +78,7 @@ func (c *Comm) notePeerFailure(err error, at time.Time) {
 			return false
 		}
 		n.Communicator, n.Rank, n.WorldSize, n.Peer = c.cfg.Name, c.rank, c.size, &pe.Rank
-		n.Kind, n.TimeNanos, n.Message = pe.Kind, at.UnixNano(), err.Error()
+		n.Kind, n.TimeNanos, n.Message = string(pe.Kind), at.UnixNano(), err.Error()
 		return true
 	})
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
-	"github.com/ddp-agent/ddp-agent/ncclshim/status"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -98,7 +98,7 @@ func (l *sidecarLink) run(ctx context.Context) {
 				return
 			}
 			if cl.Told() {
-				l.c.Abort(fmt.Errorf("%w: %s", status.ErrAborted, cl.AbortReason()))
+				l.c.Abort(fmt.Errorf("%w: %s", failure.ErrAborted, cl.AbortReason()))
 				return
 			}
 			l.c.log.Warn("sidecar connection lost: training goes on; redialing", "reason", cl.AbortReason())
@@ -166,7 +166,7 @@ func (c *Comm) startShipping(cl *agentconn.Client) {
 		defer c.bg.Done()
 		select {
 		case <-cl.Aborted():
-			c.Abort(fmt.Errorf("%w: %s", status.ErrAborted, cl.AbortReason()))
+			c.Abort(fmt.Errorf("%w: %s", failure.ErrAborted, cl.AbortReason()))
 		case <-c.bgCtx.Done():
 		}
 	}()

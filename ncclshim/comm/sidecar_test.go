@@ -11,8 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
-	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -152,7 +152,7 @@ func TestSidecarLink(t *testing.T) {
 	}
 	eventually(t, "the abort", func() bool {
 		err := allreduceOne(t, c, 6)
-		return errors.Is(err, status.ErrAborted)
+		return errors.Is(err, failure.ErrAborted)
 	})
 }
 

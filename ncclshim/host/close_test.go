@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -46,8 +47,8 @@ func TestAllReduceAfterNeighbourClosed(t *testing.T) {
 		return comms[[]int{0, 2}[i]].AllReduce(t.Context(), buf, reduce.Float32, reduce.Sum)
 	})
 	for i, err := range errs {
-		if !errors.Is(err, ErrPeer) && !errors.Is(err, ErrAborted) {
-			t.Errorf("rank %d: got %v, want ErrPeer", []int{0, 2}[i], err)
+		if !errors.Is(err, failure.ErrPeer) && !errors.Is(err, failure.ErrAborted) {
+			t.Errorf("rank %d: got %v, want failure.ErrPeer", []int{0, 2}[i], err)
 		}
 	}
 	if d := time.Since(start); d > 5*time.Second {

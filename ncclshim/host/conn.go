@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
 )
 
@@ -59,10 +60,10 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 	defer e.Close()
 	n := len(peers)
 	if n == 0 || rank < 0 || rank >= n {
-		return nil, fmt.Errorf("connect: %w: rank %d of world size %d", ErrInvalid, rank, n)
+		return nil, fmt.Errorf("connect: %w: rank %d of world size %d", failure.ErrInvalid, rank, n)
 	}
 	if peers[rank].Nonce != e.info.Nonce {
-		return nil, fmt.Errorf("connect rank %d: %w: peers[%d] is not this endpoint", rank, ErrInvalid, rank)
+		return nil, fmt.Errorf("connect rank %d: %w: peers[%d] is not this endpoint", rank, failure.ErrInvalid, rank)
 	}
 	cfg = cfg.withDefaults()
 	if n == 1 {
@@ -70,7 +71,7 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 	}
 	prev, next := (rank+n-1)%n, (rank+1)%n
 	if peers[next].Addr == "" {
-		return nil, fmt.Errorf("connect rank %d: %w: rank %d has no address", rank, ErrInvalid, next)
+		return nil, fmt.Errorf("connect rank %d: %w: rank %d has no address", rank, failure.ErrInvalid, next)
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
@@ -109,7 +110,7 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 		case err == nil:
 			err = r.err
 			cancel() // stop the other half
-		case errors.Is(r.err, ErrTimeout): // both halves ran out of time
+		case errors.Is(r.err, failure.ErrTimeout): // both halves ran out of time
 			err = fmt.Errorf("%w; %w", err, r.err)
 		}
 	}
@@ -158,7 +159,7 @@ func dial(ctx context.Context, peer PeerInfo, rank, size int, log *slog.Logger) 
 				return tc, nil
 			}
 			tc.Close()
-			if errors.Is(err, ErrPeer) {
+			if errors.Is(err, failure.ErrPeer) {
 				return nil, err
 			}
 		}
@@ -224,11 +225,11 @@ func accept(ctx context.Context, ln *net.TCPListener, from, size int, nonce stri
 }
 
 // clientHandshake sends the hello on c and reads the reply. A rejection or
-// a reply that is not ours wraps ErrPeer; an I/O error does not (the dialer
+// a reply that is not ours wraps failure.ErrPeer; an I/O error does not (the dialer
 // retries those).
 func clientHandshake(ctx context.Context, c *net.TCPConn, rank, size int, nonce string) error {
 	if len(nonce) > 255 {
-		return fmt.Errorf("%w: nonce of %d bytes", ErrInvalid, len(nonce))
+		return fmt.Errorf("%w: nonce of %d bytes", failure.ErrInvalid, len(nonce))
 	}
 	defer context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })()
 	hello := make([]byte, helloLen, helloLen+len(nonce))
@@ -246,14 +247,14 @@ func clientHandshake(ctx context.Context, c *net.TCPConn, rank, size int, nonce 
 		return fmt.Errorf("read handshake reply: %w", err)
 	}
 	if string(reply[:4]) != magic {
-		return fmt.Errorf("%w: handshake reply %q is not from a ddp-agent host transport", ErrPeer, reply[:])
+		return fmt.Errorf("%w: handshake reply %q is not from a ddp-agent host transport", failure.ErrPeer, reply[:])
 	}
 	if st := reply[6]; st != statusOK {
 		text, ok := statusText[st]
 		if !ok {
 			text = fmt.Sprintf("status %d", st)
 		}
-		return fmt.Errorf("%w: handshake rejected: %s (peer protocol version %d)", ErrPeer, text, binary.LittleEndian.Uint16(reply[4:]))
+		return fmt.Errorf("%w: handshake rejected: %s (peer protocol version %d)", failure.ErrPeer, text, binary.LittleEndian.Uint16(reply[4:]))
 	}
 	return nil
 }
@@ -314,12 +315,12 @@ func tune(c *net.TCPConn, linkTimeout time.Duration) error {
 	return nil
 }
 
-// ctxError classifies the end of ctx: a deadline is ErrTimeout, anything
-// else ErrAborted. last, the error seen before, adds context when not nil.
+// ctxError classifies the end of ctx: a deadline is failure.ErrTimeout, anything
+// else failure.ErrAborted. last, the error seen before, adds context when not nil.
 func ctxError(ctx context.Context, last error) error {
-	kind := ErrAborted
+	kind := failure.ErrAborted
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		kind = ErrTimeout
+		kind = failure.ErrTimeout
 	}
 	if last == nil || errors.Is(last, context.Canceled) || errors.Is(last, context.DeadlineExceeded) {
 		return fmt.Errorf("%w: %w", kind, context.Cause(ctx))

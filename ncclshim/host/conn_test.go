@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -68,8 +69,8 @@ func TestStrangers(t *testing.T) {
 			}
 			defer c.Close()
 			err = clientHandshake(t.Context(), c.(*net.TCPConn), tc.rank, tc.size, tc.nonce)
-			if !errors.Is(err, ErrPeer) || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("got %v, want ErrPeer saying %q", err, tc.want)
+			if !errors.Is(err, failure.ErrPeer) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want failure.ErrPeer saying %q", err, tc.want)
 			}
 		})
 	}
@@ -120,12 +121,12 @@ func TestConnectErrors(t *testing.T) {
 		want  error
 		after time.Duration // how long it should take
 	}{
-		{"rank out of range", func(_ []*Endpoint, p []PeerInfo) []PeerInfo { return p }, 2, ErrInvalid, 0},
-		{"negative rank", func(_ []*Endpoint, p []PeerInfo) []PeerInfo { return p }, -1, ErrInvalid, 0},
-		{"no peers", func([]*Endpoint, []PeerInfo) []PeerInfo { return nil }, 0, ErrInvalid, 0},
-		{"not this endpoint", func(_ []*Endpoint, p []PeerInfo) []PeerInfo { return []PeerInfo{p[1], p[0]} }, 0, ErrInvalid, 0},
-		{"peer never connects", func(_ []*Endpoint, p []PeerInfo) []PeerInfo { return p }, 0, ErrTimeout, timeout},
-		{"nothing listening", func(eps []*Endpoint, p []PeerInfo) []PeerInfo { eps[1].Close(); return p }, 0, ErrTimeout, timeout},
+		{"rank out of range", func(_ []*Endpoint, p []PeerInfo) []PeerInfo { return p }, 2, failure.ErrInvalid, 0},
+		{"negative rank", func(_ []*Endpoint, p []PeerInfo) []PeerInfo { return p }, -1, failure.ErrInvalid, 0},
+		{"no peers", func([]*Endpoint, []PeerInfo) []PeerInfo { return nil }, 0, failure.ErrInvalid, 0},
+		{"not this endpoint", func(_ []*Endpoint, p []PeerInfo) []PeerInfo { return []PeerInfo{p[1], p[0]} }, 0, failure.ErrInvalid, 0},
+		{"peer never connects", func(_ []*Endpoint, p []PeerInfo) []PeerInfo { return p }, 0, failure.ErrTimeout, timeout},
+		{"nothing listening", func(eps []*Endpoint, p []PeerInfo) []PeerInfo { eps[1].Close(); return p }, 0, failure.ErrTimeout, timeout},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -174,23 +175,23 @@ func TestConnectRejected(t *testing.T) {
 		}
 		return err
 	})
-	if !errors.Is(errs[0], ErrPeer) || elapsed[0] > 500*time.Millisecond {
-		t.Errorf("rank 0: got %v after %v, want ErrPeer at once", errs[0], elapsed[0])
+	if !errors.Is(errs[0], failure.ErrPeer) || elapsed[0] > 500*time.Millisecond {
+		t.Errorf("rank 0: got %v after %v, want failure.ErrPeer at once", errs[0], elapsed[0])
 	}
-	if !errors.Is(errs[1], ErrTimeout) || elapsed[1] < timeouts[1]-20*time.Millisecond {
-		t.Errorf("rank 1: got %v after %v, want ErrTimeout after %v", errs[1], elapsed[1], timeouts[1])
+	if !errors.Is(errs[1], failure.ErrTimeout) || elapsed[1] < timeouts[1]-20*time.Millisecond {
+		t.Errorf("rank 1: got %v after %v, want failure.ErrTimeout after %v", errs[1], elapsed[1], timeouts[1])
 	}
 }
 
-// TestConnectCancel: cancelling ctx ends a waiting Connect with ErrAborted.
+// TestConnectCancel: cancelling ctx ends a waiting Connect with failure.ErrAborted.
 func TestConnectCancel(t *testing.T) {
 	eps, peers := listen(t, 2)
 	ctx, cancel := context.WithCancel(t.Context())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start := time.Now()
 	_, err := Connect(ctx, eps[0], 0, peers, Config{Timeout: time.Minute})
-	if !errors.Is(err, ErrAborted) || !errors.Is(err, context.Canceled) {
-		t.Errorf("got %v, want ErrAborted and context.Canceled", err)
+	if !errors.Is(err, failure.ErrAborted) || !errors.Is(err, context.Canceled) {
+		t.Errorf("got %v, want failure.ErrAborted and context.Canceled", err)
 	}
 	if el := time.Since(start); el > time.Second {
 		t.Errorf("took %v", el)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
@@ -172,9 +173,9 @@ func (r *pipeRing) stop() {
 // segment's ranks are local ranks.
 func (h *hierarchy) localError(what string, err error) error {
 	err = fmt.Errorf("%s (shared memory, whose rank i is rank members[i] of %v): %w", what, h.members, err)
-	var pe *shm.PeerError
+	var pe *failure.PeerError
 	if errors.As(err, &pe) && pe.Rank >= 0 && pe.Rank < len(h.members) {
-		return peerError(h.members[pe.Rank], pe.Kind, fromSHM(err))
+		return failure.Peer(h.members[pe.Rank], pe.Kind, fromSHM(err))
 	}
 	return fromSHM(err)
 }
@@ -183,9 +184,9 @@ func (h *hierarchy) localError(what string, err error) error {
 // ranks are host numbers.
 func (h *hierarchy) crossError(err error) error {
 	err = fmt.Errorf("between hosts (the leaders' ring, whose rank i is host i, led by rank leaders[i] of %v): %w", h.leaders, err)
-	var pe *PeerError
+	var pe *failure.PeerError
 	if errors.As(err, &pe) && pe.Rank >= 0 && pe.Rank < len(h.leaders) {
-		return peerError(h.leaders[pe.Rank], pe.Kind, err)
+		return failure.Peer(h.leaders[pe.Rank], pe.Kind, err)
 	}
 	return err
 }

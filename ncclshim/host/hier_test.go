@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -87,7 +88,7 @@ func TestHierarchical(t *testing.T) {
 
 // TestHierarchicalFailures: a mismatch fails every rank, and a rank that
 // closes mid-collective, a leader or not, fails the others at once with
-// ErrPeer, long before the timeout.
+// failure.ErrPeer, long before the timeout.
 func TestHierarchicalFailures(t *testing.T) {
 	layout := onHosts(0, 0, 1, 1)
 	t.Run("mismatch", func(t *testing.T) {
@@ -97,8 +98,8 @@ func TestHierarchicalFailures(t *testing.T) {
 		})
 		for r, err := range errs {
 			t.Logf("rank %d: %v", r, err)
-			if !errors.Is(err, ErrMismatch) && !errors.Is(err, ErrPeer) {
-				t.Errorf("rank %d: got %v, want ErrMismatch or ErrPeer", r, err)
+			if !errors.Is(err, failure.ErrMismatch) && !errors.Is(err, failure.ErrPeer) {
+				t.Errorf("rank %d: got %v, want failure.ErrMismatch or failure.ErrPeer", r, err)
 			}
 		}
 	})
@@ -121,16 +122,16 @@ func TestHierarchicalFailures(t *testing.T) {
 					continue
 				}
 				t.Logf("rank %d: %v", r, err)
-				if !errors.Is(err, ErrPeer) && !errors.Is(err, ErrAborted) {
-					t.Errorf("rank %d: got %v, want ErrPeer", r, err)
+				if !errors.Is(err, failure.ErrPeer) && !errors.Is(err, failure.ErrAborted) {
+					t.Errorf("rank %d: got %v, want failure.ErrPeer", r, err)
 				}
 				// The leader of a rank that closes hears it through shared
 				// memory, whose ranks are local: the blame must name the
 				// rank. (When the leader closes, its host's other rank may
 				// hear the cascade through the full ring first.)
-				var pe *PeerError
+				var pe *failure.PeerError
 				if closing == 3 && r == 2 && (!errors.As(err, &pe) || pe.Rank != closing) {
-					t.Errorf("rank %d: got %v, want a PeerError naming rank %d", r, err, closing)
+					t.Errorf("rank %d: got %v, want a failure.PeerError naming rank %d", r, err, closing)
 				}
 			}
 		})

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 )
 
 // A link that goes down, or a host that freezes, resets nothing: the
@@ -54,9 +56,9 @@ func (c *Comm) watchLinks(linkTimeout time.Duration) {
 			if err != nil || unacked == 0 || silent < linkTimeout {
 				continue // a closed socket fails elsewhere
 			}
-			c.fail(peerError(l.peer, PeerLost, fmt.Errorf(
+			c.fail(failure.Peer(l.peer, failure.PeerLost, fmt.Errorf(
 				"rank %d: connection with rank %d: %w: its host acknowledged nothing for %v with %d segments in flight (link down or host frozen)",
-				c.rank, l.peer, ErrPeer, silent.Round(time.Millisecond), unacked)))
+				c.rank, l.peer, failure.ErrPeer, silent.Round(time.Millisecond), unacked)))
 			return
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
 )
 
@@ -170,26 +171,15 @@ func readToken(c *net.TCPConn) (bool, error) {
 	case 'N':
 		return false, nil
 	}
-	return false, fmt.Errorf("shared-memory setup: %w: token %q", ErrPeer, b[0])
+	return false, fmt.Errorf("shared-memory setup: %w: token %q", failure.ErrPeer, b[0])
 }
 
-// fromSHM makes an error of package shm match this package's sentinels too.
+// fromSHM makes shared memory's own closed communicator (its Close, which
+// only this Comm calls) an abort of this Comm, as the Comm's own Close is:
+// ErrAborted is what a failed Comm's errors wrap.
 func fromSHM(err error) error {
-	for _, m := range []struct{ from, to error }{
-		{shm.ErrMismatch, ErrMismatch},
-		{shm.ErrTimeout, ErrTimeout},
-		{shm.ErrPeer, ErrPeer},
-		{shm.ErrAborted, ErrAborted},
-		{shm.ErrClosed, ErrAborted},
-	} {
-		if errors.Is(err, m.from) && !errors.Is(err, m.to) {
-			err = fmt.Errorf("%w: %w", m.to, err)
-			break
-		}
-	}
-	var pe *shm.PeerError
-	if errors.As(err, &pe) {
-		return peerError(pe.Rank, pe.Kind, err)
+	if errors.Is(err, failure.ErrClosed) && !errors.Is(err, failure.ErrAborted) {
+		return fmt.Errorf("%w: %w", failure.ErrAborted, err)
 	}
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -89,7 +90,7 @@ func TestSharedMemory(t *testing.T) {
 }
 
 // TestSharedMemoryFailures: over shared memory too, a mismatch gives
-// ErrMismatch (or ErrPeer), and a rank that goes away fails the others at
+// failure.ErrMismatch (or failure.ErrPeer), and a rank that goes away fails the others at
 // once, long before the timeout.
 func TestSharedMemoryFailures(t *testing.T) {
 	t.Run("mismatch", func(t *testing.T) {
@@ -105,15 +106,15 @@ func TestSharedMemoryFailures(t *testing.T) {
 		for r, err := range errs {
 			t.Logf("rank %d: %v", r, err)
 			switch {
-			case errors.Is(err, ErrMismatch):
+			case errors.Is(err, failure.ErrMismatch):
 				mismatches++
-			case errors.Is(err, ErrPeer):
+			case errors.Is(err, failure.ErrPeer):
 			default:
-				t.Errorf("rank %d: got %v, want ErrMismatch or ErrPeer", r, err)
+				t.Errorf("rank %d: got %v, want failure.ErrMismatch or failure.ErrPeer", r, err)
 			}
 		}
 		if mismatches == 0 {
-			t.Errorf("got no ErrMismatch")
+			t.Errorf("got no failure.ErrMismatch")
 		}
 	})
 	t.Run("rank closes", func(t *testing.T) {
@@ -128,8 +129,8 @@ func TestSharedMemoryFailures(t *testing.T) {
 		}
 		for r, err := range errs {
 			t.Logf("rank %d: %v", r, err)
-			if !errors.Is(err, ErrPeer) {
-				t.Errorf("rank %d: got %v, want ErrPeer", r, err)
+			if !errors.Is(err, failure.ErrPeer) {
+				t.Errorf("rank %d: got %v, want failure.ErrPeer", r, err)
 			}
 		}
 	})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/internal/leaktest"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -84,7 +85,7 @@ func helperRank(spec string) int {
 }
 
 // TestPeerKilled: a rank whose process exits in the middle of an
-// all-reduce makes every other rank fail with ErrPeer at once, long
+// all-reduce makes every other rank fail with failure.ErrPeer at once, long
 // before the timeout.
 func TestPeerKilled(t *testing.T) {
 	const (
@@ -180,8 +181,8 @@ func TestPeerKilled(t *testing.T) {
 					continue
 				}
 				t.Logf("rank %d: %v", r, err)
-				if !errors.Is(err, ErrPeer) {
-					t.Errorf("rank %d: got %v, want ErrPeer", r, err)
+				if !errors.Is(err, failure.ErrPeer) {
+					t.Errorf("rank %d: got %v, want failure.ErrPeer", r, err)
 				}
 				if d := failedAt[r].Sub(exitAt); d > 2*time.Second {
 					t.Errorf("rank %d failed %v after the helper exited, want at once", r, d)
@@ -195,19 +196,19 @@ func TestPeerKilled(t *testing.T) {
 	}
 }
 
-// checkBlamesDead: every survivor's error is a PeerError naming the dead
+// checkBlamesDead: every survivor's error is a failure.PeerError naming the dead
 // rank or a survivor that failed before it, so that following them leads
 // to the dead rank: what the agent relies on to name the root cause.
 func checkBlamesDead(t *testing.T, errs []error, dead int) {
 	t.Helper()
 	blamed := map[int]int{}
 	for r, err := range errs {
-		var pe *PeerError
+		var pe *failure.PeerError
 		if r == dead {
 			continue
 		}
-		if !errors.As(err, &pe) || pe.Kind != PeerLost && pe.Kind != PeerAborted {
-			t.Errorf("rank %d: got %v, want a PeerError (lost or aborted)", r, err)
+		if !errors.As(err, &pe) || pe.Kind != failure.PeerLost && pe.Kind != failure.PeerAborted {
+			t.Errorf("rank %d: got %v, want a failure.PeerError (lost or aborted)", r, err)
 			return
 		}
 		blamed[r] = pe.Rank

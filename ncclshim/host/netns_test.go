@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -46,16 +47,16 @@ type netRankSpec struct {
 
 // netReport is one line a rank prints, prefixed with netReportTag.
 type netReport struct {
-	Peer      *PeerInfo `json:",omitempty"` // first: where it listens
-	Case      int       `json:",omitempty"` // a matrix case's index + 1
-	Sum       string    `json:",omitempty"` // sha256 of the case's result
-	Transport string    `json:",omitempty"` // with Case: the Comm's Transport()
-	Started   bool      `json:",omitempty"` // the cut job's all-reduce is moving data
-	Err       string    `json:",omitempty"`
-	IsPeer    bool      `json:",omitempty"` // Err wraps ErrPeer
-	PeerRank  int       // the PeerError's rank, or -1
-	PeerKind  string    `json:",omitempty"`
-	At        time.Time // when the report was made
+	Peer      *PeerInfo        `json:",omitempty"` // first: where it listens
+	Case      int              `json:",omitempty"` // a matrix case's index + 1
+	Sum       string           `json:",omitempty"` // sha256 of the case's result
+	Transport string           `json:",omitempty"` // with Case: the Comm's Transport()
+	Started   bool             `json:",omitempty"` // the cut job's all-reduce is moving data
+	Err       string           `json:",omitempty"`
+	IsPeer    bool             `json:",omitempty"` // Err wraps failure.ErrPeer
+	PeerRank  int              // the failure.PeerError's rank, or -1
+	PeerKind  failure.PeerKind `json:",omitempty"`
+	At        time.Time        // when the report was made
 }
 
 const netReportTag = "NETRANK "
@@ -150,7 +151,7 @@ func checkNetMatrix(t *testing.T, ranks []*netRank, want string) {
 // TestNetnsLinkDown cuts one host's link between 3 hosts on 200 Mbit/s
 // links, in the middle of a 24 MiB all-reduce (about 1.3 s of traffic),
 // and between collectives. Nothing is reset, yet every rank fails within
-// its bound: the others with a PeerError that names the cut rank, or a
+// its bound: the others with a failure.PeerError that names the cut rank, or a
 // rank that failed before them because of it, and the cut rank itself
 // too, rather than waiting for the minute-long Timeout (or, between
 // collectives, for the next AllReduce). Mid-collective the senders'
@@ -192,10 +193,10 @@ func linkDown(t *testing.T, job string, most time.Duration) {
 			t.Errorf("rank %d failed %v after the cut, want within %v", r, d, most)
 		}
 		if !rep.IsPeer {
-			t.Errorf("rank %d: %s, want ErrPeer", r, rep.Err)
+			t.Errorf("rank %d: %s, want failure.ErrPeer", r, rep.Err)
 		}
 		if rep.PeerRank >= 0 {
-			errs[r] = &PeerError{Rank: rep.PeerRank, Kind: rep.PeerKind, Err: errors.New(rep.Err)}
+			errs[r] = &failure.PeerError{Rank: rep.PeerRank, Kind: rep.PeerKind, Err: errors.New(rep.Err)}
 		} else {
 			errs[r] = errors.New(rep.Err)
 		}
@@ -403,8 +404,8 @@ func runIdle(ctx context.Context, c *Comm, report func(netReport)) {
 }
 
 func errReport(err error) netReport {
-	rep := netReport{Err: err.Error(), IsPeer: errors.Is(err, ErrPeer), PeerRank: -1}
-	var pe *PeerError
+	rep := netReport{Err: err.Error(), IsPeer: errors.Is(err, failure.ErrPeer), PeerRank: -1}
+	var pe *failure.PeerError
 	if errors.As(err, &pe) {
 		rep.PeerRank, rep.PeerKind = pe.Rank, pe.Kind
 	}

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
@@ -168,23 +169,23 @@ func (c *Comm) Err() error {
 }
 
 // Abort fails the running AllReduce, if any, and every later one with an
-// error wrapping ErrAborted and err (which may be nil). It closes the
+// error wrapping failure.ErrAborted and err (which may be nil). It closes the
 // connections, so blocked reads and writes return at once; it does not
 // wait for the running AllReduce to return. Safe to call concurrently and
 // more than once; only the first failure is kept.
 func (c *Comm) Abort(err error) {
 	if err == nil {
-		c.fail(fmt.Errorf("rank %d: %w", c.rank, ErrAborted))
+		c.fail(fmt.Errorf("rank %d: %w", c.rank, failure.ErrAborted))
 		return
 	}
-	c.fail(fmt.Errorf("rank %d: %w: %w", c.rank, ErrAborted, err))
+	c.fail(fmt.Errorf("rank %d: %w: %w", c.rank, failure.ErrAborted, err))
 }
 
 // Close ends the Comm. When no AllReduce is running it first says goodbye
 // to both neighbours, so that a neighbour still finishing the last
 // collective (it may need nothing more from this rank) is not failed by the
-// closed connections; its next AllReduce fails with ErrPeer instead. With
-// an AllReduce running, Close aborts it (ErrAborted and ErrClosed) and the
+// closed connections; its next AllReduce fails with failure.ErrPeer instead. With
+// an AllReduce running, Close aborts it (failure.ErrAborted and failure.ErrClosed) and the
 // neighbours fail. Close closes the connections and shared memory, and
 // waits for its goroutines (and, over shared memory, for a running
 // AllReduce to return). Close is idempotent and always returns nil.
@@ -193,7 +194,7 @@ func (c *Comm) Close() error {
 		c.closing.Store(true) // busy stays set: no AllReduce starts from now on
 		c.goodbye()
 	}
-	c.fail(fmt.Errorf("rank %d: %w: %w", c.rank, ErrAborted, ErrClosed))
+	c.fail(fmt.Errorf("rank %d: %w: %w", c.rank, failure.ErrAborted, failure.ErrClosed))
 	c.wg.Wait()
 	if c.local != nil {
 		c.local.Close() // waits for a running AllReduce to let go of the mapping
@@ -277,18 +278,18 @@ func (c *Comm) fail(err error) {
 	close(c.done)
 	c.mu.Unlock()
 	switch {
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, failure.ErrClosed):
 	case c.busy.Load():
 		c.log.Warn("host: comm failed", "rank", c.rank, "size", c.size, "err", err)
 	default: // between collectives: most likely a neighbour that closed first
 		c.log.Info("host: comm failed while idle", "rank", c.rank, "size", c.size, "err", err)
 	}
-	if c.local != nil && !errors.Is(err, ErrClosed) {
+	if c.local != nil && !errors.Is(err, failure.ErrClosed) {
 		// The peers' shared-memory waits fail at once too. Not on Close:
 		// shm.Close tells only the peers that still wait for this rank.
 		c.local.Abort(err)
 	}
-	if c.hier != nil && !errors.Is(err, ErrClosed) {
+	if c.hier != nil && !errors.Is(err, failure.ErrClosed) {
 		c.hier.abort(err)
 	}
 	if c.send != nil {
@@ -305,26 +306,26 @@ func (c *Comm) fail(err error) {
 //
 // AllReduce blocks until the collective is complete on this rank, ctx is
 // done, the deadline passes (ctx's or Config.Timeout from now, whichever
-// is earlier), or the Comm fails. Bad arguments return ErrInvalid, and a
+// is earlier), or the Comm fails. Bad arguments return failure.ErrInvalid, and a
 // ctx already done on entry its own error; both leave the Comm intact
 // (nothing was sent). Any other error aborts the Comm, since the streams are
-// out of step: ErrTimeout, ErrPeer, ErrMismatch, or ErrAborted (Abort,
+// out of step: failure.ErrTimeout, failure.ErrPeer, failure.ErrMismatch, or failure.ErrAborted (Abort,
 // Close, ctx cancelled, or an earlier failure, which it also wraps).
 // AllReduce is not safe for concurrent use; a concurrent call gets
-// ErrInvalid.
+// failure.ErrInvalid.
 func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
 	if !dt.Valid() || !op.Valid() || len(buf)%dt.Size() != 0 {
-		return fmt.Errorf("all-reduce on rank %d: %w: %d bytes of %v, op %v", c.rank, ErrInvalid, len(buf), dt, op)
+		return fmt.Errorf("all-reduce on rank %d: %w: %d bytes of %v, op %v", c.rank, failure.ErrInvalid, len(buf), dt, op)
 	}
 	if !c.busy.CompareAndSwap(false, true) {
-		return fmt.Errorf("all-reduce on rank %d: %w: another AllReduce is running", c.rank, ErrInvalid)
+		return fmt.Errorf("all-reduce on rank %d: %w: another AllReduce is running", c.rank, failure.ErrInvalid)
 	}
 	defer c.busy.Store(false)
 	if err := c.Err(); err != nil {
-		if errors.Is(err, ErrAborted) {
+		if errors.Is(err, failure.ErrAborted) {
 			return fmt.Errorf("all-reduce on rank %d: %w", c.rank, err)
 		}
-		return fmt.Errorf("all-reduce on rank %d: %w: failed earlier: %w", c.rank, ErrAborted, err)
+		return fmt.Errorf("all-reduce on rank %d: %w: failed earlier: %w", c.rank, failure.ErrAborted, err)
 	}
 	if ctx.Err() != nil { // nothing sent yet: the Comm stays usable
 		return fmt.Errorf("all-reduce on rank %d: %w", c.rank, ctxError(ctx, nil))
@@ -531,7 +532,7 @@ func (c *Comm) receive() {
 		}
 		if string(hdr[:4]) == byeMagic {
 			prev := mod(c.rank-1, c.size)
-			c.neighbourClosed(peerError(prev, PeerClosed, fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, ErrPeer, prev)), received)
+			c.neighbourClosed(failure.Peer(prev, failure.PeerClosed, fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, failure.ErrPeer, prev)), received)
 			return
 		}
 		var col *collective
@@ -608,12 +609,12 @@ func (c *Comm) checkHeader(col *collective, got *[hdrLen]byte) error {
 	}
 	prev := mod(c.rank-1, c.size)
 	if string(got[:4]) != hdrMagic {
-		return fmt.Errorf("all-reduce #%d on rank %d: %w: rank %d sent %x, not a header", col.seq, c.rank, ErrPeer, prev, got[:])
+		return fmt.Errorf("all-reduce #%d on rank %d: %w: rank %d sent %x, not a header", col.seq, c.rank, failure.ErrPeer, prev, got[:])
 	}
 	seq := binary.LittleEndian.Uint64(got[4:])
 	count := binary.LittleEndian.Uint64(got[12:])
 	return fmt.Errorf("all-reduce #%d on rank %d: %w: rank %d is at #%d with %d x %v, %v; this rank has %d x %v, %v",
-		col.seq, c.rank, ErrMismatch, prev, seq, count, reduce.DType(got[20]), reduce.Op(got[21]),
+		col.seq, c.rank, failure.ErrMismatch, prev, seq, count, reduce.DType(got[20]), reduce.Op(got[21]),
 		len(col.buf)/col.es, col.dt, col.op)
 }
 
@@ -627,15 +628,15 @@ func (c *Comm) watchSuccessor() {
 		// It has received everything this rank sent it: nothing in flight
 		// needs it any more.
 		next := mod(c.rank+1, c.size)
-		c.neighbourClosed(peerError(next, PeerClosed, fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, ErrPeer, next)), -1)
+		c.neighbourClosed(failure.Peer(next, failure.PeerClosed, fmt.Errorf("rank %d: %w: rank %d closed its communicator", c.rank, failure.ErrPeer, next)), -1)
 		return
 	}
 	next := mod(c.rank+1, c.size)
 	if err == nil {
-		c.fail(fmt.Errorf("rank %d: connection to rank %d: %w: unexpected data", c.rank, next, ErrPeer))
+		c.fail(fmt.Errorf("rank %d: connection to rank %d: %w: unexpected data", c.rank, next, failure.ErrPeer))
 		return
 	}
-	c.fail(peerError(next, PeerLost, fmt.Errorf("rank %d: connection to rank %d: %w: %w", c.rank, next, classify(err), err)))
+	c.fail(failure.Peer(next, failure.PeerLost, fmt.Errorf("rank %d: connection to rank %d: %w: %w", c.rank, next, classify(err), err)))
 }
 
 // ioError is an I/O error of a collective with peer: what is "send ... to"
@@ -644,27 +645,27 @@ func (c *Comm) ioError(col *collective, peer int, what string, err error) error 
 	return lostPeer(peer, fmt.Errorf("all-reduce #%d on rank %d: %s rank %d: %w: %w", col.seq, c.rank, what, peer, classify(err), err))
 }
 
-// lostPeer makes err, an I/O error with peer, a PeerError (PeerLost)
+// lostPeer makes err, an I/O error with peer, a failure.PeerError (failure.PeerLost)
 // unless it is a timeout: a deadline says nothing about who failed.
 func lostPeer(peer int, err error) error {
-	if errors.Is(err, ErrTimeout) {
+	if errors.Is(err, failure.ErrTimeout) {
 		return err
 	}
-	return peerError(peer, PeerLost, err)
+	return failure.Peer(peer, failure.PeerLost, err)
 }
 
-// classify maps an I/O error to ErrTimeout (a deadline) or ErrPeer. The
-// kernel's ETIMEDOUT is ErrPeer: the peer's host acknowledged nothing for
+// classify maps an I/O error to failure.ErrTimeout (a deadline) or failure.ErrPeer. The
+// kernel's ETIMEDOUT is failure.ErrPeer: the peer's host acknowledged nothing for
 // Config.LinkTimeout, which the message says, since "connection timed out"
 // alone reads like the collective's own deadline.
 func classify(err error) error {
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return ErrTimeout
+		return failure.ErrTimeout
 	case errors.Is(err, syscall.ETIMEDOUT): // keepalive probes went unanswered
-		return fmt.Errorf("%w: its host stopped answering (link down or host frozen)", ErrPeer)
+		return fmt.Errorf("%w: its host stopped answering (link down or host frozen)", failure.ErrPeer)
 	}
-	return ErrPeer
+	return failure.ErrPeer
 }
 
 func mod(a, n int) int { return ((a % n) + n) % n }

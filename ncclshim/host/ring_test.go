@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -137,8 +138,8 @@ func firstDiff(dt reduce.DType, got, want []byte) string {
 	return "equal"
 }
 
-// TestMismatch: ranks that disagree get ErrMismatch where a neighbour's
-// header shows it, ErrPeer where only the fallout arrives, and nobody hangs.
+// TestMismatch: ranks that disagree get failure.ErrMismatch where a neighbour's
+// header shows it, failure.ErrPeer where only the fallout arrives, and nobody hangs.
 func TestMismatch(t *testing.T) {
 	type call struct {
 		count int
@@ -174,21 +175,21 @@ func TestMismatch(t *testing.T) {
 			mismatches := 0
 			for r, err := range errs {
 				switch {
-				case errors.Is(err, ErrMismatch):
+				case errors.Is(err, failure.ErrMismatch):
 					mismatches++
-				case errors.Is(err, ErrPeer):
+				case errors.Is(err, failure.ErrPeer):
 				default:
-					t.Errorf("rank %d: got %v, want ErrMismatch or ErrPeer", r, err)
+					t.Errorf("rank %d: got %v, want failure.ErrMismatch or failure.ErrPeer", r, err)
 				}
 				t.Logf("rank %d: %v", r, err)
 			}
 			if mismatches == 0 {
-				t.Errorf("got no ErrMismatch")
+				t.Errorf("got no failure.ErrMismatch")
 			}
 			for r, c := range comms {
 				err := c.AllReduce(t.Context(), nil, reduce.Float32, reduce.Sum)
-				if !errors.Is(err, ErrAborted) {
-					t.Errorf("rank %d: AllReduce after the failure: got %v, want ErrAborted", r, err)
+				if !errors.Is(err, failure.ErrAborted) {
+					t.Errorf("rank %d: AllReduce after the failure: got %v, want failure.ErrAborted", r, err)
 				}
 			}
 		})
@@ -196,7 +197,7 @@ func TestMismatch(t *testing.T) {
 }
 
 // TestStalledPeer: a rank that stays alive but never joins the collective
-// makes the others fail with ErrTimeout within the deadline.
+// makes the others fail with failure.ErrTimeout within the deadline.
 func TestStalledPeer(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -231,21 +232,21 @@ func TestStalledPeer(t *testing.T) {
 			for r, err := range errs {
 				t.Logf("rank %d: %v", r, err)
 				switch {
-				case errors.Is(err, ErrTimeout):
+				case errors.Is(err, failure.ErrTimeout):
 					timeouts++
-				case errors.Is(err, ErrPeer) && tc.n > 2: // the fallout of a neighbour's timeout
+				case errors.Is(err, failure.ErrPeer) && tc.n > 2: // the fallout of a neighbour's timeout
 				default:
-					t.Errorf("rank %d: got %v, want ErrTimeout", r, err)
+					t.Errorf("rank %d: got %v, want failure.ErrTimeout", r, err)
 				}
 			}
 			if timeouts == 0 {
-				t.Errorf("got no ErrTimeout")
+				t.Errorf("got no failure.ErrTimeout")
 			}
 			// The stalled rank notices that its neighbours gave up.
 			select {
 			case <-stalled.Done():
-				if err := stalled.Err(); !errors.Is(err, ErrPeer) {
-					t.Errorf("stalled rank: got %v, want ErrPeer", err)
+				if err := stalled.Err(); !errors.Is(err, failure.ErrPeer) {
+					t.Errorf("stalled rank: got %v, want failure.ErrPeer", err)
 				}
 			case <-time.After(2 * time.Second):
 				t.Errorf("stalled rank: Done not closed")
@@ -263,10 +264,10 @@ func TestAbort(t *testing.T) {
 		abort func(c *Comm, cancel context.CancelFunc)
 		want  []error
 	}{
-		{"Abort", func(c *Comm, _ context.CancelFunc) { c.Abort(reason) }, []error{ErrAborted, reason}},
-		{"Abort nil", func(c *Comm, _ context.CancelFunc) { c.Abort(nil) }, []error{ErrAborted}},
-		{"Close", func(c *Comm, _ context.CancelFunc) { c.Close() }, []error{ErrAborted, ErrClosed}},
-		{"ctx cancel", func(_ *Comm, cancel context.CancelFunc) { cancel() }, []error{ErrAborted, context.Canceled}},
+		{"Abort", func(c *Comm, _ context.CancelFunc) { c.Abort(reason) }, []error{failure.ErrAborted, reason}},
+		{"Abort nil", func(c *Comm, _ context.CancelFunc) { c.Abort(nil) }, []error{failure.ErrAborted}},
+		{"Close", func(c *Comm, _ context.CancelFunc) { c.Close() }, []error{failure.ErrAborted, failure.ErrClosed}},
+		{"ctx cancel", func(_ *Comm, cancel context.CancelFunc) { cancel() }, []error{failure.ErrAborted, context.Canceled}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -309,8 +310,8 @@ func TestAbort(t *testing.T) {
 			// Rank 1 sees its predecessor go away while idle.
 			select {
 			case <-comms[1].Done():
-				if err := comms[1].Err(); !errors.Is(err, ErrPeer) {
-					t.Errorf("rank 1: got %v, want ErrPeer", err)
+				if err := comms[1].Err(); !errors.Is(err, failure.ErrPeer) {
+					t.Errorf("rank 1: got %v, want failure.ErrPeer", err)
 				}
 			case <-time.After(2 * time.Second):
 				t.Errorf("rank 1: Done not closed")
@@ -334,8 +335,8 @@ func TestInvalid(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := comms[0].AllReduce(t.Context(), tc.buf, tc.dt, tc.op); !errors.Is(err, ErrInvalid) {
-				t.Errorf("got %v, want ErrInvalid", err)
+			if err := comms[0].AllReduce(t.Context(), tc.buf, tc.dt, tc.op); !errors.Is(err, failure.ErrInvalid) {
+				t.Errorf("got %v, want failure.ErrInvalid", err)
 			}
 		})
 	}
@@ -344,8 +345,8 @@ func TestInvalid(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() { errc <- comms[0].AllReduce(t.Context(), buf, reduce.Int32, reduce.Sum) }()
 		time.Sleep(50 * time.Millisecond)
-		if err := comms[0].AllReduce(t.Context(), make([]byte, 4), reduce.Int32, reduce.Sum); !errors.Is(err, ErrInvalid) {
-			t.Errorf("got %v, want ErrInvalid", err)
+		if err := comms[0].AllReduce(t.Context(), make([]byte, 4), reduce.Int32, reduce.Sum); !errors.Is(err, failure.ErrInvalid) {
+			t.Errorf("got %v, want failure.ErrInvalid", err)
 		}
 		other := reduce.Encode(reduce.Int32, []float64{10, 20, 30})
 		if err := comms[1].AllReduce(t.Context(), other, reduce.Int32, reduce.Sum); err != nil {

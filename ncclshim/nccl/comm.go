@@ -12,10 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 )
 
 // errClosing is the cause of an abort by Close during a collective.
-var errClosing = fmt.Errorf("%w by Close", ErrAborted)
+var errClosing = fmt.Errorf("%w by Close", failure.ErrAborted)
 
 // state of a Comm; it only moves forward.
 type state int
@@ -34,7 +36,7 @@ const (
 //
 // Any failure (an NCCL error, a timeout, an asynchronous error) aborts the
 // Comm: NCCL's ranks are then out of step, so every later call fails at once
-// with ErrAborted wrapping the first cause.
+// with failure.ErrAborted wrapping the first cause.
 type Comm struct {
 	lib         *Lib
 	rank, size  int
@@ -64,12 +66,12 @@ type Comm struct {
 // With non-blocking communicators (NCCL 2.14+), Open calls
 // ncclCommInitRankConfig with blocking=0 and polls ncclCommGetAsyncError
 // while it says ncclInProgress; at the timeout it aborts the half-made
-// communicator (ncclCommAbort) and returns ErrTimeout.
+// communicator (ncclCommAbort) and returns failure.ErrTimeout.
 //
 // Before 2.14 it calls the blocking ncclCommInitRank on its own goroutine.
 // That call cannot be interrupted: it has not handed out the communicator
 // that ncclCommAbort would need, and NCCL offers no other way in. At the
-// timeout Open returns ErrTimeout and leaves the call running (its thread
+// timeout Open returns failure.ErrTimeout and leaves the call running (its thread
 // stays in NCCL until NCCL's bootstrap succeeds or gives up); a communicator
 // it returns late is aborted.
 //
@@ -79,10 +81,10 @@ type Comm struct {
 // there.
 func Open(lib *Lib, uniqueID [UniqueIDBytes]byte, nranks, rank int, timeout time.Duration, opts ...Option) (*Comm, error) {
 	if nranks < 1 || rank < 0 || rank >= nranks {
-		return nil, fmt.Errorf("open rank %d of %d: %w: rank out of range", rank, nranks, ErrInvalid)
+		return nil, fmt.Errorf("open rank %d of %d: %w: rank out of range", rank, nranks, failure.ErrInvalid)
 	}
 	if timeout <= 0 {
-		return nil, fmt.Errorf("open rank %d of %d: %w: timeout %v", rank, nranks, ErrInvalid, timeout)
+		return nil, fmt.Errorf("open rank %d of %d: %w: timeout %v", rank, nranks, failure.ErrInvalid, timeout)
 	}
 	c := &Comm{
 		lib:         lib,
@@ -130,7 +132,7 @@ func (c *Comm) initNonBlocking(id [UniqueIDBytes]byte) (C.ncclComm_t, error) {
 	var err error
 	switch {
 	case why == C.DDPNCCL_DEADLINE:
-		err = fmt.Errorf("%s: %w after %v (still ncclInProgress); communicator aborted", name, ErrTimeout, c.timeout)
+		err = fmt.Errorf("%s: %w after %v (still ncclInProgress); communicator aborted", name, failure.ErrTimeout, c.timeout)
 	case r != C.ncclSuccess:
 		err = l.errorOf(name, r)
 	}
@@ -181,7 +183,7 @@ func (c *Comm) initBlocking(id [UniqueIDBytes]byte) (C.ncclComm_t, error) {
 			}
 		}()
 		return nil, fmt.Errorf("%s: %w after %v; a blocking init cannot be interrupted, so it is left to finish "+
-			"in the background and aborted then", name, ErrTimeout, c.timeout)
+			"in the background and aborted then", name, failure.ErrTimeout, c.timeout)
 	}
 }
 
@@ -206,16 +208,16 @@ func (c *Comm) NonBlocking() bool { return c.nonBlocking }
 // blocking one a successful call is followed by one ncclCommGetAsyncError,
 // so an asynchronous failure shows at once. Either way the wait is bounded
 // by the Comm's timeout: then the Comm is aborted and the error wraps
-// ErrTimeout. Abort or Close from another goroutine makes it return with
-// ErrAborted, after NCCL has let go of the communicator.
+// failure.ErrTimeout. Abort or Close from another goroutine makes it return with
+// failure.ErrAborted, after NCCL has let go of the communicator.
 //
-// Bad arguments, an avg or bf16 the NCCL version lacks, give ErrInvalid or
+// Bad arguments, an avg or bf16 the NCCL version lacks, give failure.ErrInvalid or
 // ErrUnsupported without calling NCCL; an NCCL failure gives an *Error and
 // aborts the Comm.
 func (c *Comm) AllReduce(buf unsafe.Pointer, count int64, dtype, op int, stream unsafe.Pointer) error {
 	const name = "ncclAllReduce"
 	if count < 0 || (buf == nil && count > 0) {
-		return fmt.Errorf("%s: %w: buf %p, count %d", name, ErrInvalid, buf, count)
+		return fmt.Errorf("%s: %w: buf %p, count %d", name, failure.ErrInvalid, buf, count)
 	}
 	if err := c.lib.checkOp(dtype, op); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
@@ -304,14 +306,14 @@ func (c *Comm) allReduceBlocking(comm C.ncclComm_t, buf unsafe.Pointer, count in
 }
 
 func (c *Comm) timeoutErr(name, detail string) error {
-	return fmt.Errorf("%s (rank %d of %d): %w after %v%s; communicator aborted", name, c.rank, c.size, ErrTimeout, c.timeout, detail)
+	return fmt.Errorf("%s (rank %d of %d): %w after %v%s; communicator aborted", name, c.rank, c.size, failure.ErrTimeout, c.timeout, detail)
 }
 
 // AsyncError returns the communicator's asynchronous error
 // (ncclCommGetAsyncError), or nil while it has none (ncclInProgress, an
 // operation under way on a non-blocking communicator, counts as none). An
-// error aborts the Comm. After Abort it returns ErrAborted with the cause,
-// after Close ErrClosed. It does not block.
+// error aborts the Comm. After Abort it returns failure.ErrAborted with the cause,
+// after Close failure.ErrClosed. It does not block.
 func (c *Comm) AsyncError() error {
 	const name = "ncclCommGetAsyncError"
 	comm, err := c.enter(name)
@@ -329,9 +331,9 @@ func (c *Comm) AsyncError() error {
 }
 
 // Abort aborts the communicator (ncclCommAbort): a collective blocked in
-// NCCL returns, every later call fails with ErrAborted. It blocks until
+// NCCL returns, every later call fails with failure.ErrAborted. It blocks until
 // ncclCommAbort has returned; idempotent, and a no-op after Close.
-func (c *Comm) Abort() { c.abort(ErrAborted) }
+func (c *Comm) Abort() { c.abort(failure.ErrAborted) }
 
 // Close releases the communicator. When it is clean (no failure, no
 // asynchronous error) it calls ncclCommFinalize (non-blocking communicators,
@@ -445,12 +447,12 @@ func (c *Comm) exit() {
 func (c *Comm) stateErr(name string) error {
 	switch c.state {
 	case stateClosed:
-		return fmt.Errorf("%s (rank %d of %d): %w", name, c.rank, c.size, ErrClosed)
+		return fmt.Errorf("%s (rank %d of %d): %w", name, c.rank, c.size, failure.ErrClosed)
 	case stateAborting, stateAborted:
-		if errors.Is(c.cause, ErrAborted) { // Abort or Close
+		if errors.Is(c.cause, failure.ErrAborted) { // Abort or Close
 			return fmt.Errorf("%s (rank %d of %d): %w", name, c.rank, c.size, c.cause)
 		}
-		return fmt.Errorf("%s (rank %d of %d): %w after: %w", name, c.rank, c.size, ErrAborted, c.cause)
+		return fmt.Errorf("%s (rank %d of %d): %w after: %w", name, c.rank, c.size, failure.ErrAborted, c.cause)
 	}
 	return nil
 }

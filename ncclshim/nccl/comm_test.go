@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
@@ -255,11 +256,11 @@ func TestUnsupported(t *testing.T) {
 	}{
 		{"avg before 2.10", p, 4, Float32, Avg, ErrUnsupported},
 		{"bf16 before 2.10", p, 4, BFloat16, Sum, ErrUnsupported},
-		{"unknown type", p, 4, 42, Sum, ErrInvalid},
-		{"negative type", p, 4, -1, Sum, ErrInvalid},
-		{"unknown op", p, 4, Float32, 9, ErrInvalid},
-		{"negative count", p, -1, Float32, Sum, ErrInvalid},
-		{"nil buffer", nil, 4, Float32, Sum, ErrInvalid},
+		{"unknown type", p, 4, 42, Sum, failure.ErrInvalid},
+		{"negative type", p, 4, -1, Sum, failure.ErrInvalid},
+		{"unknown op", p, 4, Float32, 9, failure.ErrInvalid},
+		{"negative count", p, -1, Float32, Sum, failure.ErrInvalid},
+		{"nil buffer", nil, 4, Float32, Sum, failure.ErrInvalid},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -332,9 +333,9 @@ func TestHang(t *testing.T) {
 				}
 				for r, err := range errs {
 					t.Logf("rank %d: %v", r, err)
-					wantErr, wantStatus := ErrAborted, status.Aborted
+					wantErr, wantStatus := failure.ErrAborted, status.Aborted
 					if how == "timeout" {
-						wantErr, wantStatus = ErrTimeout, status.Timeout
+						wantErr, wantStatus = failure.ErrTimeout, status.Timeout
 						if d := done[r].Sub(start); d < timeout {
 							t.Errorf("rank %d returned after %v, before the %v timeout", r, d, timeout)
 						}
@@ -349,14 +350,14 @@ func TestHang(t *testing.T) {
 				// Every later call fails at once.
 				for r, c := range comms {
 					err := c.AllReduce(unsafe.Pointer(&bufs[r][0]), 16, Float32, Sum, nil)
-					want := ErrAborted
+					want := failure.ErrAborted
 					if how == "Close" {
-						want = ErrClosed
+						want = failure.ErrClosed
 					}
 					if !errors.Is(err, want) {
 						t.Errorf("rank %d, next all-reduce: got %v, want %v", r, err, want)
 					}
-					if how == "timeout" && !errors.Is(err, ErrTimeout) {
+					if how == "timeout" && !errors.Is(err, failure.ErrTimeout) {
 						t.Errorf("rank %d, next all-reduce: %v does not carry the first cause", r, err)
 					}
 					if err := c.AsyncError(); err == nil {
@@ -421,8 +422,8 @@ func TestConcurrentAbortClose(t *testing.T) {
 			}
 			wg.Wait()
 			for r, err := range arErrs {
-				if !errors.Is(err, ErrAborted) {
-					t.Errorf("rank %d: got %v, want ErrAborted", r, err)
+				if !errors.Is(err, failure.ErrAborted) {
+					t.Errorf("rank %d: got %v, want failure.ErrAborted", r, err)
 				}
 			}
 			evs := records(t, rec)
@@ -436,7 +437,7 @@ func TestConcurrentAbortClose(t *testing.T) {
 }
 
 // TestClose: a clean Close finalizes (non-blocking) and destroys; a second
-// Close is a no-op; calls after Close fail with ErrClosed.
+// Close is a no-op; calls after Close fail with failure.ErrClosed.
 func TestClose(t *testing.T) {
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
@@ -451,11 +452,11 @@ func TestClose(t *testing.T) {
 			buf, free := nccltest.HostBuffer(4)
 			defer free()
 			err := c.AllReduce(unsafe.Pointer(&buf[0]), 1, Float32, Sum, nil)
-			if !errors.Is(err, ErrClosed) || Status(err) != status.Closed {
-				t.Errorf("all-reduce after close: got %v, want ErrClosed", err)
+			if !errors.Is(err, failure.ErrClosed) || Status(err) != status.Closed {
+				t.Errorf("all-reduce after close: got %v, want failure.ErrClosed", err)
 			}
-			if err := c.AsyncError(); !errors.Is(err, ErrClosed) {
-				t.Errorf("AsyncError after close: got %v, want ErrClosed", err)
+			if err := c.AsyncError(); !errors.Is(err, failure.ErrClosed) {
+				t.Errorf("AsyncError after close: got %v, want failure.ErrClosed", err)
 			}
 			evs := records(t, rec)
 			wantFinalize := 0
@@ -489,8 +490,8 @@ func TestInitTimeout(t *testing.T) {
 			c, err := Open(lib, id, 2, 0, timeout)
 			d := time.Since(start)
 			t.Logf("after %v: %v", d, err)
-			if c != nil || !errors.Is(err, ErrTimeout) || Status(err) != status.Timeout {
-				t.Fatalf("got %v, %v; want ErrTimeout", c, err)
+			if c != nil || !errors.Is(err, failure.ErrTimeout) || Status(err) != status.Timeout {
+				t.Fatalf("got %v, %v; want failure.ErrTimeout", c, err)
 			}
 			if d < timeout || d > timeout+margin {
 				t.Errorf("returned after %v, want %v (+%v)", d, timeout, margin)
@@ -551,8 +552,8 @@ func TestErrors(t *testing.T) {
 				buf, free := nccltest.HostBuffer(16)
 				defer free()
 				err = c.AllReduce(unsafe.Pointer(&buf[0]), 4, Float32, Sum, nil)
-				if next := c.AsyncError(); !errors.Is(next, ErrAborted) {
-					t.Errorf("AsyncError after the failure: got %v, want ErrAborted", next)
+				if next := c.AsyncError(); !errors.Is(next, failure.ErrAborted) {
+					t.Errorf("AsyncError after the failure: got %v, want failure.ErrAborted", next)
 				}
 			} else if c != nil {
 				t.Fatal("Open succeeded")
@@ -579,8 +580,8 @@ func TestOpenInvalid(t *testing.T) {
 	lib, _ := setup(t, nonBlockingCode)
 	var id [UniqueIDBytes]byte
 	for _, a := range [][3]int{{0, 0, 1}, {2, 2, 1}, {2, -1, 1}, {2, 0, 0}} {
-		if _, err := Open(lib, id, a[0], a[1], time.Duration(a[2])*time.Second); !errors.Is(err, ErrInvalid) {
-			t.Errorf("Open(nranks %d, rank %d, timeout %ds): got %v, want ErrInvalid", a[0], a[1], a[2], err)
+		if _, err := Open(lib, id, a[0], a[1], time.Duration(a[2])*time.Second); !errors.Is(err, failure.ErrInvalid) {
+			t.Errorf("Open(nranks %d, rank %d, timeout %ds): got %v, want failure.ErrInvalid", a[0], a[1], a[2], err)
 		}
 	}
 }

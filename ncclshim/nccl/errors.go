@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
@@ -59,23 +60,16 @@ func (e *Error) Error() string {
 	return s
 }
 
-// Errors that callers branch on with errors.Is. An error from a call on a
-// Comm that had already failed wraps ErrAborted as well as the first cause,
-// so test for ErrAborted first (Status does).
-var (
-	// ErrAborted: the Comm was aborted (Abort, Close during a collective, a
-	// timeout or an earlier failure).
-	ErrAborted = errors.New("nccl: aborted")
-	// ErrClosed: the Comm was closed.
-	ErrClosed = errors.New("nccl: comm closed")
-	// ErrTimeout: an init, collective or finalize did not leave
-	// ncclInProgress (or return) within the Comm's timeout.
-	ErrTimeout = errors.New("nccl: timeout")
-	// ErrInvalid: a bad argument, caught before NCCL was called.
-	ErrInvalid = errors.New("nccl: invalid argument")
-	// ErrUnsupported: the loaded NCCL is too old for the data type or op.
-	ErrUnsupported = errors.New("nccl: not supported by this NCCL version")
-)
+// Errors wrap the kinds of package failure: ErrAborted (Abort, Close
+// during a collective, a timeout or an earlier failure), ErrClosed,
+// ErrTimeout (an init, collective or finalize did not leave
+// ncclInProgress, or return, within the Comm's timeout) and ErrInvalid (a
+// bad argument, caught before NCCL was called). An error from a call on a
+// Comm that had already failed wraps ErrAborted as well as the first
+// cause, so test for ErrAborted first (Status does).
+
+// ErrUnsupported: the loaded NCCL is too old for the data type or op.
+var ErrUnsupported = errors.New("nccl: not supported by this NCCL version")
 
 // LoadError says why no NCCL could be loaded: every place tried, in order.
 type LoadError struct {
@@ -100,9 +94,8 @@ func (e *LoadError) Error() string {
 }
 
 // Status maps an error from this package to the shim's status code
-// (package status):
-// ErrClosed, then ErrAborted, ErrTimeout, ErrInvalid and ErrUnsupported
-// (invalid), *LoadError (unavailable), then NCCL's result: invalid argument
+// (package status): the kinds of package failure (closed, then aborted,
+// timeout, and invalid with ErrUnsupported), *LoadError (unavailable), then NCCL's result: invalid argument
 // or usage → invalid, remote or system error (NCCL's words for a peer or
 // socket that went away) → peer, ncclTimeout → timeout, anything else
 // (CUDA, internal) → internal.
@@ -112,13 +105,13 @@ func Status(err error) int {
 	switch {
 	case err == nil:
 		return status.OK
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, failure.ErrClosed):
 		return status.Closed
-	case errors.Is(err, ErrAborted):
+	case errors.Is(err, failure.ErrAborted):
 		return status.Aborted
-	case errors.Is(err, ErrTimeout):
+	case errors.Is(err, failure.ErrTimeout):
 		return status.Timeout
-	case errors.Is(err, ErrInvalid), errors.Is(err, ErrUnsupported):
+	case errors.Is(err, failure.ErrInvalid), errors.Is(err, ErrUnsupported):
 		return status.Invalid
 	case errors.As(err, &le):
 		return status.Unavailable

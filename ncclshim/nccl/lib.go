@@ -40,6 +40,8 @@ import "C"
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 )
 
 // Data types (ncclDataType_t values).
@@ -214,9 +216,9 @@ func (l *Lib) errorOf(op string, r C.ncclResult_t) *Error {
 func (l *Lib) checkOp(dtype, op int) error {
 	switch {
 	case dtype < Int8 || dtype > BFloat16:
-		return fmt.Errorf("%w: data type %d", ErrInvalid, dtype)
+		return fmt.Errorf("%w: data type %d", failure.ErrInvalid, dtype)
 	case op < Sum || op > Avg:
-		return fmt.Errorf("%w: reduction op %d", ErrInvalid, op)
+		return fmt.Errorf("%w: reduction op %d", failure.ErrInvalid, op)
 	case dtype == BFloat16 && !l.features.BFloat16:
 		return fmt.Errorf("%w: bfloat16 needs NCCL 2.10, have %s", ErrUnsupported, l.version)
 	case op == Avg && !l.features.Avg:

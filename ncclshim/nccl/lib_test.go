@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
@@ -204,17 +205,17 @@ func copyFile(t *testing.T, from, to string) {
 }
 
 func TestStatus(t *testing.T) {
-	timeout := fmt.Errorf("ncclAllReduce: %w after 1s", ErrTimeout)
+	timeout := fmt.Errorf("ncclAllReduce: %w after 1s", failure.ErrTimeout)
 	tests := []struct {
 		name string
 		err  error
 		want int
 	}{
 		{"nil", nil, status.OK},
-		{"closed", fmt.Errorf("x: %w", ErrClosed), status.Closed},
-		{"aborted after a timeout", fmt.Errorf("x: %w after: %w", ErrAborted, timeout), status.Aborted},
+		{"closed", fmt.Errorf("x: %w", failure.ErrClosed), status.Closed},
+		{"aborted after a timeout", fmt.Errorf("x: %w after: %w", failure.ErrAborted, timeout), status.Aborted},
 		{"timeout", timeout, status.Timeout},
-		{"invalid", fmt.Errorf("x: %w", ErrInvalid), status.Invalid},
+		{"invalid", fmt.Errorf("x: %w", failure.ErrInvalid), status.Invalid},
 		{"unsupported", fmt.Errorf("x: %w", ErrUnsupported), status.Invalid},
 		{"load", &LoadError{}, status.Unavailable},
 		{"system error", &Error{Result: SystemError}, status.Peer},

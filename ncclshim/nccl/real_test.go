@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/nccl/nccltest"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
@@ -227,7 +228,7 @@ func TestRealNCCLInitNoDevice(t *testing.T) {
 	if rep.InitResult < 0 {
 		t.Fatalf("Open's error is not NCCL's own (*nccl.Error): %s", rep.InitErr)
 	}
-	if strings.Contains(rep.InitErr, ErrTimeout.Error()) || time.Duration(rep.InitMillis)*time.Millisecond >= realInitLimit {
+	if strings.Contains(rep.InitErr, failure.ErrTimeout.Error()) || time.Duration(rep.InitMillis)*time.Millisecond >= realInitLimit {
 		t.Errorf("Open waited for its timeout instead of failing at once: %s", rep.InitErr)
 	}
 	if !strings.Contains(rep.InitErr, "ncclCommInitRank") {

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 )
 
@@ -268,7 +269,7 @@ func (wd *Watchdog) poll(clk *clock, enforce bool) bool {
 	}
 	// At close the communicator may be gone: only collect what completed.
 	if err := wd.nc.AsyncError(); enforce && err != nil {
-		if errors.Is(err, ErrAborted) || errors.Is(err, ErrClosed) {
+		if errors.Is(err, failure.ErrAborted) || errors.Is(err, failure.ErrClosed) {
 			// Aborted by someone else (the agent, ddpshim_abort): what is
 			// in flight will not finish.
 			cause := wd.owner.Cause()

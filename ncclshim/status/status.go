@@ -1,7 +1,9 @@
 // Package status holds the status codes of the shim's C ABI (DDPSHIM_OK and
 // DDPSHIM_ERR_* in ncclshim/ddpshim.h), the error that carries one, and
-// how the transports' errors map to them: one set of codes for the
-// packages that fail a call (comm, nccl) and the exports that return it.
+// how the kinds of failure (package failure) map to them: one set of codes
+// for the packages that fail a call (comm, nccl) and the exports that
+// return it. It knows no transport: the transports wrap the kinds, and a
+// transport with codes of its own (NCCL's results) maps them itself.
 package status
 
 import (
@@ -9,8 +11,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/ddp-agent/ddp-agent/ncclshim/host"
-	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 )
 
 // The codes, as ddpshim.h defines them.
@@ -40,23 +41,19 @@ func Errorf(code int, format string, args ...any) error {
 	return &Error{Code: code, Err: fmt.Errorf(format, args...)}
 }
 
-// Sentinels for conditions of a communicator itself.
-var (
-	ErrAborted = errors.New("communicator aborted")
-	ErrClosed  = errors.New("communicator closed")
-)
-
 // AbortedBy reports an earlier failure or abort as DDPSHIM_ERR_ABORTED:
 // only the collective that failed first carries the root cause's own code.
 func AbortedBy(cause error) error {
-	if errors.Is(cause, ErrClosed) {
+	if errors.Is(cause, failure.ErrClosed) {
 		return cause
 	}
 	return &Error{Code: Aborted, Err: cause}
 }
 
 // Of maps an error from the transports, the control client or the shim to
-// its C status code.
+// its C status code: the code an *Error carries, else its kind of failure
+// (closed, then mismatch, timeout, peer, aborted and invalid: a
+// collective that failed on a peer wraps ErrAborted too), else DDPSHIM_ERR_INTERNAL.
 func Of(err error) int {
 	var se *Error
 	switch {
@@ -64,16 +61,18 @@ func Of(err error) int {
 		return OK
 	case errors.As(err, &se):
 		return se.Code
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, failure.ErrClosed):
 		return Closed
-	case errors.Is(err, host.ErrMismatch), errors.Is(err, shm.ErrMismatch):
+	case errors.Is(err, failure.ErrMismatch):
 		return Mismatch
-	case errors.Is(err, host.ErrTimeout), errors.Is(err, shm.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, failure.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return Timeout
-	case errors.Is(err, host.ErrPeer), errors.Is(err, shm.ErrPeer):
+	case errors.Is(err, failure.ErrPeer):
 		return Peer
-	case errors.Is(err, ErrAborted), errors.Is(err, host.ErrAborted), errors.Is(err, shm.ErrAborted), errors.Is(err, context.Canceled):
+	case errors.Is(err, failure.ErrAborted), errors.Is(err, context.Canceled):
 		return Aborted
+	case errors.Is(err, failure.ErrInvalid):
+		return Invalid
 	}
 	return Internal
 }

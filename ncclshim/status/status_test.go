@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/ddp-agent/ddp-agent/ncclshim/host"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 )
 
 func TestOf(t *testing.T) {
@@ -17,10 +17,17 @@ func TestOf(t *testing.T) {
 	}{
 		{"nil", nil, OK},
 		{"coded", fmt.Errorf("x: %w", Errorf(Unavailable, "no agent")), Unavailable},
-		{"closed", fmt.Errorf("x: %w", ErrClosed), Closed},
+		{"closed", fmt.Errorf("x: %w", failure.ErrClosed), Closed},
 		{"aborted by a cause", AbortedBy(errors.New("peer gone")), Aborted},
-		{"aborted by close", AbortedBy(ErrClosed), Closed},
-		{"host timeout", fmt.Errorf("x: %w", host.ErrTimeout), Timeout},
+		{"aborted by close", AbortedBy(failure.ErrClosed), Closed},
+		{"host timeout", fmt.Errorf("x: %w", failure.ErrTimeout), Timeout},
+		{"mismatch", fmt.Errorf("x: %w", failure.ErrMismatch), Mismatch},
+		{"peer", failure.Peer(1, failure.PeerLost, fmt.Errorf("x: %w", failure.ErrPeer)), Peer},
+		{"peer after an abort", fmt.Errorf("%w: failed earlier: %w", failure.ErrAborted, failure.ErrPeer), Peer},
+		{"aborted", fmt.Errorf("x: %w", failure.ErrAborted), Aborted},
+		{"closed while aborting", fmt.Errorf("%w: %w", failure.ErrAborted, failure.ErrClosed), Closed},
+		{"invalid", fmt.Errorf("x: %w", failure.ErrInvalid), Invalid},
+		{"cancelled", context.Canceled, Aborted},
 		{"deadline", context.DeadlineExceeded, Timeout},
 		{"other", errors.New("x"), Internal},
 	}

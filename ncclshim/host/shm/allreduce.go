@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -251,10 +252,10 @@ func (c *Comm) checkHeader(j *job, p int) error {
 	op := atomic.LoadUint32(h.op)
 	switch {
 	case seq != j.seq:
-		return fmt.Errorf("rank %d is at collective %d: %w", p, seq, ErrMismatch)
+		return fmt.Errorf("rank %d is at collective %d: %w", p, seq, failure.ErrMismatch)
 	case count != uint64(j.count) || dt != j.dt || op != j.hdrOp:
 		return fmt.Errorf("rank %d has %d %v (%s), this rank %d %v (%s): %w",
-			p, count, dt, opName(op), j.count, j.dt, opName(j.hdrOp), ErrMismatch)
+			p, count, dt, opName(op), j.count, j.dt, opName(j.hdrOp), failure.ErrMismatch)
 	}
 	return nil
 }
@@ -321,25 +322,25 @@ func (c *Comm) check(j *job, p int) error {
 	}
 	if err := j.ctx.Err(); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%w: %w", ErrTimeout, err)
+			return fmt.Errorf("%w: %w", failure.ErrTimeout, err)
 		}
 		return err
 	}
 	if p >= 0 && atomic.LoadUint32(c.ctl[p].closed) != 0 {
-		return &PeerError{Rank: p, Kind: PeerClosed, Err: fmt.Errorf("%w: rank %d closed its communicator", ErrPeer, p)}
+		return &failure.PeerError{Rank: p, Kind: failure.PeerClosed, Err: fmt.Errorf("%w: rank %d closed its communicator", failure.ErrPeer, p)}
 	}
 	if a := atomic.LoadUint32(c.abort); a != 0 {
 		if a&abortMismatch != 0 {
-			return fmt.Errorf("%w: rank %d found that %w", ErrPeer, a&abortRankMask-1, ErrMismatch)
+			return fmt.Errorf("%w: rank %d found that %w", failure.ErrPeer, a&abortRankMask-1, failure.ErrMismatch)
 		}
 		r := int(a&abortRankMask) - 1
-		return &PeerError{Rank: r, Kind: PeerAborted, Err: fmt.Errorf("%w: rank %d raised the abort flag", ErrPeer, r)}
+		return &failure.PeerError{Rank: r, Kind: failure.PeerAborted, Err: fmt.Errorf("%w: rank %d raised the abort flag", failure.ErrPeer, r)}
 	}
 	if time.Now().After(j.deadline) {
 		if j.ctxDeadline {
-			return fmt.Errorf("%w: %w", ErrTimeout, context.DeadlineExceeded)
+			return fmt.Errorf("%w: %w", failure.ErrTimeout, context.DeadlineExceeded)
 		}
-		return fmt.Errorf("%w after %v", ErrTimeout, c.timeout)
+		return fmt.Errorf("%w after %v", failure.ErrTimeout, c.timeout)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -53,7 +54,7 @@ func TestBroadcast(t *testing.T) {
 }
 
 // TestBroadcastMismatch: ranks that disagree on the collective (a broadcast
-// against an all-reduce, or two roots) fail with ErrMismatch instead of
+// against an all-reduce, or two roots) fail with failure.ErrMismatch instead of
 // exchanging data.
 func TestBroadcastMismatch(t *testing.T) {
 	for _, tc := range []struct {
@@ -80,8 +81,8 @@ func TestBroadcastMismatch(t *testing.T) {
 				negotiate(t, comms)
 				errs := allRanks(comms, func(r int, c *Comm) error { return tc.run(r, c, make([]byte, 4096)) })
 				for r, err := range errs {
-					if !errors.Is(err, ErrMismatch) {
-						t.Errorf("rank %d: got %v, want ErrMismatch", r, err)
+					if !errors.Is(err, failure.ErrMismatch) {
+						t.Errorf("rank %d: got %v, want failure.ErrMismatch", r, err)
 					}
 				}
 			})

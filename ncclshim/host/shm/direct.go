@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -65,7 +66,7 @@ func (c *Comm) Negotiate(ctx context.Context) (bool, error) {
 	c.life.RLock()
 	defer c.life.RUnlock()
 	if c.mem == nil {
-		return false, fmt.Errorf("shm negotiate on rank %d: %w", c.rank, ErrClosed)
+		return false, fmt.Errorf("shm negotiate on rank %d: %w", c.rank, failure.ErrClosed)
 	}
 	j := job{ctx: ctx, deadline: time.Now().Add(c.timeout)}
 	if d, ok := ctx.Deadline(); ok && d.Before(j.deadline) {
@@ -227,9 +228,9 @@ func (c *Comm) reduceOwn(j *job, peers []peer, step uint32) error {
 // that is gone is that peer's failure, anything else a broken protocol.
 func (c *Comm) peerMemError(p peer, err error) error {
 	if errors.Is(err, unix.ESRCH) {
-		return &PeerError{Rank: p.rank, Kind: PeerLost, Err: fmt.Errorf("%w: rank %d (pid %d) is gone: %w", ErrPeer, p.rank, p.pid, err)}
+		return &failure.PeerError{Rank: p.rank, Kind: failure.PeerLost, Err: fmt.Errorf("%w: rank %d (pid %d) is gone: %w", failure.ErrPeer, p.rank, p.pid, err)}
 	}
-	return fmt.Errorf("%w: single copy: reach rank %d's buffer (pid %d): %w", ErrPeer, p.rank, p.pid, err)
+	return fmt.Errorf("%w: single copy: reach rank %d's buffer (pid %d): %w", failure.ErrPeer, p.rank, p.pid, err)
 }
 
 // vmRead copies len(dst) bytes at addr in process pid into dst.

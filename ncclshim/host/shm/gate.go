@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 )
 
 // The single copy's gate: a rank writes into a peer's buffer only while
@@ -53,7 +55,7 @@ func (c *Comm) closeGate(j *job) error {
 			}
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%w: rank %d (pid %d) is still writing into this rank's buffer after %v; the buffer may change",
-					ErrPeer, p, pid, gateWait)
+					failure.ErrPeer, p, pid, gateWait)
 			}
 			time.Sleep(50 * time.Microsecond)
 		}
@@ -68,8 +70,8 @@ func (c *Comm) writePeer(p peer, step uint32, src []byte, addr uintptr) error {
 	atomic.StoreUint32(writing, uint32(p.rank)+1)
 	defer atomic.StoreUint32(writing, 0)
 	if atomic.LoadUint32(c.ctl[p.rank].gate) != step {
-		return &PeerError{Rank: p.rank, Kind: PeerAborted,
-			Err: fmt.Errorf("%w: rank %d left the collective", ErrPeer, p.rank)}
+		return &failure.PeerError{Rank: p.rank, Kind: failure.PeerAborted,
+			Err: fmt.Errorf("%w: rank %d left the collective", failure.ErrPeer, p.rank)}
 	}
 	if err := vmWrite(p.pid, src, addr); err != nil {
 		return c.peerMemError(p, err)

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 )
 
 // TestGate: a rank writes into a peer's buffer only through an open gate,
@@ -21,9 +23,9 @@ func TestGate(t *testing.T) {
 	// Rank 0 is not in collective step 5: the write is refused, the buffer
 	// untouched.
 	err := comms[1].writePeer(p0, 5, []byte("clobbered"), p0.addr)
-	var pe *PeerError
+	var pe *failure.PeerError
 	if !errors.As(err, &pe) || pe.Rank != 0 {
-		t.Fatalf("write through a closed gate: %v, want a PeerError naming rank 0", err)
+		t.Fatalf("write through a closed gate: %v, want a failure.PeerError naming rank 0", err)
 	}
 	if string(buf) != "untouched" {
 		t.Fatalf("buffer is %q after a refused write", buf)

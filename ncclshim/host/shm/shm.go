@@ -52,41 +52,9 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
-
-// Errors that AllReduce wraps; callers branch on them with errors.Is.
-var (
-	// ErrAborted: Abort was called on this communicator.
-	ErrAborted = errors.New("communicator aborted")
-	// ErrTimeout: the collective did not finish by its deadline.
-	ErrTimeout = errors.New("timed out")
-	// ErrPeer: a peer aborted (or closed) its communicator, or broke the protocol.
-	ErrPeer = errors.New("peer aborted")
-	// ErrMismatch: ranks disagree on count, dtype or op.
-	ErrMismatch = errors.New("ranks disagree")
-	// ErrClosed: Close was called on this communicator.
-	ErrClosed = errors.New("communicator closed")
-)
-
-// The ways a peer can fail a collective, as PeerError.Kind says them (the
-// same words as package host's).
-const (
-	PeerClosed  = "closed"  // it closed its communicator
-	PeerAborted = "aborted" // it raised the abort flag
-	PeerLost    = "lost"    // its process is gone (seen by the single-copy path)
-)
-
-// PeerError is a failure that one peer caused; it wraps ErrPeer. Rank is
-// the peer's.
-type PeerError struct {
-	Rank int
-	Kind string // PeerClosed, PeerAborted or PeerLost
-	Err  error
-}
-
-func (e *PeerError) Error() string { return e.Err.Error() }
-func (e *PeerError) Unwrap() error { return e.Err }
 
 // Config tunes a communicator. The zero value is usable.
 type Config struct {
@@ -266,15 +234,15 @@ func Unlink(path string) error {
 }
 
 // Abort makes the in-flight AllReduce, if any, and every later one return an
-// error wrapping ErrAborted (and err, when not nil) within milliseconds, and
+// error wrapping failure.ErrAborted (and err, when not nil) within milliseconds, and
 // raises the segment's abort flag so the peers' collectives fail promptly
-// with ErrPeer instead of timing out. It is idempotent (the first cause
+// with failure.ErrPeer instead of timing out. It is idempotent (the first cause
 // wins), does not wait for the in-flight AllReduce, and is safe to call
 // concurrently with any method.
 func (c *Comm) Abort(err error) {
-	e := fmt.Errorf("rank %d: %w", c.rank, ErrAborted)
+	e := fmt.Errorf("rank %d: %w", c.rank, failure.ErrAborted)
 	if err != nil {
-		e = fmt.Errorf("rank %d: %w: %w", c.rank, ErrAborted, err)
+		e = fmt.Errorf("rank %d: %w: %w", c.rank, failure.ErrAborted, err)
 	}
 	c.stop.CompareAndSwap(nil, &e)
 	c.life.RLock()
@@ -286,11 +254,11 @@ func (c *Comm) Abort(err error) {
 }
 
 // Close unmaps the segment. An in-flight AllReduce returns an error wrapping
-// ErrClosed (Close waits for it to return), later ones fail with ErrClosed,
-// and peers waiting on this rank fail with ErrPeer. Close is idempotent and
+// failure.ErrClosed (Close waits for it to return), later ones fail with failure.ErrClosed,
+// and peers waiting on this rank fail with failure.ErrPeer. Close is idempotent and
 // safe to call concurrently with any method.
 func (c *Comm) Close() error {
-	e := fmt.Errorf("rank %d: %w", c.rank, ErrClosed)
+	e := fmt.Errorf("rank %d: %w", c.rank, failure.ErrClosed)
 	c.stop.CompareAndSwap(nil, &e)
 	c.life.RLock()
 	if c.mem != nil {
@@ -314,7 +282,7 @@ func (c *Comm) Close() error {
 
 // The abort word holds 1+rank of the first rank that failed or aborted, and
 // abortMismatch when that rank failed because the ranks disagree, so the
-// others report ErrMismatch too, even those that have not seen the odd
+// others report failure.ErrMismatch too, even those that have not seen the odd
 // header themselves.
 const (
 	abortRankMask = 1<<16 - 1
@@ -325,7 +293,7 @@ const (
 // already has. The caller holds life and the mapping is live.
 func (c *Comm) raise(err error) {
 	v := uint32(c.rank) + 1
-	if errors.Is(err, ErrMismatch) {
+	if errors.Is(err, failure.ErrMismatch) {
 		v |= abortMismatch
 	}
 	atomic.CompareAndSwapUint32(c.abort, 0, v)
@@ -353,12 +321,12 @@ func (c *Comm) stopErr() error {
 // holds the element-wise sum (op Sum) or mean (op Avg) of all ranks' bufs,
 // bit-identical on every rank. len(buf) must be a multiple of dt.Size() (0 is
 // allowed) and equal on every rank, as must dt and op; a disagreement gives
-// ErrMismatch on every rank.
+// failure.ErrMismatch on every rank.
 //
 // AllReduce blocks until the collective completes, ctx is done, the deadline
-// passes (ctx's or Config.Timeout from now, whichever is earlier: ErrTimeout),
-// Abort or Close is called (ErrAborted, ErrClosed), or a peer aborts
-// (ErrPeer). Any error, invalid arguments included, breaks the
+// passes (ctx's or Config.Timeout from now, whichever is earlier: failure.ErrTimeout),
+// Abort or Close is called (failure.ErrAborted, failure.ErrClosed), or a peer aborts
+// (failure.ErrPeer). Any error, invalid arguments included, breaks the
 // communicator: it raises the segment's abort flag so the peers fail
 // promptly too, and later calls fail at once. Calls must not overlap; an
 // overlapping call returns an error without touching the collective.
@@ -388,7 +356,7 @@ func (c *Comm) collective(ctx context.Context, what string, buf []byte, dt reduc
 	c.life.RLock()
 	defer c.life.RUnlock()
 	if c.mem == nil {
-		return fmt.Errorf("shm %s on rank %d: %w", what, c.rank, ErrClosed)
+		return fmt.Errorf("shm %s on rank %d: %w", what, c.rank, failure.ErrClosed)
 	}
 	seq := c.seq + 1
 	if err := c.stopErr(); err != nil {

@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/internal/leaktest"
+	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
@@ -391,8 +392,8 @@ func TestMismatch(t *testing.T) {
 				t.Errorf("took %v", d)
 			}
 			for r, err := range errs {
-				if !errors.Is(err, ErrMismatch) {
-					t.Errorf("rank %d: got %v, want ErrMismatch", r, err)
+				if !errors.Is(err, failure.ErrMismatch) {
+					t.Errorf("rank %d: got %v, want failure.ErrMismatch", r, err)
 				}
 			}
 			// The communicator is broken now.
@@ -400,8 +401,8 @@ func TestMismatch(t *testing.T) {
 				return c.AllReduce(context.Background(), make([]byte, 4), reduce.Float32, reduce.Sum)
 			})
 			for r, err := range errs {
-				if !errors.Is(err, ErrMismatch) {
-					t.Errorf("rank %d, next call: got %v, want the ErrMismatch again", r, err)
+				if !errors.Is(err, failure.ErrMismatch) {
+					t.Errorf("rank %d, next call: got %v, want the failure.ErrMismatch again", r, err)
 				}
 			}
 		})
@@ -438,16 +439,16 @@ func TestPeerKilled(t *testing.T) {
 	if !errors.As(werr, &exit) || exit.ExitCode() != 7 {
 		t.Fatalf("helper: got %v, want exit status 7 (died mid-way)", werr)
 	}
-	if !errors.Is(err, ErrTimeout) {
-		t.Fatalf("got %v, want ErrTimeout", err)
+	if !errors.Is(err, failure.ErrTimeout) {
+		t.Fatalf("got %v, want failure.ErrTimeout", err)
 	}
 	t.Logf("after %v: %v", elapsed, err)
 	if elapsed < timeout-10*time.Millisecond || elapsed > timeout+time.Second {
 		t.Errorf("returned after %v, want about %v", elapsed, timeout)
 	}
 	// Broken now: fails at once.
-	if err := c.AllReduce(context.Background(), make([]byte, 4), reduce.Float32, reduce.Sum); !errors.Is(err, ErrTimeout) {
-		t.Errorf("next call: got %v, want the ErrTimeout again", err)
+	if err := c.AllReduce(context.Background(), make([]byte, 4), reduce.Float32, reduce.Sum); !errors.Is(err, failure.ErrTimeout) {
+		t.Errorf("next call: got %v, want the failure.ErrTimeout again", err)
 	}
 }
 
@@ -466,14 +467,14 @@ func TestStop(t *testing.T) {
 		wantOthers error   // the other blocked ranks'
 		wantLast   error   // the last rank's when it joins afterwards
 	}{
-		{"abort", 2, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[0].Abort(errBoom) }, []error{ErrAborted, errBoom}, nil, ErrPeer},
-		{"abort twice", 2, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[0].Abort(errBoom); cs[0].Abort(nil) }, []error{ErrAborted, errBoom}, nil, ErrPeer},
-		{"peer aborts", 3, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[2].Abort(nil) }, []error{ErrPeer}, ErrPeer, ErrAborted},
-		{"cancel", 2, time.Minute, 0, func(_ []*Comm, cancel context.CancelFunc) { cancel() }, []error{context.Canceled}, nil, ErrPeer},
-		{"ctx deadline", 2, time.Minute, 100 * time.Millisecond, nil, []error{ErrTimeout, context.DeadlineExceeded}, nil, ErrPeer},
-		{"timeout", 2, 100 * time.Millisecond, 0, nil, []error{ErrTimeout}, nil, ErrPeer},
-		{"close", 2, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[0].Close() }, []error{ErrClosed}, nil, ErrPeer},
-		{"peer closes", 3, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[2].Close() }, []error{ErrPeer}, ErrPeer, ErrClosed},
+		{"abort", 2, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[0].Abort(errBoom) }, []error{failure.ErrAborted, errBoom}, nil, failure.ErrPeer},
+		{"abort twice", 2, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[0].Abort(errBoom); cs[0].Abort(nil) }, []error{failure.ErrAborted, errBoom}, nil, failure.ErrPeer},
+		{"peer aborts", 3, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[2].Abort(nil) }, []error{failure.ErrPeer}, failure.ErrPeer, failure.ErrAborted},
+		{"cancel", 2, time.Minute, 0, func(_ []*Comm, cancel context.CancelFunc) { cancel() }, []error{context.Canceled}, nil, failure.ErrPeer},
+		{"ctx deadline", 2, time.Minute, 100 * time.Millisecond, nil, []error{failure.ErrTimeout, context.DeadlineExceeded}, nil, failure.ErrPeer},
+		{"timeout", 2, 100 * time.Millisecond, 0, nil, []error{failure.ErrTimeout}, nil, failure.ErrPeer},
+		{"close", 2, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[0].Close() }, []error{failure.ErrClosed}, nil, failure.ErrPeer},
+		{"peer closes", 3, time.Minute, 0, func(cs []*Comm, _ context.CancelFunc) { cs[2].Close() }, []error{failure.ErrPeer}, failure.ErrPeer, failure.ErrClosed},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -590,8 +591,8 @@ func TestBadInput(t *testing.T) {
 			}
 			// The peer is told rather than left to time out.
 			start := time.Now()
-			if err := comms[1].AllReduce(context.Background(), make([]byte, 8), reduce.Float32, reduce.Sum); !errors.Is(err, ErrPeer) {
-				t.Errorf("peer: got %v, want ErrPeer", err)
+			if err := comms[1].AllReduce(context.Background(), make([]byte, 8), reduce.Float32, reduce.Sum); !errors.Is(err, failure.ErrPeer) {
+				t.Errorf("peer: got %v, want failure.ErrPeer", err)
 			}
 			if d := time.Since(start); d > time.Second {
 				t.Errorf("peer returned after %v", d)
@@ -745,8 +746,8 @@ func TestSegmentFile(t *testing.T) {
 			t.Errorf("close %d: %v", i, err)
 		}
 	}
-	if err := c1.AllReduce(context.Background(), nil, reduce.Float32, reduce.Sum); !errors.Is(err, ErrClosed) {
-		t.Errorf("after close: got %v, want ErrClosed", err)
+	if err := c1.AllReduce(context.Background(), nil, reduce.Float32, reduce.Sum); !errors.Is(err, failure.ErrClosed) {
+		t.Errorf("after close: got %v, want failure.ErrClosed", err)
 	}
 	c1.Abort(nil) // after Close: no effect, no crash
 }
