@@ -1,9 +1,10 @@
 // Package comm is the logic of libddpshim.so behind its C ABI (package
 // main in ncclshim, glue only): a communicator's configuration, its
 // bootstrap (through the agent's control socket or through blobs the caller
-// exchanges), the executor of the host transport, the NCCL transport's
-// enqueue with its watchdog, and the shipping of timing events to the
-// agent. Tests run it in Go; the exports hand out integer handles to it.
+// exchanges), its one transport (transport.go: the host transport, host.go,
+// whose collectives the executor runs, or NCCL's enqueue with its
+// watchdog, nccl.go), and the shipping of timing events to the agent.
+// Tests run it in Go; the exports hand out integer handles to it.
 package comm
 
 import (
@@ -13,24 +14,20 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
-	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
-	"github.com/ddp-agent/ddp-agent/ncclshim/host"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
-	"github.com/ddp-agent/ddp-agent/ncclshim/nccl"
 	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 	"github.com/ddp-agent/ddp-agent/ncclshim/status"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
-// allReducer is a connected transport, as the executor uses it.
+// allReducer is a connected host transport, as the executor uses it.
 type allReducer interface {
 	AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error
 	Abort(err error)
@@ -38,8 +35,9 @@ type allReducer interface {
 	Close() error
 }
 
-// Comm is one communicator: a transport, a FIFO of collectives run by one
-// executor goroutine (every rank runs them in the same order), and, under
+// Comm is one communicator: a transport, chosen at Open; for the host
+// transport, a FIFO of collectives run by one executor goroutine (every
+// rank runs them in the same order); and, under
 // ddp-agent, the control connection that carries bootstrap, events and
 // Abort. Its methods are safe for concurrent use.
 type Comm struct {
@@ -57,9 +55,10 @@ type Comm struct {
 	bgCancel context.CancelFunc
 	bg       sync.WaitGroup
 
+	tp transport // chosen by Open; nil only in the Close of an Open that failed
+
 	mu        sync.Mutex
-	ep        *host.Endpoint // until connected
-	tr        allReducer     // nil until connected
+	exe       allReducer // what the executor runs collectives on; nil until the host transport connects
 	queue     []*Work
 	wake      chan struct{}
 	kick      *time.Timer // wakes the executor for work no waiter took
@@ -72,14 +71,6 @@ type Comm struct {
 	agent  *agentconn.Client // nil without ddp-agent
 	events *eventRing        // nil without ddp-agent or a sidecar
 	side   *sidecarLink      // under bootstrap "external" with a sidecar; nil otherwise
-
-	// The nccl transport (nccl.go): the library, rank 0's unique id,
-	// and the communicator once connected; ep and tr stay nil.
-	ncLib *nccl.Lib
-	ncID  [nccl.UniqueIDBytes]byte
-	nc    *nccl.Comm
-	cu    *cuda.Lib      // nil without a CUDA driver
-	watch *nccl.Watchdog // from connect
 }
 
 // Work is one all-reduce in flight.
@@ -116,19 +107,12 @@ func Open(cfg *Config) (*Comm, error) {
 	// A C ABI call has no context to inherit: the comm's lifetime is its own.
 	c.ctx, c.cancel = context.WithCancelCause(context.Background())
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
-	if cfg.Transport == "nccl" {
-		if err := c.openNCCLTransport(); err != nil {
-			c.Close()
-			return nil, err
-		}
-	} else {
-		ep, err := host.Listen(host.Options{Host: cfg.Host, MasterAddr: cfg.MasterAddr})
-		if err != nil {
-			c.Close()
-			return nil, status.Errorf(status.Unavailable, "listen for peers: %w", err)
-		}
-		c.ep = ep
+	tp, err := newTransport(c)
+	if err != nil {
+		c.Close()
+		return nil, err
 	}
+	c.tp = tp
 	if cfg.Bootstrap == "agent" {
 		if err := c.bootstrapAgent(); err != nil {
 			c.Close()
@@ -141,20 +125,7 @@ func Open(cfg *Config) (*Comm, error) {
 }
 
 // Info is this rank's bootstrap blob, for ddpshim_bootstrap_info.
-func (c *Comm) Info() (string, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.ncLib != nil {
-		if c.nc != nil {
-			return "", status.Errorf(status.Invalid, "communicator is already connected")
-		}
-		return c.ncclBlob(), nil
-	}
-	if c.tr != nil || c.ep == nil {
-		return "", status.Errorf(status.Invalid, "communicator is already connected")
-	}
-	return blob{V: blobVersion, Rank: c.rank, PeerInfo: c.ep.Info()}.encode(), nil
-}
+func (c *Comm) Info() (string, error) { return c.tp.blob() }
 
 // bootstrapAgent exchanges blobs through the agent's store and connects.
 func (c *Comm) bootstrapAgent() error {
@@ -171,33 +142,7 @@ func (c *Comm) bootstrapAgent() error {
 		return status.Errorf(status.Invalid, "agent says world size %d, config says %d", w.WorldSize, c.size)
 	}
 	c.startShipping(cl)
-
-	if c.ncLib != nil {
-		return c.bootstrapAgentNCCL(ctx, cl)
-	}
-	mine, err := c.Info()
-	if err != nil {
-		return err
-	}
-	prefix := "ddpshim/" + c.cfg.Name + "/"
-	if err := cl.KVSet(ctx, prefix+strconv.Itoa(c.rank), []byte(mine)); err != nil {
-		return status.Errorf(status.Unavailable, "publish address through the agent: %w", err)
-	}
-	lines := make([]string, c.size)
-	for r := range c.size {
-		v, err := cl.KVGet(ctx, prefix+strconv.Itoa(r), time.Until(deadline(ctx)))
-		if err != nil {
-			if cause := context.Cause(c.ctx); cause != nil {
-				return status.AbortedBy(fmt.Errorf("waiting for the address of rank %d: %w", r, cause))
-			}
-			if errors.Is(err, wire.ErrTimeout) || ctx.Err() != nil {
-				return status.Errorf(status.Timeout, "rank %d did not publish its address within %v: %w", r, c.cfg.timeout(), err)
-			}
-			return status.Errorf(status.Unavailable, "address of rank %d from the agent: %w", r, err)
-		}
-		lines[r] = string(v)
-	}
-	return c.Connect(lines)
+	return c.tp.bootstrapAgent(ctx, cl)
 }
 
 func deadline(ctx context.Context) time.Time {
@@ -207,67 +152,18 @@ func deadline(ctx context.Context) time.Time {
 
 // Connect builds the transport from every rank's blob, in rank order,
 // blocking up to the timeout.
-func (c *Comm) Connect(lines []string) error {
-	if c.ncLib != nil {
-		return c.connectNCCL(lines)
-	}
-	if len(lines) != c.size {
-		return status.Errorf(status.Invalid, "got %d bootstrap blobs for world size %d", len(lines), c.size)
-	}
-	peers := make([]host.PeerInfo, c.size)
-	for i, l := range lines {
-		b, err := decodeBlob(l)
-		if err != nil {
-			return status.Errorf(status.Invalid, "rank %d: %w", i, err)
-		}
-		if b.Rank != i {
-			return status.Errorf(status.Invalid, "blob %d is rank %d's: blobs must be in rank order", i, b.Rank)
-		}
-		peers[i] = b.PeerInfo
-	}
-	c.mu.Lock()
-	ep := c.ep
-	switch {
-	case c.closed:
-		c.mu.Unlock()
-		return failure.ErrClosed
-	case c.tr != nil || ep == nil:
-		c.mu.Unlock()
-		return status.Errorf(status.Invalid, "communicator is already connected")
-	}
-	if peers[c.rank].Nonce != ep.Info().Nonce {
-		c.mu.Unlock()
-		return status.Errorf(status.Invalid, "blob %d is not this communicator's (nonce differs)", c.rank)
-	}
-	c.ep = nil // Connect consumes it
-	c.mu.Unlock()
+func (c *Comm) Connect(lines []string) error { return c.tp.connect(lines) }
 
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.timeout())
-	defer cancel()
-	tr, err := host.Connect(ctx, ep, c.rank, peers, host.Config{
-		Timeout: c.cfg.timeout(), Logger: c.log, SHM: c.cfg.SHM == nil || *c.cfg.SHM,
-	})
-	if err != nil {
-		if ctx.Err() != nil && c.ctx.Err() == nil {
-			return status.Errorf(status.Timeout, "connect to peers within %v: %w", c.cfg.timeout(), err)
-		}
-		return fmt.Errorf("connect to peers: %w", err)
-	}
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		tr.Close()
-		return failure.ErrClosed
-	}
-	c.tr = tr
-	c.exec.Add(1) // under mu: close either sees tr and waits for the executor, or neither
-	c.mu.Unlock()
-	c.log.Info("connected", "world_size", c.size, "transport", tr.Transport())
+// startExecutor starts the executor on tr, the host transport just
+// connected. The caller holds c.mu: Close either sees exe and waits for
+// the executor, or neither.
+func (c *Comm) startExecutor(tr allReducer) {
+	c.exe = tr
+	c.exec.Add(1)
 	go func() {
 		defer c.exec.Done()
 		c.execute(tr)
 	}()
-	return nil
 }
 
 // kickAfter is how long a collective may wait in the queue for a waiter
@@ -295,7 +191,7 @@ func (c *Comm) enqueue(w *Work) error {
 	switch {
 	case c.closed:
 		return failure.ErrClosed
-	case c.tr == nil:
+	case c.exe == nil:
 		return status.Errorf(status.Invalid, "communicator is not connected (call ddpshim_connect first)")
 	}
 	if err := context.Cause(c.ctx); err != nil {
@@ -352,14 +248,14 @@ func (c *Comm) runUpTo(w *Work, locked bool) {
 	for !w.Done() {
 		c.mu.Lock()
 		var next *Work
-		if !c.closed && c.tr != nil {
+		if !c.closed && c.exe != nil {
 			next = c.take()
 		}
 		if next != nil {
 			c.exec.Add(1) // under mu and before closed is set: Close waits for it
 			c.byWaiter++
 		}
-		tr := c.tr
+		tr := c.exe
 		c.mu.Unlock()
 		if next == nil {
 			return
@@ -459,14 +355,8 @@ func (c *Comm) Abort(cause error) {
 		cause = fmt.Errorf("%w: %w", failure.ErrAborted, cause)
 	}
 	c.cancel(cause)
-	c.mu.Lock()
-	tr, nc := c.tr, c.nc
-	c.mu.Unlock()
-	if tr != nil {
-		tr.Abort(cause)
-	}
-	if nc != nil {
-		nc.Abort() // a collective hung in NCCL returns
+	if c.tp != nil {
+		c.tp.abort(cause)
 	}
 }
 
@@ -482,22 +372,18 @@ func (c *Comm) Close() {
 	c.closed = true
 	c.kick.Stop()
 	c.wakeExecutor()
-	if c.tr != nil || c.nc != nil {
+	if c.tp != nil && c.tp.connected() {
 		c.noteClosed(time.Now()) // before the peers can see it go
 	}
 	// Abort only with work outstanding: the shared-memory transport tells
 	// the peers about an abort, and they may still be finishing the last
 	// collective that this rank has completed.
 	pending := len(c.queue) > 0 || c.busy
-	ep, tr := c.ep, c.tr
 	c.mu.Unlock()
 	if pending {
 		c.Abort(failure.ErrClosed)
 	}
 	c.cancel(failure.ErrClosed)
-	if ep != nil {
-		ep.Close()
-	}
 	c.exec.Wait() // the executor finishes the collective in flight (aborted) and drains
 	c.mu.Lock()
 	queue := c.queue
@@ -507,25 +393,13 @@ func (c *Comm) Close() {
 		w.err = failure.ErrClosed
 		close(w.done)
 	}
-	c.mu.Lock()
-	watch := c.watch
-	c.mu.Unlock()
-	if watch != nil {
-		watch.Settle()
-		watch.Close() // its last look ships the events of what has completed
+	if c.tp != nil {
+		c.tp.settle()
 	}
-	c.bgCancel() // the shipper's last flush includes the executor's last events
+	c.bgCancel() // the shipper's last flush includes the executor's and the transport's last events
 	c.bg.Wait()
-	if tr != nil {
-		tr.Close()
-	}
-	c.mu.Lock()
-	nc := c.nc
-	c.mu.Unlock()
-	if nc != nil {
-		if err := nc.Close(); err != nil {
-			c.log.Warn("close the NCCL communicator", "err", err)
-		}
+	if c.tp != nil {
+		c.tp.close()
 	}
 	if c.agent != nil {
 		c.agent.Close()
@@ -544,21 +418,10 @@ func (c *Comm) Describe() string {
 	info := map[string]any{
 		"rank": c.rank, "world_size": c.size, "name": c.cfg.Name,
 		"transport": "", "collectives": c.collected, "run_by_waiter": c.byWaiter, "agent": c.agent != nil,
-		"events_sent": 0, "events_dropped": 0, "connected": c.tr != nil,
-	}
-	if c.tr != nil {
-		info["transport"] = c.tr.Transport()
-		if sc, ok := c.tr.(interface{ SingleCopy() bool }); ok {
-			info["single_copy"] = sc.SingleCopy()
-		}
-	}
-	if c.ncLib != nil {
-		info["connected"] = c.nc != nil
-		info["transport"] = "nccl"
-		info["nccl"] = map[string]any{"source": c.ncLib.Source(), "version": c.ncLib.Version().String(),
-			"nonblocking": c.nc != nil && c.nc.NonBlocking(), "cuda": c.cu != nil}
+		"events_sent": 0, "events_dropped": 0, "connected": false,
 	}
 	c.mu.Unlock()
+	c.tp.describe(info)
 	if c.events != nil {
 		info["events_sent"], info["events_dropped"] = c.events.stats()
 	}
@@ -617,13 +480,7 @@ func (c *Comm) AllReduce(buf unsafe.Pointer, count int64, dt reduce.DType, op re
 	if err != nil {
 		return nil, err
 	}
-	if c.cfg.Transport == "nccl" {
-		if err := c.allreduceNCCL(w, buf, count, stream); err != nil {
-			return nil, err
-		}
-		return w, nil
-	}
-	if err := c.enqueue(w); err != nil {
+	if err := c.tp.allReduce(w, buf, count, stream); err != nil {
 		return nil, err
 	}
 	return w, nil

@@ -151,14 +151,8 @@ func (c *Comm) reportInFlight() {
 				DType: uint8(w.dt), Status: wire.StatusInFlight, TArrive: w.arrive.UnixNano(), TStart: w.started.Load()})
 		}
 	}
-	watch := c.watch
 	c.mu.Unlock()
-	if watch != nil {
-		for _, f := range watch.Unfinished(old) {
-			evs = append(evs, wire.CollectiveEvent{Step: f.Step, Bucket: uint32(f.Bucket), Bytes: f.Bytes,
-				DType: f.DType, Status: wire.StatusInFlight, TArrive: f.Arrive.UnixNano(), TStart: f.Enqueued.UnixNano()})
-		}
-	}
+	evs = append(evs, c.tp.inFlight(old)...)
 	for _, ev := range evs {
 		c.events.push(ev)
 	}

@@ -31,19 +31,19 @@ func gpuWorld(t *testing.T, knobs map[string]string, n, timeoutMS int) (string, 
 	t.Setenv("DDP_AGENT_CUDA_LIB", lib)
 	comms := ncclWorld(t, lib, n, timeoutMS)
 	for _, c := range comms {
-		if c.cu == nil {
+		if c.tp.(*ncclTransport).cu == nil {
 			t.Fatal("the fake CUDA driver was not loaded")
 		}
 		c.events = newEventRing()
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if _, err := comms[0].cu.Current(nil); err != nil {
+	if _, err := comms[0].tp.(*ncclTransport).cu.Current(nil); err != nil {
 		t.Fatal(err)
 	}
 	streams := make([]unsafe.Pointer, n)
 	for r, c := range comms {
-		s, err := c.cu.NewStream()
+		s, err := c.tp.(*ncclTransport).cu.NewStream()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +68,7 @@ func gpuAllreduce(comms []*Comm, streams []unsafe.Pointer, step uint64, bucket i
 			p := unsafe.Pointer(&buf[0])
 			w, err := c.newWork(p, 2, reduce.Float32, reduce.Sum, step, bucket)
 			if err == nil {
-				err = c.allreduceNCCL(w, p, 2, streams[r])
+				err = c.tp.allReduce(w, p, 2, streams[r])
 			}
 			errs[r] = err
 		}()
@@ -252,7 +252,7 @@ func TestBlockingInitTakesTheCallersDevice(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if comms[0].nc.NonBlocking() {
+	if comms[0].tp.(*ncclTransport).nc.NonBlocking() {
 		t.Fatal("2.13 gave a non-blocking communicator")
 	}
 	b, err := os.ReadFile(record)

@@ -34,34 +34,55 @@ import (
 // The other ranks' blobs only say who they are.
 const ncclIDPrefix = "nccl-id:"
 
-// openNCCLTransport loads NCCL for c and, on rank 0, makes the unique id.
-func (c *Comm) openNCCLTransport() error {
+// ncclTransport is the NCCL library, rank 0's unique id, and once
+// connected the NCCL communicator with its watchdog.
+type ncclTransport struct {
+	c   *Comm
+	lib *nccl.Lib
+	id  [nccl.UniqueIDBytes]byte // rank 0's
+
+	// Under c.mu, set by connect.
+	nc    *nccl.Comm
+	cu    *cuda.Lib      // nil without a CUDA driver
+	watch *nccl.Watchdog // nil until connected
+}
+
+var _ transport = (*ncclTransport)(nil)
+
+// openNCCL loads NCCL for c and, on rank 0, makes the unique id.
+func openNCCL(c *Comm) (*ncclTransport, error) {
 	lib, err := nccl.Load(c.cfg.ncclLib())
 	if err != nil {
-		return status.Errorf(status.Unavailable, "transport nccl: %w", err)
+		return nil, status.Errorf(status.Unavailable, "transport nccl: %w", err)
 	}
-	c.ncLib = lib
+	t := &ncclTransport{c: c, lib: lib}
 	if c.rank == 0 {
 		id, err := lib.UniqueID()
 		if err != nil {
-			return status.Errorf(nccl.Status(err), "transport nccl: %w", err)
+			return nil, status.Errorf(nccl.Status(err), "transport nccl: %w", err)
 		}
-		c.ncID = id
+		t.id = id
 	}
 	c.log.Info("NCCL loaded", "source", lib.Source(), "version", lib.Version().String())
-	return nil
+	return t, nil
 }
 
-// ncclBlob is this rank's blob for the external bootstrap.
-func (c *Comm) ncclBlob() string {
-	if c.rank == 0 {
-		return ncclIDPrefix + hex.EncodeToString(c.ncID[:])
+// blob is this rank's blob for the external bootstrap.
+func (t *ncclTransport) blob() (string, error) {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	if t.nc != nil {
+		return "", status.Errorf(status.Invalid, "communicator is already connected")
 	}
-	return "nccl-rank:" + strconv.Itoa(c.rank)
+	if t.c.rank == 0 {
+		return ncclIDPrefix + hex.EncodeToString(t.id[:]), nil
+	}
+	return "nccl-rank:" + strconv.Itoa(t.c.rank), nil
 }
 
-// connectNCCL makes the communicator from rank 0's blob.
-func (c *Comm) connectNCCL(lines []string) error {
+// connect makes the communicator from rank 0's blob.
+func (t *ncclTransport) connect(lines []string) error {
+	c := t.c
 	if len(lines) != c.size {
 		return status.Errorf(status.Invalid, "got %d bootstrap blobs for world size %d", len(lines), c.size)
 	}
@@ -77,17 +98,18 @@ func (c *Comm) connectNCCL(lines []string) error {
 	}
 	var id [nccl.UniqueIDBytes]byte
 	copy(id[:], raw)
-	return c.openNCCL(id)
+	return t.open(id)
 }
 
-// bootstrapAgentNCCL passes rank 0's unique id through the agent's store.
-func (c *Comm) bootstrapAgentNCCL(ctx context.Context, cl *agentconn.Client) error {
+// bootstrapAgent passes rank 0's unique id through the agent's store.
+func (t *ncclTransport) bootstrapAgent(ctx context.Context, cl *agentconn.Client) error {
+	c := t.c
 	key := "ddpshim/" + c.cfg.Name + "/nccl-id"
 	if c.rank == 0 {
-		if err := cl.KVSet(ctx, key, c.ncID[:]); err != nil {
+		if err := cl.KVSet(ctx, key, t.id[:]); err != nil {
 			return status.Errorf(status.Unavailable, "publish the NCCL unique id through the agent: %w", err)
 		}
-		return c.openNCCL(c.ncID)
+		return t.open(t.id)
 	}
 	v, err := cl.KVGet(ctx, key, time.Until(deadline(ctx)))
 	if err != nil {
@@ -104,18 +126,19 @@ func (c *Comm) bootstrapAgentNCCL(ctx context.Context, cl *agentconn.Client) err
 	}
 	var id [nccl.UniqueIDBytes]byte
 	copy(id[:], v)
-	return c.openNCCL(id)
+	return t.open(id)
 }
 
-// openNCCL initializes the communicator on the calling thread (NCCL binds
-// it to that thread's CUDA device), bounded by the timeout.
-func (c *Comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
+// open initializes the communicator on the calling thread (NCCL binds it
+// to that thread's CUDA device), bounded by the timeout.
+func (t *ncclTransport) open(id [nccl.UniqueIDBytes]byte) error {
+	c := t.c
 	c.mu.Lock()
 	switch {
 	case c.closed:
 		c.mu.Unlock()
 		return failure.ErrClosed
-	case c.nc != nil:
+	case t.nc != nil:
 		c.mu.Unlock()
 		return status.Errorf(status.Invalid, "communicator is already connected")
 	}
@@ -133,7 +156,7 @@ func (c *Comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 			opts = append(opts, nccl.WithThreadSetup(func() error { return cu.Bind(ctx) }))
 		}
 	}
-	nc, err := nccl.Open(c.ncLib, id, c.size, c.rank, c.cfg.timeout(), opts...)
+	nc, err := nccl.Open(t.lib, id, c.size, c.rank, c.cfg.timeout(), opts...)
 	if err != nil {
 		return status.Errorf(nccl.Status(err), "transport nccl: %w", err)
 	}
@@ -143,20 +166,22 @@ func (c *Comm) openNCCL(id [nccl.UniqueIDBytes]byte) error {
 		nc.Abort()
 		return failure.ErrClosed
 	}
-	c.nc = nc
-	c.cu = cu
-	c.watch = nccl.NewWatchdog(watchOwner{c}, nc, cu, c.cfg.timeout(), c.log)
+	t.nc = nc
+	t.cu = cu
+	t.watch = nccl.NewWatchdog(watchOwner{c}, nc, cu, c.cfg.timeout(), c.log)
 	c.log.Info("connected", "world_size", c.size, "transport", "nccl", "nonblocking", nc.NonBlocking(),
 		"cuda", cu != nil)
 	return nil
 }
 
-// allreduceNCCL enqueues w on stream and completes it, or returns why it
-// could not (w is then dropped). A failure aborts the communicator: NCCL's state is unknown after
-// one, and every later collective fails at once with the first cause.
-func (c *Comm) allreduceNCCL(w *Work, ptr unsafe.Pointer, count int64, stream unsafe.Pointer) error {
+// allReduce enqueues w on stream and completes it, or returns why it
+// could not (w is then dropped). A failure aborts the communicator: NCCL's
+// state is unknown after one, and every later collective fails at once
+// with the first cause.
+func (t *ncclTransport) allReduce(w *Work, ptr unsafe.Pointer, count int64, stream unsafe.Pointer) error {
+	c := t.c
 	c.mu.Lock()
-	nc, cu, watch := c.nc, c.cu, c.watch
+	nc, cu, watch := t.nc, t.cu, t.watch
 	closed := c.closed
 	c.mu.Unlock()
 	switch {
@@ -168,10 +193,10 @@ func (c *Comm) allreduceNCCL(w *Work, ptr unsafe.Pointer, count int64, stream un
 	if err := context.Cause(c.ctx); err != nil {
 		return status.AbortedBy(err)
 	}
-	feat := c.ncLib.Features()
+	feat := t.lib.Features()
 	if (w.op == 4 && !feat.Avg) || (w.dt == 9 && !feat.BFloat16) {
 		return status.Errorf(status.Invalid, "NCCL %s has no %s (from 2.10); use sum after dividing, or float32/float16",
-			c.ncLib.Version(), map[bool]string{true: "avg", false: "bfloat16"}[w.op == 4 && !feat.Avg])
+			t.lib.Version(), map[bool]string{true: "avg", false: "bfloat16"}[w.op == 4 && !feat.Avg])
 	}
 	ev, timed, err := watch.Events(stream)
 	if err != nil {
@@ -213,6 +238,66 @@ func (c *Comm) allreduceNCCL(w *Work, ptr unsafe.Pointer, count int64, stream un
 	}
 	close(w.done)
 	return nil
+}
+
+func (t *ncclTransport) abort(error) {
+	t.c.mu.Lock()
+	nc := t.nc
+	t.c.mu.Unlock()
+	if nc != nil {
+		nc.Abort() // a collective hung in NCCL returns
+	}
+}
+
+func (t *ncclTransport) connected() bool { return t.nc != nil }
+
+// inFlight returns the watchdog's collectives that have not completed on
+// the GPU and were enqueued for a collective that arrived before old.
+func (t *ncclTransport) inFlight(old time.Time) []wire.CollectiveEvent {
+	t.c.mu.Lock()
+	watch := t.watch
+	t.c.mu.Unlock()
+	if watch == nil {
+		return nil
+	}
+	var evs []wire.CollectiveEvent
+	for _, f := range watch.Unfinished(old) {
+		evs = append(evs, wire.CollectiveEvent{Step: f.Step, Bucket: uint32(f.Bucket), Bytes: f.Bytes,
+			DType: f.DType, Status: wire.StatusInFlight, TArrive: f.Arrive.UnixNano(), TStart: f.Enqueued.UnixNano()})
+	}
+	return evs
+}
+
+// settle has the watchdog take its last look, which ships the events of
+// what has completed.
+func (t *ncclTransport) settle() {
+	t.c.mu.Lock()
+	watch := t.watch
+	t.c.mu.Unlock()
+	if watch != nil {
+		watch.Settle()
+		watch.Close()
+	}
+}
+
+func (t *ncclTransport) close() {
+	t.c.mu.Lock()
+	nc := t.nc
+	t.c.mu.Unlock()
+	if nc != nil {
+		if err := nc.Close(); err != nil {
+			t.c.log.Warn("close the NCCL communicator", "err", err)
+		}
+	}
+}
+
+func (t *ncclTransport) describe(info map[string]any) {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	info["connected"] = t.nc != nil
+	info["transport"] = "nccl"
+	info["nccl"] = map[string]any{"source": t.lib.Source(), "version": t.lib.Version().String(),
+		"nonblocking": t.nc != nil && t.nc.NonBlocking(), "cuda": t.cu != nil}
 }
 
 // statusOfGPU maps an NCCL or CUDA error to its C status code.

@@ -107,7 +107,7 @@ func allreduce(comms []*Comm, bufs [][]byte, op reduce.Op) []error {
 			p := unsafe.Pointer(&cbuf[0])
 			w, err := c.newWork(p, int64(len(cbuf)/4), reduce.Float32, op, 7, 3)
 			if err == nil {
-				err = c.allreduceNCCL(w, p, int64(len(cbuf)/4), nil)
+				err = c.tp.allReduce(w, p, int64(len(cbuf)/4), nil)
 			}
 			copy(bufs[r], cbuf)
 			errs[r] = err
