@@ -36,12 +36,17 @@ func (s *Watch) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			if s.hangTimeout > 0 {
+			if s.cfg.HangTimeout > 0 {
 				s.checkHang(ctx, now)
 			}
 			s.noteStragglers()
 		}
 	}
+}
+
+// timeout is at's hang timeout now (Config.HangTimeout, HangAuto).
+func (s *Watch) timeout(at *attempt) time.Duration {
+	return at.timeout(s.cfg.HangTimeout, s.cfg.HangAuto)
 }
 
 // checkHang reports the attempt's hang, once: it logs the ranks that
@@ -52,46 +57,21 @@ func (s *Watch) checkHang(ctx context.Context, now time.Time) {
 	if at == nil || at.an == nil {
 		return
 	}
-	timeout := s.timeout()
-	s.mu.Lock()
-	quiet := time.Since(s.progress)
-	s.mu.Unlock()
-	if quiet < timeout { // in a hang nothing completes: DDP's ranks move in step
+	v := at.hang(now, s.timeout(at))
+	if v.Hang == nil || s.current() != at { // none, or the attempt ended meanwhile
 		return
 	}
-	h := at.an.Hang(now, timeout)
-	if h == nil {
-		return
-	}
-	for i := range h.Waiting {
-		h.Waiting[i] += at.base
-	}
-	for i := range h.Missing {
-		h.Missing[i] += at.base
-	}
-	s.mu.Lock()
-	if s.at != at || s.hung { // the attempt ended meanwhile, or its hang is out
-		s.mu.Unlock()
-		return
-	}
-	// The records of another node's ranks are missing because that node
-	// never reported, or stopped: no hang this agent can judge (and under
-	// a sidecar the ranks may be training on).
-	if gone, why := s.heard.unjudged(h.Missing, at.offset, at.offset+len(at.local), time.Now()); len(gone) > 0 {
-		line := rankList(gone)
-		first := s.unjudged != line
-		s.unjudged = line
-		s.mu.Unlock()
-		if first {
-			s.log.Warn("collective unfinished past the hang timeout, but not judged a hang: the records of "+line+" are missing because "+why,
+	h := v.Hang
+	if len(v.Unjudged) > 0 {
+		if v.Log {
+			line := rankList(v.Unjudged)
+			s.log.Warn("collective unfinished past the hang timeout, but not judged a hang: the records of "+line+" are missing because "+v.Why,
 				"step", h.Step, "bucket", h.Bucket, "generation", h.Gen, "ranks", line)
 		}
 		return
 	}
-	s.hung = true
-	s.mu.Unlock()
 	stacks := s.hangStacks(ctx, at, *h)
-	report := s.hangReport(*h, now, stacks)
+	report := hangReport(at, *h, now, stacks)
 	s.log.Error("hang: " + report)
 	s.mu.Lock()
 	s.lastHang, s.dirty = "hang: "+report, true
@@ -103,8 +83,8 @@ func (s *Watch) checkHang(ctx context.Context, now time.Time) {
 	// collected is not ended again (OnHang never blocks).
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.at == at && s.onHang != nil {
-		s.onHang(&HangError{Hang: *h, Report: report})
+	if s.at == at && s.cfg.OnHang != nil {
+		s.cfg.OnHang(&HangError{Hang: *h, Report: report})
 	}
 }
 
@@ -114,15 +94,16 @@ func (s *Watch) checkHang(ctx context.Context, now time.Time) {
 func (s *Watch) hangStacks(ctx context.Context, at *attempt, h telemetry.Hang) map[int]string {
 	remote := 0
 	for _, r := range h.Missing {
-		if r < at.offset || r >= at.offset+len(at.local) {
+		if !at.isLocal(r) {
 			remote++
 		}
 	}
-	if remote > 0 && at.asker != nil {
-		at.asker.RequestStacks(h)
+	asker := at.plan.asker
+	if remote > 0 && asker != nil {
+		asker.RequestStacks(h)
 	}
 	stacks := s.stacks(ctx, at, h.Missing)
-	if remote == 0 || at.asker == nil {
+	if remote == 0 || asker == nil {
 		return stacks
 	}
 	deadline := time.After(stackWait + time.Second)
@@ -144,7 +125,9 @@ func (s *Watch) hangStacks(ctx context.Context, at *attempt, h telemetry.Hang) m
 	return stacks
 }
 
-func (s *Watch) hangReport(h telemetry.Hang, now time.Time, stacks map[int]string) string {
+// hangReport is the paragraph a person can act on: which collective, who
+// waits, who never arrived, and the missing ranks' Python stacks.
+func hangReport(at *attempt, h telemetry.Hang, now time.Time, stacks map[int]string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "step %d bucket %d (generation %d) has not finished %s after the first rank arrived; ",
 		h.Step, h.Bucket, h.Gen, seconds(now.Sub(h.Since)))
@@ -154,7 +137,7 @@ func (s *Watch) hangReport(h telemetry.Hang, now time.Time, stacks map[int]strin
 	} else {
 		descs := make([]string, len(h.Missing))
 		for i, r := range h.Missing {
-			descs[i] = "rank " + s.describe(r)
+			descs[i] = "rank " + at.describe(r)
 		}
 		fmt.Fprintf(&b, "never arrived: %s", strings.Join(descs, ", "))
 	}

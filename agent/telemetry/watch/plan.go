@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -47,23 +48,37 @@ type KV interface {
 // it, the node analyzes its own ranks.
 const relayWait = 10 * time.Second
 
-// Begin starts watching an attempt. It decides who analyzes what: on a
-// single node, or without a job-wide store, this agent its own ranks; with
-// several nodes, the agent of group rank 0 (the leader) all of them, the
-// others forwarding their records to it through package relay. It blocks
-// at most relayWait (a follower waiting for the leader's address). End
-// ends the attempt.
-func (s *Watch) Begin(ctx context.Context, a Attempt) {
-	s.start(a.Gen, s.plan(ctx, a), a.Workers, a.RankOffset, a.StackDir)
-}
-
-// analysis is who analyzes what in one attempt, and the func that ends
-// this node's part of it (nil: nothing to end).
-type analysis struct {
+// plan is this node's part in one attempt's analysis: the ranks it
+// analyzes, [base, base+size), or where it forwards its records instead
+// (fwd, on a follower); asker (on the leader) asks the followers for
+// their stacks; done ends this node's part (nil: nothing to end).
+type plan struct {
 	base, size int
 	fwd        forwarder
 	asker      stackAsker
 	done       func()
+}
+
+// planner decides who analyzes what in each attempt, across nodes, and
+// runs this node's side of it: the leader's relay server, or a follower's
+// connection to the leader (its records, its workers' states, its stacks
+// for the leader's hangs). It lives as long as the Watch; its funcs are
+// the Watch's, so that it can be tested without one.
+type planner struct {
+	log *slog.Logger
+	// handler takes what the followers send the leader.
+	handler relay.Handler
+	// stacks is a follower's answer to the leader's hang h: this node's
+	// Python stacks among h's missing ranks; false when h is of no
+	// attempt running here.
+	stacks func(ctx context.Context, h telemetry.Hang) (map[int]string, bool)
+	// states is ws, workers of this node, with their GPU and host
+	// evidence read now; nil when there is none to read.
+	states func(ws []telemetry.Worker) []telemetry.Worker
+	// onRemote, if set, is told of the leader's hang once this node's
+	// stacks for it are sent (Config.OnRemoteHang).
+	onRemote func(telemetry.Hang)
+	relay    leaderRelay // the leader's relay server, once needed
 }
 
 // leaderRelay is the leader's relay server, started on first need and
@@ -121,21 +136,27 @@ func LeaderKey(job string, gen uint64) string {
 	return job + "/_agent/" + strconv.FormatUint(gen, 10) + "/telemetry-leader"
 }
 
-func (s *Watch) plan(ctx context.Context, a Attempt) analysis {
-	local := analysis{base: a.RankOffset, size: len(a.Workers)}
+// plan decides this node's part in attempt a: on a single node, or
+// without a job-wide store, it analyzes its own ranks; with several
+// nodes, the agent of group rank 0 (the leader) analyzes all of them, the
+// others forwarding their records to it through package relay. Anything
+// that fails on the way leaves a node analyzing its own ranks. It blocks
+// at most relayWait (a follower waiting for the leader's address).
+func (p *planner) plan(ctx context.Context, a Attempt) plan {
+	local := plan{base: a.RankOffset, size: len(a.Workers)}
 	if a.NNodes <= 1 || a.KV == nil {
 		return local
 	}
 	key := LeaderKey(a.JobID, a.Gen)
 	if a.GroupRank == 0 {
-		return s.lead(ctx, a, key, local)
+		return p.lead(ctx, a, key, local)
 	}
-	return s.follow(ctx, a, key, local)
+	return p.follow(ctx, a, key, local)
 }
 
 // follow reads the leader's endpoint and dials it; failing that, this
 // node analyzes its own ranks.
-func (s *Watch) follow(ctx context.Context, a Attempt, key string, local analysis) analysis {
+func (p *planner) follow(ctx context.Context, a Attempt, key string, local plan) plan {
 	// Bounded, and cut short when the round ends (the leader failed to
 	// start its workers, say): the caller has yet to watch the round.
 	gctx, cancel := context.WithTimeout(ctx, relayWait)
@@ -149,60 +170,60 @@ func (s *Watch) follow(ctx context.Context, a Attempt, key string, local analysi
 	}()
 	raw, err := a.KV.Get(gctx, key)
 	if err != nil {
-		s.log.Warn("stall analysis of this node's ranks only: no relay address from the leader", "err", err)
+		p.log.Warn("stall analysis of this node's ranks only: no relay address from the leader", "err", err)
 		return local
 	}
 	ep, err := relay.DecodeEndpoint(raw)
 	if err != nil {
-		s.log.Warn("stall analysis of this node's ranks only: the leader's relay endpoint in the store is malformed", "key", key, "err", err)
+		p.log.Warn("stall analysis of this node's ranks only: the leader's relay endpoint in the store is malformed", "key", key, "err", err)
 		return local
 	}
 	token, err := relay.FollowerToken(ep, a.JobID, a.Token)
 	if err != nil {
-		s.log.Warn("stall analysis of this node's ranks only", "addr", ep.Addr, "err", err)
+		p.log.Warn("stall analysis of this node's ranks only", "addr", ep.Addr, "err", err)
 		return local
 	}
 	host, _ := os.Hostname()
 	cl, err := relay.Dial(gctx, relay.ClientConfig{Addr: ep.Addr, Fingerprint: ep.Fingerprint, Node: relayNode(host, a.GroupRank),
-		Token: token, Log: s.log})
+		Token: token, Log: p.log})
 	if err != nil {
-		s.log.Warn("stall analysis of this node's ranks only: cannot reach the leader's relay", "addr", ep.Addr, "err", err)
+		p.log.Warn("stall analysis of this node's ranks only: cannot reach the leader's relay", "addr", ep.Addr, "err", err)
 		return local
 	}
 	hctx, stop := context.WithCancel(ctx)
-	go s.answerHangs(hctx, cl)
-	go s.sendStates(hctx, cl, a.Workers)
-	return analysis{fwd: cl, done: func() { stop(); cl.Close() }}
+	go p.answerHangs(hctx, cl)
+	go p.sendStates(hctx, cl, a.Workers)
+	return plan{fwd: cl, done: func() { stop(); cl.Close() }}
 }
 
 // lead starts the leader's relay server on the address the agents use
 // for the rendezvous, if it has none there yet, and publishes its
 // endpoint for the followers.
-func (s *Watch) lead(ctx context.Context, a Attempt, key string, local analysis) analysis {
+func (p *planner) lead(ctx context.Context, a Attempt, key string, local plan) plan {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second) // a host name to resolve: Begin must not block long
 	host, err := relay.BindHost(rctx, a.MasterAddr)
 	cancel()
 	if err != nil {
-		s.log.Warn("stall analysis of this node's ranks only: no address to listen on for the other nodes' records", "err", err)
+		p.log.Warn("stall analysis of this node's ranks only: no address to listen on for the other nodes' records", "err", err)
 		return local
 	}
-	srv, ep, err := s.relay.serve(host, a.JobID, a.Token, s, s.log)
+	srv, ep, err := p.relay.serve(host, a.JobID, a.Token, p.handler, p.log)
 	if err != nil {
-		s.log.Warn("stall analysis of this node's ranks only: cannot listen for the other nodes' records", "err", err)
+		p.log.Warn("stall analysis of this node's ranks only: cannot listen for the other nodes' records", "err", err)
 		return local
 	}
 	value, err := ep.Encode()
 	if err != nil {
-		s.log.Warn("stall analysis of this node's ranks only: cannot publish the relay address", "err", err)
+		p.log.Warn("stall analysis of this node's ranks only: cannot publish the relay address", "err", err)
 		return local
 	}
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := a.KV.Set(sctx, key, value); err != nil {
-		s.log.Warn("stall analysis of this node's ranks only: cannot publish the relay address", "err", err)
+		p.log.Warn("stall analysis of this node's ranks only: cannot publish the relay address", "err", err)
 		return local
 	}
-	return analysis{base: 0, size: a.WorldSize, asker: srv}
+	return plan{base: 0, size: a.WorldSize, asker: srv}
 }
 
 // relayNode names this node to the leader.
@@ -215,7 +236,7 @@ func relayNode(host string, groupRank int) string {
 
 // answerHangs is a follower's side of a hang: the leader asks for the
 // stacks of its missing ranks, this node sends those of its own.
-func (s *Watch) answerHangs(ctx context.Context, fwd forwarder) {
+func (p *planner) answerHangs(ctx context.Context, fwd forwarder) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -224,14 +245,37 @@ func (s *Watch) answerHangs(ctx context.Context, fwd forwarder) {
 			if !ok {
 				return
 			}
-			at := s.current()
-			if at == nil || at.gen != h.Gen {
+			stacks, ok := p.stacks(ctx, h)
+			if !ok {
 				continue
 			}
-			fwd.SendStacks(s.stacks(ctx, at, h.Missing))
-			if s.onRemote != nil {
-				s.onRemote(h)
+			fwd.SendStacks(stacks)
+			if p.onRemote != nil {
+				p.onRemote(h)
 			}
 		}
+	}
+}
+
+// stateEvery is how often a follower sends its workers' GPU and host
+// states.
+const stateEvery = 10 * time.Second
+
+// sendStates is a follower's side of persistent stragglers: the leader
+// cannot read this node's NVML or /proc, so the workers go to it again
+// every stateEvery with their GPUs' states and slowdowns, until ctx ends.
+func (p *planner) sendStates(ctx context.Context, fwd forwarder, local []telemetry.Worker) {
+	if p.states == nil {
+		return
+	}
+	t := time.NewTicker(stateEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fwd.SendWorkers(p.states(slices.Clone(local)))
 	}
 }

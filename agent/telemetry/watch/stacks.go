@@ -24,7 +24,7 @@ func (s *Watch) stacks(ctx context.Context, at *attempt, ranks []int) map[int]st
 	}
 	asked := map[int]string{}
 	for _, r := range ranks {
-		if lr := r - at.offset; lr < 0 || lr >= len(at.local) {
+		if !at.isLocal(r) {
 			continue
 		}
 		if path := s.signalForStack(at.stackDir, r); path != "" {
@@ -63,7 +63,7 @@ func (s *Watch) stacks(ctx context.Context, at *attempt, ranks []int) map[int]st
 // one may get the signal (its default action kills), and only if it is
 // this rank's worker or one of its descendants.
 func (s *Watch) signalForStack(dir string, r int) string {
-	if s.rankOf == nil {
+	if s.cfg.RankOf == nil {
 		return ""
 	}
 	asked := ""
@@ -73,7 +73,7 @@ func (s *Watch) signalForStack(dir string, r int) string {
 		if _, err := fmt.Sscanf(filepath.Base(path), fmt.Sprintf("rank%d-pid%%d.txt", r), &pid); err != nil || pid <= 0 {
 			continue
 		}
-		if got, err := s.rankOf(pid); err != nil || got != r {
+		if got, err := s.cfg.RankOf(pid); err != nil || got != r {
 			continue
 		}
 		if err := syscall.Kill(pid, syscall.SIGUSR2); err != nil {

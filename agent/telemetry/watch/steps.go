@@ -36,15 +36,3 @@ func (c *stepClock) median() time.Duration {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
-
-// timeout is the hang timeout now: the flag's, or with auto the longer of
-// it and 10 × the median step time (a job whose steps take minutes must
-// not look hung at 60 s).
-func (s *Watch) timeout() time.Duration {
-	if !s.hangAuto {
-		return s.hangTimeout
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return max(s.hangTimeout, 10*s.steps.median())
-}

@@ -1,7 +1,6 @@
 package watch
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"time"
@@ -18,60 +17,83 @@ func (s *Watch) noteStragglers() []telemetry.Straggler {
 	if at == nil || at.an == nil {
 		return nil
 	}
-	all := at.an.Stragglers()
-	now := make(map[int]telemetry.Cause, len(all))
-	gpuStates := make(map[int]string, len(all))
-	for i := range all {
-		st := &all[i]
-		st.Rank += at.base
-		ev := s.evidenceFor(at, st.Rank)
-		st.Cause, st.Evidence = stall.Explain(*st, ev.gpuSlow, ev.hostSlow)
-		now[st.Rank] = st.Cause
-		gpuStates[st.Rank] = ev.gpuState
+	look := at.stragglers()
+	if look.changed {
+		s.mu.Lock()
+		s.dirty = true
+		s.mu.Unlock()
 	}
-	s.mu.Lock()
-	was := s.known
-	s.known = now
-	for r, c := range now {
-		if old, ok := was[r]; !ok || old != c {
-			s.dirty = true
-		}
-	}
-	for r := range was {
-		s.dirty = s.dirty || now[r] == ""
-	}
-	s.mu.Unlock()
-	for _, st := range all {
-		switch old, ok := was[st.Rank]; {
+	for _, st := range look.named {
+		switch old, ok := look.was[st.Rank]; {
 		case !ok:
-			s.logStraggler(st, gpuStates[st.Rank])
+			s.logStraggler(at, st, look.gpuState[st.Rank])
 		case old != st.Cause:
-			s.log.Warn(fmt.Sprintf("persistent straggler: rank %s: cause now %s (was %s): %s", s.describe(st.Rank), st.Cause, old, st.Evidence),
+			s.log.Warn(fmt.Sprintf("persistent straggler: rank %s: cause now %s (was %s): %s", at.describe(st.Rank), st.Cause, old, st.Evidence),
 				"rank", st.Rank, "cause", string(st.Cause))
 		}
 	}
-	for r := range was {
-		if _, ok := now[r]; !ok {
-			s.log.Info(fmt.Sprintf("rank %s is no longer a persistent straggler", s.describe(r)), "rank", r)
-		}
+	for _, r := range look.gone {
+		s.log.Info(fmt.Sprintf("rank %s is no longer a persistent straggler", at.describe(r)), "rank", r)
 	}
 	if s.exp != nil {
-		s.exp.Stragglers(at.gen, all)
+		s.exp.Stragglers(at.gen, look.named)
 	}
-	if s.onStraggler != nil {
-		s.onStraggler(slices.Clone(all))
+	if s.cfg.OnStragglers != nil {
+		s.cfg.OnStragglers(slices.Clone(look.named))
 	}
-	return all
+	return look.named
+}
+
+// stragglerLook is what one look at the persistent stragglers found.
+type stragglerLook struct {
+	named    []telemetry.Straggler   // by global rank, their causes set
+	gpuState map[int]string          // each named one's GPU state as read, for its line
+	was      map[int]telemetry.Cause // those named at the look before, and their causes
+	gone     []int                   // of those, the ones no longer named
+	changed  bool                    // one is new, gone, or has another cause
+}
+
+// stragglers names the attempt's persistent stragglers now, with their
+// causes (stall.Explain, from the analyzer's phases and the evidence),
+// and what changed since the look before.
+func (at *attempt) stragglers() stragglerLook {
+	all := at.an.Stragglers()
+	look := stragglerLook{named: all, gpuState: make(map[int]string, len(all))}
+	now := make(map[int]telemetry.Cause, len(all))
+	for i := range all {
+		st := &all[i]
+		st.Rank += at.base
+		ev := at.evidenceFor(st.Rank)
+		st.Cause, st.Evidence = stall.Explain(*st, ev.gpuSlow, ev.hostSlow)
+		now[st.Rank] = st.Cause
+		look.gpuState[st.Rank] = ev.gpuState
+	}
+	at.mu.Lock()
+	look.was, at.known = at.known, now
+	at.mu.Unlock()
+	for r, c := range now {
+		if old, ok := look.was[r]; !ok || old != c {
+			look.changed = true
+		}
+	}
+	for r := range look.was {
+		if _, ok := now[r]; !ok {
+			look.gone = append(look.gone, r)
+			look.changed = true
+		}
+	}
+	slices.Sort(look.gone)
+	return look
 }
 
 // logStraggler is the paragraph a person can act on: who, by how much, how
 // sure, at what cost, and why.
-func (s *Watch) logStraggler(st telemetry.Straggler, gpuState string) {
-	w := s.Worker(st.Rank)
+func (s *Watch) logStraggler(at *attempt, st telemetry.Straggler, gpuState string) {
+	w := at.worker(st.Rank)
 	msg := fmt.Sprintf("persistent straggler: rank %s held the others back in %d of the last %d steps, "+
 		"by %s (median), %.1f%% of the %s step time; the job's noise band is %s, and a balanced job "+
 		"would do this with probability %.1g; cause %s: %s",
-		s.describe(st.Rank), st.Last, st.Steps, seconds(st.Late), 100*st.Share, seconds(st.StepTime),
+		at.describe(st.Rank), st.Last, st.Steps, seconds(st.Late), 100*st.Share, seconds(st.StepTime),
 		seconds(st.Noise), st.P, st.Cause, st.Evidence)
 	if gpuState != "" {
 		msg += "; its GPU " + w.GPU + ": " + gpuState
@@ -95,21 +117,21 @@ const evidenceEvery = 10 * time.Second
 // every evidenceEvery. A GPU slowdown counts only when most of the other
 // ranks' GPUs show none: a slowdown every GPU shares (a hot machine room,
 // one power cap on all) does not explain why one rank is behind.
-func (s *Watch) evidenceFor(at *attempt, rank int) evidence {
-	s.mu.Lock()
-	ev, fresh := s.evid, time.Since(s.evidAt) < evidenceEvery
-	s.mu.Unlock()
+func (at *attempt) evidenceFor(rank int) evidence {
+	at.mu.Lock()
+	ev, fresh := at.evid, time.Since(at.evidAt) < evidenceEvery
+	at.mu.Unlock()
 	if _, ok := ev[rank]; !ok || !fresh {
-		ev = s.readEvidence(at)
-		s.mu.Lock()
-		s.evid, s.evidAt = ev, time.Now()
-		s.mu.Unlock()
+		ev = at.readEvidence()
+		at.mu.Lock()
+		at.evid, at.evidAt = ev, time.Now()
+		at.mu.Unlock()
 	}
 	mine := ev[rank]
 	if mine.gpuSlow != "" {
 		others, slowed := 0, 0
 		for r, e := range ev {
-			if r != rank && s.Worker(r).GPU != "" {
+			if r != rank && at.worker(r).GPU != "" {
 				others++
 				if e.gpuSlow != "" {
 					slowed++
@@ -125,20 +147,23 @@ func (s *Watch) evidenceFor(at *attempt, rank int) evidence {
 
 // readEvidence reads every known rank's evidence: here for this node's
 // ranks, else as their agent last sent it.
-func (s *Watch) readEvidence(at *attempt) map[int]evidence {
-	s.mu.Lock()
-	ws := make([]telemetry.Worker, 0, len(s.workers))
-	for _, w := range s.workers {
+func (at *attempt) readEvidence() map[int]evidence {
+	at.mu.Lock()
+	ws := make([]telemetry.Worker, 0, len(at.workers))
+	for _, w := range at.workers {
 		ws = append(ws, w)
 	}
-	s.mu.Unlock()
+	at.mu.Unlock()
 	out := make(map[int]evidence, len(ws))
 	for _, w := range ws {
-		if w.Rank < at.offset || w.Rank >= at.offset+len(at.local) {
+		switch {
+		case !at.isLocal(w.Rank):
 			out[w.Rank] = evidence{gpuState: w.GPUState, gpuSlow: w.GPUSlowdown, hostSlow: w.HostSlowdown}
-			continue
+		case at.readLocal != nil:
+			out[w.Rank] = at.readLocal(w)
+		default:
+			out[w.Rank] = evidence{}
 		}
-		out[w.Rank] = s.localEvidence(w)
 	}
 	return out
 }
@@ -146,11 +171,11 @@ func (s *Watch) readEvidence(at *attempt) map[int]evidence {
 // localEvidence reads the evidence of w, a worker of this node, now.
 func (s *Watch) localEvidence(w telemetry.Worker) evidence {
 	var ev evidence
-	if s.readHost != nil {
-		ev.hostSlow = s.readHost(w.Rank)
+	if s.cfg.ReadHost != nil {
+		ev.hostSlow = s.cfg.ReadHost(w.Rank)
 	}
-	if w.GPU != "" && s.readGPU != nil {
-		if g, err := s.readGPU(w.GPU); err != nil {
+	if w.GPU != "" && s.cfg.ReadGPU != nil {
+		if g, err := s.cfg.ReadGPU(w.GPU); err != nil {
 			ev.gpuState = "state unknown (" + err.Error() + ")"
 		} else {
 			ev.gpuState, ev.gpuSlow = g.State, g.Slowdown
@@ -159,33 +184,15 @@ func (s *Watch) localEvidence(w telemetry.Worker) evidence {
 	return ev
 }
 
-// stateEvery is how often a follower sends its workers' GPU and host
-// states.
-const stateEvery = 10 * time.Second
-
-// sendStates is a follower's side of persistent stragglers: the leader
-// cannot read this node's NVML or /proc, so the workers go to it again
-// every stateEvery with their GPUs' states and slowdowns, until ctx ends.
-func (s *Watch) sendStates(ctx context.Context, fwd forwarder, local []telemetry.Worker) {
-	if s.readGPU == nil && s.readHost == nil {
-		return
-	}
-	t := time.NewTicker(stateEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+// withEvidence is ws, workers of this node, with their GPUs' and hosts'
+// evidence read now, for the leader (plan.go's sendStates).
+func (s *Watch) withEvidence(ws []telemetry.Worker) []telemetry.Worker {
+	for i := range ws {
+		ev := s.localEvidence(ws[i])
+		ws[i].HostSlowdown, ws[i].GPUSlowdown = ev.hostSlow, ev.gpuSlow
+		if ev.gpuState != "" {
+			ws[i].GPUState = ev.gpuState
 		}
-		ws := slices.Clone(local)
-		for i := range ws {
-			ev := s.localEvidence(ws[i])
-			ws[i].HostSlowdown, ws[i].GPUSlowdown = ev.hostSlow, ev.gpuSlow
-			if ev.gpuState != "" {
-				ws[i].GPUState = ev.gpuState
-			}
-		}
-		fwd.SendWorkers(ws)
 	}
+	return ws
 }

@@ -10,16 +10,25 @@
 // reported: the agent of group rank 0 analyzes the whole job, the others
 // forward their records to it through package relay with their clocks
 // corrected (Begin plans who does what).
+//
+// Three parts: the Watch (watch.go) lives for the agent's life, logs,
+// exports, ends an attempt on its hang and publishes this node's
+// telemetry.Report; each attempt's analysis is an attempt (attempt.go:
+// records into collectives, the hang verdict, the persistent stragglers
+// and their evidence), made afresh by Begin; the planner (plan.go) decides
+// who analyzes what across nodes and runs the relay. The stores it uses
+// are the small interfaces it declares (KV, Publisher): it imports
+// neither the rendezvous nor the control socket.
 package watch
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
-	"github.com/ddp-agent/ddp-agent/agent/telemetry/stall"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -86,59 +95,35 @@ type GPUReading struct {
 	Slowdown string // nvml.GPUState.Slowdown; "" when nothing slows it
 }
 
-// Watch watches the collectives of one attempt at a time. Its methods are
-// safe for concurrent use.
+// Watch watches the collectives of one attempt at a time, for the
+// agent's life. Each attempt's analysis is an attempt (attempt.go) made
+// afresh by Begin, as the cross-node plan (plan.go) says; the Watch logs
+// and exports what it finds, ends the attempt on a hang, and keeps this
+// node's report for `ddp-agent status` (Publish). Its methods are safe
+// for concurrent use.
 type Watch struct {
-	log         *slog.Logger
-	hangTimeout time.Duration
-	hangAuto    bool
-	cost        float64
-	rankOf      func(pid int) (int, error)
-	readGPU     func(uuid string) (GPUReading, error)
-	readHost    func(rank int) string
-	onStraggler func([]telemetry.Straggler)
-	onHang      func(*HangError)
-	onRemote    func(telemetry.Hang)
-	exp         Exporter            // set before the first attempt
-	remote      chan map[int]string // stacks from followers
-	relay       leaderRelay         // the leader's relay server, once needed
+	log    *slog.Logger
+	cfg    Config
+	exp    Exporter            // set before the first attempt
+	plans  *planner            // who analyzes what across nodes
+	remote chan map[int]string // stacks from followers
 
 	mu       sync.Mutex
 	at       *attempt // nil between attempts
-	workers  map[int]telemetry.Worker
-	hung     bool // this attempt's hang was reported
-	stalls   []string
-	lastHang string
-	known    map[int]telemetry.Cause // the persistent stragglers named at the last look, this attempt, and their causes
-	dirty    bool                    // something to publish
-	evid     map[int]evidence        // every rank's evidence for a straggler's cause, as read at evidAt
-	heard    heard                   // the leader's: the other nodes' ranks, and when each last sent
-	unjudged string                  // the ranks last left unjudged, logged once
-	evidAt   time.Time
-	steps    stepClock
-	// progress is when a collective last completed, on this agent's
-	// monotonic clock: the workers' arrival times are wall-clock times,
-	// and a clock step must not look like a hang.
-	progress time.Time
-}
-
-// attempt is what the watch knows of the current attempt.
-type attempt struct {
-	gen      uint64
-	an       *stall.Analyzer // nil on a follower
-	base     int             // the global rank of the analyzer's rank 0
-	local    []telemetry.Worker
-	offset   int // global rank of local rank 0
-	fwd      forwarder
-	asker    stackAsker
-	stackDir string
-	done     func() // ends the attempt's part of the relay plan
+	last     *attempt // the latest attempt, kept past its End for Worker
+	stalls   []string // this node's report: the last stall lines,
+	lastHang string   // the last hang report,
+	dirty    bool     // and whether it changed since it was published
 }
 
 // New returns a watch with no attempt.
 func New(cfg Config) *Watch {
-	return &Watch{log: cfg.Log, hangTimeout: cfg.HangTimeout, hangAuto: cfg.HangAuto, cost: cfg.StragglerCost, rankOf: cfg.RankOf,
-		readGPU: cfg.ReadGPU, readHost: cfg.ReadHost, onStraggler: cfg.OnStragglers, onHang: cfg.OnHang, onRemote: cfg.OnRemoteHang, remote: make(chan map[int]string, 16)}
+	s := &Watch{log: cfg.Log, cfg: cfg, remote: make(chan map[int]string, 16)}
+	s.plans = &planner{log: cfg.Log, handler: s, stacks: s.remoteHangStacks, onRemote: cfg.OnRemoteHang}
+	if cfg.ReadGPU != nil || cfg.ReadHost != nil {
+		s.plans.states = s.withEvidence
+	}
+	return s
 }
 
 // SetExporter sets where complete collectives, hangs and restarts go;
@@ -146,37 +131,27 @@ func New(cfg Config) *Watch {
 func (s *Watch) SetExporter(exp Exporter) { s.exp = exp }
 
 // Close stops the leader's relay server, if this agent ever led.
-func (s *Watch) Close() { s.relay.close() }
+func (s *Watch) Close() { s.plans.relay.close() }
 
-// start begins an attempt as p plans it. Its analysis covers ranks
-// [p.base, p.base+p.size): all of them on the leader (or a single node),
-// this node's when the records cannot be gathered. A follower (p.fwd not
-// nil) forwards instead.
-func (s *Watch) start(gen uint64, p analysis, local []telemetry.Worker, offset int, stackDir string) {
-	at := &attempt{gen: gen, base: p.base, local: local, offset: offset, fwd: p.fwd, asker: p.asker, stackDir: stackDir, done: p.done}
-	if at.done == nil {
-		at.done = func() {}
-	}
-	fwd := p.fwd
-	if fwd == nil {
-		an, err := stall.New(stall.Config{WorldSize: p.size, Cost: s.cost})
-		if err != nil { // only an empty world fails, and then there is nothing to watch
-			s.log.Warn("stall analysis off", "err", err)
-		}
-		at.an = an
-	}
+// Begin starts watching an attempt. It decides who analyzes what: on a
+// single node, or without a job-wide store, this agent its own ranks; with
+// several nodes, the agent of group rank 0 (the leader) all of them, the
+// others forwarding their records to it through package relay. It blocks
+// at most relayWait (a follower waiting for the leader's address). End
+// ends the attempt.
+func (s *Watch) Begin(ctx context.Context, a Attempt) {
+	s.start(a.Gen, s.plans.plan(ctx, a), a.Workers, a.RankOffset, a.StackDir)
+}
+
+// start begins attempt gen as p plans it.
+func (s *Watch) start(gen uint64, p plan, local []telemetry.Worker, offset int, stackDir string) {
+	at := newAttempt(gen, p, local, offset, stackDir, s.cfg.StragglerCost, s.log)
+	at.readLocal = s.localEvidence
 	s.mu.Lock()
-	s.at, s.hung, s.known, s.steps, s.progress = at, false, nil, stepClock{}, time.Now()
-	s.evid = nil
-	s.heard.reset()
-	s.unjudged = ""
-	s.workers = map[int]telemetry.Worker{}
-	for _, w := range local {
-		s.workers[w.Rank] = w
-	}
+	s.at, s.last = at, at
 	s.mu.Unlock()
-	if fwd != nil {
-		fwd.SendWorkers(local)
+	if p.fwd != nil {
+		p.fwd.SendWorkers(local)
 	}
 	if s.exp != nil {
 		s.exp.Generation(gen)
@@ -191,7 +166,7 @@ func (s *Watch) End() {
 	s.at = nil
 	s.mu.Unlock()
 	if at != nil {
-		at.done()
+		at.plan.done()
 	}
 	for { // stacks that came too late for the last hang
 		select {
@@ -208,14 +183,20 @@ func (s *Watch) current() *attempt {
 	return s.at
 }
 
-// Worker is the Worker of a global rank (the exporter's Config.Worker).
-func (s *Watch) Worker(rank int) telemetry.Worker {
+// latest is the attempt running, or the last one to run; nil before the
+// first.
+func (s *Watch) latest() *attempt {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if w, ok := s.workers[rank]; ok {
-		return w
+	return s.last
+}
+
+// Worker is the Worker of a global rank (the exporter's Config.Worker).
+func (s *Watch) Worker(rank int) telemetry.Worker {
+	if at := s.latest(); at != nil {
+		return at.worker(rank)
 	}
-	return telemetry.Worker{Rank: rank, LocalRank: -1, GPUIndex: -1}
+	return unknownWorker(rank)
 }
 
 // Add is the control server's OnEvents: a batch from the worker of rank.
@@ -229,8 +210,8 @@ func (s *Watch) Add(rank int, ev wire.Events) {
 		recs[i] = telemetry.Record{Gen: at.gen, Step: e.Step, Bucket: e.Bucket, Rank: rank, Bytes: e.Bytes, DType: e.DType,
 			Status: e.Status, Arrive: unixNano(e.TArrive), Start: unixNano(e.TStart), End: unixNano(e.TEnd)}
 	}
-	if at.fwd != nil {
-		at.fwd.Send(recs)
+	if at.plan.fwd != nil {
+		at.plan.fwd.Send(recs)
 		return
 	}
 	s.analyze(at, recs)
@@ -239,9 +220,9 @@ func (s *Watch) Add(rank int, ev wire.Events) {
 // Records, Workers and Stacks are the leader's relay.Handler: what the
 // followers send.
 func (s *Watch) Records(node string, recs []telemetry.Record) {
-	s.mu.Lock()
-	s.heard.from(node, time.Now())
-	s.mu.Unlock()
+	if at := s.latest(); at != nil {
+		at.heardFrom(node, time.Now())
+	}
 	if at := s.current(); at != nil && at.an != nil {
 		s.analyze(at, recs)
 	}
@@ -249,16 +230,9 @@ func (s *Watch) Records(node string, recs []telemetry.Record) {
 
 // Workers records the workers of another node, for reports and spans.
 func (s *Watch) Workers(node string, ws []telemetry.Worker) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ranks := make([]int, 0, len(ws))
-	for _, w := range ws {
-		if s.workers != nil {
-			s.workers[w.Rank] = w
-		}
-		ranks = append(ranks, w.Rank)
+	if at := s.latest(); at != nil {
+		at.heardFrom(node, time.Now(), ws...)
 	}
-	s.heard.from(node, time.Now(), ranks...)
 }
 
 // Stacks takes the Python stacks another node sent for a hang.
@@ -268,6 +242,16 @@ func (s *Watch) Stacks(node string, stacks map[int]string) {
 	default:
 		s.log.Warn("Python stacks from another node dropped: too many at once", "node", node)
 	}
+}
+
+// remoteHangStacks is a follower's answer to the leader's hang h: this
+// node's stacks among its missing ranks (the planner's stacks).
+func (s *Watch) remoteHangStacks(ctx context.Context, h telemetry.Hang) (map[int]string, bool) {
+	at := s.current()
+	if at == nil || at.gen != h.Gen {
+		return nil, false
+	}
+	return s.stacks(ctx, at, h.Missing), true
 }
 
 func unixNano(ns int64) time.Time {
