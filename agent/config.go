@@ -14,8 +14,11 @@ import (
 // command line (package launch, torchrun's flags) is mapped onto it by
 // cmd/ddp-agent; the agent reads no flag and no environment variable.
 type Config struct {
-	RunID        string   // the job's id (TORCHELASTIC_RUN_ID); "" makes a random one
-	Command      []string // one worker's argv: interpreter, script, arguments
+	RunID   string   // the job's id (TORCHELASTIC_RUN_ID); "" makes a random one
+	Command []string // one worker's argv: interpreter, script, arguments
+	// TorchVersion is the workers' PyTorch version, "" when unknown
+	// (supervisor.TorchVersion): it picks torchrun's environment names.
+	TorchVersion string
 	NProcPerNode int
 	Role         string
 	MaxRestarts  int           // restarts of the whole job after a fault

@@ -144,6 +144,7 @@ func (a *Agent) spec(s *session, r *rdzv.Round, attemptDir, stackDir string) *su
 		Generation:    r.Generation,
 		ControlSocket: s.srv.Path(),
 		Bootstrap:     bootstrap,
+		TorchVersion:  a.cfg.TorchVersion,
 		AttemptDir:    attemptDir,
 		Place:         a.place(),
 		Streams:       a.streams(),

@@ -53,11 +53,10 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, pla
 	if !have["OMP_NUM_THREADS"] && s.NProc > 1 {
 		set["OMP_NUM_THREADS"] = "1"
 	}
-	if !have["NCCL_ASYNC_ERROR_HANDLING"] { // PyTorch 1.x name
-		set["NCCL_ASYNC_ERROR_HANDLING"] = "1"
-	}
-	if !have["TORCH_NCCL_ASYNC_ERROR_HANDLING"] { // PyTorch 2.x name
-		set["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+	for _, k := range asyncErrorHandlingVars(s.TorchVersion) {
+		if !have[k] {
+			set[k] = "1"
+		}
 	}
 	// PyTorch 2.x's torchrun tells its workers which signals it forwards
 	// to them (--signals-to-handle, this default); ddp-agent stops workers

@@ -69,6 +69,9 @@ type Spec struct {
 	// workers' hook that the agent's store is node-local, so the job's
 	// communicators must bootstrap through torch's store.
 	Bootstrap string
+	// TorchVersion is the workers' PyTorch ("2.11.0+cu130"; "" unknown):
+	// it picks the name of the NCCL error-handling variable they read.
+	TorchVersion string
 
 	// Place, when set, says where each local rank runs: an argv prefix
 	// that binds it (ddp-agent's NUMA binding trampoline) and variables

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
@@ -127,6 +128,16 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ddp-agent run: %v\n", err)
 		return 2
 	}
+	// The workers' torch picks the names of a few variables; one
+	// interpreter start, while the GPUs are placed.
+	torchVersion := make(chan string, 1)
+	go func() {
+		if cfg.NoPython {
+			torchVersion <- ""
+			return
+		}
+		torchVersion <- supervisor.TorchVersion(context.Background(), cfg.Python, 5*time.Second)
+	}()
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by Parse
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("component", "ddp-agent")
@@ -160,7 +171,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		os.Exit(128 + int(s.(syscall.Signal)))
 	}()
 
-	a := agent.New(runConfig(cfg, os.Getenv), log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
+	rc := runConfig(cfg, os.Getenv)
+	rc.TorchVersion = <-torchVersion
+	a := agent.New(rc, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
 	a.SetGPUs(gpus)
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError
