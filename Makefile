@@ -98,7 +98,8 @@ demo-fault: build
 # torchrun's c10d rendezvous, a node that does not host the store and the
 # one that does); rendezvous rounds of up to 1024 simulated agents against
 # one store member and three; the shim's all-reduce against gloo's; a DDP step with the hook
-# against DDP's built-in gloo all-reduce.
+# against DDP's built-in gloo all-reduce, and real architectures scaled down (ResNet-50, GPT-2
+# small, a 1 B decoder) against DDP's default all-reduce on PyTorch 2.x (hook_models.py).
 bench: build
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/launch -agent bin/ddp-agent -python $(PYTHON) -torchrun-compat $(TORCHRUN_COMPAT)
 	@go=$$(scripts/deps.sh) && $$go run ./examples/bench/recovery -agent bin/ddp-agent -python $(PYTHON) -torchrun-compat $(TORCHRUN_COMPAT) -runs 3
@@ -107,6 +108,8 @@ bench: build
 	bin/ddp-agent run --standalone --nproc-per-node 2 --python $(PYTHON) examples/bench/allreduce.py
 	$(PYTHON) examples/bench/ddp_step.py --agent bin/ddp-agent --python $(PYTHON) --reps 3 --steps 30 --warmup-steps 5
 	$(PYTHON) examples/bench/hook_cost.py --steps 50 --warmup 5
+	@py2="$(TORCH2_PYTHON)" && { [ -n "$$py2" ] || py2=$$(scripts/deps.sh torch2); } && \
+	  $$py2 examples/bench/hook_models.py --rounds 20 --steps-per-round 4
 	$(PYTHON) examples/bench/telemetry_overhead.py --agent bin/ddp-agent --python $(PYTHON) --reps 5 --steps 40 --warmup-steps 10 --batch-size 8
 	$(PYTHON) examples/bench/sidecar_overhead.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --reps 6 --steps 40 --warmup-steps 10 --batch-size 8
 	@go=$$(scripts/deps.sh) && $$go build -tags nvmlmock -o bin/ddp-agent-nvmlmock.tmp ./agent/cmd/ddp-agent && mv bin/ddp-agent-nvmlmock.tmp bin/ddp-agent-nvmlmock

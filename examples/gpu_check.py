@@ -32,6 +32,18 @@ failed, 2 when the script cannot run here (no torch, no CUDA device, no shim).
   host-cost             host time spent in the hook function per bucket
                         against the built-in allreduce_hook's; goal: not
                         more (the shim call's share is given too).
+  model-resnet50        real models against what a user runs without the
+  model-gpt2-small      hook, DDP's default (C++) all-reduce: two DDP copies
+  model-gpt-1b          from one seed, one with ddp_agent.register, trained
+                        on the same batches at bf16 autocast in interleaved
+                        rounds (ABBA, --model-rounds of --model-steps);
+                        goal: median step-time ratio <= 1.01, parameters
+                        bit-identical; the hook's host time per bucket and
+                        per step is reported. The models are in
+                        examples/bench/models.py (ResNet-50 from
+                        torchvision when installed, else the same
+                        architecture written out; GPT-2 small; a ~1.07 B
+                        decoder). Not run by default in --only's absence
 
 What one rank can show. NCCL short-cuts a one-rank communicator: an in-place
 sum enqueues nothing at all, and avg (which the hook uses for float32)
@@ -140,7 +152,12 @@ CHECKS = (
     "overlap",
     "step-time",
     "host-cost",
+    "model-resnet50",
+    "model-gpt2-small",
+    "model-gpt-1b",
 )
+
+MODEL_GOAL = 1.01  # hook / DDP default, median over rounds
 
 
 class Result(NamedTuple):
@@ -920,6 +937,120 @@ def check_host_cost(ctx: Context) -> Tuple[bool, str, Dict[str, Any]]:
     return ratio <= HOST_COST_GOAL, detail, data
 
 
+# -- h. real models against DDP's default ----------------------------------------------
+
+
+def _models_module() -> Any:
+    if str(REPO / "examples" / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "examples" / "bench"))
+    import models  # examples/bench/models.py
+
+    return models
+
+
+def _model_copy(ctx: Context, models: Any, spec: Any, hooked: bool, samples: List[int]) -> Dict[str, Any]:
+    """One DDP copy of spec's model from the shared seed: with the hook (its calls timed) or DDP's default."""
+    import ddp_agent.hook as hook_mod
+
+    torch.manual_seed(SEED + 50)
+    model, source = spec.build()
+    model = model.to(ctx.device)
+    if spec.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    ddp = _ddp(model, ctx.device, spec.bucket_cap_mb)
+    hook = None
+    if hooked:
+        original = hook_mod._comm_hook
+        hook_mod._comm_hook = _timed(original, samples)
+        try:
+            hook = _register_auto(ddp)
+        finally:
+            hook_mod._comm_hook = original
+    return {"ddp": ddp, "opt": torch.optim.SGD(ddp.parameters(), lr=1e-4, momentum=0.9), "hook": hook,
+            "source": source, "ms": []}
+
+
+def _register_auto(ddp: "DDP") -> Any:
+    """The hook as a user registers it: transport auto (NCCL for CUDA buckets), no compression."""
+    import ddp_agent
+
+    return ddp_agent.register(ddp, timeout=HOOK_TIMEOUT_S)
+
+
+def _check_model(ctx: Context, name: str) -> Tuple[bool, str, Dict[str, Any]]:
+    """Step time of one real model with the hook against DDP's default all-reduce (no hook), interleaved."""
+    models = _models_module()
+    spec = models.full_size()[name]
+    samples: List[int] = []
+    copies: Dict[str, Dict[str, Any]] = {}
+    try:
+        copies["hook"] = _model_copy(ctx, models, spec, True, samples)
+        copies["default"] = _model_copy(ctx, models, spec, False, samples)
+        g = torch.Generator().manual_seed(SEED + 51)
+        batches = []
+        for _ in range(ctx.args.model_steps):
+            x, y = spec.batch(g, ctx.device)
+            if spec.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            batches.append((x, y))
+        autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+        for c in copies.values():  # communicator, buckets rebuilt after the first step, cuDNN's choices
+            for x, y in batches[:3]:
+                models.step(c["ddp"], c["opt"], spec, x, y, autocast())
+        torch.cuda.synchronize()
+        warm_calls = len(samples)
+        per_round: List[float] = []
+        for r in range(ctx.args.model_rounds):
+            for kind in (("hook", "default") if r % 2 == 0 else ("default", "hook")):
+                c = copies[kind]
+                torch.cuda.synchronize()
+                t0 = time.perf_counter_ns()
+                for x, y in batches:
+                    models.step(c["ddp"], c["opt"], spec, x, y, autocast())
+                torch.cuda.synchronize()
+                c["ms"].append((time.perf_counter_ns() - t0) / 1e6 / len(batches))
+            per_round.append(copies["hook"]["ms"][-1] / copies["default"]["ms"][-1])
+        identical = all(torch.equal(a, b) for a, b in zip(copies["hook"]["ddp"].parameters(),
+                                                          copies["default"]["ddp"].parameters()))
+        params = models.parameters(copies["hook"]["ddp"].module)
+        source = copies["hook"]["source"]
+        step_ms = {k: statistics.median(c["ms"]) for k, c in copies.items()}
+    finally:
+        for c in copies.values():
+            if c["hook"] is not None:
+                c["hook"].close()
+        copies.clear()
+        torch.cuda.empty_cache()
+    steps = ctx.args.model_rounds * ctx.args.model_steps
+    calls = samples[warm_calls:]
+    per_bucket = statistics.median(calls) / 1e3 if calls else 0.0
+    buckets = len(calls) / steps if steps else 0.0
+    ratio = statistics.median(per_round)
+    spread = sorted(per_round)
+    data = {"model": spec.describe, "source": source, "parameters": params, "ratio": ratio,
+            "round_ratios": per_round, "rounds": ctx.args.model_rounds, "steps_per_round": ctx.args.model_steps,
+            "identical": identical, "median_step_ms": step_ms, "hook_us_per_bucket": per_bucket, "buckets_per_step": buckets,
+            "hook_us_per_step": per_bucket * buckets, "goal": MODEL_GOAL}
+    detail = (f"{spec.describe} ({params / 1e6:.1f} M parameters, {source}), bf16 autocast: step time with the "
+              f"hook {step_ms['hook']:.2f} ms / DDP's default all-reduce {step_ms['default']:.2f} ms: {ratio:.4f} (median of {len(per_round)} rounds of "
+              f"{ctx.args.model_steps} steps, {spread[0]:.3f}-{spread[-1]:.3f}; goal <= {MODEL_GOAL}); hook host "
+              f"time {per_bucket:.1f} us per bucket, {buckets:g} buckets a step; parameters "
+              f"{'bit-identical' if identical else 'DIFFER'}")
+    return ratio <= MODEL_GOAL and identical, detail, data
+
+
+def check_model_resnet50(ctx: Context) -> Tuple[bool, str, Dict[str, Any]]:
+    return _check_model(ctx, "resnet50")
+
+
+def check_model_gpt2_small(ctx: Context) -> Tuple[bool, str, Dict[str, Any]]:
+    return _check_model(ctx, "gpt2-small")
+
+
+def check_model_gpt_1b(ctx: Context) -> Tuple[bool, str, Dict[str, Any]]:
+    return _check_model(ctx, "gpt-1b")
+
+
 # -- main ---------------------------------------------------------------------------------
 
 CHECK_FUNCS = {
@@ -931,6 +1062,9 @@ CHECK_FUNCS = {
     "overlap": check_overlap,
     "step-time": check_step_time,
     "host-cost": check_host_cost,
+    "model-resnet50": check_model_resnet50,
+    "model-gpt2-small": check_model_gpt2_small,
+    "model-gpt-1b": check_model_gpt_1b,
 }
 
 
@@ -939,6 +1073,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=50, help="SGD steps of the parity checks (default 50)")
     p.add_argument("--timing-steps", type=int, default=200,
                    help="timed steps per hook in step-time (default 200); host-cost times a quarter of that")
+    p.add_argument("--model-rounds", type=int, default=20,
+                   help="interleaved rounds of the model-* checks (default 20)")
+    p.add_argument("--model-steps", type=int, default=8, help="steps per copy and round in model-* (default 8)")
     p.add_argument("--delay-ms", type=float, default=20.0,
                    help="how late the stream-race checks make each bucket's collective (default 20)")
     p.add_argument("--json", metavar="OUT", help="write every result, with its figures, to OUT as JSON")
@@ -948,8 +1085,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="check everything short of the GPU (arguments, imports, the shim and NCCL it finds), "
                         "print what would run, and exit 0 (even without a CUDA device)")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.timing_steps < 1 or args.delay_ms <= 0:
-        p.error("--steps and --timing-steps must be positive, --delay-ms above 0")
+    if args.steps < 1 or args.timing_steps < 1 or args.delay_ms <= 0 or args.model_rounds < 1 or args.model_steps < 1:
+        p.error("--steps, --timing-steps, --model-rounds and --model-steps must be positive, --delay-ms above 0")
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in names if n not in CHECK_FUNCS]
@@ -1013,6 +1150,14 @@ def _dry_run(args: argparse.Namespace) -> int:
     import ddp_agent.hook  # noqa: F401  (host-cost patches it)
     import torch.profiler  # noqa: F401  (overlap)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: F401  (parity, host-cost)
+
+    if any(n.startswith("model-") for n in (args.only or CHECKS)):
+        models = _models_module()  # the model-* checks' architectures, built once on the CPU here
+        for name in (n[len("model-"):] for n in (args.only or CHECKS) if n.startswith("model-")):
+            spec = models.full_size(batch_scale=1 / 64)[name]
+            if name != "gpt-1b":  # 4 GB of float32 on the CPU: the GPU run builds it
+                model, source = spec.build()
+                print(f"gpu_check: dry run: {name}: {models.parameters(model) / 1e6:.1f} M parameters ({source})")
 
     info = ddp_agent.info(transport="nccl")
     if "error" in info["shim"]:
