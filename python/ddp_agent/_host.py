@@ -39,16 +39,18 @@ class HostTransport:
             self._failure.record(e)
             raise
         fut: torch.futures.Future = torch.futures.Future()
+        # A Future completed by set_exception holds the exception as its
+        # value; DDP's reducer would fail to read it as a tensor, with a
+        # message that hides ours. then() turns it into a real error whose
+        # message carries the ShimError's. Chained before the waiter is
+        # woken: then() drops the GIL, and a waiter just woken would take it.
+        result = fut.then(_value)
         with self._comms.lock:  # against a concurrent close(): queued before its sentinel, or not at all
             if self._comms.closed:
                 work.free()
                 raise ShimError(Status.CLOSED, f"ddp_agent hook {self._comms.name} was closed", "ddp_agent hook")
             self._waiter.submit(work, buf, tensor, fut)
-        # A Future completed by set_exception holds the exception as its
-        # value; DDP's reducer would fail to read it as a tensor, with a
-        # message that hides ours. then() turns it into a real error whose
-        # message carries the ShimError's.
-        return fut.then(_value)
+        return result
 
     def stop(self, at_exit: bool) -> None:
         """Waits for the all-reduces in flight (aborting them at exit) and stops the waiter.

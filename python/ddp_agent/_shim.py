@@ -164,8 +164,16 @@ PROTOTYPES: Dict[str, Tuple[Any, Tuple[Any, ...]]] = {
 }
 """restype and argtypes of every function of ddpshim.h; the tests compare it with the header."""
 
+# Calls that never block, made through a PyDLL handle to the same library:
+# ctypes then keeps the GIL across the call instead of dropping and taking it
+# back. On the hook's path the drop is where the waiter thread (woken for an
+# earlier bucket) takes the GIL, and the autograd thread then waits for it
+# to come back: on 2 busy cores that hand-off cost more than the call.
+_QUICK = ("ddpshim_allreduce", "ddpshim_work_free")
+
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
+_quick: Optional[ctypes.PyDLL] = None
 _lib_path = ""
 _loaded_by_pid = 0
 _forked_child = False
@@ -195,7 +203,7 @@ def library_path() -> str:
 
 def _library() -> ctypes.CDLL:
     """Returns the loaded library, loading it on first use (blocks only for dlopen)."""
-    global _lib, _lib_path, _loaded_by_pid, _loading
+    global _lib, _lib_path, _loaded_by_pid, _loading, _quick
     if _forked_child:
         raise ShimError(
             Status.UNAVAILABLE,
@@ -235,7 +243,13 @@ def _library() -> ctypes.CDLL:
                 ) from e
             fn.restype = restype
             fn.argtypes = list(argtypes)
-        _lib, _lib_path, _loaded_by_pid = lib, path, os.getpid()
+        quick = ctypes.PyDLL(path)  # the same handle: dlopen of a loaded library
+        for name in _QUICK:
+            restype, argtypes = PROTOTYPES[name]
+            fn = getattr(quick, name)
+            fn.restype = restype
+            fn.argtypes = list(argtypes)
+        _lib, _lib_path, _loaded_by_pid, _quick = lib, path, os.getpid(), quick
         return lib
 
 
@@ -318,9 +332,9 @@ class Work:
         return bool(done.value)
 
     def free(self) -> None:
-        """Releases the handle; a work still running keeps running. Does not block."""
+        """Releases the handle; a work still running keeps running. Does not block (nor drop the GIL)."""
         lib = _library()
-        _check(lib, lib.ddpshim_work_free(self.handle), "ddpshim_work_free")
+        _check(lib, _quick.ddpshim_work_free(self.handle), "ddpshim_work_free")  # type: ignore[union-attr]
 
     def __repr__(self) -> str:
         return f"Work({self.handle})"
@@ -333,10 +347,13 @@ class Comm:
     and must :meth:`close` it exactly once; there is no finalizer.
     """
 
-    __slots__ = ("handle",)
+    __slots__ = ("handle", "queues")
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: int, queues: bool = False) -> None:
         self.handle = handle
+        # The host transport's allreduce only queues the work (never blocks),
+        # so it is called without dropping the GIL; NCCL's may block.
+        self.queues = queues
 
     @classmethod
     def open(cls, config: Union[Mapping[str, Any], str]) -> "Comm":
@@ -350,7 +367,8 @@ class Comm:
         lib = _library()
         handle = ctypes.c_int64(0)
         _check(lib, lib.ddpshim_open(text.encode("utf-8"), ctypes.byref(handle)), "ddpshim_open")
-        return cls(handle.value)
+        transport = (json.loads(text) if isinstance(config, str) else config).get("transport", "host")
+        return cls(handle.value, queues=transport == "host")
 
     def bootstrap_info(self) -> str:
         """Returns this rank's bootstrap blob (one line of text) for an "external" bootstrap. Does not block."""
@@ -391,7 +409,8 @@ class Comm:
         """
         lib = _library()
         work = ctypes.c_int64(0)
-        rc = lib.ddpshim_allreduce(self.handle, ptr, count, dtype, op, stream, step, bucket, ctypes.byref(work))
+        fn = _quick.ddpshim_allreduce if self.queues else lib.ddpshim_allreduce  # type: ignore[union-attr]
+        rc = fn(self.handle, ptr, count, dtype, op, stream, step, bucket, ctypes.byref(work))
         _check(lib, rc, "ddpshim_allreduce")
         return Work(work.value)
 
