@@ -19,13 +19,14 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from . import _env
 from . import _shim, _sidecar
 from ._failure import FirstError
 from ._shim import ShimError, Status
 
 log = logging.getLogger("ddp_agent")
 
-ENV_SHIM_CONFIG = "DDP_AGENT_SHIM_CONFIG"
+ENV_SHIM_CONFIG = _env.SHIM_CONFIG
 """Extra keys for the communicator's ddpshim_open config, as a JSON object.
 
 For example ``{"shm": false}`` (TCP between ranks on one host too),
@@ -132,19 +133,19 @@ class Communicators:
             # the script added since.
             cfg["nccl_lib"] = os.environ[_shim.ENV_NCCL_LIB]
         # ddp-agent run sets both; $DDP_AGENT_SOCKET alone names a sidecar's socket.
-        sock = os.environ.get("DDP_AGENT_SOCKET") if _sidecar.under_run() else None
+        sock = os.environ.get(_env.SOCKET) if _sidecar.under_run() else None
         # The agent admits the job's world; a smaller group bootstraps
         # through torch's store instead, and so does every group when the
         # agent says its store does not span the job (static multi-node).
         if sock and self.world_size != int(os.environ.get("WORLD_SIZE") or -1):
             sock = None
-        if os.environ.get("DDP_AGENT_BOOTSTRAP") == "external":
+        if os.environ.get(_env.BOOTSTRAP) == "external":
             sock = None
         if sock:
             cfg.update(
                 bootstrap="agent",
                 socket=sock,
-                generation=int(os.environ.get("DDP_AGENT_GENERATION") or 0),
+                generation=int(os.environ.get(_env.GENERATION) or 0),
                 local_rank=int(os.environ.get("LOCAL_RANK") or 0),
             )
             if os.environ.get("RANK"):

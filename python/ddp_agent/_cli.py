@@ -14,6 +14,8 @@ import os
 import pathlib
 import sys
 
+from . import _env
+
 BINARY = "ddp-agent"
 
 
@@ -25,8 +27,8 @@ def binary_path() -> pathlib.Path:
 def environ(env, python: str) -> dict:
     """env with DDP_AGENT_PYTHON defaulted to python, unless a choice is made already."""
     out = dict(env)
-    if not out.get("DDP_AGENT_PYTHON") and not out.get("PYTHON_EXEC"):
-        out["DDP_AGENT_PYTHON"] = python
+    if not out.get(_env.PYTHON) and not out.get("PYTHON_EXEC"):
+        out[_env.PYTHON] = python
     return out
 
 

@@ -6,7 +6,9 @@ from typing import Optional, Union
 
 import torch
 
-ENV_TIMEOUT = "DDP_AGENT_COLLECTIVE_TIMEOUT"
+from . import _env
+
+ENV_TIMEOUT = _env.COLLECTIVE_TIMEOUT
 """Default collective timeout in seconds, when register() gets no timeout."""
 
 DEFAULT_TIMEOUT_S = 600.0

@@ -26,6 +26,8 @@ import re
 import threading
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
+from . import _env
+
 __all__ = [
     "ENV_NCCL_LIB",
     "ENV_SHIM",
@@ -42,13 +44,13 @@ __all__ = [
     "version",
 ]
 
-ENV_SHIM = "DDP_AGENT_SHIM"
+ENV_SHIM = _env.SHIM
 """Environment variable naming the library to load (ddp-agent sets it for its workers)."""
 
 LIBRARY_NAME = "libddpshim.so"
 """File name of the library bundled next to this package."""
 
-ENV_NCCL_LIB = "DDP_AGENT_NCCL_LIB"
+ENV_NCCL_LIB = _env.NCCL_LIB
 """Environment variable naming the NCCL library the shim tries last (read by the library itself).
 
 The shim takes the NCCL already in the process first (PyTorch's), then

@@ -18,14 +18,16 @@ import socket
 import stat
 from typing import Dict, Optional
 
+from . import _env
+
 log = logging.getLogger("ddp_agent")
 
-ENV_SOCKET = "DDP_AGENT_SOCKET"
+ENV_SOCKET = _env.SOCKET
 
 
 def under_run() -> bool:
     """Whether ddp-agent run launched this worker (it sets the generation for its workers)."""
-    return bool(os.environ.get("DDP_AGENT_GENERATION"))
+    return bool(os.environ.get(_env.GENERATION))
 
 
 def default_socket() -> str:

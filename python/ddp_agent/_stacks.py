@@ -18,9 +18,10 @@ import signal
 import threading
 from typing import IO, Optional
 
+from . import _env
 from . import _sidecar
 
-ENV_STACK_DIR = "DDP_AGENT_STACK_DIR"
+ENV_STACK_DIR = _env.STACK_DIR
 STACK_SIGNAL = signal.SIGUSR2
 
 _lock = threading.Lock()

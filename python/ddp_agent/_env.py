@@ -1,0 +1,19 @@
+"""Every environment variable the package reads, named once (the Go side's table is agent/envnames).
+
+The agent sets the first group in each worker's environment; a user sets the
+second. Modules read them through these names, never through literals, so a
+rename is one line and a test (tests/test_env_names.py) keeps it that way.
+"""
+
+# Set by ddp-agent (run mode) for its workers.
+SOCKET = "DDP_AGENT_SOCKET"  # the agent's control socket (also the sidecar's, when the user sets it)
+GENERATION = "DDP_AGENT_GENERATION"  # the job's generation: set only under `ddp-agent run`
+BOOTSTRAP = "DDP_AGENT_BOOTSTRAP"  # "external": the communicators bootstrap through torch's store
+STACK_DIR = "DDP_AGENT_STACK_DIR"  # where a hang report's Python stacks are written
+
+# Set by the user.
+SHIM = "DDP_AGENT_SHIM"  # libddpshim.so to load instead of the bundled one
+SHIM_CONFIG = "DDP_AGENT_SHIM_CONFIG"  # JSON object of extra communicator config keys
+NCCL_LIB = "DDP_AGENT_NCCL_LIB"  # an NCCL to load when the process has none
+COLLECTIVE_TIMEOUT = "DDP_AGENT_COLLECTIVE_TIMEOUT"  # register()'s default timeout, in seconds
+PYTHON = "DDP_AGENT_PYTHON"  # the interpreter the console command's ddp-agent runs workers with
