@@ -242,10 +242,11 @@ def _register_builtin(ddp: "DDP", compression: Optional[str]) -> None:
     ddp.register_comm_hook(None, hook)  # state None: the default process group
 
 
-def _register_shim(ddp: "DDP", compression: Optional[str] = None) -> Any:
+def _register_shim(ddp: "DDP", compression: Optional[str] = None, launch: Optional[str] = None) -> Any:
+    """The hook on NCCL; launch None: --launch's choice, through $DDP_AGENT_HOOK_LAUNCH."""
     import ddp_agent
 
-    return ddp_agent.register(ddp, transport="nccl", compression=compression, timeout=HOOK_TIMEOUT_S)
+    return ddp_agent.register(ddp, transport="nccl", compression=compression, timeout=HOOK_TIMEOUT_S, launch=launch)
 
 
 # -- a. nccl-one-rank -----------------------------------------------------------
@@ -558,7 +559,9 @@ def _race_run(ctx: Context, compression: Optional[str], scale: float, wrong: boo
     model = _mlp(SMALL_DIMS, SEED + 7, ctx.device)
     ref = copy.deepcopy(model)  # same weights, no DDP: the local gradients
     ddp = _ddp(model, ctx.device, SMALL_BUCKET_MB)
-    hook = _register_shim(ddp, compression)
+    # The wrong hook replaces the inline path's _allreduce_cuda: the negative
+    # control proves the check can fail, whichever launch the others run.
+    hook = _register_shim(ddp, compression, launch="inline" if wrong else None)
     stats = {"delayed": 0, "stream_mismatch": 0}
     out: Dict[str, Any] = {"bad_fraction": [], "max_rel_diff": [], "backward_ms": [], "gpu_busy_after_backward": []}
     try:
@@ -974,7 +977,7 @@ def _register_auto(ddp: "DDP") -> Any:
     """The hook as a user registers it: transport auto (NCCL for CUDA buckets), no compression."""
     import ddp_agent
 
-    return ddp_agent.register(ddp, timeout=HOOK_TIMEOUT_S)
+    return ddp_agent.register(ddp, timeout=HOOK_TIMEOUT_S)  # launch: --launch's, through $DDP_AGENT_HOOK_LAUNCH
 
 
 def _check_model(ctx: Context, name: str) -> Tuple[bool, str, Dict[str, Any]]:
@@ -1073,6 +1076,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=50, help="SGD steps of the parity checks (default 50)")
     p.add_argument("--timing-steps", type=int, default=200,
                    help="timed steps per hook in step-time (default 200); host-cost times a quarter of that")
+    p.add_argument("--launch", choices=("inline", "thread"), default="inline",
+                   help="register(launch=...) for every check but the negative control (default inline): "
+                        "where the hook issues NCCL buckets; run once with each to compare")
     p.add_argument("--model-rounds", type=int, default=20,
                    help="interleaved rounds of the model-* checks (default 20)")
     p.add_argument("--model-steps", type=int, default=8, help="steps per copy and round in model-* (default 8)")
@@ -1170,7 +1176,7 @@ def _dry_run(args: argparse.Namespace) -> int:
     print(f"gpu_check: dry run: torch {torch.__version__} (CUDA build {torch.version.cuda}), "
           f"shim {info['shim'].get('version')} at {ddp_agent.shim_path()}, {found}, "
           f"CUDA device {'present' if cuda else 'absent: a real run would exit 2 (no CUDA device)'}")
-    print(f"gpu_check: would run: {', '.join(args.only or CHECKS)} (steps {args.steps}, "
+    print(f"gpu_check: would run: {', '.join(args.only or CHECKS)} (launch {args.launch}, steps {args.steps}, "
           f"timing steps {args.timing_steps}, delay {args.delay_ms:g} ms"
           + (f", json {args.json}" if args.json else "") + (f", trace {args.trace}" if args.trace else "") + ")")
     return 0
@@ -1178,6 +1184,7 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    os.environ["DDP_AGENT_HOOK_LAUNCH"] = args.launch  # register()'s default in this process
     if torch is None:
         print(f"gpu_check: no CUDA device: torch cannot be imported by {sys.executable} ({_TORCH_IMPORT_ERROR})",
               file=sys.stderr)

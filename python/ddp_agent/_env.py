@@ -17,3 +17,4 @@ SHIM_CONFIG = "DDP_AGENT_SHIM_CONFIG"  # JSON object of extra communicator confi
 NCCL_LIB = "DDP_AGENT_NCCL_LIB"  # an NCCL to load when the process has none
 COLLECTIVE_TIMEOUT = "DDP_AGENT_COLLECTIVE_TIMEOUT"  # register()'s default timeout, in seconds
 PYTHON = "DDP_AGENT_PYTHON"  # the interpreter the console command's ddp-agent runs workers with
+HOOK_LAUNCH = "DDP_AGENT_HOOK_LAUNCH"  # register()'s default launch: "inline" or "thread"

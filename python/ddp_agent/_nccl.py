@@ -8,7 +8,8 @@ DDP's reducer waits for the stream with an event instead of the host
 waiting for the data.
 """
 
-from typing import Dict, Optional, Tuple
+import functools
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -16,7 +17,14 @@ from . import _buckets, _shim
 from ._agreement import NcclAgreement, NcclPlan
 from ._bootstrap import Communicators
 from ._failure import FirstError
+from ._launcher import Launcher
 from ._shim import ShimError, Status
+
+
+_CPU_NOTE = (
+    "bucket {index} is on the CPU: transport='nccl' gives NCCL host memory, which only an NCCL "
+    "working on host memory takes; use transport='auto' or 'host' for a model on the CPU"
+)
 
 
 class _CommStream:
@@ -35,20 +43,29 @@ class NcclTransport:
     """All-reduces buckets with the shim's NCCL communicator, on the device of the first one."""
 
     def __init__(
-        self, comms: Communicators, agreement: NcclAgreement, failure: FirstError, compression: Optional[str]
+        self, comms: Communicators, agreement: NcclAgreement, failure: FirstError, compression: Optional[str],
+        launch: str = "inline",
     ) -> None:
         self._comms = comms
         self._agreement = agreement
         self._failure = failure
         self._compression = compression
         self._streams: Dict[torch.device, _CommStream] = {}
+        # launch="thread": the enqueue runs on a launcher thread (_launcher.py);
+        # events that thread has waited for come back here for reuse.
+        self._launcher: Optional[Launcher] = Launcher(comms.name + "-nccl") if launch == "thread" else None
+        self._free_events: List["torch.cuda.Event"] = []
 
-    def allreduce(self, buf: torch.Tensor, step: int, index: int) -> torch.futures.Future:
+    def allreduce(self, buf: torch.Tensor, step: int, index: int, last: bool = False) -> torch.futures.Future:
         """All-reduces buf and returns its Future; blocks until NCCL has enqueued it (at most the timeout).
 
         The first call also blocks for the NCCL agreement and the
         communicator's bootstrap. Raises ShimError for a failure, and for
-        every bucket after one (NCCL's ranks are then out of step).
+        every bucket after one (NCCL's ranks are then out of step). With
+        launch="thread" the enqueue happens on the launcher thread instead
+        and this returns at once, except for a step's last bucket (last),
+        where it waits until every bucket has been issued and raises the
+        first failure.
         """
         name = self._comms.name
         self._comms.check_open()
@@ -75,20 +92,94 @@ class NcclTransport:
                 f"ddp_agent: bucket {index} is on {buf.device}, but the NCCL communicator of {name} "
                 f"was opened on {self._comms.nccl_device}; one device per process"
             )
+        if self._launcher is not None:
+            return self._launch(comm, plan, buf, step, index, last)
         if buf.device.type == "cuda":
             return self._allreduce_cuda(comm, plan, buf, step, index)
         # A CPU bucket, no stream: the call returns with the data reduced.
         tensor, op = self._prepare(buf, plan.avg)
-        self._enqueue(
-            comm, tensor, op, None, step, index,
-            note=f"bucket {index} is on the CPU: transport='nccl' gives NCCL host memory, which only an NCCL "
-            "working on host memory takes; use transport='auto' or 'host' for a model on the CPU",
-        )
+        self._enqueue(comm, tensor, op, None, step, index, note=_CPU_NOTE.format(index=index))
         if tensor is not buf:
             buf.copy_(tensor)
         fut: torch.futures.Future = torch.futures.Future()
         fut.set_result(buf)
         return fut
+
+    def _launch(
+        self, comm: _shim.Comm, plan: NcclPlan, buf: torch.Tensor, step: int, index: int, last: bool
+    ) -> torch.futures.Future:
+        """The autograd thread's part with launch="thread": an event where buf is written, the Future, a job."""
+        launcher = self._launcher
+        assert launcher is not None
+        written = None
+        if buf.device.type == "cuda":
+            written = self._free_events.pop() if self._free_events else torch.cuda.Event()
+            # Recorded here, on the autograd thread, on the stream backward
+            # wrote the bucket with: exactly its gradients, nothing later.
+            written.record(torch.cuda.current_stream(buf.device))
+            fut: torch.futures.Future = torch.futures.Future(devices=[buf.device])
+        else:
+            fut = torch.futures.Future()
+        launcher.submit(functools.partial(self._launched, comm, plan, buf, step, index, written, fut))
+        if last:
+            # Backward's kernels are all launched by now; DDP's reducer waits
+            # for every Future next. Waiting here lets a failure raise out of
+            # backward with the shim's words instead of as an unreadable Future.
+            if not launcher.drain(self._comms.timeout_ms / 1000 + 5):
+                err = ShimError(Status.TIMEOUT, f"ddp_agent hook {self._comms.name}: the launcher thread did not "
+                                "issue the step's buckets within the timeout", "ddp_agent hook")
+                self._failure.record(err)
+                raise err
+            if self._failure.error is not None:
+                raise self._failure.error
+        return fut
+
+    def _launched(
+        self, comm: _shim.Comm, plan: NcclPlan, buf: torch.Tensor, step: int, index: int,
+        written: Optional["torch.cuda.Event"], fut: torch.futures.Future,
+    ) -> None:
+        """The launcher thread's part: issue the all-reduce and complete fut; a failure fails fut."""
+        try:
+            if self._failure.error is not None:  # NCCL's ranks are out of step: never enqueue again
+                raise ShimError(
+                    Status.ABORTED,
+                    f"ddp_agent hook {self._comms.name}: an earlier failure stopped its NCCL all-reduces: "
+                    f"{self._failure.error}",
+                    "ddp_agent hook",
+                )
+            if written is None:  # a CPU bucket: reduced when the call returns
+                tensor, op = self._prepare(buf, plan.avg)
+                self._enqueue(comm, tensor, op, None, step, index, note=_CPU_NOTE.format(index=index))
+                if tensor is not buf:
+                    buf.copy_(tensor)
+                fut.set_result(buf)
+                return
+            device = buf.device
+            comm_stream = self._streams.get(device)
+            if comm_stream is None:
+                comm_stream = self._streams[device] = _CommStream(device)
+                # This thread's current device and stream, for good: what runs
+                # here (the cast, the copy back, the Future's event) goes on the comm stream.
+                torch.cuda.set_device(device)
+                torch.cuda.set_stream(comm_stream.stream)
+            stream = comm_stream.stream
+            stream.wait_event(written)
+            self._free_events.append(written)  # the wait is enqueued: a later record cannot change it
+            tensor, op = self._prepare(buf, plan.avg)
+            if tensor is not buf:
+                tensor.record_stream(stream)
+            self._enqueue(comm, tensor, op, stream.cuda_stream, step, index)
+            if tensor is not buf:
+                buf.copy_(tensor)
+            fut.set_result(buf)
+        except BaseException as e:  # ShimError, or anything unexpected: fail the Future, never hang it
+            self._failure.record(e)
+            fut.set_exception(e)
+
+    def stop(self, at_exit: bool) -> None:
+        """Lets the launcher issue what is queued (at exit: waits at most 1 s) and stops it."""
+        if self._launcher is not None:
+            self._launcher.stop(1.0 if at_exit else self._comms.timeout_ms / 1000 + 5)
 
     def _prepare(self, buf: torch.Tensor, avg: bool) -> Tuple[torch.Tensor, int]:
         return _buckets.prepare(buf, self._comms.world_size, self._compression, avg)

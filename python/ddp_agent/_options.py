@@ -22,6 +22,22 @@ COMPRESSIONS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 Timeout = Union[None, float, int, datetime.timedelta]
 
+LAUNCHES = ("inline", "thread")
+"""Values of register()'s launch: where a bucket's NCCL all-reduce is issued."""
+
+ENV_LAUNCH = _env.HOOK_LAUNCH
+"""Default launch, when register() gets none; else "inline"."""
+
+
+def launch(value: Optional[str]) -> str:
+    """Returns register()'s launch: the argument, else $DDP_AGENT_HOOK_LAUNCH, else "inline"; ValueError if unknown."""
+    source = "launch"
+    if value is None:
+        value, source = os.environ.get(ENV_LAUNCH) or "inline", f"${ENV_LAUNCH}"
+    if value not in LAUNCHES:
+        raise ValueError(f"ddp_agent.register: {source}={value!r} is not supported; use one of {', '.join(LAUNCHES)}")
+    return value
+
 
 def check(transport: str, compression: Optional[str]) -> None:
     """Raises ValueError for a transport or compression register() does not support."""

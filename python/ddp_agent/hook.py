@@ -76,7 +76,7 @@ from ._failure import FirstError
 from ._host import HostTransport
 from ._info import info
 from ._nccl import NcclTransport
-from ._options import COMPRESSIONS, DEFAULT_TIMEOUT_S, ENV_TIMEOUT, TRANSPORTS
+from ._options import COMPRESSIONS, DEFAULT_TIMEOUT_S, ENV_TIMEOUT, LAUNCHES, TRANSPORTS
 
 __all__ = [
     "BucketInfo",
@@ -85,6 +85,7 @@ __all__ = [
     "ENV_SHIM_CONFIG",
     "ENV_TIMEOUT",
     "Hook",
+    "LAUNCHES",
     "TRANSPORTS",
     "info",
     "register",
@@ -129,12 +130,14 @@ class Hook:
         timeout_ms: int,
         name: str,
         compression: Optional[str] = None,
+        launch: str = "inline",
     ) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.transport = transport
         self.compression = compression
+        self.launch = launch
         self.timeout_ms = timeout_ms
         self.name = name
         self._failure = FirstError(name, self.rank)
@@ -142,7 +145,7 @@ class Hook:
         self._comms = Communicators(name, self.rank, self.world_size, timeout_ms, self._failure)
         self._agreement = NcclAgreement(self._comms, self._failure)
         self._host = HostTransport(self._comms, self._failure, compression)
-        self._nccl = NcclTransport(self._comms, self._agreement, self._failure, compression)
+        self._nccl = NcclTransport(self._comms, self._agreement, self._failure, compression, launch)
         self._fallback = TorchFallback(group, transport, compression, self.world_size)
         self._forward_hook: Any = None  # the forward pre-hook's handle, removed at close
 
@@ -162,18 +165,19 @@ class Hook:
         """Records the bucket and hands it to its transport (see the module's docstring for which)."""
         buf = bucket.buffer()
         index = bucket.index()
-        step = self._schedule.record(index, buf, bucket.is_last())
+        last = bucket.is_last()
+        step = self._schedule.record(index, buf, last)
         kind = buf.device.type
         if kind == "cpu":
             if self.transport == "nccl":
-                return self._nccl.allreduce(buf, step, index)
+                return self._nccl.allreduce(buf, step, index, last)
             return self._host.allreduce(buf, step, index)
         if kind == "cuda" and self.transport != "host":
             if self.transport == "nccl":
-                return self._nccl.allreduce(buf, step, index)
+                return self._nccl.allreduce(buf, step, index, last)
             plan = self._agreement.plan()
             if plan.ok:
-                return self._nccl.allreduce(buf, step, index)
+                return self._nccl.allreduce(buf, step, index, last)
             self._fallback.reason = plan.why
         return self._fallback.allreduce(buf)
 
@@ -238,6 +242,7 @@ class Hook:
             self._forward_hook.remove()
             self._forward_hook = None
         self._host.stop(at_exit)
+        self._nccl.stop(at_exit)
         self._comms.close(at_exit)
 
     @property
@@ -247,7 +252,7 @@ class Hook:
     def __repr__(self) -> str:
         return (
             f"Hook(name={self.name!r}, rank={self.rank}, world_size={self.world_size}, "
-            f"transport={self.transport!r}, compression={self.compression!r}, step={self.step}, "
+            f"transport={self.transport!r}, compression={self.compression!r}, launch={self.launch!r}, step={self.step}, "
             f"closed={self.closed})"
         )
 
@@ -276,6 +281,7 @@ def register(
     compression: Optional[str] = None,
     process_group: Any = None,
     timeout: _options.Timeout = None,
+    launch: Optional[str] = None,
 ) -> Hook:
     """Registers ddp_agent's gradient all-reduce as ddp_model's communication hook.
 
@@ -299,6 +305,13 @@ def register(
             default ``$DDP_AGENT_COLLECTIVE_TIMEOUT`` (seconds), else 600 s.
             A rank that dies makes the others' backward fail with the shim's
             error within about this long.
+        launch: where NCCL buckets are issued: "inline" (in the hook call,
+            on the autograd thread) or "thread" (a launcher thread per hook;
+            the autograd thread only records an event and queues the bucket,
+            and waits for the launcher at a step's last bucket); default
+            ``$DDP_AGENT_HOOK_LAUNCH``, else "inline". "thread" is there to
+            take the hook's host time off backward's critical path on a GPU
+            (docs/comm-hook.md); it has not yet been timed on one.
 
     Returns:
         The :class:`Hook`. Call ``hook.close()`` on every rank after training
@@ -332,6 +345,7 @@ def register(
     if not dist.is_initialized():
         raise RuntimeError("ddp_agent.register: torch.distributed is not initialized (init_process_group)")
     timeout_ms = _options.timeout_ms(timeout)
+    launch = _options.launch(launch)
     _shim.version()  # load the library now: a missing one fails here, not in the first backward
     _stacks.enable()  # under ddp-agent or its sidecar: a hang report can show where this rank is stuck
     group = process_group if process_group is not None else getattr(ddp_model, "process_group", None)
@@ -348,6 +362,7 @@ def register(
         compression=compression,
         timeout_ms=timeout_ms,
         name=f"ddp_agent-{n}{_group_tag(group)}",
+        launch=launch,
     )
     ddp_model.register_comm_hook(hook, _comm_hook)
     hook._forward_hook = ddp_model.register_forward_pre_hook(lambda _module, _inputs: hook._mark_forward())

@@ -123,7 +123,8 @@ def train(mode: str, use_hook: bool, keep: list, steps: int = STEPS, hook_kwargs
         opt.step()
     out = {"params": params_of(ddp)}
     if hook is not None:
-        out.update(schedule=plain_schedule(hook), steps=hook.step, info=hook.info(), name=hook.name)
+        out.update(schedule=plain_schedule(hook), steps=hook.step, info=hook.info(), name=hook.name,
+                   launch=hook.launch, launcher_ran=getattr(hook._nccl._launcher, "_thread", None) is not None)
         hook.close()
     return out
 
@@ -345,7 +346,8 @@ def scenario_nccl(args, keep: list) -> dict:
     result = {"info": ddp_agent.info(args.transport), "builtin": train("default", False, keep)}
     for name in args.compressions.split(","):
         compression = None if name == "none" else name
-        result[name] = train("default", True, keep, hook_kwargs=dict(transport=args.transport, compression=compression))
+        result[name] = train("default", True, keep,
+                             hook_kwargs=dict(transport=args.transport, compression=compression, launch=args.launch))
     for name in args.compressions.split(","):
         if name != "none":
             dtype = ddp_agent.hook.COMPRESSIONS[name]
@@ -380,7 +382,8 @@ def scenario_nccl_fail(args, keep: list) -> dict:
     ddp = DDP(make_model("default"), bucket_cap_mb=BUCKET_CAP_MB)
     keep.append(ddp)
     compression = None if args.compressions == "none" else args.compressions
-    hook = ddp_agent.register(ddp, transport=args.transport, compression=compression, timeout=args.timeout)
+    hook = ddp_agent.register(ddp, transport=args.transport, compression=compression, timeout=args.timeout,
+                              launch=args.launch)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     out = {"error": None, "steps_done": 0}
     start = time.monotonic()
@@ -427,6 +430,7 @@ def main() -> None:
     p.add_argument("--die-step", type=int, default=3)
     p.add_argument("--die-how", choices=["kill", "stop", "raise"], default="kill")
     p.add_argument("--transport", default="nccl")
+    p.add_argument("--launch", default="inline", choices=["inline", "thread"], help="register(launch=...)")
     p.add_argument("--compressions", default="none", help="comma-separated: none, fp16, bf16")
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--step-sleep", type=float, default=0.0, help="nccl_fail: seconds between steps")

@@ -133,23 +133,30 @@ def fake_source(lib: pathlib.Path) -> str:
 # bfloat16, 2.9.4 neither (float32 is divided first and summed, and there is
 # no bf16 compression); the in-progress knob makes every non-blocking enqueue
 # report ncclInProgress a few times first.
-WORLDS = [(2, 22005, 0), (3, 22005, 3), (2, 2904, 0), (3, 2904, 0)]
+# The last: register(launch="thread"), the launcher thread issuing the buckets.
+WORLDS = [(2, 22005, 0, "inline"), (3, 22005, 3, "inline"), (2, 2904, 0, "inline"), (3, 2904, 0, "inline"),
+          (3, 22005, 3, "thread")]
 
 
-@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w[0]}ranks-v{w[1]}" + ("-inprogress" if w[2] else ""))
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w[0]}ranks-v{w[1]}" + ("-inprogress" if w[2] else "")
+                + ("-thread" if w[3] == "thread" else ""))
 def nccl_world(request, tmp_path_factory, fake_nccl):
-    world_size, version, inprogress = request.param
-    workdir = tmp_path_factory.mktemp(f"nccl{world_size}v{version}")
+    world_size, version, inprogress, launch = request.param
+    workdir = tmp_path_factory.mktemp(f"nccl{world_size}v{version}{launch}")
     compressions = ["none", "fp16", "bf16"] if version >= 21000 else ["none", "fp16"]
     record = workdir / "record.txt"
     with FakeDir() as fake_dir:
         env = fake_env(fake_nccl, fake_dir, version=str(version), inprogress=str(inprogress), record=str(record))
         results = _world.run_world(
             workdir, world_size,
-            ["nccl", "--out", str(workdir), "--transport", "nccl", "--compressions", ",".join(compressions)],
+            ["nccl", "--out", str(workdir), "--transport", "nccl", "--compressions", ",".join(compressions),
+             "--launch", launch],
             timeout=240, env=env,
         )
     _world.check_ok(results)
+    for r in load(workdir, world_size):
+        for name in compressions:  # the launch asked for is the one that ran
+            assert r[name]["launch"] == launch and r[name]["launcher_ran"] == (launch == "thread"), r[name]
     return dict(
         world_size=world_size, version=version, compressions=compressions, fake=fake_nccl,
         results=load(workdir, world_size), record=record.read_text().splitlines(),
@@ -242,12 +249,14 @@ NCCL_SYSTEM_ERROR = "unhandled system error"  # ncclGetErrorString(ncclSystemErr
 
 
 def run_fail(tmp_path, fake_nccl, *, timeout: float = 30, compression: str = "none", world_size: int = 2,
-             per_rank_env=None, cuda: bool = False, steps: int = 6, step_sleep: float = 0, **knobs) -> List[dict]:
+             per_rank_env=None, cuda: bool = False, steps: int = 6, step_sleep: float = 0, launch: str = "inline",
+             **knobs) -> List[dict]:
     with FakeDir() as fake_dir:
         results = _world.run_world(
             tmp_path, world_size,
             ["nccl_fail", "--out", str(tmp_path), "--transport", "nccl", "--timeout", str(timeout),
-             "--compressions", compression, "--steps", str(steps), "--step-sleep", str(step_sleep)],
+             "--compressions", compression, "--steps", str(steps), "--step-sleep", str(step_sleep),
+             "--launch", launch],
             timeout=timeout + steps * step_sleep + 60, env=fake_env(fake_nccl, fake_dir, cuda=cuda, **knobs),
             per_rank_env=per_rank_env,
         )
@@ -282,6 +291,20 @@ def test_nccl_failure_raises_in_backward_with_nccls_words(tmp_path, fake_nccl, k
         assert "ShimError" in res["later"] and "earlier failure" in res["later"], res["later"]
         assert NCCL_SYSTEM_ERROR in res["later"], res["later"]
         assert res["later_seconds"] < 1, res
+        assert res["close_seconds"] < 5, res
+
+
+def test_nccl_failure_from_the_launcher_thread_raises_in_backward(tmp_path, fake_nccl):
+    """launch="thread": the failure happens on the launcher thread; backward still raises it, with NCCL's words."""
+    for rank, res in enumerate(run_fail(tmp_path, fake_nccl, launch="thread", fail="allreduce")):
+        assert res["error"] is not None, f"rank {rank} trained on: {res}"
+        assert res["step"] == 0 and res["steps_done"] == 0, res
+        assert "ShimError" in res["error"], res["error"]
+        for w in (NCCL_SYSTEM_ERROR, "injected allreduce failure", "bucket 0 is on the CPU"):
+            assert w in res["error"], f"rank {rank}: {w!r} not in {res['error']}"
+            assert w in res["hook_error_message"], res
+        assert res["seconds"] < 10, res
+        assert "ShimError" in res["later"] and "earlier failure" in res["later"], res["later"]
         assert res["close_seconds"] < 5, res
 
 

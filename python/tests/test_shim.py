@@ -651,6 +651,20 @@ def test_timeouts(monkeypatch):
         _options.timeout_ms("10")
 
 
+def test_launch_option(monkeypatch):
+    monkeypatch.delenv(_options.ENV_LAUNCH, raising=False)
+    assert _options.launch(None) == "inline"
+    assert _options.launch("thread") == "thread"
+    monkeypatch.setenv(_options.ENV_LAUNCH, "thread")
+    assert _options.launch(None) == "thread"
+    assert _options.launch("inline") == "inline"  # the argument wins
+    monkeypatch.setenv(_options.ENV_LAUNCH, "later")
+    with pytest.raises(ValueError, match=_options.ENV_LAUNCH):
+        _options.launch(None)
+    with pytest.raises(ValueError, match="launch='async'"):
+        _options.launch("async")
+
+
 def test_extra_config_from_the_environment(monkeypatch):
     monkeypatch.delenv("DDP_AGENT_SOCKET", raising=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
