@@ -10,6 +10,9 @@ them alike):
 
   nccl  ddp_agent.register(ddp, transport="nccl"): the shim's NCCL path on
         the fake, a real 2-rank NCCL communicator
+  nccl-thread  the same with launch="thread": the autograd thread only queues
+        the bucket (and waits for the launcher thread at a step's last one);
+        its timed call is what backward pays
   gloo  DDP with PyTorch's built-in default_hooks.allreduce_hook on the gloo
         process group: what a user would otherwise run
   host  ddp_agent.register(ddp, transport="host"): the shim's host transport
@@ -70,9 +73,10 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAKE_SOURCE = os.path.join(REPO, "ncclshim", "nccl", "testdata", "fakenccl.c")
-MODES = ("nccl", "gloo", "host")
+MODES = ("nccl", "nccl-thread", "gloo", "host")
 NAMES = {
     "nccl": 'ddp_agent hook, transport "nccl" (fake NCCL)',
+    "nccl-thread": 'the same with launch="thread" (the autograd thread\'s part only)',
     "gloo": "PyTorch allreduce_hook (gloo)",
     "host": 'ddp_agent hook, transport "host"',
 }
@@ -254,6 +258,9 @@ def worker(args):
     models["nccl"] = make()
     hooks["nccl"] = _register_timed(models["nccl"], samples["nccl"],
                                     lambda d: ddp_agent.register(d, transport="nccl", timeout=60))
+    models["nccl-thread"] = make()
+    hooks["nccl-thread"] = _register_timed(models["nccl-thread"], samples["nccl-thread"],
+                                           lambda d: ddp_agent.register(d, transport="nccl", timeout=60, launch="thread"))
     models["gloo"] = make()
     _register_timed(models["gloo"], samples["gloo"],
                     lambda d: d.register_comm_hook(None, default_hooks.allreduce_hook))
@@ -422,6 +429,7 @@ def main():
     probe = {k: stats_us([x for r in ranks for x in r["probe"][k]])
              for k in ranks[0]["probe"] if isinstance(ranks[0]["probe"][k], list)}
     nccl, gloo, host = rows["nccl"], rows["gloo"], rows["host"]
+    thread = rows["nccl-thread"]
     # What the hook would cost the host on a real NCCL, before NCCL's own
     # enqueue: its Python, plus the shim's path with an NCCL that does nothing.
     est_us = nccl["python"]["median_us"] + probe["allreduce0_binding"]["median_us"]
@@ -463,12 +471,15 @@ def main():
     for k, label in labels:
         print("| %s | %.2f | %.2f |" % (label, probe[k]["median_us"], probe[k]["p90_us"]))
     print()
-    print("ratio (1)/(2), median per-bucket host time: %.2f. The nccl hook on a CPU bucket returns with the bucket "
+    print("ratio (1)/(3), median per-bucket host time: %.2f. The nccl hook on a CPU bucket returns with the bucket "
           "reduced (by the fake, through files, waiting for the other rank in 1 ms sleeps); gloo's hook and the "
           "host transport only start the all-reduce." % ratio)
     print("estimated host cost of (1) on a real NCCL, before NCCL's enqueue: hook Python %.1f µs + shim with count 0 "
-          "%.1f µs = %.1f µs; against (2): %.2f." % (nccl["python"]["median_us"],
+          "%.1f µs = %.1f µs; against (3): %.2f." % (nccl["python"]["median_us"],
                                                     probe["allreduce0_binding"]["median_us"], est_us, ratio_est))
+    print("(2), launch=\"thread\": the autograd thread's part of (1) is %.1f µs per bucket (median; p90 %.1f, the step's "
+          "last bucket waits for the launcher), against (1)'s estimated %.1f µs on a real NCCL."
+          % (thread["total"]["median_us"], thread["total"]["p90_us"], est_us))
     print("Load average %.2f at the start, %.2f at the end; run %.1fs (other work on the machine skews the figures)."
           % (load0, os.getloadavg()[0], wall), flush=True)
 

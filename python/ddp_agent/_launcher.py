@@ -32,22 +32,33 @@ class Launcher:
         self._name = name
         self._queue: "queue.SimpleQueue[Optional[Callable[[], None]]]" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
+        # Jobs queued and jobs finished: one writer each (the hook's thread,
+        # the launcher), so submit takes no lock; a drain waits on _cond.
+        self._issued = 0
+        self._done = 0
+        self._draining = False
         self._cond = threading.Condition()
-        self._pending = 0  # jobs queued and not yet finished
 
     def submit(self, job: Callable[[], None]) -> None:
         """Queues job; starts the thread at the first one. Does not block."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"ddp_agent-launcher-{self._name}", daemon=True)
             self._thread.start()
-        with self._cond:
-            self._pending += 1
+        self._issued += 1
         self._queue.put(job)
 
     def drain(self, timeout_s: float) -> bool:
-        """Blocks until every queued job has run, at most timeout_s; returns whether they all have."""
+        """Blocks until every queued job has run, at most timeout_s; returns whether they all have.
+
+        Called by the thread that submits, so no job is queued meanwhile.
+        """
+        target = self._issued
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout_s)
+            self._draining = True
+            try:
+                return self._cond.wait_for(lambda: self._done >= target, timeout_s)
+            finally:
+                self._draining = False
 
     def stop(self, timeout_s: float) -> None:
         """Lets the queued jobs run and stops the thread; blocks at most timeout_s."""
@@ -69,7 +80,7 @@ class Launcher:
             except BaseException:  # a job catches its own errors; this is a bug, not a bucket's failure
                 log.exception("ddp_agent: launcher of %s: job raised", self._name)
             finally:
-                with self._cond:
-                    self._pending -= 1
-                    if self._pending == 0:
+                self._done += 1
+                if self._draining:  # set under _cond before the drainer looks at _done
+                    with self._cond:
                         self._cond.notify_all()
