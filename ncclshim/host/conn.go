@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
-	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
 )
 
 // The handshake. The dialing rank sends a hello, the accepting rank checks
@@ -49,7 +48,9 @@ var statusText = map[byte]string{
 // once both connections have passed the handshake; peers[i] is rank i's
 // PeerInfo and len(peers) is the world size. With cfg.SHM, when every rank
 // has the same HostID, the ranks then agree on a shared-memory segment to
-// carry the data (package shm); if any rank cannot map it, none uses it.
+// carry the data (package shm), or on one segment per host and the
+// hierarchy when they span hosts; if any rank cannot map its segment, none
+// uses one. That choice of carrier (chooseCarrier) is made once, here.
 //
 // Connect consumes e: the listener is closed when it returns. It blocks
 // until connected, until ctx is done or until cfg.Timeout passes, retrying
@@ -67,7 +68,7 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 	}
 	cfg = cfg.withDefaults()
 	if n == 1 {
-		return newComm(rank, n, nil, nil, nil, nil, cfg), nil
+		return newComm(rank, n, nil, nil, newRingCarrier, cfg), nil
 	}
 	prev, next := (rank+n-1)%n, (rank+1)%n
 	if peers[next].Addr == "" {
@@ -119,17 +120,9 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 			err = tune(c, cfg.LinkTimeout)
 		}
 	}
-	var local *shm.Comm
-	var hier *hierarchy
-	if err == nil && cfg.SHM && (sameHost(peers) || hierarchical(peers)) {
-		var ok bool
-		if local, ok, err = setupLocal(ctx, send, recv, rank, peers, cfg); err != nil {
-			err = fmt.Errorf("set up shared memory: %w", err)
-		}
-		if err == nil && ok && !sameHost(peers) {
-			hier, err = newHierarchy(ctx, e, rank, peers, local, cfg)
-			local = nil // the hierarchy owns it now
-		}
+	var data func(*Comm) carrier
+	if err == nil {
+		data, err = chooseCarrier(ctx, e, send, recv, rank, peers, cfg)
 	}
 	if err != nil {
 		for _, c := range []*net.TCPConn{recv, send} {
@@ -139,7 +132,7 @@ func Connect(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, cfg C
 		}
 		return nil, fmt.Errorf("connect rank %d: %w", rank, err)
 	}
-	c := newComm(rank, n, send, recv, local, hier, cfg)
+	c := newComm(rank, n, send, recv, data, cfg)
 	cfg.Logger.Debug("host: ring connected", "rank", rank, "size", n, "transport", c.Transport(), "prev", recv.RemoteAddr(), "next", send.RemoteAddr())
 	return c, nil
 }

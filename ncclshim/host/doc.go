@@ -17,7 +17,9 @@
 // the ranks span several hosts with more than one on some, each host gets
 // a segment of its own and the job all-reduces hierarchically: within each
 // host through shared memory, between hosts over a second ring of the
-// hosts' lowest ranks, then back within each host (hier.go).
+// hosts' lowest ranks, then back within each host (hier.go). Connect
+// chooses which of the three carries a Comm's data once (carrier.go), and
+// the Comm never asks again.
 //
 // A Comm runs three goroutines of its own: one receives from the
 // predecessor (it also notices when the predecessor goes away between

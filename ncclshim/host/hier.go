@@ -63,8 +63,9 @@ func hierarchical(peers []PeerInfo) bool {
 	return false
 }
 
-// hierarchy is one rank's part in it.
+// hierarchy is one rank's part in it, and the carrier of its Comm.
 type hierarchy struct {
+	rank    int       // this rank, for errors
 	local   *shm.Comm // this host's ranks; nil when the rank is alone on its host
 	cross   *Comm     // the leaders' ring; nil unless this rank leads its host
 	leaders []int     // leaders[i]: the rank that leads host i
@@ -79,7 +80,21 @@ type hierarchy struct {
 // 16 MiB bucket fills the pipeline.
 const defaultPipeSeg = 4 << 20
 
-// allReduce runs one all-reduce through the hierarchy, a segment at a
+var _ carrier = (*hierarchy)(nil)
+
+func (h *hierarchy) route() route {
+	return route{transport: "hierarchical", singleCopy: h.local != nil && h.local.Direct()}
+}
+
+// allReduce runs one all-reduce through the hierarchy (pipeline).
+func (h *hierarchy) allReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
+	if err := h.pipeline(ctx, buf, dt, op); err != nil {
+		return fmt.Errorf("all-reduce on rank %d: %w", h.rank, err)
+	}
+	return nil
+}
+
+// pipeline moves the buffer through the hierarchy a segment at a
 // time: segment k's all-reduce within the host, segment k-1's broadcast
 // from the leader, while the leader's ring works on segment k-1 (so
 // neither the host's shared memory nor the link between hosts waits for the
@@ -87,7 +102,7 @@ const defaultPipeSeg = 4 << 20
 // the same order, whatever the ring does; a leader broadcasts a segment
 // only once the ring has finished it. Avg is a sum until the leaders divide
 // the total by the world size, as the flat paths do.
-func (h *hierarchy) allReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
+func (h *hierarchy) pipeline(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
 	seg := max(1, h.seg/dt.Size()) * dt.Size()
 	var parts [][]byte
 	for off := 0; off < len(buf) || off == 0; off += seg {
@@ -137,7 +152,7 @@ type pipeRing struct {
 
 // startRing starts a leader's ring worker for one all-reduce; stop ends it
 // and waits for it, so that no segment of the buffer is in flight when
-// allReduce returns.
+// pipeline returns.
 func (h *hierarchy) startRing(ctx context.Context, dt reduce.DType, op reduce.Op) *pipeRing {
 	ctx, cancel := context.WithCancel(ctx)
 	r := &pipeRing{todo: make(chan []byte, 1), done: make(chan error, 1), cancel: cancel, exited: make(chan struct{})}
@@ -216,7 +231,7 @@ func (h *hierarchy) close() {
 // On error it has closed local.
 func newHierarchy(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, local *shm.Comm, cfg Config) (*hierarchy, error) {
 	groups, hostOf := hosts(peers)
-	h := &hierarchy{local: local, world: len(peers), members: groups[hostOf[rank]], seg: defaultPipeSeg}
+	h := &hierarchy{rank: rank, local: local, world: len(peers), members: groups[hostOf[rank]], seg: defaultPipeSeg}
 	for _, g := range groups {
 		h.leaders = append(h.leaders, g[0])
 	}
@@ -289,5 +304,5 @@ func connectLeaders(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo
 		}
 		return nil, fmt.Errorf("leaders' ring: %w", err)
 	}
-	return newComm(host, nh, send, recv, nil, nil, cfg), nil
+	return newComm(host, nh, send, recv, newRingCarrier, cfg), nil
 }

@@ -50,7 +50,7 @@ func TestHierarchical(t *testing.T) {
 				// segment's ring overlaps the next one's shared
 				// memory, and segments end mid-element for no dtype.
 				for _, c := range comms {
-					c.hier.seg = seg
+					c.data.(*hierarchy).seg = seg
 				}
 				for _, count := range []int{0, 1, n - 1, 1037, 300_001} {
 					in := newInputs(n, count)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
 	"github.com/ddp-agent/ddp-agent/ncclshim/host/shm"
+	"github.com/ddp-agent/ddp-agent/ncclshim/reduce"
 )
 
 // sameHost reports whether every peer reported the same, known HostID.
@@ -137,16 +138,24 @@ func setupLocal(ctx context.Context, send, recv *net.TCPConn, rank int, peers []
 	return local, true, nil
 }
 
-// SingleCopy reports whether large all-reduces take shared memory's
-// single-copy path (cross-memory attach, package shm's direct.go).
-func (c *Comm) SingleCopy() bool {
-	switch {
-	case c.local != nil:
-		return c.local.Direct()
-	case c.hier != nil && c.hier.local != nil:
-		return c.hier.local.Direct()
-	}
-	return false
+// shmCarrier is the carrier when every rank is on one host: the data goes
+// through the host's shared-memory segment, whose ranks are the Comm's.
+type shmCarrier struct{ local *shm.Comm }
+
+var _ carrier = shmCarrier{}
+
+func (s shmCarrier) allReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
+	return fromSHM(s.local.AllReduce(ctx, buf, dt, op))
+}
+
+// abort fails the segment's collectives here and, through its abort flag,
+// on the peers.
+func (s shmCarrier) abort(err error) { s.local.Abort(err) }
+
+func (s shmCarrier) close() { s.local.Close() }
+
+func (s shmCarrier) route() route {
+	return route{transport: "shm", singleCopy: s.local.Direct()}
 }
 
 func writeToken(c *net.TCPConn, ok bool) error {
