@@ -1,0 +1,149 @@
+// Command testtime reads `go test -json` on its standard input, prints the
+// test output as go test itself would (the events' Output), and ends with
+// the slowest tests and packages and the tests that ran past the budget
+// they state, so the day the suite grows is the day it shows. It exits 1
+// when the stream reports a failure or holds no test, so that
+// `go test -json ... | go run ./scripts/testtime` fails as go test would
+// (make test runs it under pipefail too).
+//
+//	go test -json ./... | go run ./scripts/testtime [-top 15] [-o times.json]
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// event is one line of `go test -json` (cmd/test2json).
+type event struct {
+	Action  string
+	Package string
+	Test    string
+	Elapsed float64
+	Output  string
+}
+
+// timing is one finished test or package.
+type timing struct {
+	Package string  `json:"package"`
+	Test    string  `json:"test,omitempty"`
+	Seconds float64 `json:"seconds"`
+	Result  string  `json:"result"`
+}
+
+// overBudget matches what an end-to-end test logs when it ran past its
+// budget (agent/e2e's budget helper).
+var overBudget = regexp.MustCompile(`over budget: (\S+) took (\S+) of its (\S+)`)
+
+// summary is what the stream said.
+type summary struct {
+	tests, packages []timing
+	over            []string
+	failed, passed  int
+}
+
+// read copies the events' output to out and gathers the timings.
+func read(in io.Reader, out io.Writer) (summary, error) {
+	var s summary
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var e event
+		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &e) != nil {
+			fmt.Fprintf(out, "%s\n", line) // build errors and the like come as plain text
+			continue
+		}
+		if e.Output != "" {
+			io.WriteString(out, e.Output)
+			if m := overBudget.FindStringSubmatch(e.Output); m != nil {
+				s.over = append(s.over, fmt.Sprintf("%s: %s of its %s", m[1], m[2], m[3]))
+			}
+		}
+		switch e.Action {
+		case "pass", "fail":
+			t := timing{Package: e.Package, Test: e.Test, Seconds: e.Elapsed, Result: e.Action}
+			if e.Test == "" {
+				s.packages = append(s.packages, t)
+				if e.Action == "fail" {
+					s.failed++
+				}
+				continue
+			}
+			if !strings.Contains(e.Test, "/") { // subtests count within their parent
+				s.tests = append(s.tests, t)
+				if e.Action == "pass" {
+					s.passed++
+				} else {
+					s.failed++
+				}
+			}
+		}
+	}
+	return s, sc.Err()
+}
+
+// slowest returns the n longest timings, longest first.
+func slowest(ts []timing, n int) []timing {
+	out := append([]timing(nil), ts...)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Seconds > out[j].Seconds })
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
+}
+
+func printReport(w io.Writer, s summary, top int) {
+	fmt.Fprintf(w, "\n== the %d slowest tests\n", top)
+	for _, t := range slowest(s.tests, top) {
+		fmt.Fprintf(w, "%8.1fs  %s %s (%s)\n", t.Seconds, t.Package, t.Test, t.Result)
+	}
+	fmt.Fprintf(w, "== the %d slowest packages\n", top)
+	var total float64
+	for _, p := range s.packages {
+		total += p.Seconds
+	}
+	for _, p := range slowest(s.packages, top) {
+		fmt.Fprintf(w, "%8.1fs  %s (%s)\n", p.Seconds, p.Package, p.Result)
+	}
+	fmt.Fprintf(w, "== %d packages, %.0f s of package time; %d tests passed, %d failed\n",
+		len(s.packages), total, s.passed, s.failed)
+	if len(s.over) > 0 {
+		fmt.Fprintf(w, "== %d tests ran past their budget:\n", len(s.over))
+		for _, o := range s.over {
+			fmt.Fprintf(w, "  %s\n", o)
+		}
+	}
+}
+
+func main() {
+	top := flag.Int("top", 15, "how many of the slowest tests and packages to list")
+	out := flag.String("o", "", "also write every test's and package's time here, as JSON")
+	flag.Parse()
+	start := time.Now()
+	s, err := read(os.Stdin, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testtime:", err)
+		os.Exit(2)
+	}
+	printReport(os.Stdout, s, *top)
+	fmt.Printf("== read for %s\n", time.Since(start).Round(time.Second))
+	if *out != "" {
+		data, _ := json.MarshalIndent(map[string][]timing{"tests": s.tests, "packages": s.packages}, "", " ")
+		if err := os.WriteFile(*out, data, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "testtime:", err)
+			os.Exit(2)
+		}
+	}
+	if s.failed > 0 || s.passed == 0 {
+		os.Exit(1)
+	}
+}
