@@ -1,7 +1,6 @@
 package rdzv
 
 import (
-	"fmt"
 	"sort"
 )
 
@@ -15,10 +14,9 @@ type departure struct {
 	// Moves: the job must move to a new generation without the member.
 	// False for a member whose workers all finished: the job stays.
 	Moves bool
-	// Fault: the new generation counts against --max-restarts.
-	Fault bool
-	// Reason says why, for the new generation.
-	Reason string
+	// move is the move to make when Moves: node-left (no fault) or
+	// node-lost (a fault).
+	move
 }
 
 // departureOf judges member m, whose node entry was deleted, by the last
@@ -31,9 +29,9 @@ func departureOf(m Member, last NodeInfo) departure {
 	case NodeSucceeded:
 		return departure{}
 	case NodeLeft:
-		return departure{Moves: true, Reason: fmt.Sprintf("node %s (%s, group rank %d) left: %s", m.Node, m.Host, m.GroupRank, last.Reason)}
+		return departure{Moves: true, move: leftMove(m, last.Reason)}
 	}
-	return departure{Moves: true, Fault: true, Reason: fmt.Sprintf("node %s (%s, group rank %d) lost: its agent is gone or cut off (lease ended)", m.Node, m.Host, m.GroupRank)}
+	return departure{Moves: true, move: lostMove(m)}
 }
 
 // absentMembers returns the members, other than self, whose node ids are

@@ -7,7 +7,8 @@ import (
 
 func TestDepartureOf(t *testing.T) {
 	m := Member{Node: "n1", Host: "host-b", GroupRank: 3}
-	lost := departure{Moves: true, Fault: true, Reason: "node n1 (host-b, group rank 3) lost: its agent is gone or cut off (lease ended)"}
+	lost := departure{Moves: true, move: move{End: RoundEnd{Kind: EndNodeLost, Node: "n1"}, Fault: true,
+		Reason: "node n1 (host-b, group rank 3) lost: its agent is gone or cut off (lease ended)"}}
 	tests := []struct {
 		name string
 		last NodeInfo
@@ -15,7 +16,8 @@ func TestDepartureOf(t *testing.T) {
 	}{
 		{"succeeded: the job stays", NodeInfo{Node: "n1", State: NodeSucceeded}, departure{}},
 		{"left: a scale event", NodeInfo{Node: "n1", State: NodeLeft, Reason: "SIGTERM"},
-			departure{Moves: true, Reason: "node n1 (host-b, group rank 3) left: SIGTERM"}},
+			departure{Moves: true, move: move{End: RoundEnd{Kind: EndNodeLeft, Node: "n1"},
+				Reason: "node n1 (host-b, group rank 3) left: SIGTERM"}}},
 		{"active when deleted: its lease ran out", NodeInfo{Node: "n1", State: NodeActive}, lost},
 		{"last value unknown", NodeInfo{}, lost},
 		{"unknown node state", NodeInfo{State: "paused"}, lost},

@@ -13,7 +13,7 @@ import (
 // *JobFailedError when no restarts were left. When the job already moved
 // on (another node's fault came first), nothing more is counted.
 func (e *Etcd) Fail(ctx context.Context, r *Round, reason string) error {
-	st, err := e.bump(ctx, r.Generation, fmt.Sprintf("node %s (%s, group rank %d): %s", e.node, e.cfg.Host, r.GroupRank, reason), true)
+	st, err := e.bump(ctx, r.Generation, faultMove(e.node, e.cfg.Host, r.GroupRank, reason))
 	if err != nil {
 		return err
 	}
@@ -23,10 +23,10 @@ func (e *Etcd) Fail(ctx context.Context, r *Round, reason string) error {
 	return nil
 }
 
-// bump moves the job from running generation gen to the next one, unless
-// someone already did. A fault counts against the job's restarts; when
-// none are left the job fails instead.
-func (e *Etcd) bump(ctx context.Context, gen uint64, reason string, fault bool) (*State, error) {
+// bump makes move mv of the job from running generation gen to the next
+// one, unless someone already did. A fault counts against the job's
+// restarts; when none are left the job fails instead.
+func (e *Etcd) bump(ctx context.Context, gen uint64, mv move) (*State, error) {
 	for {
 		st, rev, _, err := e.readState(ctx)
 		if err != nil {
@@ -35,7 +35,7 @@ func (e *Etcd) bump(ctx context.Context, gen uint64, reason string, fault bool) 
 		if st.Generation != gen || st.Phase != Running {
 			return st, nil
 		}
-		next, ok, err := e.bumpFrom(ctx, st, rev, reason, fault)
+		next, ok, err := e.bumpFrom(ctx, st, rev, mv)
 		if err != nil {
 			return nil, err
 		}
@@ -49,18 +49,18 @@ func (e *Etcd) bump(ctx context.Context, gen uint64, reason string, fault bool) 
 // compare-and-swap without reading anything: when a lost member is seen
 // by every other member at once, none of them reads the state first, and
 // all but one fail the compare. It reports whether this call moved the job.
-func (e *Etcd) bumpFrom(ctx context.Context, st *State, rev int64, reason string, fault bool) (*State, bool, error) {
+func (e *Etcd) bumpFrom(ctx context.Context, st *State, rev int64, mv move) (*State, bool, error) {
 	next := *st
 	next.Generation++
 	next.Phase = Joining
-	next.Reason = reason
+	next.Reason, next.End = mv.Reason, mv.End
 	next.Since = time.Now()
 	next.WorldSize, next.MasterAddr, next.MasterPort = 0, "", 0
-	if fault {
+	if mv.Fault {
 		next.Failures++
 		if next.Failures > st.MaxRestarts {
 			next.Phase = Failed
-			next.Reason = fmt.Sprintf("%s; no restarts left (--max-restarts %d)", reason, st.MaxRestarts)
+			next.Reason = fmt.Sprintf("%s; no restarts left (--max-restarts %d)", mv.Reason, st.MaxRestarts)
 		}
 	}
 	ok, err := e.swapState(ctx, rev, &next)
@@ -69,7 +69,7 @@ func (e *Etcd) bumpFrom(ctx context.Context, st *State, rev int64, reason string
 	}
 	if ok {
 		e.log.Info("new generation", "generation", next.Generation, "phase", next.Phase, "reason", next.Reason,
-			"failures", next.Failures, "max_restarts", next.MaxRestarts)
+			"end", next.End, "failures", next.Failures, "max_restarts", next.MaxRestarts)
 	}
 	return &next, ok, nil
 }
@@ -77,13 +77,13 @@ func (e *Etcd) bumpFrom(ctx context.Context, st *State, rev int64, reason string
 // bumpUntilMoved retries bump through store errors (a leader election in
 // an etcd cluster) until the job left generation gen or ctx ends: a lost
 // member noticed only by this node must not be forgotten.
-func (e *Etcd) bumpUntilMoved(ctx context.Context, r *Round, reason string, fault bool) {
+func (e *Etcd) bumpUntilMoved(ctx context.Context, r *Round, mv move) {
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
-		_, _, err := e.bumpFrom(ctx, r.state, r.stateMod, reason, fault)
+		_, _, err := e.bumpFrom(ctx, r.state, r.stateMod, mv)
 		if err == nil {
 			return // moved by this call, or by someone else first
 		}
-		e.log.Warn("move the job to a new generation; retrying", "reason", reason, "err", err)
+		e.log.Warn("move the job to a new generation; retrying", "reason", mv.Reason, "err", err)
 		select {
 		case <-r.done:
 			return

@@ -3,7 +3,6 @@ package rdzv
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -137,10 +136,10 @@ func (e *Etcd) claimPlace(ctx context.Context, st *State, rev int64, member bool
 	case member:
 		// This node ran this generation and lost it (its lease
 		// expired) before anyone moved the job on.
-		_, err = e.bump(ctx, st.Generation, fmt.Sprintf("node %s lost its lease and rejoined", e.node), true)
+		_, err = e.bump(ctx, st.Generation, rejoinMove(e.node))
 		return false, err
 	case st.Nodes() < e.cfg.NNodesMax:
-		_, err = e.bump(ctx, st.Generation, fmt.Sprintf("node %s (%s) joined; scaling up from %d nodes", e.node, e.cfg.Host, st.Nodes()), false)
+		_, err = e.bump(ctx, st.Generation, joinMove(e.node, e.cfg.Host, st.Nodes()))
 		return false, err
 	}
 	// A full job whose members are gone (a run killed without leaving,
@@ -154,7 +153,7 @@ func (e *Etcd) claimPlace(ctx context.Context, st *State, rev int64, member bool
 		// member that left cleanly, drained for a straggler say, is no
 		// fault to count against the restarts).
 		d := e.departedSince(ctx, rev, gone[0])
-		_, err = e.bump(ctx, st.Generation, d.Reason, d.Fault)
+		_, err = e.bump(ctx, st.Generation, d.move)
 		return false, err
 	}
 	return true, nil

@@ -18,6 +18,7 @@ type Round struct {
 
 	once   sync.Once
 	done   chan struct{}
+	ending RoundEnd
 	reason string
 
 	state    *State // the Running state of this round, and its mod revision
@@ -36,7 +37,7 @@ func newRound(st *State, m Member) *Round {
 // event elsewhere, or this node was cut off.
 func (r *Round) Done() <-chan struct{} { return r.done }
 
-// Reason says why the round ended; "" while it runs.
+// Reason says why the round ended, for people; "" while it runs.
 func (r *Round) Reason() string {
 	select {
 	case <-r.done:
@@ -46,16 +47,29 @@ func (r *Round) Reason() string {
 	}
 }
 
-func (r *Round) end(reason string) {
+// End says why the round ended, for the agent to branch on; the zero
+// RoundEnd while it runs.
+func (r *Round) End() RoundEnd {
+	select {
+	case <-r.done:
+		return r.ending
+	default:
+		return RoundEnd{}
+	}
+}
+
+// finish ends the round, why said twice: typed and in words. Only the
+// first call counts.
+func (r *Round) finish(end RoundEnd, reason string) {
 	r.once.Do(func() {
-		r.reason = reason
+		r.ending, r.reason = end, reason
 		close(r.done)
 	})
 }
 
 // Stop ends the round's watch; the agent calls it when it is done with the
 // round for its own reasons.
-func (r *Round) Stop() { r.end("stopped by this agent") }
+func (r *Round) Stop() { r.finish(RoundEnd{Kind: EndStopped}, "stopped by this agent") }
 
 // startRound returns the round of state st for this node and starts
 // watching it: the round ends (Done) when the job moves to another

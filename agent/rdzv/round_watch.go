@@ -8,13 +8,17 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// leaseLost ends r because this node lost its lease.
+func (e *Etcd) leaseLost(r *Round) {
+	r.finish(RoundEnd{Kind: EndLeaseLost, Node: e.node},
+		"this node lost its lease on the rendezvous store (cut off or stalled for longer than the lease TTL)")
+}
+
 // watchRound ends r when the job leaves its generation, and moves the job
 // on when another member is lost. It watches from revision from; whenever
 // a watch breaks (a compacted revision, a lost leader) it reads the state
 // and the members afresh and watches from there, since events missed in
 // between will not come back.
-const leaseLostReason = "this node lost its lease on the rendezvous store (cut off or stalled for longer than the lease TTL)"
-
 func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan struct{}) {
 	members := map[string]Member{}
 	for _, m := range r.state.Members {
@@ -34,7 +38,7 @@ func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan
 		case <-lost:
 			// End the round before cancelling: a cancelled look returns
 			// without ending it.
-			r.end(leaseLostReason)
+			e.leaseLost(r)
 			cancel()
 		case <-ctx.Done():
 		}
@@ -53,7 +57,7 @@ func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan
 			rev, over := e.resyncRound(ctx, r, members, check || resync)
 			select {
 			case <-lost:
-				r.end(leaseLostReason)
+				e.leaseLost(r)
 				return
 			default:
 			}
@@ -90,11 +94,11 @@ func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Mem
 	var st State
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 || decode(e.key(stateKey), kvs[0].Value, &st) != nil {
-		r.end("the rendezvous state was deleted or overwritten")
+		r.finish(RoundEnd{Kind: EndStateLost}, "the rendezvous state was deleted or overwritten")
 		return 0, true
 	}
 	if roundOver(st, r.Generation) {
-		r.end(st.Reason)
+		r.finish(st.End, st.Reason)
 		return 0, true
 	}
 	if checkMembers {
@@ -107,7 +111,7 @@ func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Mem
 				// One that succeeded moves nothing: look on to the next.
 				for _, m := range missing {
 					if d := e.departure(ctx, r, m); d.Moves {
-						e.bumpUntilMoved(ctx, r, d.Reason, d.Fault)
+						e.bumpUntilMoved(ctx, r, d.move)
 						return
 					}
 				}
@@ -132,7 +136,7 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 		case <-ctx.Done():
 			return false
 		case <-lost:
-			r.end(leaseLostReason)
+			e.leaseLost(r)
 			return false
 		case resp, ok := <-sw:
 			if !ok || resp.Canceled || resp.Err() != nil {
@@ -141,11 +145,11 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 			for _, ev := range resp.Events {
 				var st State
 				if ev.Type == clientv3.EventTypeDelete || decode(string(ev.Kv.Key), ev.Kv.Value, &st) != nil {
-					r.end("the rendezvous state was deleted or overwritten")
+					r.finish(RoundEnd{Kind: EndStateLost}, "the rendezvous state was deleted or overwritten")
 					return false
 				}
 				if roundOver(st, r.Generation) {
-					r.end(st.Reason)
+					r.finish(st.End, st.Reason)
 					return false
 				}
 			}
@@ -167,7 +171,7 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 					continue
 				}
 				if d := departureOf(m, lastEntry(ev)); d.Moves {
-					go e.bumpUntilMoved(ctx, r, d.Reason, d.Fault)
+					go e.bumpUntilMoved(ctx, r, d.move)
 				}
 			}
 		}

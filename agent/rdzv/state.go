@@ -112,10 +112,13 @@ type Member struct {
 // State is the job's current generation. Every change to it is a
 // compare-and-swap on its revision, so exactly one agent moves the job on.
 type State struct {
-	Generation uint64    `json:"generation"`
-	Phase      Phase     `json:"phase"`
-	Reason     string    `json:"reason,omitempty"` // why this generation began (or why the job failed)
-	Since      time.Time `json:"since"`            // when Phase was entered
+	Generation uint64 `json:"generation"`
+	Phase      Phase  `json:"phase"`
+	Reason     string `json:"reason,omitempty"` // why this generation began (or why the job failed)
+	// End is Reason typed: what ended the last generation and the node
+	// concerned. States written before it existed lack it (EndUnknown).
+	End   RoundEnd  `json:"end,omitzero"`
+	Since time.Time `json:"since"` // when Phase was entered
 	// Failures counts the generations that began because of a fault (a
 	// worker failure, a lost node); scale events do not count. The job
 	// fails when a fault would make it exceed MaxRestarts.
