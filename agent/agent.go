@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
@@ -115,7 +116,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		mon: hostmon.NewMonitor(a.log), health: newLoopHealth(time.Now)}
 	stopHealth := context.AfterFunc(ctx, func() { s.health.stop(ctx) })
 	defer stopHealth()
-	s.stragglers = a.newStragglerPolicy(ctx, s, func(se *StragglerError) { cancel(se) })
+	s.stragglers = a.newStragglerPolicy(ctx, s, func(se *straggler.Error) { cancel(se) })
 	// Last: the notifiers deliver the job's last events, then stop. The
 	// job's end is told after the background parts are gone, so nothing
 	// (a GPU fault) comes after it.
@@ -178,15 +179,15 @@ func drainOr(ctx context.Context, err error) error {
 
 // drainCause is what cancelled ctx to drain this node, or nil: a GPU
 // fault (*GPUFaultError), or a persistent straggler of this node confirmed
-// under --straggler-action drain (*StragglerError).
+// under --straggler-action drain (*straggler.Error).
 func drainCause(ctx context.Context) error {
 	cause := context.Cause(ctx)
 	var gf *GPUFaultError
 	if errors.As(cause, &gf) {
 		return gf
 	}
-	var se *StragglerError
-	if errors.As(cause, &se) && se.Action == StragglerDrain {
+	var se *straggler.Error
+	if errors.As(cause, &se) && se.Action == straggler.ActionDrain {
 		return se
 	}
 	var pf *PluginFaultError

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
@@ -81,10 +82,10 @@ type Telemetry struct {
 	// must cost before it is named; 0: stall.DefaultCost.
 	StragglerCost float64
 	// StragglerAction is what is done about a persistent straggler named
-	// without a gap for StragglerConfirm; "": StragglerLog.
-	StragglerAction StragglerAction
+	// without a gap for StragglerConfirm; "": straggler.ActionLog.
+	StragglerAction straggler.Action
 	// StragglerConfirm is the confirmation window; 0:
-	// DefaultStragglerConfirm.
+	// straggler.DefaultConfirm.
 	StragglerConfirm time.Duration
 }
 
@@ -111,7 +112,7 @@ func (c *Config) check() error {
 	case r.Dynamic && !r.Standalone && len(r.Endpoints) == 0:
 		return errors.New("agent config: a dynamic rendezvous needs the store's endpoints")
 	case c.Telemetry.StragglerAction != "" && !c.Telemetry.StragglerAction.Valid():
-		return fmt.Errorf("agent config: StragglerAction %q is not one of %v", c.Telemetry.StragglerAction, StragglerActions)
+		return fmt.Errorf("agent config: StragglerAction %q is not one of %v", c.Telemetry.StragglerAction, straggler.Actions)
 	case c.Telemetry.StragglerConfirm < 0:
 		return errors.New("agent config: StragglerConfirm must not be negative")
 	}

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/rootcause"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 )
 
@@ -20,7 +22,7 @@ type Fault struct {
 	Seen   time.Time // when it was observed; a fault from before the attempt started is stale
 	Reason string    // one line, for the rendezvous, the log and the trace
 	// Err is the source's own error: *WorkerFailedError, *GPUFaultError,
-	// *watch.HangError, *StragglerError, *PluginFaultError or
+	// *watch.HangError, *straggler.Error, *PluginFaultError or
 	// *RoundEndedError.
 	Err error
 }
@@ -49,13 +51,13 @@ func (e *RoundEndedError) Error() string { return "generation ended: " + e.Reaso
 // (maybe not the first to exit), and the ranks that failed only because of
 // it.
 type WorkerFailedError struct {
-	Blame Blame
+	Blame rootcause.Blame
 	// Decided is when the root cause was worked out: what workers noted
 	// or how they exited after it comes from the agent stopping them.
 	Decided time.Time
 }
 
-func (e *WorkerFailedError) Error() string { return e.Blame.reason() }
+func (e *WorkerFailedError) Error() string { return e.Blame.Reason() }
 
 // Unwrap is the root cause's exit, when it is a worker of this node that
 // has exited.
@@ -97,8 +99,8 @@ func hangFault(h *watch.HangError) *Fault {
 // stragglerFault restarts the attempt of generation gen for a persistent
 // straggler confirmed at seen, like a hang: the job moves to a new
 // generation and the restart counts against --max-restarts.
-func stragglerFault(gen uint64, seen time.Time, se *StragglerError) *Fault {
-	return &Fault{Source: FromStraggler, Gen: gen, Seen: seen, Reason: "persistent straggler " + se.what(), Err: se}
+func stragglerFault(gen uint64, seen time.Time, se *straggler.Error) *Fault {
+	return &Fault{Source: FromStraggler, Gen: gen, Seen: seen, Reason: se.Finding(), Err: se}
 }
 
 // faults is the one queue every fault source reports to. The run loop

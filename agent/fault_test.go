@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/rootcause"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
@@ -24,7 +25,7 @@ func TestFaultStale(t *testing.T) {
 		f    *Fault
 		want bool
 	}{
-		{"worker of this generation", workerFault(4, &WorkerFailedError{Blame: Blame{Root: 1, Exit: &supervisor.WorkerExitError{Rank: 1, Code: 1}}}), false},
+		{"worker of this generation", workerFault(4, &WorkerFailedError{Blame: rootcause.Blame{Root: 1, Exit: &supervisor.WorkerExitError{Rank: 1, Code: 1}}}), false},
 		{"hang of this generation", hangFault(&watch.HangError{Hang: telemetry.Hang{Key: telemetry.Key{Gen: 4}}}), false},
 		{"hang of the last generation", hangFault(&watch.HangError{Hang: telemetry.Hang{Key: telemetry.Key{Gen: 3}}}), true},
 		{"round of the last generation", roundFault(3, "node b left"), true},

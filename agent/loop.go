@@ -11,7 +11,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/hostmon"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rootcause"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 	"github.com/ddp-agent/ddp-agent/plugins/notifier"
@@ -50,7 +53,7 @@ func (a *Agent) loop(ctx context.Context, s *session) error {
 		s.health.set(phaseRunning)
 		f, err := a.wait(ctx, s, at)
 		ran := time.Since(at.started)
-		s.stragglers.end()
+		s.stragglers.End()
 		s.watch.End()
 		switch {
 		case err != nil && ctx.Err() != nil: // a signal or the caller
@@ -108,8 +111,8 @@ func (a *Agent) start(ctx context.Context, s *session, n int, r *rdzv.Round, wai
 		return nil, fmt.Errorf("attempt %d: %w", n, err)
 	}
 	workers := a.workers(at.g, r.RankOffset)
-	s.stragglers.begin(stragglerAttempt{gen: at.gen, nodes: r.NNodes, rankOffset: r.RankOffset,
-		nproc: a.cfg.NProcPerNode, restarts: r.Restarts, follower: r.NNodes > 1 && r.GroupRank != 0})
+	s.stragglers.Begin(straggler.Attempt{Gen: at.gen, Nodes: r.NNodes, RankOffset: r.RankOffset,
+		NProc: a.cfg.NProcPerNode, Restarts: r.Restarts, Follower: r.NNodes > 1 && r.GroupRank != 0})
 	s.watch.Begin(ctx, watch.Attempt{Gen: at.gen, GroupRank: r.GroupRank, NNodes: r.NNodes, WorldSize: r.WorldSize,
 		RankOffset: r.RankOffset, MasterAddr: r.MasterAddr, Done: r.Done(), Workers: workers, StackDir: stackDir,
 		KV: s.j.kv, JobID: s.runID, Token: a.cfg.Rendezvous.Token})
@@ -232,7 +235,7 @@ func (a *Agent) workerFailure(ctx context.Context, at *attempt) *WorkerFailedErr
 	deadline := time.Now().Add(min(rootSettle, a.cfg.StopTimeout))
 	for {
 		now := time.Now()
-		b := blame(at.g.Outcomes(), now)
+		b := rootcause.Decide(at.g.Outcomes(), now)
 		if !b.Local {
 			b.Elsewhere = at.r.Reason() // "" until another node's agent has told the rendezvous
 		}
@@ -241,14 +244,14 @@ func (a *Agent) workerFailure(ctx context.Context, at *attempt) *WorkerFailedErr
 		case b.Root < 0 || b.Exit != nil || b.Elsewhere != "" || left <= 0 || ctx.Err() != nil:
 		case b.Local:
 			a.log.Info("a worker failed only because another failed first: waiting for that one to exit",
-				"rank", b.Root, "victims", b.victimRanks(), "wait", left.Round(time.Millisecond))
+				"rank", b.Root, "victims", b.VictimRanks(), "wait", left.Round(time.Millisecond))
 			if !at.g.WaitExited(ctx, b.Root, left) { // else its exit, error file and stderr go into the report
 				deadline = time.Now() // once more with what the workers noted meanwhile, then decide
 			}
 			continue
 		default: // another node's worker: give its agent the chance to say so first
 			a.log.Info("a worker failed only because a rank of another node failed first: waiting for its node to report it",
-				"rank", b.Root, "victims", b.victimRanks(), "wait", left.Round(time.Millisecond))
+				"rank", b.Root, "victims", b.VictimRanks(), "wait", left.Round(time.Millisecond))
 			t := time.NewTimer(left)
 			select {
 			case <-at.r.Done():
@@ -322,7 +325,7 @@ func (a *Agent) failAttempt(ctx context.Context, s *session, at *attempt, f *Fau
 	a.dropGeneration(s, at.gen)
 	if wf, ok := errorsAs[*WorkerFailedError](f); ok {
 		b, text := a.report(wf, at, s.mon)
-		s.notify(notifier.WorkerFailed, at, b.Root, wf.Error(), map[string]string{"report": text, "victims": joinInts(b.victimRanks())})
+		s.notify(notifier.WorkerFailed, at, b.Root, wf.Error(), map[string]string{"report": text, "victims": joinInts(b.VictimRanks())})
 	} else {
 		s.notifyFault(at, f)
 	}
@@ -340,6 +343,16 @@ func (a *Agent) failAttempt(ctx context.Context, s *session, at *attempt, f *Fau
 	s.notify(notifier.Restarted, at, -1, "restarting the job's workers: "+f.Reason,
 		map[string]string{"restarts": strconv.Itoa(at.r.Restarts + 1), "max_restarts": strconv.Itoa(a.cfg.MaxRestarts)})
 	return false, nil
+}
+
+// report writes the root cause of a failed attempt, whose workers have
+// stopped, to the agent's stderr (rootcause.Format) and logs it.
+func (a *Agent) report(wf *WorkerFailedError, at *attempt, mon *hostmon.Monitor) (rootcause.Blame, string) {
+	b := rootcause.Reclassify(at.g.Outcomes(), wf.Decided, wf.Blame) // the exits and notes of them all, now
+	a.log.Error("worker failed", b.LogAttrs(at.r.Restarts, at.started)...)
+	text := rootcause.Format(b, at.r.Restarts, a.cfg.MaxRestarts, at.started, at.g.PIDs(), mon)
+	a.stderr.Write([]byte(text))
+	return b, text
 }
 
 // succeed ends the job for this node: every worker exited 0.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 	"github.com/ddp-agent/ddp-agent/plugins/detector"
@@ -131,7 +132,7 @@ func (s *session) notifyFault(at *attempt, f *Fault) {
 	case FromGPU:
 		s.notify(notifier.GPUFault, at, -1, f.Reason, nil)
 	case FromStraggler:
-		se, _ := errorsAs[*StragglerError](f)
+		se, _ := errorsAs[*straggler.Error](f)
 		s.notify(notifier.Straggler, at, se.Straggler.Rank, f.Reason, map[string]string{"action": string(se.Action)})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 	"github.com/ddp-agent/ddp-agent/plugins/notifier"
@@ -32,7 +33,7 @@ type session struct {
 	faults *faults
 	// stragglers acts on confirmed persistent stragglers
 	// (--straggler-action); the watch hands it what it names.
-	stragglers *stragglerPolicy
+	stragglers *straggler.Policy
 	// plugins runs the --plugin processes; nil without any.
 	plugins *pluginhost.Host
 	named   pluginhost.NamedStragglers // the stragglers the notifiers were told of
@@ -86,7 +87,7 @@ func (a *Agent) startTelemetry(ctx context.Context, s *session) (func(), error) 
 	}
 	s.watch = watch.New(watch.Config{Log: a.log, HangTimeout: a.cfg.Telemetry.HangTimeout, HangAuto: a.cfg.Telemetry.HangAuto,
 		StragglerCost: a.cfg.Telemetry.StragglerCost, RankOf: a.authorize, ReadGPU: readGPU, ReadHost: s.mon.Slowdown,
-		OnStragglers: func(named []telemetry.Straggler) { s.notifyStragglers(named); s.stragglers.look(named) }, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
+		OnStragglers: func(named []telemetry.Straggler) { s.notifyStragglers(named); s.stragglers.Look(named) }, OnHang: func(h *watch.HangError) { s.faults.report(hangFault(h)) }})
 	exp, closeExp, err := a.openExporter(ctx, s.runID, s.runDir, s.keep, s.watch.Worker, s.health)
 	if err != nil {
 		s.watch.Close()

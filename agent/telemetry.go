@@ -2,10 +2,13 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
@@ -61,4 +64,29 @@ func (a *Agent) openExporter(ctx context.Context, runID, runDir string, keep boo
 			a.log.Warn("telemetry shutdown", "err", err)
 		}
 	}, nil
+}
+
+// newStragglerPolicy builds the policy of a run (--straggler-action); drain
+// ends the run (its context's cancel) with the drain as the cause. The
+// session's watch and store client are read when the policy acts, not now.
+func (a *Agent) newStragglerPolicy(ctx context.Context, s *session, drain func(*straggler.Error)) *straggler.Policy {
+	tc := a.cfg.Telemetry
+	cfg := straggler.Config{
+		Log: a.log, Action: tc.StragglerAction, Confirm: tc.StragglerConfirm,
+		MinNodes: a.cfg.Rendezvous.NNodesMin, MaxRestarts: a.cfg.MaxRestarts,
+		Restart: func(gen uint64, seen time.Time, se *straggler.Error) { s.faults.report(stragglerFault(gen, seen, se)) },
+		Drain:   drain, Background: s.goBackground,
+		Owner: func(rank int) string { return s.watch.Worker(rank).Host },
+	}
+	if r := a.cfg.Rendezvous; r.Dynamic && !r.Standalone {
+		// Through the session's store client (which follows the store's
+		// members and carries the job's certificates).
+		cfg.JobStatus = func(ctx context.Context) (*rdzv.Status, error) {
+			if s.j.cli == nil {
+				return nil, errors.New("no rendezvous store to read the job from")
+			}
+			return rdzv.ReadStatus(ctx, s.j.cli, r.Prefix, s.runID)
+		}
+	}
+	return straggler.New(ctx, cfg)
 }

@@ -51,20 +51,9 @@ type Config struct {
 	SocketName string
 	JobID      string
 	// KV stores the keys of KVSet and KVGet, scoped as
-	// "<job>/<generation>/<key>". Nil means NewMemKV().
+	// "<job>/<generation>/<key>". Nil means NewMemKV(). Under a Sidecar
+	// (ListenSidecar) there is no store and KV is not used.
 	KV KV
-	// Authorize maps a peer pid to the worker rank it belongs to (the pid is
-	// a spawned worker or a descendant); an error denies the connection. It
-	// must not be nil (unless Sidecar is set) and is called from connection
-	// goroutines concurrently.
-	Authorize func(pid int) (rank int, err error)
-	// Sidecar, when set, admits workers by their Hello instead (ddp-agent
-	// sidecar); see Sidecar.
-	Sidecar Sidecar
-	// OnEvents, if not nil, receives the Events of a worker (ev may be
-	// retained). It is called from the connection goroutine and must not
-	// block long: the worker's other requests wait meanwhile.
-	OnEvents func(rank int, ev wire.Events)
 	// WriteTimeout bounds every write to a worker; a worker that stops
 	// reading is disconnected after it. Zero means DefaultWriteTimeout.
 	WriteTimeout time.Duration

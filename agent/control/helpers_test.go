@@ -74,9 +74,33 @@ func selfHello(gen uint64) wire.Hello {
 	return wire.Hello{Rank: testRank, LocalRank: 1, PID: int32(os.Getpid()), Generation: gen, Transports: []string{"nccl"}}
 }
 
-// startServer listens with cfg (filling in test defaults) and runs the server
-// until the test ends.
+// startServer listens with cfg (filling in test defaults) for this
+// process as the worker of testRank, and runs the server until the test
+// ends.
 func startServer(t *testing.T, cfg Config) *Server {
+	t.Helper()
+	return startServerWith(t, cfg, PIDAdmission{})
+}
+
+// startServerWith is startServer with adm; its nil Authorize is
+// authorizeSelf.
+func startServerWith(t *testing.T, cfg Config, adm PIDAdmission) *Server {
+	t.Helper()
+	if adm.Authorize == nil {
+		adm.Authorize = authorizeSelf
+	}
+	return runServer(t, cfg, func(cfg Config) (*Server, error) { return Listen(cfg, adm) })
+}
+
+// startSidecarServer is startServer for a server under sc (ListenSidecar).
+func startSidecarServer(t *testing.T, cfg Config, sc Sidecar) *Server {
+	t.Helper()
+	return runServer(t, cfg, func(cfg Config) (*Server, error) { return ListenSidecar(cfg, sc) })
+}
+
+// runServer listens with cfg (filling in test defaults) through listen and
+// runs the server until the test ends.
+func runServer(t *testing.T, cfg Config, listen func(Config) (*Server, error)) *Server {
 	t.Helper()
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
@@ -84,13 +108,10 @@ func startServer(t *testing.T, cfg Config) *Server {
 	if cfg.JobID == "" {
 		cfg.JobID = "job"
 	}
-	if cfg.Authorize == nil {
-		cfg.Authorize = authorizeSelf
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
 	}
-	s, err := Listen(cfg)
+	s, err := listen(cfg)
 	if err != nil {
 		t.Fatalf("Listen: %v", err)
 	}

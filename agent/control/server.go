@@ -24,6 +24,7 @@ import (
 // concurrent use.
 type Server struct {
 	cfg    Config
+	adm    admitter // who may connect, and what an admitted one may do
 	log    *slog.Logger
 	ln     *net.UnixListener
 	dir    string
@@ -44,14 +45,28 @@ type Server struct {
 }
 
 // Listen creates the socket directory and binds the unix socket SocketName in
-// it with mode 0600. The Server accepts connections once Run is called; Run
-// also releases the socket, so it must be called once Listen succeeded.
-func Listen(cfg Config) (*Server, error) {
-	if cfg.Authorize == nil && cfg.Sidecar == nil {
-		return nil, errors.New("listen control socket: Config.Authorize is nil")
+// it with mode 0600, for the workers this agent spawned: they are admitted
+// by pid (PIDAdmission). The Server accepts connections once Run is called;
+// Run also releases the socket, so it must be called once Listen succeeded.
+func Listen(cfg Config, adm PIDAdmission) (*Server, error) {
+	if adm.Authorize == nil {
+		return nil, errors.New("listen control socket: PIDAdmission.Authorize is nil")
 	}
+	return listen(cfg, &pidAdmitter{adm})
+}
+
+// ListenSidecar is Listen for workers the server did not launch (ddp-agent
+// sidecar): sc admits them by their Hello, once their uid was checked.
+func ListenSidecar(cfg Config, sc Sidecar) (*Server, error) {
+	if sc == nil {
+		return nil, errors.New("listen control socket: no Sidecar")
+	}
+	return listen(cfg, &helloAdmitter{sc})
+}
+
+func listen(cfg Config, adm admitter) (*Server, error) {
 	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, log: cfg.Logger, conns: make(map[*serverConn]struct{}),
+	s := &Server{cfg: cfg, adm: adm, log: cfg.Logger, conns: make(map[*serverConn]struct{}),
 		quota: newKVQuota(), connsPer: newConnCounter(), limitLog: newLimitLog(cfg.Logger, limitLogEvery)}
 	var err error
 	if cfg.Dir == "" {
@@ -206,7 +221,8 @@ type serverConn struct {
 	gen     uint64
 	counted bool       // the connection counts against the connection limits
 	wmu     sync.Mutex // serializes writes
-	// Under a Sidecar: the admitted peer, for its callbacks.
+	// peer is the admitted peer, for a Sidecar's callbacks and AbortPeers;
+	// admitted says the handshake registered it.
 	peer     Peer
 	admitted bool
 }
@@ -263,14 +279,10 @@ func (c *serverConn) readLoop(ctx context.Context) {
 		}
 		switch m := m.(type) {
 		case wire.Events:
-			if c.s.cfg.Sidecar != nil {
-				c.s.cfg.Sidecar.Events(c.peer, m)
-			} else if c.s.cfg.OnEvents != nil {
-				c.s.cfg.OnEvents(c.rank, m)
-			}
+			c.s.adm.events(c, m)
 		case wire.KVSet, wire.KVGet:
-			if c.s.cfg.Sidecar != nil {
-				c.send(f.ID, wire.Error{Code: wire.CodeDenied, Message: "a sidecar keeps no store: bootstrap through torch's store"})
+			if refusal := c.s.adm.refuseKV(); refusal != "" {
+				c.send(f.ID, wire.Error{Code: wire.CodeDenied, Message: refusal})
 				continue
 			}
 			if set, ok := m.(wire.KVSet); ok && !c.admit(f.ID, set) {
@@ -332,10 +344,11 @@ func isProtocolError(err error) bool {
 		errors.Is(err, wire.ErrVersion) || errors.Is(err, wire.ErrTooLarge)
 }
 
-// handshake checks the peer credentials, the connection limits and the
-// Hello, registers the connection and replies Welcome, all within
-// Config.HandshakeTimeout. On failure it sends an Error (best effort); a
-// refusal by a connection limit returns an error wrapping a *limitError.
+// handshake checks the peer credentials, then lets the admitter check the
+// connection limits and the Hello, register the connection and reply
+// Welcome, all within Config.HandshakeTimeout. On failure it sends an
+// Error (best effort); a refusal by a connection limit returns an error
+// wrapping a *limitError.
 func (c *serverConn) handshake() error {
 	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.HandshakeTimeout))
 	pid, uid, err := peerCred(c.nc)
@@ -348,48 +361,7 @@ func (c *serverConn) handshake() error {
 		c.send(0, wire.Error{Code: wire.CodeDenied, Message: "peer uid " + strconv.Itoa(uid) + " is not the agent's"})
 		return fmt.Errorf("peer uid %d: %w", uid, wire.ErrDenied)
 	}
-	if c.s.cfg.Sidecar != nil {
-		return c.handshakeSidecar(pid)
-	}
-	rank, err := c.s.cfg.Authorize(pid)
-	if err != nil {
-		c.send(0, wire.Error{Code: wire.CodeDenied, Message: "pid " + strconv.Itoa(pid) + " is not a worker of this agent"})
-		return fmt.Errorf("authorize pid %d: %w", pid, err)
-	}
-	c.log = c.log.With("rank", rank)
-	c.pid, c.rank = pid, rank
-	if le := c.s.connsPer.acquire(pid, rank, c.s.cfg); le != nil {
-		c.send(0, le.reply())
-		return fmt.Errorf("admit connection: %w", le)
-	}
-	c.counted = true
-
-	f, hello, err := c.readHello()
-	if err != nil {
-		return err
-	}
-	if int(hello.PID) != pid || int(hello.Rank) != rank {
-		msg := fmt.Sprintf("hello pid %d rank %d, but peer is pid %d rank %d", hello.PID, hello.Rank, pid, rank)
-		c.send(f.ID, wire.Error{Code: wire.CodeDenied, Message: msg})
-		return fmt.Errorf("check hello: %w: %s", wire.ErrDenied, msg)
-	}
-	c.nc.SetReadDeadline(time.Time{})
-	c.gen = hello.Generation
-
-	// Hold the write lock until Welcome is out so no Abort overtakes it.
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	c.s.mu.Lock()
-	if hello.Generation != c.s.gen {
-		msg := fmt.Sprintf("hello generation %d, current generation %d", hello.Generation, c.s.gen)
-		c.s.mu.Unlock()
-		c.writeLocked(f.ID, wire.Error{Code: wire.CodeStaleGeneration, Message: msg})
-		return fmt.Errorf("check hello: %w: %s", wire.ErrStaleGeneration, msg)
-	}
-	c.s.conns[c] = struct{}{}
-	w := wire.Welcome{JobID: c.s.cfg.JobID, Generation: c.s.gen, WorldSize: c.s.world, Rank: int32(rank), Config: c.s.config}
-	c.s.mu.Unlock()
-	return c.writeLocked(f.ID, w)
+	return c.s.adm.handshake(c, pid)
 }
 
 // readHello reads the first frame within the handshake's deadline; it must
@@ -422,7 +394,7 @@ func (s *Server) unregister(c *serverConn) {
 	delete(s.conns, c)
 	s.mu.Unlock()
 	if c.admitted {
-		s.cfg.Sidecar.Left(c.peer)
+		s.adm.left(c)
 	}
 }
 

@@ -144,7 +144,7 @@ func TestHandshakeRejected(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			leakCheck(t)
-			s := startServer(t, Config{Authorize: tc.authorize})
+			s := startServerWith(t, Config{}, PIDAdmission{Authorize: tc.authorize})
 			c, _, err := agentconn.Dial(context.Background(), s.Path(), tc.hello)
 			if err == nil {
 				c.Close()
@@ -166,7 +166,7 @@ func TestEvents(t *testing.T) {
 		ev   wire.Events
 	}
 	ch := make(chan got, 1)
-	s := startServer(t, Config{OnEvents: func(rank int, ev wire.Events) { ch <- got{rank, ev} }})
+	s := startServerWith(t, Config{}, PIDAdmission{OnEvents: func(rank int, ev wire.Events) { ch <- got{rank, ev} }})
 	c, _ := dial(t, s, selfHello(0))
 	ev := wire.Events{Dropped: 2, Events: []wire.CollectiveEvent{{Step: 10, Bucket: 1, Bytes: 4096, DType: 3, Status: 0, TArrive: 1, TStart: 2, TEnd: 3}}}
 	if err := c.SendEvents(ev); err != nil {
@@ -187,7 +187,7 @@ func TestSendEventsDoesNotBlock(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }
-	s := startServer(t, Config{OnEvents: func(int, wire.Events) { <-release }})
+	s := startServerWith(t, Config{}, PIDAdmission{OnEvents: func(int, wire.Events) { <-release }})
 	t.Cleanup(unblock) // runs before the server stops
 	c, _ := dial(t, s, selfHello(0))
 	ev := wire.Events{Events: make([]wire.CollectiveEvent, 20000)} // ~900 KiB
@@ -321,7 +321,7 @@ func TestRunShutdown(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			leakCheck(t)
-			s, err := Listen(Config{Dir: tc.dir(t), Authorize: authorizeSelf, Logger: testLogger(t)})
+			s, err := Listen(Config{Dir: tc.dir(t), Logger: testLogger(t)}, PIDAdmission{Authorize: authorizeSelf})
 			if err != nil {
 				t.Fatalf("Listen: %v", err)
 			}
@@ -506,7 +506,7 @@ func TestLongTMPDIR(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("TMPDIR", long)
-	s, err := Listen(Config{JobID: "job", Authorize: authorizeSelf})
+	s, err := Listen(Config{JobID: "job"}, PIDAdmission{Authorize: authorizeSelf})
 	if err != nil {
 		t.Fatalf("Listen under a %d-byte TMPDIR: %v", len(long), err)
 	}

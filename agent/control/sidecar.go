@@ -22,10 +22,10 @@ type Peer struct {
 	Hello wire.Hello
 }
 
-// Sidecar admits workers the server did not launch (ddp-agent sidecar):
-// by the peer's uid (checked before Admit, as always) and their Hello,
-// not by parenthood. With a Sidecar, Config.Authorize and the server's
-// generation are not used, and a connection carries events and Abort
+// Sidecar admits workers the server did not launch (ddp-agent sidecar,
+// ListenSidecar): by the peer's uid (checked before Admit, as always) and
+// their Hello, not by parenthood. Under a Sidecar the server's generation
+// and Config.KV are not used, and a connection carries events and Abort
 // only: the workers bootstrap through torch's store, and a KV request is
 // refused.
 type Sidecar interface {
@@ -33,17 +33,21 @@ type Sidecar interface {
 	// *wire.RemoteError is sent as it is, another error as CodeDenied). It
 	// is called from connection goroutines concurrently.
 	Admit(p Peer) (wire.Welcome, error)
-	// Events receives the events of an admitted peer (as Config.OnEvents).
+	// Events receives the events of an admitted peer (as
+	// PIDAdmission.OnEvents).
 	Events(p Peer, ev wire.Events)
 	// Left is called once when an admitted peer's connection ends.
 	Left(p Peer)
 }
 
-// handshakeSidecar is handshake for a Sidecar: the Hello decides, once the
-// uid was checked. Hello.PID may differ from the socket's pid when the
-// worker is in another pid namespace; the socket's is the one the server
-// acts on.
-func (c *serverConn) handshakeSidecar(pid int) error {
+// helloAdmitter is a sidecar's admitter: the Hello decides, once the uid
+// was checked.
+type helloAdmitter struct{ sc Sidecar }
+
+// handshake admits by the Hello. Hello.PID may differ from the socket's
+// pid when the worker is in another pid namespace; the socket's is the one
+// the server acts on.
+func (a *helloAdmitter) handshake(c *serverConn, pid int) error {
 	f, hello, err := c.readHello()
 	if err != nil {
 		return err
@@ -67,7 +71,7 @@ func (c *serverConn) handshakeSidecar(pid int) error {
 	c.nc.SetReadDeadline(time.Time{})
 	c.gen = hello.Generation
 	p := Peer{ID: c.s.peerIDs.Add(1), PID: pid, Hello: hello}
-	w, err := c.s.cfg.Sidecar.Admit(p)
+	w, err := a.sc.Admit(p)
 	if err != nil {
 		var re *wire.RemoteError
 		if !errors.As(err, &re) {
@@ -84,6 +88,14 @@ func (c *serverConn) handshakeSidecar(pid int) error {
 	c.s.mu.Unlock()
 	return c.writeLocked(f.ID, w)
 }
+
+func (a *helloAdmitter) events(c *serverConn, ev wire.Events) { a.sc.Events(c.peer, ev) }
+
+func (a *helloAdmitter) refuseKV() string {
+	return "a sidecar keeps no store: bootstrap through torch's store"
+}
+
+func (a *helloAdmitter) left(c *serverConn) { a.sc.Left(c.peer) }
 
 // AbortPeers sends Abort{reason} to every connected worker that match
 // accepts (nil: all), in parallel, and returns how many received it. It

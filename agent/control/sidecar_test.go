@@ -60,7 +60,7 @@ func sidecarHello(job string, rank int32) wire.Hello {
 func TestSidecarAdmitsByHello(t *testing.T) {
 	leakCheck(t)
 	sc := &recordingSidecar{events: map[string]int{}}
-	s := startServer(t, Config{Sidecar: sc, Authorize: func(int) (int, error) { return 0, errors.New("no parenthood in a sidecar") }})
+	s := startSidecarServer(t, Config{}, sc)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 
@@ -137,7 +137,7 @@ func TestSidecarRefusesOtherUser(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	os.Chmod(dir, 0o755)
-	s := startServer(t, Config{Sidecar: sc, Dir: dir + "/sock"})
+	s := startSidecarServer(t, Config{Dir: dir + "/sock"}, sc)
 	os.Chmod(dir+"/sock", 0o777)
 	os.Chmod(s.Path(), 0o777)
 	// The test binary's own directory is private to root: run a copy.

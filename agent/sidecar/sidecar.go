@@ -96,7 +96,7 @@ func New(cfg Config, log *slog.Logger) (*Sidecar, error) {
 	if err := clearStale(cfg.Socket); err != nil {
 		return nil, fmt.Errorf("sidecar socket: %w", err)
 	}
-	srv, err := control.Listen(control.Config{Dir: filepath.Dir(cfg.Socket), SocketName: filepath.Base(cfg.Socket), Sidecar: sc, Logger: log})
+	srv, err := control.ListenSidecar(control.Config{Dir: filepath.Dir(cfg.Socket), SocketName: filepath.Base(cfg.Socket), Logger: log}, sc)
 	if err != nil {
 		return nil, err
 	}

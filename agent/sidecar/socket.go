@@ -31,7 +31,7 @@ func DefaultSocket(uid int, getenv func(string) string) string {
 }
 
 // checkDir refuses a socket directory that is not the user's alone: the
-// socket is the sidecar's whole admission boundary, and control.Listen
+// socket is the sidecar's whole admission boundary, and control.ListenSidecar
 // would make an existing directory 0700 (a home directory, say). A
 // missing directory is made 0700.
 func checkDir(dir string) error {

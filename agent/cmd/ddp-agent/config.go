@@ -6,6 +6,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 )
 
@@ -57,7 +58,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 			MetricsAddr:   cfg.MetricsAddr,
 			StragglerCost: cfg.StragglerCost,
 			// Parse checked the action against the same names.
-			StragglerAction:  agent.StragglerAction(cfg.StragglerAction),
+			StragglerAction:  straggler.Action(cfg.StragglerAction),
 			StragglerConfirm: cfg.StragglerConfirm,
 		},
 	}

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 )
 
@@ -45,7 +45,7 @@ func TestRunConfig(t *testing.T) {
 		{"hang timeout", got.Telemetry.HangTimeout, 90 * time.Second},
 		{"trace sample", got.Telemetry.TraceSample, 0.5},
 		{"otlp protocol", got.Telemetry.OTLPProtocol, export.ProtocolHTTP},
-		{"straggler action", got.Telemetry.StragglerAction, agent.StragglerDrain},
+		{"straggler action", got.Telemetry.StragglerAction, straggler.ActionDrain},
 		{"straggler confirm", got.Telemetry.StragglerConfirm, 2 * time.Minute},
 	}
 	for _, c := range checks {

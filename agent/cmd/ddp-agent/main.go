@@ -21,6 +21,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
@@ -179,7 +180,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	var sigErr *agent.SignalError
 	var failed *agent.JobFailedError
 	var gpuFault *agent.GPUFaultError
-	var slow *agent.StragglerError
+	var slow *straggler.Error
 	var pluginFault *agent.PluginFaultError
 	var refused *pluginhost.RefusedError
 	switch {
@@ -191,7 +192,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &gpuFault):
 		log.Error("node drained", "err", err)
 		return exitDrained
-	case errors.As(err, &slow) && slow.Action == agent.StragglerDrain:
+	case errors.As(err, &slow) && slow.Action == straggler.ActionDrain:
 		log.Error("node drained", "err", err)
 		return exitDrained
 	case errors.As(err, &pluginFault) && pluginFault.Drains():

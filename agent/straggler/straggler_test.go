@@ -1,4 +1,4 @@
-package agent
+package straggler
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
+
+var t0 = time.Unix(1_700_000_000, 0)
 
 // named is the stragglers of ranks, with a cost each so ties are broken
 // by rank alone.
@@ -57,13 +59,13 @@ func TestStragglerClock(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var c stragglerClock
+			var c clock
 			for i, l := range tc.looks {
-				d, ok := c.look(l.gen, t0.Add(l.at), named(l.ranks...), StragglerRestart, 3*time.Second)
+				d, ok := c.look(l.gen, t0.Add(l.at), named(l.ranks...), ActionRestart, 3*time.Second)
 				got := -1
 				if ok {
 					got = d.Straggler.Rank
-					if d.Action != StragglerRestart || d.Named < 3*time.Second {
+					if d.Action != ActionRestart || d.Named < 3*time.Second {
 						t.Errorf("look %d: decision %+v, want restart after at least 3s", i, d)
 					}
 				}
@@ -87,7 +89,7 @@ func TestStragglerClockRandom(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, 16))
 		window := time.Duration(2+rng.IntN(15)) * time.Second
 		var (
-			c      stragglerClock
+			c      clock
 			times  []time.Time
 			looks  [][]int
 			now    = t0
@@ -105,7 +107,7 @@ func TestStragglerClockRandom(t *testing.T) {
 				}
 			}
 			times, looks = append(times, now), append(looks, ranks)
-			d, ok := c.look(0, now, named(ranks...), StragglerLog, window)
+			d, ok := c.look(0, now, named(ranks...), ActionLog, window)
 			want := -1
 			if decide < 0 {
 				want = referenceDecision(times, looks, window)
@@ -187,23 +189,34 @@ func TestDrainCheck(t *testing.T) {
 	}
 }
 
-// policyRig is a stragglerPolicy with its effects recorded.
+// policyRig is a Policy with its effects recorded.
 type policyRig struct {
-	p      *stragglerPolicy
+	p      *Policy
 	logs   *bytes.Buffer
 	mu     sync.Mutex
-	faults []*Fault
-	drains []*StragglerError
+	faults []restartCall
+	drains []*Error
 	now    time.Time
 }
 
-func newPolicyRig(action StragglerAction, minNodes, maxRestarts int, spares func(context.Context) (int, error)) *policyRig {
+// restartCall is one call of the policy's restart: the fault it reports.
+type restartCall struct {
+	gen  uint64
+	seen time.Time
+	se   *Error
+}
+
+func newPolicyRig(action Action, minNodes, maxRestarts int, spares func(context.Context) (int, error)) *policyRig {
 	rig := &policyRig{logs: &bytes.Buffer{}, now: t0}
-	rig.p = &stragglerPolicy{
+	rig.p = &Policy{
 		log: slog.New(slog.NewTextHandler(rig.logs, nil)), action: action, confirm: 3 * time.Second,
 		minNodes: minNodes, maxRestarts: maxRestarts, now: func() time.Time { return rig.now },
-		report:     func(f *Fault) { rig.mu.Lock(); rig.faults = append(rig.faults, f); rig.mu.Unlock() },
-		drain:      func(se *StragglerError) { rig.mu.Lock(); rig.drains = append(rig.drains, se); rig.mu.Unlock() },
+		restart: func(gen uint64, seen time.Time, se *Error) {
+			rig.mu.Lock()
+			rig.faults = append(rig.faults, restartCall{gen, seen, se})
+			rig.mu.Unlock()
+		},
+		drain:      func(se *Error) { rig.mu.Lock(); rig.drains = append(rig.drains, se); rig.mu.Unlock() },
 		spares:     spares,
 		owner:      func(rank int) string { return map[int]string{4: "node-b"}[rank] },
 		background: func(f func()) { f() },
@@ -215,7 +228,7 @@ func newPolicyRig(action StragglerAction, minNodes, maxRestarts int, spares func
 // run gives the policy looks naming ranks every second for 5 s.
 func (rig *policyRig) run(ranks ...int) {
 	for i := 0; i <= 5; i++ {
-		rig.p.look(named(ranks...))
+		rig.p.Look(named(ranks...))
 		rig.now = rig.now.Add(time.Second)
 	}
 }
@@ -223,15 +236,15 @@ func (rig *policyRig) run(ranks ...int) {
 // TestStragglerPolicy: what each action does once a straggler is
 // confirmed, and what it falls back to when it must not.
 func TestStragglerPolicy(t *testing.T) {
-	one := stragglerAttempt{gen: 7, nodes: 1, rankOffset: 0, nproc: 2, restarts: 0}
-	three := stragglerAttempt{gen: 7, nodes: 3, rankOffset: 2, nproc: 2}
+	one := Attempt{Gen: 7, Nodes: 1, RankOffset: 0, NProc: 2, Restarts: 0}
+	three := Attempt{Gen: 7, Nodes: 3, RankOffset: 2, NProc: 2}
 	spares := func(n int) func(context.Context) (int, error) {
 		return func(context.Context) (int, error) { return n, nil }
 	}
 	tests := []struct {
 		name        string
-		action      StragglerAction
-		at          stragglerAttempt
+		action      Action
+		at          Attempt
 		min, maxRst int
 		spares      func(context.Context) (int, error)
 		rank        int
@@ -239,24 +252,24 @@ func TestStragglerPolicy(t *testing.T) {
 		drains      int
 		log         string
 	}{
-		{"log", StragglerLog, one, 1, 3, nil, 1, 0, 0, "persistent straggler rank 1 confirmed for 3s; action log: nothing done"},
-		{"restart", StragglerRestart, one, 1, 3, nil, 1, 1, 0,
+		{"log", ActionLog, one, 1, 3, nil, 1, 0, 0, "persistent straggler rank 1 confirmed for 3s; action log: nothing done"},
+		{"restart", ActionRestart, one, 1, 3, nil, 1, 1, 0,
 			"persistent straggler rank 1 confirmed for 3s (cause compute: forward and backward take 120ms longer); action restart: restarting the job"},
-		{"restart with none left", StragglerRestart, one, 1, 0, nil, 1, 0, 0,
+		{"restart with none left", ActionRestart, one, 1, 0, nil, 1, 0, 0,
 			"persistent straggler rank 1 confirmed for 3s; restart refused: no restarts left (0 of --max-restarts 0 used); action log: nothing done"},
-		{"drain, MIN remain", StragglerDrain, three, 2, 0, nil, 3, 0, 1, "action drain: this node leaves the job (3 nodes, MIN 2, 0 spare(s))"},
-		{"drain, a spare waits", StragglerDrain, one, 1, 0, spares(1), 1, 0, 1, "action drain: this node leaves the job (1 nodes, MIN 1, 1 spare(s))"},
-		{"drain refused, no spare", StragglerDrain, one, 1, 0, spares(0), 1, 0, 0,
+		{"drain, MIN remain", ActionDrain, three, 2, 0, nil, 3, 0, 1, "action drain: this node leaves the job (3 nodes, MIN 2, 0 spare(s))"},
+		{"drain, a spare waits", ActionDrain, one, 1, 0, spares(1), 1, 0, 1, "action drain: this node leaves the job (1 nodes, MIN 1, 1 spare(s))"},
+		{"drain refused, no spare", ActionDrain, one, 1, 0, spares(0), 1, 0, 0,
 			"persistent straggler rank 1 confirmed for 3s; drain refused: 1 nodes, MIN 1, no spare; action log: nothing done"},
-		{"drain refused, spares unreadable", StragglerDrain, one, 1, 0,
+		{"drain refused, spares unreadable", ActionDrain, one, 1, 0,
 			func(context.Context) (int, error) { return 0, errors.New("store down") }, 1, 0, 0, "drain refused: 1 nodes, MIN 1, no spare"},
-		{"drain of another node's rank", StragglerDrain, three, 1, 0, nil, 4, 0, 0,
+		{"drain of another node's rank", ActionDrain, three, 1, 0, nil, 4, 0, 0,
 			"not drained here: rank 4 runs on node node-b, whose agent drains it"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			rig := newPolicyRig(tc.action, tc.min, tc.maxRst, tc.spares)
-			rig.p.begin(tc.at)
+			rig.p.Begin(tc.at)
 			rig.run(tc.rank)
 			logs := rig.logs.String()
 			if len(rig.faults) != tc.faults || len(rig.drains) != tc.drains {
@@ -268,19 +281,20 @@ func TestStragglerPolicy(t *testing.T) {
 			if n := strings.Count(logs, "persistent straggler rank"); n != 1 {
 				t.Errorf("%d lines about the straggler, want 1:\n%s", n, logs)
 			}
+			// The agent makes each restart a fault of the straggler's source,
+			// with se.Finding() its reason (agent's TestStragglerFault).
 			for _, f := range rig.faults {
-				se, ok := f.Err.(*StragglerError)
-				if f.Source != FromStraggler || f.Gen != 7 || !f.restartsJob() || !ok || se.Straggler.Rank != tc.rank {
+				if f.gen != 7 || f.se == nil || f.se.Straggler.Rank != tc.rank {
 					t.Errorf("fault %+v, want one from the straggler, of generation 7, that restarts the job", f)
 				}
 				for _, want := range []string{"rank 1", "cause compute", "forward and backward take 120ms longer"} {
-					if !strings.Contains(f.Reason, want) {
-						t.Errorf("reason %q lacks %q", f.Reason, want)
+					if !strings.Contains(f.se.Finding(), want) {
+						t.Errorf("reason %q lacks %q", f.se.Finding(), want)
 					}
 				}
 			}
 			for _, se := range rig.drains {
-				if se.Action != StragglerDrain || se.Straggler.Rank != tc.rank || !strings.Contains(se.Error(), "this node leaves the job") {
+				if se.Action != ActionDrain || se.Straggler.Rank != tc.rank || !strings.Contains(se.Error(), "this node leaves the job") {
 					t.Errorf("drain %v, want rank %d's", se, tc.rank)
 				}
 			}
@@ -291,56 +305,12 @@ func TestStragglerPolicy(t *testing.T) {
 // TestStragglerPolicyBetweenAttempts: looks between attempts, when the
 // workers are being stopped, act on nothing.
 func TestStragglerPolicyBetweenAttempts(t *testing.T) {
-	rig := newPolicyRig(StragglerRestart, 1, 3, nil)
+	rig := newPolicyRig(ActionRestart, 1, 3, nil)
 	rig.run(1)
-	rig.p.begin(stragglerAttempt{gen: 1, nodes: 1, nproc: 2})
-	rig.p.end()
+	rig.p.Begin(Attempt{Gen: 1, Nodes: 1, NProc: 2})
+	rig.p.End()
 	rig.run(1)
 	if len(rig.faults) != 0 {
 		t.Errorf("%d faults without an attempt, want none", len(rig.faults))
-	}
-}
-
-// TestDrainCause: a drain for a straggler ends the run as drained, as a
-// GPU fault that drains does; its other actions never cancel the run.
-func TestDrainCause(t *testing.T) {
-	for _, tc := range []struct {
-		action StragglerAction
-		drains bool
-	}{{StragglerDrain, true}, {StragglerRestart, false}} {
-		ctx, cancel := context.WithCancelCause(context.Background())
-		se := &StragglerError{Straggler: telemetry.Straggler{Rank: 1, Cause: telemetry.CauseGPU}, Confirm: time.Minute, Action: tc.action}
-		cancel(se)
-		if got := drainCause(ctx); (got != nil) != tc.drains {
-			t.Errorf("%s: drainCause %v, want a drain: %v", tc.action, got, tc.drains)
-		}
-		if err := drainOr(ctx, errors.New("job failed")); tc.drains && err != error(se) {
-			t.Errorf("drainOr: %v, want the straggler", err)
-		}
-	}
-	if got := (&StragglerError{Straggler: telemetry.Straggler{Rank: 3}, Confirm: 90 * time.Second, Action: StragglerDrain}).Error(); got !=
-		"persistent straggler rank 3 confirmed for 90s (cause unknown); --straggler-action drain: this node leaves the job" {
-		t.Errorf("Error: %q", got)
-	}
-}
-
-// TestStragglerConfigCheck: a caller of package agent cannot pass an
-// action the agent does not know.
-func TestStragglerConfigCheck(t *testing.T) {
-	ok := Config{Command: []string{"python3", "t.py"}, NProcPerNode: 1, Rendezvous: Rendezvous{NNodesMin: 1, NNodesMax: 1}}
-	for _, tc := range []struct {
-		tel Telemetry
-		bad bool
-	}{
-		{Telemetry{}, false},
-		{Telemetry{StragglerAction: StragglerDrain, StragglerConfirm: time.Second}, false},
-		{Telemetry{StragglerAction: "reboot"}, true},
-		{Telemetry{StragglerConfirm: -time.Second}, true},
-	} {
-		c := ok
-		c.Telemetry = tc.tel
-		if err := c.check(); (err != nil) != tc.bad {
-			t.Errorf("%+v: check %v, want an error: %v", tc.tel, err, tc.bad)
-		}
 	}
 }

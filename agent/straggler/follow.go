@@ -1,10 +1,11 @@
-package agent
+package straggler
 
 import (
 	"context"
 	"fmt"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
@@ -18,8 +19,8 @@ const followEvery = 2 * time.Second
 
 // follow starts reading the leader's stragglers for the attempt at, until
 // the attempt ends; only a follower under drain does.
-func (p *stragglerPolicy) follow(at stragglerAttempt) {
-	if p.action != StragglerDrain || !at.follower || p.readNamed == nil {
+func (p *Policy) follow(at Attempt) {
+	if p.action != ActionDrain || !at.Follower || p.readNamed == nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(p.runCtx)
@@ -43,13 +44,13 @@ func (p *stragglerPolicy) follow(at stragglerAttempt) {
 				p.log.Debug("read the leader's persistent stragglers", "err", err)
 				continue
 			}
-			p.lookAt(at.gen, localStragglers(named, at), false)
+			p.lookAt(at.Gen, localStragglers(named, at), false)
 		}
 	})
 }
 
 // localStragglers are those of named that run on the node of at.
-func localStragglers(named []telemetry.Straggler, at stragglerAttempt) []telemetry.Straggler {
+func localStragglers(named []telemetry.Straggler, at Attempt) []telemetry.Straggler {
 	var out []telemetry.Straggler
 	for _, st := range named {
 		if at.local(st.Rank) {
@@ -60,10 +61,11 @@ func localStragglers(named []telemetry.Straggler, at stragglerAttempt) []telemet
 }
 
 // publishedStragglers reads the persistent stragglers every agent of the
-// job published, as `ddp-agent status` shows them.
-func (a *Agent) publishedStragglers(s *session) func(context.Context) ([]telemetry.Straggler, error) {
+// job published, as `ddp-agent status` shows them, from the job's status
+// (a follower's look every few seconds under --straggler-action drain).
+func publishedStragglers(status func(context.Context) (*rdzv.Status, error)) func(context.Context) ([]telemetry.Straggler, error) {
 	return func(ctx context.Context) ([]telemetry.Straggler, error) {
-		st, err := a.jobStatus(ctx, s)
+		st, err := status(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("published stragglers: %w", err)
 		}

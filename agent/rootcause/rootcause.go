@@ -1,4 +1,9 @@
-package agent
+// Package rootcause decides the root cause of a failed attempt: which
+// rank failed first, and which failed only because of it, from this node's
+// workers' exits and their shims' notes (Decide); and writes the report a
+// person acts on (Format). The decisions are pure: the outcomes come from
+// supervisor.Group.Outcomes, and nothing here reads a clock.
+package rootcause
 
 import (
 	"cmp"
@@ -55,18 +60,18 @@ type Victim struct {
 	Exit *supervisor.WorkerExitError // nil while it runs
 }
 
-// blame works out the root cause of an attempt from the outcomes of this
+// Decide works out the root cause of an attempt from the outcomes of this
 // node's workers. Notes and exits after cutoff are not evidence: they
 // come from the agent's own stopping of the attempt.
-func blame(outs []supervisor.Outcome, cutoff time.Time) Blame {
+func Decide(outs []supervisor.Outcome, cutoff time.Time) Blame {
 	v := victims(outs, cutoff)
 	root, at := v.root(outs, cutoff)
 	return v.classify(outs, cutoff, root, at)
 }
 
-// blameAgain is blame with the root cause already decided (the one the
+// Reclassify is Decide with the root cause already decided (the one the
 // attempt's fault named), for the report once the workers have stopped.
-func blameAgain(outs []supervisor.Outcome, cutoff time.Time, decided Blame) Blame {
+func Reclassify(outs []supervisor.Outcome, cutoff time.Time, decided Blame) Blame {
 	b := victims(outs, cutoff).classify(outs, cutoff, decided.Root, decided.At)
 	b.Elsewhere = decided.Elsewhere
 	return b
@@ -239,8 +244,8 @@ func rankName(r int) string {
 	return "rank " + strconv.Itoa(r)
 }
 
-// root says who failed first, in one line.
-func (b Blame) root() string {
+// rootLine says who failed first, in one line.
+func (b Blame) rootLine() string {
 	switch {
 	case b.Exit != nil:
 		return b.Exit.Error()
@@ -282,10 +287,10 @@ func (b Blame) victimLines() []string {
 	return lines
 }
 
-// reason is the attempt's fault in one line, for the rendezvous, the log
+// Reason is the attempt's fault in one line, for the rendezvous, the log
 // and the trace: the root cause, then its victims.
-func (b Blame) reason() string {
-	s := b.root()
+func (b Blame) Reason() string {
+	s := b.rootLine()
 	if b.Note != nil {
 		s += " after " + rankName(b.Note.Peer) + " " + peerDid(b.Note.Kind)
 	}
@@ -295,8 +300,8 @@ func (b Blame) reason() string {
 	return s
 }
 
-// victimRanks are the victims' ranks, for the log.
-func (b Blame) victimRanks() []int {
+// VictimRanks are the victims' ranks, for the log.
+func (b Blame) VictimRanks() []int {
 	r := make([]int, len(b.Victims))
 	for i, v := range b.Victims {
 		r[i] = v.Rank

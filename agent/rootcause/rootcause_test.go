@@ -1,4 +1,4 @@
-package agent
+package rootcause
 
 import (
 	"log/slog"
@@ -134,9 +134,9 @@ func TestBlame(t *testing.T) {
 				outs := slices.Clone(tc.outs)
 				rng.Shuffle(len(outs), func(i, j int) { outs[i], outs[j] = outs[j], outs[i] })
 				slices.SortFunc(outs, func(a, b supervisor.Outcome) int { return a.LocalRank - b.LocalRank })
-				b := blame(outs, cutoff)
+				b := Decide(outs, cutoff)
 				checkBlame(t, b, tc.root, tc.local, tc.exit, tc.victims, tc.others)
-				r := b.reason()
+				r := b.Reason()
 				pos := 0
 				for _, want := range tc.reason {
 					i := strings.Index(r[pos:], want)
@@ -156,10 +156,10 @@ func checkBlame(t *testing.T, b Blame, root int, local, exit bool, victims, othe
 	for _, e := range b.Others {
 		gotOthers = append(gotOthers, e.Rank)
 	}
-	if b.Root != root || b.Local != local || (b.Exit != nil) != exit || !slices.Equal(b.victimRanks(), victims) ||
+	if b.Root != root || b.Local != local || (b.Exit != nil) != exit || !slices.Equal(b.VictimRanks(), victims) ||
 		!slices.Equal(gotOthers, others) {
 		t.Fatalf("got root %d local %v exit %v victims %v others %v; want root %d local %v exit %v victims %v others %v",
-			b.Root, b.Local, b.Exit != nil, b.victimRanks(), gotOthers, root, local, exit, victims, others)
+			b.Root, b.Local, b.Exit != nil, b.VictimRanks(), gotOthers, root, local, exit, victims, others)
 	}
 	if b.Exit != nil && b.Exit.Rank != root {
 		t.Fatalf("the root's exit is rank %d's", b.Exit.Rank)
@@ -217,10 +217,10 @@ func TestBlameRandom(t *testing.T) {
 		if !failed { // the agent works out a root cause when a worker of its node failed
 			continue
 		}
-		b := blame(outs, at(10_000))
-		if b.Root != root || !b.Local || !slices.Equal(b.victimRanks(), want) || len(b.Others) != 0 {
-			t.Fatalf("trial %d, %d ranks, root %d: got root %d victims %v others %d\n%s", trial, n, root, b.Root, b.victimRanks(),
-				len(b.Others), b.reason())
+		b := Decide(outs, at(10_000))
+		if b.Root != root || !b.Local || !slices.Equal(b.VictimRanks(), want) || len(b.Others) != 0 {
+			t.Fatalf("trial %d, %d ranks, root %d: got root %d victims %v others %d\n%s", trial, n, root, b.Root, b.VictimRanks(),
+				len(b.Others), b.Reason())
 		}
 	}
 }
@@ -229,7 +229,7 @@ func TestBlameRandom(t *testing.T) {
 // show up once the workers have stopped.
 func TestBlameAgain(t *testing.T) {
 	outs := []supervisor.Outcome{killed(0, 3000), noted(exited(1, 1, 700), 0, "closed", 500), noted(killed(2, 3000), 0, "closed", 900)}
-	b := blameAgain(outs, at(1000), Blame{Root: 0, At: at(500)})
+	b := Reclassify(outs, at(1000), Blame{Root: 0, At: at(500)})
 	checkBlame(t, b, 0, true, true, []int{1, 2}, nil)
 }
 
@@ -240,9 +240,9 @@ func TestFormatReport(t *testing.T) {
 	root.Exit.ErrorFile = &supervisor.ErrorFile{Message: "RuntimeError: injected failure", Traceback: "Traceback:\n  line 1"}
 	root.Exit.StderrTail = []string{"RuntimeError: injected failure"}
 	outs := []supervisor.Outcome{root, noted(exited(1, 1, 700), 0, "closed", 500), exited(2, 1, 900)}
-	b := blame(outs, at(2000))
+	b := Decide(outs, at(2000))
 	mon := hostmon.NewMonitor(slog.New(slog.DiscardHandler))
-	got := formatReport(b, 0, 1, t0, map[int]int{0: 100, 1: 101, 2: 102}, mon)
+	got := Format(b, 0, 1, t0, map[int]int{0: 100, 1: 101, 2: 102}, mon)
 	pos := 0
 	for _, want := range []string{
 		"root cause (attempt 0, restarts used 0 of 1)",
@@ -262,8 +262,8 @@ func TestFormatReport(t *testing.T) {
 	}
 
 	// Another node's rank: named, and the reader pointed at its node.
-	b = blame([]supervisor.Outcome{noted(exited(3, 1, 700), 0, "lost", 500)}, at(2000))
-	got = formatReport(b, 1, 1, t0, map[int]int{3: 103}, mon)
+	b = Decide([]supervisor.Outcome{noted(exited(3, 1, 700), 0, "lost", 500)}, at(2000))
+	got = Format(b, 1, 1, t0, map[int]int{3: 103}, mon)
 	for _, want := range []string{"\n  rank 0 (a worker of another node) dropped its connection", "its own node's agent reports it",
 		"rank 3 failed only because rank 0 dropped its connection"} {
 		if !strings.Contains(got, want) {
@@ -275,15 +275,15 @@ func TestFormatReport(t *testing.T) {
 // TestBlameElsewhere: when another node's agent told the rendezvous
 // first, its reason is the root cause here too.
 func TestBlameElsewhere(t *testing.T) {
-	b := blame([]supervisor.Outcome{noted(exited(2, 1, 700), 1, "lost", 500), noted(exited(3, 1, 720), 2, "lost", 600)}, at(2000))
+	b := Decide([]supervisor.Outcome{noted(exited(2, 1, 700), 1, "lost", 500), noted(exited(3, 1, 720), 2, "lost", 600)}, at(2000))
 	b.Elsewhere = "node a (a, group rank 0): worker rank 0 (local rank 0, pid 7) exited with code 1"
 	want := "the job moved to a new generation first: node a (a, group rank 0): worker rank 0 (local rank 0, pid 7) exited with code 1" +
 		"; rank 2 failed only because rank 1 dropped its connection (it died, or its communicator failed)" +
 		"; rank 3 failed only because rank 2 dropped its connection (it died, or its communicator failed)"
-	if got := b.reason(); got != want {
+	if got := b.Reason(); got != want {
 		t.Errorf("reason:\n got %s\nwant %s", got, want)
 	}
-	if again := blameAgain(nil, at(2000), b); again.Elsewhere != b.Elsewhere {
+	if again := Reclassify(nil, at(2000), b); again.Elsewhere != b.Elsewhere {
 		t.Errorf("blameAgain lost the other node's reason")
 	}
 }
@@ -301,7 +301,7 @@ func TestBlameAt(t *testing.T) {
 		{"its close, still running", []supervisor.Outcome{closedAt(running(0), 340), noted(exited(1, 1, 800), 0, "closed", 350)}, at(340)},
 		{"a close after the cutoff", []supervisor.Outcome{closedAt(running(0), 9000), noted(exited(1, 1, 800), 0, "closed", 350)}, at(350)},
 	} {
-		if b := blame(tc.outs, at(5000)); b.Root != 0 || !b.At.Equal(tc.want) {
+		if b := Decide(tc.outs, at(5000)); b.Root != 0 || !b.At.Equal(tc.want) {
 			t.Errorf("%s: root %d at %v, want rank 0 at %v", tc.name, b.Root, b.At, tc.want)
 		}
 	}

@@ -1,4 +1,4 @@
-package agent
+package rootcause
 
 import (
 	"fmt"
@@ -10,36 +10,43 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
-// report writes the root cause of a failed attempt, whose workers have
-// stopped, to the agent's stderr as one block a person can act on: who
-// failed first and how, what it said last, which ranks failed only
-// because of it, and the state of every worker and of the node when it
-// happened.
-func (a *Agent) report(wf *WorkerFailedError, at *attempt, mon *hostmon.Monitor) (Blame, string) {
-	b := blameAgain(at.g.Outcomes(), wf.Decided, wf.Blame) // the exits and notes of them all, now
-	attrs := []any{"rank", b.Root, "attempt", at.r.Restarts}
+// Host is what the report reads of the host monitor: the state of each
+// worker and of the node when the attempt failed. *hostmon.Monitor is one.
+type Host interface {
+	Worker(rank int) (hostmon.WorkerSample, bool)
+	Node() hostmon.NodeSample
+}
+
+var _ Host = (*hostmon.Monitor)(nil)
+
+// LogAttrs are the attributes of the log line that says a worker failed:
+// the root's rank, the attempt, the root's exit (how long after started)
+// or whether it is this node's, and the victims.
+func (b Blame) LogAttrs(attempt int, started time.Time) []any {
+	attrs := []any{"rank", b.Root, "attempt", attempt}
 	if e := b.Exit; e != nil {
 		attrs = append(attrs, "local_rank", e.LocalRank, "pid", e.PID, "exit_code", e.Code, "signal", signalName(e),
-			"after", e.Time.Sub(at.started).Round(time.Millisecond))
+			"after", e.Time.Sub(started).Round(time.Millisecond))
 	} else {
 		attrs = append(attrs, "local", b.Local)
 	}
 	if len(b.Victims) > 0 {
-		attrs = append(attrs, "victims", b.victimRanks())
+		attrs = append(attrs, "victims", b.VictimRanks())
 	}
-	a.log.Error("worker failed", attrs...)
-	text := formatReport(b, at.r.Restarts, a.cfg.MaxRestarts, at.started, at.g.PIDs(), mon)
-	a.stderr.Write([]byte(text))
-	return b, text
+	return attrs
 }
 
-func formatReport(b Blame, attempt, maxRestarts int, started time.Time, pids map[int]int, mon *hostmon.Monitor) string {
+// Format is the root cause of a failed attempt, whose workers have
+// stopped, as one block a person can act on: who failed first and how,
+// what it said last, which ranks failed only because of it, and the state
+// of every worker (pids, by rank) and of the node when it happened.
+func Format(b Blame, attempt, maxRestarts int, started time.Time, pids map[int]int, mon Host) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "==== ddp-agent: root cause (attempt %d, restarts used %d of %d) ====\n", attempt, attempt, maxRestarts)
 	if e := b.Exit; e != nil {
 		fmt.Fprintf(&s, "  %v, %s after start\n", e, e.Time.Sub(started).Round(time.Millisecond))
 	} else {
-		fmt.Fprintf(&s, "  %s\n", b.root())
+		fmt.Fprintf(&s, "  %s\n", b.rootLine())
 		if !b.Local {
 			s.WriteString("  (its own node's agent reports it)\n")
 		}
@@ -91,7 +98,7 @@ func writeLastWords(s *strings.Builder, e *supervisor.WorkerExitError) {
 }
 
 // writeWorkers writes the state of every worker and of the node.
-func writeWorkers(s *strings.Builder, pids map[int]int, mon *hostmon.Monitor) {
+func writeWorkers(s *strings.Builder, pids map[int]int, mon Host) {
 	ranks := make([]int, 0, len(pids))
 	for r := range pids {
 		ranks = append(ranks, r)
