@@ -223,13 +223,6 @@ func (a *Agent) authorize(pid int) (int, error) {
 	return g.RankOf(pid)
 }
 
-func (a *Agent) masterAddr() string {
-	if a.cfg.Rendezvous.MasterAddr != "" {
-		return a.cfg.Rendezvous.MasterAddr
-	}
-	return "127.0.0.1"
-}
-
 func newRunID() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)

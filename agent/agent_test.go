@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
@@ -49,8 +50,8 @@ func TestConfigCheck(t *testing.T) {
 		{"no command", func(c *Config) { c.Command = nil }, true},
 		{"no workers", func(c *Config) { c.NProcPerNode = 0 }, true},
 		{"min over max", func(c *Config) { c.Rendezvous.NNodesMin = 2 }, true},
-		{"dynamic without endpoints", func(c *Config) { c.Rendezvous.Dynamic = true }, true},
-		{"standalone needs no endpoints", func(c *Config) { c.Rendezvous.Dynamic, c.Rendezvous.Standalone = true, true }, false},
+		{"dynamic without endpoints", func(c *Config) { c.Rendezvous.Backend = join.Hosted }, true},
+		{"standalone needs no endpoints", func(c *Config) { c.Rendezvous.Backend = join.Standalone }, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

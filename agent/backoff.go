@@ -77,7 +77,7 @@ func recentAttempts(hist []attemptEnd, p backoffPolicy) []attemptEnd {
 // backoff never makes the next round time out without it.
 func (a *Agent) backoff() backoffPolicy {
 	p := backoffPolicy{First: backoffFirst, Max: backoffMax, Healthy: backoffHealthy}
-	if r := a.cfg.Rendezvous; r.Dynamic && !r.Standalone && r.JoinTimeout > 0 {
+	if r := a.cfg.Rendezvous; r.Backend.UsesStore() && r.JoinTimeout > 0 {
 		p.Max = min(p.Max, r.JoinTimeout/2)
 	}
 	return p

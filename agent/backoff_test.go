@@ -3,6 +3,8 @@ package agent
 import (
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 )
 
 func TestRestartDelay(t *testing.T) {
@@ -74,11 +76,11 @@ func TestRecentAttempts(t *testing.T) {
 // TestBackoffCapUnderStore: a node waiting out its backoff must not make
 // the next round time out without it.
 func TestBackoffCapUnderStore(t *testing.T) {
-	a := &Agent{cfg: Config{Rendezvous: Rendezvous{Dynamic: true, JoinTimeout: 20 * time.Second}}}
+	a := &Agent{cfg: Config{Rendezvous: Rendezvous{Backend: join.Hosted, JoinTimeout: 20 * time.Second}}}
 	if got := a.backoff().Max; got != 10*time.Second {
 		t.Errorf("cap with a 20s join timeout: %v, want 10s", got)
 	}
-	a.cfg.Rendezvous.Standalone = true
+	a.cfg.Rendezvous.Backend = join.Standalone
 	if got := a.backoff().Max; got != backoffMax {
 		t.Errorf("standalone cap: %v, want %v", got, backoffMax)
 	}

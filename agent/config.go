@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
@@ -40,34 +40,9 @@ type Config struct {
 	Plugins    Plugins
 }
 
-// Rendezvous says how this node joins the job.
-type Rendezvous struct {
-	// Dynamic joins through a store (c10d, etcd); otherwise the ranks are
-	// fixed by NodeRank and NNodesMax (static). Standalone overrides it.
-	Dynamic bool
-	// Standalone is a single node that meets nobody: no store, its state
-	// and the workers' key-value store in the agent's memory, a fresh
-	// loopback port for the workers' master every round.
-	Standalone bool
-	External   bool     // the store is an etcd the agent does not host
-	Endpoints  []string // the store's; the first decides who hosts it
-	IsHost     *bool    // whether this agent hosts the store; nil: by address
-	TLS        *store.TLSFiles
-
-	NodeRank             int // static only
-	NNodesMin, NNodesMax int
-	MasterAddr           string // static only; "" is loopback
-	MasterPort           int    // 0: a free port for every attempt
-	LocalAddr            string // how the other nodes reach this one; "" is found
-	Token                string // shared secret checked on join; "" none
-	Prefix               string // where jobs live in the store
-	JoinTimeout          time.Duration
-	LastCall             time.Duration // wait for more nodes once MIN have joined
-	TTL                  time.Duration // a silent node's lease
-	// StoreTimeout: a store that answers nothing this long fails the
-	// agent; 0: rdzv.DefaultStoreTimeout.
-	StoreTimeout time.Duration
-}
+// Rendezvous says how this node joins the job: its Backend, chosen once
+// from the command line, and that backend's settings (join.Config).
+type Rendezvous = join.Config
 
 // Telemetry says what the agent watches in the workers' collectives and
 // where it exports it.
@@ -109,7 +84,7 @@ func (c *Config) check() error {
 		return errors.New("agent config: NProcPerNode must be at least 1")
 	case r.NNodesMin < 1 || r.NNodesMax < r.NNodesMin:
 		return errors.New("agent config: want 1 <= NNodesMin <= NNodesMax")
-	case r.Dynamic && !r.Standalone && len(r.Endpoints) == 0:
+	case r.Backend.UsesStore() && len(r.Endpoints) == 0:
 		return errors.New("agent config: a dynamic rendezvous needs the store's endpoints")
 	case c.Telemetry.StragglerAction != "" && !c.Telemetry.StragglerAction.Valid():
 		return fmt.Errorf("agent config: StragglerAction %q is not one of %v", c.Telemetry.StragglerAction, straggler.Actions)

@@ -281,7 +281,7 @@ func (a *Agent) dropStale(f *Fault) {
 func (a *Agent) recover(ctx context.Context, s *session, at *attempt, f *Fault) (done bool, err error) {
 	if !f.restartsJob() {
 		a.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
-		s.notify(roundEventKind(f.Reason), at, -1, f.Reason, nil)
+		s.notify(roundEventKind(at.r.End()), at, -1, f.Reason, nil)
 		s.abort("job moving to a new generation: " + f.Reason)
 		at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
 		a.dropGeneration(s, at.gen)

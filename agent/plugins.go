@@ -3,10 +3,10 @@ package agent
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
@@ -83,11 +83,11 @@ func (s *session) notify(kind notifier.EventKind, at *attempt, rank int, msg str
 
 // roundEventKind is what a round's end says of the job's nodes: one lost
 // or gone, one joined, or neither (another node's fault: a restart).
-func roundEventKind(reason string) notifier.EventKind {
-	switch {
-	case strings.Contains(reason, ") lost:"), strings.Contains(reason, ") left:"):
+func roundEventKind(end rdzv.RoundEnd) notifier.EventKind {
+	switch end.Kind {
+	case rdzv.EndNodeLost, rdzv.EndNodeLeft:
 		return notifier.NodeLost
-	case strings.Contains(reason, ") joined;"):
+	case rdzv.EndNodeJoined:
 		return notifier.NodeJoined
 	}
 	return notifier.Restarted

@@ -112,7 +112,7 @@ func (a *Agent) startControl(ctx context.Context, s *session) (func(), error) {
 		s.events.add(rank, ev)
 		s.watch.Add(rank, ev)
 	}
-	srv, err := control.Listen(control.Config{JobID: s.runID, Authorize: a.authorize, OnEvents: onEvents, Logger: a.log, KV: s.j.kv})
+	srv, err := control.Listen(control.Config{JobID: s.runID, Logger: a.log, KV: s.j.kv}, control.PIDAdmission{Authorize: a.authorize, OnEvents: onEvents})
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}

@@ -78,7 +78,7 @@ func (a *Agent) newStragglerPolicy(ctx context.Context, s *session, drain func(*
 		Drain:   drain, Background: s.goBackground,
 		Owner: func(rank int) string { return s.watch.Worker(rank).Host },
 	}
-	if r := a.cfg.Rendezvous; r.Dynamic && !r.Standalone {
+	if r := a.cfg.Rendezvous; r.Backend.UsesStore() {
 		// Through the session's store client (which follows the store's
 		// members and carries the job's certificates).
 		cfg.JobStatus = func(ctx context.Context) (*rdzv.Status, error) {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
@@ -30,9 +31,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 		KeepLogs:     cfg.KeepLogs(),
 		Streams:      cfg.Streams(),
 		Rendezvous: agent.Rendezvous{
-			Dynamic:     cfg.Dynamic(),
-			Standalone:  cfg.Standalone,
-			External:    cfg.ExternalStore(),
+			Backend:     rdzvBackend(cfg),
 			Endpoints:   cfg.Endpoints(),
 			IsHost:      rc.IsHost,
 			TLS:         tls,
@@ -62,6 +61,23 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 			StragglerConfirm: cfg.StragglerConfirm,
 		},
 	}
+}
+
+// rdzvBackend is the one place the flags choose the rendezvous backend:
+// --standalone; static without a store (--rdzv-backend static, or no
+// --rdzv-endpoint, which launch allows for one node only); an etcd of the
+// user's (--rdzv-backend etcd); otherwise the store the job's agents host
+// (c10d).
+func rdzvBackend(cfg *launch.Config) join.Backend {
+	switch {
+	case cfg.Standalone:
+		return join.Standalone
+	case !cfg.Dynamic():
+		return join.Static
+	case cfg.ExternalStore():
+		return join.External
+	}
+	return join.Hosted
 }
 
 // otlpProtocol: an http(s):// endpoint means OTLP/HTTP, as the flag's

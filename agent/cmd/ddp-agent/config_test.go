@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 )
@@ -36,7 +37,7 @@ func TestRunConfig(t *testing.T) {
 		{"log dir", got.LogDir, "/tmp/l"},
 		{"keep logs (--tee)", got.KeepLogs, true},
 		{"streams file for stderr", got.Streams(0).FileErr, true},
-		{"dynamic", r.Dynamic, true},
+		{"backend", r.Backend, join.Hosted},
 		{"endpoints", len(r.Endpoints) == 1 && r.Endpoints[0] == "node0:29400", true},
 		{"nnodes", [2]int{r.NNodesMin, r.NNodesMax}, [2]int{2, 3}},
 		{"join timeout", r.JoinTimeout, 30 * time.Second},
@@ -52,6 +53,35 @@ func TestRunConfig(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
 		}
+	}
+}
+
+// TestRdzvBackend: the flags choose one backend.
+func TestRdzvBackend(t *testing.T) {
+	none := func(string) string { return "" }
+	tests := []struct {
+		name string
+		args []string
+		want join.Backend
+	}{
+		{"standalone", []string{"--standalone"}, join.Standalone},
+		{"one node, no endpoint", []string{"--nnodes", "1"}, join.Static},
+		{"static with ranks", []string{"--rdzv-backend", "static", "--nnodes", "2", "--node-rank", "1", "--master-addr", "node0"}, join.Static},
+		{"c10d", []string{"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400"}, join.Hosted},
+		{"c10d, not the host", []string{"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400", "--rdzv-conf", "is_host=false"}, join.Hosted},
+		{"etcd", []string{"--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "etcd0:2379"}, join.External},
+		{"etcd-v2", []string{"--nnodes", "2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "etcd0:2379"}, join.External},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := launch.Parse(append(tc.args, "train.py"), none, launch.Host{CPUs: runtime.NumCPU()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := runConfig(cfg, none).Rendezvous.Backend; got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -1,4 +1,4 @@
-package agent
+package join
 
 import (
 	"fmt"
@@ -25,10 +25,10 @@ type storeSecurity struct {
 	job                  *store.JobTLS // nil without a token
 }
 
-func (a *Agent) storeSecurity() (*storeSecurity, error) {
-	cfg := a.cfg.Rendezvous
+func (o *opener) storeSecurity() (*storeSecurity, error) {
+	cfg := o.cfg
 	sec := &storeSecurity{client: cfg.TLS, server: cfg.TLS}
-	if cfg.External || cfg.Token == "" {
+	if cfg.Backend == External || cfg.Token == "" {
 		return sec, nil
 	}
 	job, err := store.OpenJobTLS(cfg.Token)
@@ -51,7 +51,7 @@ func (s *storeSecurity) close() {
 // replicate starts keeping the embedded store at storeReplicas members,
 // this agent's own included when it gets one; srv is the member this agent
 // started (nil: none). addr is how the other agents reach this one.
-func (a *Agent) replicate(cli *store.Client, srv *store.Server, sec *storeSecurity, prefix, addr string) (*store.Replicas, error) {
+func (o *opener) replicate(cli *store.Client, srv *store.Server, sec *storeSecurity, prefix, addr string) (*store.Replicas, error) {
 	host := addr
 	if net.ParseIP(host) == nil {
 		ip := localIP(host)
@@ -62,7 +62,7 @@ func (a *Agent) replicate(cli *store.Client, srv *store.Server, sec *storeSecuri
 	}
 	return store.Replicate(store.ReplicaConfig{
 		Client: cli, Own: srv, Want: storeReplicas, Prefix: prefix + "/_store/members/",
-		TTL: a.cfg.Rendezvous.TTL, Host: host, TLS: sec.server, PeerTLS: sec.peer,
-		Logger: a.log.With("component", "etcd"),
+		TTL: o.cfg.TTL, Host: host, TLS: sec.server, PeerTLS: sec.peer,
+		Logger: o.log.With("component", "etcd"),
 	}), nil
 }

@@ -1,0 +1,247 @@
+// Package join joins this node to its job: it opens the rendezvous backend
+// the command line chose (Backend), with what the etcd backends need
+// around it: the embedded store hosted or dialed, its TLS, its replicas on
+// other nodes. The agent calls Open once per run and uses what it returns
+// (Joined) until Close; the rounds themselves are package rdzv's.
+//
+// It lives under agent/rdzv because it is the rendezvous' assembly: the
+// etcd client and the store's members stay inside agent/rdzv, and the
+// agent's root holds only the run loop. (A name like jobstore would fit
+// only the two etcd backends: static and standalone have no store.)
+package join
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+)
+
+// Backend is how this node meets the others of its job, chosen once from
+// the command line (cmd/ddp-agent's runConfig).
+type Backend int
+
+const (
+	// Static: ranks fixed by NodeRank and NNodesMax (--rdzv-backend
+	// static, or no --rdzv-endpoint); no store, no elasticity. The zero
+	// Backend.
+	Static Backend = iota
+	// Standalone: a single node that meets nobody (--standalone): no
+	// store, its state and the workers' key-value store in the agent's
+	// memory, a fresh loopback port for the workers' master every round.
+	Standalone
+	// Hosted: through an embedded etcd that one of the job's agents hosts
+	// (c10d): the one Endpoints[0] names, or as IsHost says.
+	Hosted
+	// External: through an etcd the agent does not host (--rdzv-backend
+	// etcd); its security is the user's.
+	External
+)
+
+var backendNames = [...]string{Static: "static", Standalone: "standalone", Hosted: "hosted etcd", External: "external etcd"}
+
+func (b Backend) String() string {
+	if b < 0 || int(b) >= len(backendNames) {
+		return fmt.Sprintf("Backend(%d)", int(b))
+	}
+	return backendNames[b]
+}
+
+// UsesStore reports whether the backend meets the other nodes through an
+// etcd store (Hosted, External).
+func (b Backend) UsesStore() bool { return b == Hosted || b == External }
+
+// Config says how this node joins the job (agent.Rendezvous).
+type Config struct {
+	Backend   Backend
+	Endpoints []string // the store's (Hosted, External); the first decides who hosts it
+	IsHost    *bool    // Hosted: whether this agent hosts the store; nil: by address
+	TLS       *store.TLSFiles
+
+	NodeRank             int // Static only
+	NNodesMin, NNodesMax int
+	MasterAddr           string // Static only; "" is loopback
+	MasterPort           int    // 0: a free port for every attempt
+	LocalAddr            string // how the other nodes reach this one; "" is found
+	Token                string // shared secret checked on join; "" none
+	Prefix               string // where jobs live in the store
+	JoinTimeout          time.Duration
+	LastCall             time.Duration // wait for more nodes once MIN have joined
+	TTL                  time.Duration // a silent node's lease
+	// StoreTimeout: a store that answers nothing this long fails the
+	// agent; 0: rdzv.DefaultStoreTimeout.
+	StoreTimeout time.Duration
+}
+
+// Node is this node's part of the job, from the rest of the agent's
+// configuration.
+type Node struct {
+	JobID       string // checked with rdzv.CheckID under a store
+	NProc       int    // workers on this node
+	MaxRestarts int
+	GPUs        *rdzv.NodeGPUs // for the node's entry; nil without NVML
+}
+
+// Rendezvous is what a joined backend does: *rdzv.Static or *rdzv.Etcd.
+type Rendezvous interface {
+	// Next blocks until this node is part of the job's next generation.
+	Next(ctx context.Context) (*rdzv.Round, error)
+	// Fail reports a local fault in round r; *rdzv.JobFailedError when no
+	// restarts are left.
+	Fail(ctx context.Context, r *rdzv.Round, reason string) error
+	// Succeed reports that this node's workers of round r all finished.
+	Succeed(ctx context.Context, r *rdzv.Round) error
+	// Leave takes this node out of the job for good.
+	Leave(reason string)
+}
+
+// Joined is an open rendezvous and what goes with it; the caller owns it
+// and calls Close once.
+type Joined struct {
+	Rendezvous Rendezvous
+	// KV is the job-wide store for the workers' key-value requests; nil
+	// without a store (the agent keeps one in memory).
+	KV *store.KV
+	// NodeLocalKV: the workers of other nodes cannot see the agent's
+	// in-memory store, so they must bootstrap through torch's store
+	// (DDP_AGENT_BOOTSTRAP=external).
+	NodeLocalKV bool
+	Endpoint    string        // the store, for logs and `ddp-agent status`; "" none
+	Client      *store.Client // the store's client, for the agent's own reads; nil none
+	close       func()
+}
+
+// Close leaves the store: it drains the rendezvous, hands this agent's
+// store member over and closes the client, within about 25 seconds.
+func (j *Joined) Close() { j.close() }
+
+// Open joins the job as node, with the backend cfg chose. Under a store it
+// blocks while it hosts or dials it: a store hosted by another agent not
+// up yet is retried for cfg.JoinTimeout. ctx bounds the opening only.
+//
+// --standalone once hosted an embedded etcd on loopback too. A store for
+// one node buys nothing (no other node reads it; `ddp-agent status` is for
+// multi-node jobs) and its timers kept an idle agent at 0.9 % of a core,
+// against torchrun's 0.1 % (docs/benchmarks.md): the node's state and the
+// workers' key-value store live in the agent's memory instead.
+func Open(ctx context.Context, cfg Config, node Node, log *slog.Logger) (*Joined, error) {
+	switch cfg.Backend {
+	case Static, Standalone:
+		return &Joined{
+			Rendezvous: &rdzv.Static{NodeRank: cfg.NodeRank, NNodes: cfg.NNodesMax, NProc: node.NProc,
+				MaxRestarts: node.MaxRestarts, MasterAddr: masterAddr(cfg), MasterPort: cfg.MasterPort},
+			NodeLocalKV: cfg.NNodesMax > 1,
+			close:       func() {},
+		}, nil
+	case Hosted, External:
+		return (&opener{cfg: cfg, node: node, log: log}).open(ctx)
+	}
+	return nil, fmt.Errorf("join job %q: unknown rendezvous backend %v", node.JobID, cfg.Backend)
+}
+
+func masterAddr(cfg Config) string {
+	if cfg.MasterAddr != "" {
+		return cfg.MasterAddr
+	}
+	return "127.0.0.1"
+}
+
+// opener opens an etcd backend.
+type opener struct {
+	cfg  Config
+	node Node
+	log  *slog.Logger
+}
+
+func (o *opener) open(ctx context.Context) (*Joined, error) {
+	cfg := o.cfg
+	if err := rdzv.CheckID(o.node.JobID); err != nil {
+		return nil, err
+	}
+	if cfg.Token == "" && cfg.NNodesMax > 1 {
+		// As torchrun's store allows; said once, so nobody believes otherwise.
+		o.log.Warn("no --rdzv-token: anyone who can reach the rendezvous store can read this job's keys and disrupt it " +
+			"(stop its workers, end it); set --rdzv-token on every node, and use TLS (--rdzv-conf) across untrusted networks")
+	}
+	sec, err := o.storeSecurity()
+	if err != nil {
+		return nil, err
+	}
+	// What is open so far, closed in reverse on a failure and at the end:
+	// the manager hands this agent's member over (closing it) before the
+	// client it speaks through goes.
+	var (
+		srv  *store.Server
+		cli  *store.Client
+		reps *store.Replicas
+	)
+	closeAll := func() {
+		switch {
+		case reps != nil:
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := reps.Close(ctx); err != nil {
+				o.log.Info("store member not handed over; the others replace it once its lease ends", "err", err)
+			}
+			cancel()
+		case srv != nil:
+			srv.Close()
+		}
+		if cli != nil {
+			cli.Close()
+		}
+		sec.close()
+	}
+	fail := func(err error) (*Joined, error) {
+		closeAll()
+		return nil, err
+	}
+	replicated := cfg.Backend == Hosted && cfg.NNodesMax >= storeReplicas
+	srv, endpoints, err := o.hostStore(ctx, sec, replicated)
+	if err != nil {
+		return fail(err)
+	}
+	if cli, err = o.dialStore(ctx, endpoints, srv != nil, sec.client); err != nil {
+		return fail(err)
+	}
+	addr, err := o.localAddr(endpoints[0])
+	if err != nil {
+		return fail(err)
+	}
+	prefix := rdzv.Prefix(cfg.Prefix, o.node.JobID)
+	var keeper func() bool
+	if replicated {
+		if reps, err = o.replicate(cli, srv, sec, prefix, addr); err != nil {
+			return fail(err)
+		}
+		keeper = reps.Keeper
+	}
+	host, _ := os.Hostname()
+	e, err := rdzv.Open(ctx, cli, rdzv.Config{
+		JobID: o.node.JobID, Prefix: prefix, Hosted: srv != nil, Keeper: keeper, Endpoint: strings.Join(endpoints, ","),
+		Host: host, Addr: addr, NProc: o.node.NProc, GPUs: o.node.GPUs,
+		NNodesMin: cfg.NNodesMin, NNodesMax: cfg.NNodesMax, MaxRestarts: o.node.MaxRestarts, Token: cfg.Token,
+		JoinTimeout: cfg.JoinTimeout, LastCall: cfg.LastCall, TTL: cfg.TTL, MasterPort: cfg.MasterPort,
+		StoreTimeout: cfg.StoreTimeout, Logger: o.log,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	return &Joined{
+		Rendezvous: e,
+		KV:         store.NewKV(cli, rdzv.KVPrefix(prefix)),
+		Endpoint:   strings.Join(endpoints, ","),
+		Client:     cli,
+		close: func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			e.Drain(ctx)
+			cancel()
+			e.Close()
+			closeAll()
+		},
+	}, nil
+}

@@ -1,0 +1,74 @@
+package join
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+)
+
+func TestBackend(t *testing.T) {
+	tests := []struct {
+		b         Backend
+		name      string
+		usesStore bool
+	}{
+		{Static, "static", false},
+		{Standalone, "standalone", false},
+		{Hosted, "hosted etcd", true},
+		{External, "external etcd", true},
+		{Backend(9), "Backend(9)", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.b.String(); got != tc.name {
+				t.Errorf("String: got %v, want %v", got, tc.name)
+			}
+			if got := tc.b.UsesStore(); got != tc.usesStore {
+				t.Errorf("UsesStore: got %v, want %v", got, tc.usesStore)
+			}
+		})
+	}
+}
+
+// TestOpenWithoutStore: static and standalone open no store; the workers
+// of a multi-node static job bootstrap through torch's store.
+func TestOpenWithoutStore(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	tests := []struct {
+		name          string
+		cfg           Config
+		wantLocalKV   bool
+		wantMaster    string
+		wantGroupRank int
+	}{
+		{"standalone", Config{Backend: Standalone, NNodesMin: 1, NNodesMax: 1}, false, "127.0.0.1", 0},
+		{"static, two nodes", Config{Backend: Static, NodeRank: 1, NNodesMin: 2, NNodesMax: 2, MasterAddr: "127.0.0.1", MasterPort: 29500}, true, "127.0.0.1", 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			j, err := Open(context.Background(), tc.cfg, Node{JobID: "j", NProc: 2}, log)
+			if err != nil {
+				t.Fatalf("Open: got %v, want nil", err)
+			}
+			defer j.Close()
+			if _, ok := j.Rendezvous.(*rdzv.Static); !ok || j.KV != nil || j.Client != nil {
+				t.Fatalf("got %T (kv %v, client %v), want *rdzv.Static without a store", j.Rendezvous, j.KV, j.Client)
+			}
+			if j.NodeLocalKV != tc.wantLocalKV {
+				t.Errorf("NodeLocalKV: got %v, want %v", j.NodeLocalKV, tc.wantLocalKV)
+			}
+			r, err := j.Rendezvous.Next(context.Background())
+			if err != nil {
+				t.Fatalf("Next: got %v, want nil", err)
+			}
+			if r.MasterAddr != tc.wantMaster || r.GroupRank != tc.wantGroupRank {
+				t.Errorf("round: got master %v, group rank %v; want %v, %v", r.MasterAddr, r.GroupRank, tc.wantMaster, tc.wantGroupRank)
+			}
+		})
+	}
+	if _, err := Open(context.Background(), Config{Backend: Backend(9)}, Node{JobID: "j"}, log); err == nil {
+		t.Errorf("unknown backend: got nil, want an error")
+	}
+}

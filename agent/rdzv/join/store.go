@@ -1,0 +1,157 @@
+package join
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+)
+
+// This file finds the store: hosting it or dialing it, and this node's
+// address toward it.
+
+// hostStore starts the embedded store when this agent should host it,
+// and returns it (nil when it does not) with the endpoints to dial.
+func (o *opener) hostStore(ctx context.Context, sec *storeSecurity, replicated bool) (*store.Server, []string, error) {
+	cfg := o.cfg
+	endpoints := cfg.Endpoints
+	hostIt, err := o.shouldHost(endpoints)
+	if err != nil || !hostIt {
+		return nil, endpoints, err
+	}
+	// etcd binds only to IP addresses: a host name (the usual
+	// --rdzv-endpoint $(hostname):29400) becomes the local address it
+	// resolves to.
+	addr, err := bindAddr(stripScheme(endpoints[0]))
+	if err != nil {
+		return nil, nil, err
+	}
+	scfg := store.ServerConfig{ClientAddr: addr, Logger: o.log.With("component", "etcd"), TLS: sec.server, PeerTLS: sec.peer}
+	if replicated {
+		// Members that join later dial this one's peer URL: a real port
+		// on the address the other agents reach it at.
+		host, _, _ := net.SplitHostPort(addr)
+		if scfg.PeerAddr, err = store.FreeAddr(host); err != nil {
+			return nil, nil, err
+		}
+	}
+	srv, err := store.Start(ctx, scfg)
+	switch {
+	case errors.Is(err, store.ErrAddrInUse):
+		// Another agent on this host started it first: be its client.
+		o.log.Info("rendezvous store already hosted on this host; joining it as a client", "endpoint", endpoints[0])
+		return nil, endpoints, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("host the rendezvous store: %w", err)
+	}
+	o.log.Info("hosting the rendezvous store (embedded etcd)", "endpoint", srv.Endpoint())
+	return srv, []string{srv.Endpoint()}, nil
+}
+
+// dialStore connects to the store. The agent that hosts it may start
+// after this one, as with torchrun's c10d: unless this agent hosts it,
+// keep trying for the join timeout.
+func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted bool, tlsFiles *store.TLSFiles) (*store.Client, error) {
+	deadline := time.Now().Add(o.cfg.JoinTimeout)
+	for {
+		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tlsFiles, Logger: o.log,
+			FailFastAfter: cmp.Or(o.cfg.StoreTimeout, rdzv.DefaultStoreTimeout)})
+		if err == nil {
+			return cli, nil
+		}
+		if store.Refused(err) {
+			return nil, fmt.Errorf("%w: the store and this agent do not accept each other's TLS; is --rdzv-token the same on every node (and --rdzv-conf's TLS files right)?", err)
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) || hosted {
+			return nil, err
+		}
+		o.log.Warn("rendezvous store not reachable yet; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// shouldHost decides whether this agent starts the embedded store: for
+// Hosted when is_host says so or the endpoint is an address of this host;
+// for External never.
+func (o *opener) shouldHost(endpoints []string) (bool, error) {
+	cfg := o.cfg
+	switch {
+	case cfg.Backend == External:
+		return false, nil
+	case cfg.IsHost != nil:
+		return *cfg.IsHost, nil
+	}
+	host, _, err := net.SplitHostPort(stripScheme(endpoints[0]))
+	if err != nil {
+		return false, fmt.Errorf("--rdzv-endpoint %s: %w", endpoints[0], err)
+	}
+	return localIP(host) != nil, nil
+}
+
+func stripScheme(ep string) string {
+	if u, err := url.Parse(ep); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return ep
+}
+
+// localIP returns the address of this machine that host names (loopback,
+// or an address of one of its interfaces), or nil.
+func localIP(host string) net.IP {
+	ips, err := net.LookupIP(host)
+	if err != nil {
+		return nil
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, ip := range ips {
+		if ip.IsLoopback() {
+			return ip
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+				return ip
+			}
+		}
+	}
+	return nil
+}
+
+// bindAddr turns an endpoint host:port into an IP:port to listen on.
+func bindAddr(endpoint string) (string, error) {
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return "", fmt.Errorf("--rdzv-endpoint %s: %w", endpoint, err)
+	}
+	if net.ParseIP(host) != nil || host == "localhost" {
+		return endpoint, nil
+	}
+	ip := localIP(host)
+	if ip == nil {
+		return "", fmt.Errorf("--rdzv-endpoint %s: %s is not an address of this host (set is_host=false in --rdzv-conf)", endpoint, host)
+	}
+	return net.JoinHostPort(ip.String(), port), nil
+}
+
+// localAddr is the address the other nodes reach this one at: --local-addr,
+// or the source address this host uses to reach the store, which is on a
+// network the other nodes share (loopback when the store is).
+func (o *opener) localAddr(endpoint string) (string, error) {
+	if o.cfg.LocalAddr != "" {
+		return o.cfg.LocalAddr, nil
+	}
+	c, err := net.Dial("udp", stripScheme(endpoint)) // sends nothing: it only picks a route
+	if err != nil {
+		return "", fmt.Errorf("find this node's address toward %s (set --local-addr): %w", endpoint, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
