@@ -48,7 +48,7 @@ func (f *fakeSidecar) counts() (int, int) {
 // returned func is called.
 func serveSidecar(t *testing.T, dir string, sc control.Sidecar) (*control.Server, func()) {
 	t.Helper()
-	srv, err := control.Listen(control.Config{Dir: dir, SocketName: "sidecar.sock", Sidecar: sc})
+	srv, err := control.ListenSidecar(control.Config{Dir: dir, SocketName: "sidecar.sock"}, sc)
 	if err != nil {
 		t.Fatal(err)
 	}
