@@ -137,6 +137,7 @@ type agentRun struct {
 	done    chan struct{}
 	code    int
 	started time.Time
+	exited  time.Time // when Wait returned; set before done closes
 }
 
 // startAgent runs `ddp-agent run --python <python> args...` with E2E_OUT set
@@ -154,6 +155,7 @@ func startAgent(t *testing.T, extraEnv []string, args ...string) *agentRun {
 	}
 	go func() {
 		_ = r.cmd.Wait()
+		r.exited = time.Now()
 		r.code = r.cmd.ProcessState.ExitCode()
 		if ws, ok := r.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			r.code = 128 + int(ws.Signal())

@@ -66,9 +66,9 @@ func (j *job) start(extraArgs ...string) *agentRun {
 
 // startHost starts the agent that hosts the store and waits until it does,
 // so the test knows which agent it must not kill.
-func (j *job) startHost() *agentRun {
+func (j *job) startHost(extraArgs ...string) *agentRun {
 	j.t.Helper()
-	a := j.start()
+	a := j.start(extraArgs...)
 	waitFor(j.t, 30*time.Second, func() bool { return strings.Contains(a.stderr.String(), "hosting the rendezvous store") }, a.logs)
 	return a
 }
@@ -144,6 +144,31 @@ func TestMultiNodeTrain(t *testing.T) {
 				if d[1] != digests[0][1] {
 					t.Fatalf("ranks disagree on the parameters: %v", digests)
 				}
+			}
+			// A finished job exits at once: the agent keeping the store up
+			// used to wait out the others' lease TTL (7-10 s) after they
+			// were done (issue 33). Measured from the last agent's "all
+			// workers succeeded" to the last exit; the bound is loose.
+			var lastDone, lastExit time.Time
+			for _, a := range agents {
+				m := regexp.MustCompile(`time=(\S+) level=INFO msg="all workers succeeded"`).FindStringSubmatch(a.stderr.String())
+				if m == nil {
+					t.Fatalf("no \"all workers succeeded\" line\n%s", a.logs())
+				}
+				ts, err := time.Parse(time.RFC3339Nano, m[1])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ts.After(lastDone) {
+					lastDone = ts
+				}
+				if a.exited.After(lastExit) {
+					lastExit = a.exited
+				}
+			}
+			t.Logf("the last agent exited %v after the last node's workers succeeded", lastExit.Sub(lastDone).Round(time.Millisecond))
+			if d := lastExit.Sub(lastDone); d > 5*time.Second {
+				t.Errorf("the job took %v to exit after its workers succeeded (want well under the lease TTL)\n%s\n%s", d, agents[0].stderr.String(), agents[1].stderr.String())
 			}
 		})
 	}

@@ -64,6 +64,10 @@ func (c *Config) keeps() bool {
 	return c.Hosted
 }
 
+// revokeTimeout bounds Close's revocation of the lease: a store that does
+// not answer lets the lease expire on its own, as before.
+const revokeTimeout = 2 * time.Second
+
 // opTimeout bounds one request to the store, so an unreachable store is an
 // error and never a hang.
 const opTimeout = 10 * time.Second
@@ -140,15 +144,36 @@ func newNodeID(host string) string {
 
 func (e *Etcd) key(k string) string { return e.cfg.Prefix + k }
 
-// Close stops keeping the lease alive and closes the probe port. It does
-// not close the client, which the caller owns.
+// Close stops keeping the lease alive, revokes it (waiting at most
+// revokeTimeout) and closes the probe port. It does not close the client,
+// which the caller owns.
+//
+// Revoking takes this node's entry out of the store at once instead of
+// after the lease's TTL: the agent that keeps the store up waits, at the
+// end of a job, until the other agents' entries are gone, and a finished
+// multi-node job took the TTL plus a poll (7-10 s) to exit after "all
+// workers succeeded". Peers of a job still running see the node gone at
+// once too, as they would after the TTL.
 func (e *Etcd) Close() {
 	e.stopBG()
 	e.mu.Lock()
 	l := e.lease
 	e.mu.Unlock()
 	if l != nil {
+		lost := false
+		select {
+		case <-l.Done(): // expired, or the store is gone: nothing to revoke
+			lost = true
+		default:
+		}
 		l.end()
+		if !lost {
+			ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
+			if _, err := e.cli.Revoke(ctx, l.Lease()); err != nil {
+				e.log.Debug("revoke lease at close", "err", err)
+			}
+			cancel()
+		}
 	}
 	if e.probe != nil {
 		e.probe.Close()

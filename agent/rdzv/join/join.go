@@ -181,18 +181,23 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 		reps *store.Replicas
 	)
 	closeAll := func() {
-		switch {
-		case reps != nil:
+		member := srv
+		if reps != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if err := reps.Close(ctx); err != nil {
+			var err error
+			if member, err = reps.HandOver(ctx); err != nil {
 				o.log.Info("store member not handed over; the others replace it once its lease ends", "err", err)
 			}
 			cancel()
-		case srv != nil:
-			srv.Close()
 		}
+		// The client before the member: a member closed while this
+		// client's watches are open waits etcd's request timeout (~6 s)
+		// for them, and a finished job's exit waited with it.
 		if cli != nil {
 			cli.Close()
+		}
+		if member != nil {
+			member.Close()
 		}
 		sec.close()
 	}

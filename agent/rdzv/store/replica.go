@@ -441,13 +441,24 @@ func (r *Replicas) undoJoin(id uint64, srv *Server) {
 // the cluster (unless it is the last one), and the agents that remain
 // replace it. ctx bounds the handover.
 func (r *Replicas) Close(ctx context.Context) error {
+	own, err := r.HandOver(ctx)
+	if own != nil {
+		err = errors.Join(err, own.Close())
+	}
+	return err
+}
+
+// HandOver is Close without closing this agent's member, which it returns
+// (nil when it runs none) for the caller to close once it has closed its
+// own clients: a member closed while a client of it still holds watches
+// waits etcd's request timeout (about 6 s) for them before it stops.
+func (r *Replicas) HandOver(ctx context.Context) (*Server, error) {
 	r.cancel()
 	<-r.done
 	r.mu.Lock()
 	own, id := r.own, r.ownID
 	r.own, r.ownID = nil, 0
 	r.mu.Unlock()
-	var errs []error
 	// The owner lease first, while this agent's member still serves: once
 	// it is closed, a request can still be routed to it and wait out its
 	// timeout.
@@ -456,13 +467,10 @@ func (r *Replicas) Close(ctx context.Context) error {
 		r.cfg.Client.etcd.Revoke(rctx, r.lease)
 		cancel()
 	}
-	if own != nil {
-		if err := r.handOver(ctx, id); err != nil {
-			errs = append(errs, err)
-		}
-		errs = append(errs, own.Close())
+	if own == nil {
+		return nil, nil
 	}
-	return errors.Join(errs...)
+	return own, r.handOver(ctx, id)
 }
 
 func (r *Replicas) handOver(ctx context.Context, id uint64) error {
