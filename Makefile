@@ -44,7 +44,8 @@ wheel: build
 
 # The README's test command: vet, then every Go test (unit and end-to-end,
 # with real Python workers under ddp-agent and torchrun) under the race
-# detector, then the Python suite (real DDP with gloo against the shim), on
+# detector, through scripts/testtime, which ends with the slowest tests and
+# packages (every time in .cache/test-times.json), then the Python suite (real DDP with gloo against the shim), on
 # $(PYTHON) (Debian's PyTorch 1.13); then on PyTorch 2.x ($(TORCH2_PYTHON)) the
 # TORCH2_E2E end-to-end tests and the Python suite again.
 test: build
@@ -55,7 +56,7 @@ test: build
 	  $$go run ./scripts/sizes -top 0 && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
 	  DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_TEST_NCCL_LIB=$$nccl \
-	    $$go test -race -count=1 -timeout 50m ./... && \
+	    $$go run ./scripts/testtime -o .cache/test-times.json -- $$go test -json -race -count=1 -timeout 50m ./... && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider python/tests && \
 	  echo "== PyTorch $$($$py2 -c 'import torch; print(torch.__version__)') ($$py2)" && \

@@ -1,21 +1,23 @@
-// Command testtime reads `go test -json` on its standard input, prints the
-// test output as go test itself would (the events' Output), and ends with
-// the slowest tests and packages and the tests that ran past the budget
-// they state, so the day the suite grows is the day it shows. It exits 1
-// when the stream reports a failure or holds no test, so that
-// `go test -json ... | go run ./scripts/testtime` fails as go test would
-// (make test runs it under pipefail too).
+// Command testtime runs `go test -json ...` (or reads its output on its
+// standard input), prints the test output as go test itself would (the
+// events' Output), and ends with the slowest tests and packages and the
+// tests that ran past the budget they state, so the day the suite grows is
+// the day it shows. It exits non-zero when go test did, or when the stream
+// reports a failure or holds no test.
 //
-//	go test -json ./... | go run ./scripts/testtime [-top 15] [-o times.json]
+//	go run ./scripts/testtime [-top 15] [-o times.json] -- go test -json ./...
+//	go test -json ./... | go run ./scripts/testtime
 package main
 
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"regexp"
 	"sort"
 	"strings"
@@ -129,10 +131,34 @@ func main() {
 	out := flag.String("o", "", "also write every test's and package's time here, as JSON")
 	flag.Parse()
 	start := time.Now()
-	s, err := read(os.Stdin, os.Stdout)
+	in, wait := io.Reader(os.Stdin), func() error { return nil }
+	if flag.NArg() > 0 { // run the command, its stdout and stderr into one stream
+		cmd := exec.Command(flag.Arg(0), flag.Args()[1:]...)
+		r, w, err := os.Pipe()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testtime:", err)
+			os.Exit(2)
+		}
+		cmd.Stdout, cmd.Stderr = w, w
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "testtime:", err)
+			os.Exit(2)
+		}
+		w.Close()
+		in, wait = r, cmd.Wait
+	}
+	s, err := read(in, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testtime:", err)
 		os.Exit(2)
+	}
+	code := 0
+	var exit *exec.ExitError
+	if err := wait(); errors.As(err, &exit) {
+		code = exit.ExitCode()
+	} else if err != nil {
+		fmt.Fprintln(os.Stderr, "testtime:", err)
+		code = 2
 	}
 	printReport(os.Stdout, s, *top)
 	fmt.Printf("== read for %s\n", time.Since(start).Round(time.Second))
@@ -143,7 +169,10 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	if s.failed > 0 || s.passed == 0 {
+	switch {
+	case code != 0:
+		os.Exit(code)
+	case s.failed > 0 || s.passed == 0:
 		os.Exit(1)
 	}
 }
