@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // ProtocolVersion is the version of the plugin protocol this agent speaks.
@@ -28,7 +30,7 @@ const ProtocolVersion = 1
 // The handshake cookie: go-plugin's guard against a plugin binary being
 // run by hand (it then prints what it is and exits), not a secret.
 const (
-	MagicCookieKey   = "DDP_AGENT_PLUGIN"
+	MagicCookieKey   = envname.PluginCookie
 	MagicCookieValue = "8f4c1d2e-ddp-agent-plugin-v1"
 )
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // Std selects which of a worker's standard streams a --redirects or --tee
@@ -283,10 +284,10 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 			set[f.name] = true
 		}
 	}
-	raw["rdzv-token"] = getenv("DDP_AGENT_RDZV_TOKEN") // a secret is better kept out of argv
-	raw["plugins-env"] = getenv("DDP_AGENT_PLUGINS")
+	raw["rdzv-token"] = getenv(envname.RdzvToken) // a secret is better kept out of argv
+	raw["plugins-env"] = getenv(envname.Plugins)
 	// torchrun runs workers under its own interpreter, or PYTHON_EXEC.
-	for _, env := range []string{"PYTHON_EXEC", "DDP_AGENT_PYTHON"} {
+	for _, env := range []string{"PYTHON_EXEC", envname.Python} {
 		if v := getenv(env); v != "" {
 			raw["python"] = v
 		}

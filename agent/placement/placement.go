@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 	"github.com/ddp-agent/ddp-agent/nvml"
 )
 
@@ -245,7 +246,7 @@ func (p *Plan) Env(localRank int) map[string]string {
 	}
 	if localRank >= 0 && localRank < len(p.Workers) {
 		if w := p.Workers[localRank]; w.GPU >= 0 && w.UUID != "" {
-			env["DDP_AGENT_GPU"] = w.UUID
+			env[envname.GPU] = w.UUID
 		}
 	}
 	return env

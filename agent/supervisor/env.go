@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // Worker identifies one worker process within the job.
@@ -38,11 +40,11 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, pla
 		// ddp-agent does not, so rank 0's worker hosts it, as with plain env:// init.
 		"TORCHELASTIC_USE_AGENT_STORE": "False",
 		"TORCHELASTIC_ERROR_FILE":      errorFile,
-		"DDP_AGENT_SOCKET":             s.ControlSocket,
-		"DDP_AGENT_GENERATION":         strconv.FormatUint(s.Generation, 10),
-		"DDP_AGENT_BOOTSTRAP":          s.Bootstrap,
+		envname.Socket:                 s.ControlSocket,
+		envname.Generation:             strconv.FormatUint(s.Generation, 10),
+		envname.Bootstrap:              s.Bootstrap,
 		// where the shim notes when it closed, and a collective that a peer failed
-		"DDP_AGENT_COMM_NOTE_FILE": noteFile,
+		envname.CommNoteFile: noteFile,
 	}
 	have := map[string]bool{}
 	for _, kv := range base {
@@ -65,10 +67,10 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, pla
 		set["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 	}
 	if s.ControlSocket == "" {
-		delete(set, "DDP_AGENT_SOCKET")
+		delete(set, envname.Socket)
 	}
 	if s.Bootstrap == "" {
-		delete(set, "DDP_AGENT_BOOTSTRAP")
+		delete(set, envname.Bootstrap)
 	}
 
 	env := make([]string, 0, len(base)+len(placed)+len(set))
@@ -102,5 +104,5 @@ var envOrder = []string{
 	"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
 	"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 	"OMP_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-	"DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION", "DDP_AGENT_BOOTSTRAP", "DDP_AGENT_COMM_NOTE_FILE",
+	envname.Socket, envname.Generation, envname.Bootstrap, envname.CommNoteFile,
 }

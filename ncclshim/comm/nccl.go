@@ -14,6 +14,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/ncclshim/cuda"
 	"github.com/ddp-agent/ddp-agent/ncclshim/failure"
@@ -315,7 +316,7 @@ func (c *Config) cudaLib() string {
 	if c.CUDALib != "" {
 		return c.CUDALib
 	}
-	return getenv("DDP_AGENT_CUDA_LIB")
+	return getenv(envname.CUDALib)
 }
 
 // ncclLib is the explicit NCCL library path: the config's, else
@@ -324,7 +325,7 @@ func (c *Config) ncclLib() string {
 	if c.NCCLLib != "" {
 		return c.NCCLLib
 	}
-	return getenv("DDP_AGENT_NCCL_LIB")
+	return getenv(envname.NCCLLib)
 }
 
 // noteFile is where the process's communicators leave their Note: the
@@ -334,7 +335,7 @@ func (c *Config) noteFile() string {
 	if c.NoteFile != "" {
 		return c.NoteFile
 	}
-	return getenv("DDP_AGENT_COMM_NOTE_FILE")
+	return getenv(envname.CommNoteFile)
 }
 
 // getenv reads the C environment: Go's os.Getenv sees a copy taken when the
@@ -351,7 +352,7 @@ func getenv(name string) string {
 // NCCLInfo is ddpshim_nccl_info's JSON: what NCCL this process would use.
 func NCCLInfo() string {
 	info := map[string]any{"found": false}
-	lib, err := nccl.Load(getenv("DDP_AGENT_NCCL_LIB"))
+	lib, err := nccl.Load(getenv(envname.NCCLLib))
 	if err != nil {
 		info["error"] = err.Error()
 	} else {
@@ -363,7 +364,7 @@ func NCCLInfo() string {
 			"last_error": f.LastError, "finalize": f.Finalize}
 	}
 	// The driver the watchdog would time collectives with.
-	if cu, err := cuda.Load(getenv("DDP_AGENT_CUDA_LIB")); err != nil {
+	if cu, err := cuda.Load(getenv(envname.CUDALib)); err != nil {
 		info["cuda"] = map[string]any{"found": false, "error": err.Error()}
 	} else {
 		info["cuda"] = map[string]any{"found": true, "source": cu.Source(), "driver": cu.DriverVersion()}

@@ -12,6 +12,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 	"github.com/ddp-agent/ddp-agent/nvml"
 	"github.com/ddp-agent/ddp-agent/nvml/health"
 )
@@ -23,7 +24,7 @@ const bindCommand = placement.BindCommand
 // topologyEnv names a saved `ddp-agent topo --json` output that ddp-agent
 // run uses instead of NVML: to see what placement a GPU node would get,
 // from any machine, and for tests. There is nothing to watch then.
-const topologyEnv = "DDP_AGENT_TOPOLOGY"
+const topologyEnv = envname.Topology
 
 // gpuNode is this node's GPUs as discovered before the command line is
 // parsed (--nproc-per-node gpu needs them).

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 	"github.com/ddp-agent/ddp-agent/nvml"
 	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
@@ -14,7 +15,7 @@ import (
 // mockThrottleEnv lists the GPUs (indices, comma-separated) that the mock
 // shows throttled: "hw slowdown" with the SM clock at half its maximum
 // while busy.
-const mockThrottleEnv = "DDP_AGENT_MOCK_THROTTLE"
+const mockThrottleEnv = envname.MockThrottle
 
 // openNVML, in a build with the nvmlmock tag, is go-nvml's mock of a DGX
 // A100 (eight A100s, busy, healthy, their health polls quiet) instead of

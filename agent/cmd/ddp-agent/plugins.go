@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 	"github.com/ddp-agent/ddp-agent/plugins"
 )
 
@@ -48,7 +49,7 @@ func runPlugins(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dir := pluginhost.BundledDir(os.Getenv("DDP_AGENT_PLUGIN_DIR"))
+	dir := pluginhost.BundledDir(os.Getenv(envname.PluginDir))
 	if len(specs) == 0 {
 		names, err := pluginhost.Bundled(ctx, dir)
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 const statusUsage = `Usage: ddp-agent status --rdzv-endpoint HOST:PORT[,HOST:PORT...] [flags]
@@ -57,7 +58,7 @@ type statusFlags struct {
 var errStatusHelp = errors.New("help requested")
 
 func parseStatusFlags(args []string) (*statusFlags, error) {
-	f := &statusFlags{timeout: 5 * time.Second, token: os.Getenv("DDP_AGENT_RDZV_TOKEN")}
+	f := &statusFlags{timeout: 5 * time.Second, token: os.Getenv(envname.RdzvToken)}
 	backend, endpoint, conf := "c10d", "", ""
 	for i := 0; i < len(args); i++ {
 		a := args[i]

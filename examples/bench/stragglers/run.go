@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // result is what one run showed.
@@ -58,7 +60,7 @@ func runOne(ctx context.Context, agent, python, worker string, s scenario) (resu
 	cmd := exec.CommandContext(ctx, agent, args...)
 	if s.throttled {
 		// The mock's GPUs go to the ranks in order: the straggler's is GPU rank.
-		cmd.Env = append(os.Environ(), "DDP_AGENT_MOCK_THROTTLE="+strconv.Itoa(s.rank))
+		cmd.Env = append(os.Environ(), envname.MockThrottle+"="+strconv.Itoa(s.rank))
 	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
