@@ -14,16 +14,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
-	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
-	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
 
 // JobFailedError is returned by Run when the job failed and no restarts
@@ -116,39 +113,36 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		mon: hostmon.NewMonitor(a.log), health: newLoopHealth(time.Now)}
 	stopHealth := context.AfterFunc(ctx, func() { s.health.stop(ctx) })
 	defer stopHealth()
-	s.stragglers = a.newStragglerPolicy(ctx, s, func(se *straggler.Error) { cancel(se) })
+	s.stragglers = a.newStragglerPolicy(ctx, s)
 	// Last: the notifiers deliver the job's last events, then stop. The
 	// job's end is told after the background parts are gone, so nothing
 	// (a GPU fault) comes after it.
 	defer func() {
 		if s.plugins != nil {
-			s.notifyEnd(ctx, err)
+			s.tell(event{kind: evEnded, err: err})
 			s.plugins.Close(pluginFlush)
 		}
 	}()
 	defer s.bg.Wait()
 	defer cancel(nil) // runs first: stop the background parts, then wait for them
-	if err := a.startPlugins(runID, cancel, s); err != nil {
+	if err := a.startPlugins(runID, s); err != nil {
 		return err
 	}
 
 	// A drain finding (a plugin, a GPU) can come while the rendezvous
 	// waits for its nodes: the node must still exit as drained, not with
 	// the cancelled wait's error.
-	if s.j, err = a.openRendezvous(ctx, runID); err != nil {
-		return drainOr(ctx, err)
+	jctx, stopJoin := s.faults.bound(ctx)
+	s.j, err = a.openRendezvous(jctx, runID)
+	stopJoin()
+	if err != nil {
+		return a.drainOr(ctx, s, err)
 	}
 	defer s.j.close()
-	defer func() {
-		reason := "agent exiting"
-		if cause := drainCause(ctx); cause != nil {
-			reason = "drained: " + cause.Error()
-		}
-		s.leave(reason)
-	}()
+	defer s.leave("agent exiting") // unless it left already: drained, failed, succeeded
 	closeTelemetry, err := a.startTelemetry(ctx, s)
 	if err != nil {
-		return drainOr(ctx, err)
+		return a.drainOr(ctx, s, err)
 	}
 	defer closeTelemetry()
 	stopControl, err := a.startControl(ctx, s)
@@ -156,45 +150,25 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return err
 	}
 	defer stopControl() // runs before bg.Wait
-	a.startMonitors(ctx, cancel, s)
+	a.startMonitors(ctx, s)
 
 	a.log.Info("starting job", "run_id", runID, "nproc_per_node", a.cfg.NProcPerNode, "gpus", a.gpus.summary(),
 		"nnodes", a.cfg.nnodes(), "max_restarts", a.cfg.MaxRestarts, "command", a.cfg.Command,
 		"log_dir", logDirAttr(runDir, keep), "control_socket", s.srv.Path())
-	s.notify(notifier.JobStarted, nil, -1, "job "+runID+" started on this node: "+strings.Join(a.cfg.Command, " "),
-		map[string]string{"nproc_per_node": strconv.Itoa(a.cfg.NProcPerNode), "nnodes": a.cfg.nnodes()})
+	s.tell(event{kind: evStarted, started: startedJob{runID: runID, command: strings.Join(a.cfg.Command, " "),
+		nproc: a.cfg.NProcPerNode, nnodes: a.cfg.nnodes()}})
 	return a.loop(ctx, s)
 }
 
-// drainOr returns what is draining this node, if something is, rather
-// than err: a GPU that fell off the bus also kills its worker, and the
-// node must exit as drained (code 3) even when the worker's failure also
-// used up the job's restarts.
-func drainOr(ctx context.Context, err error) error {
-	if cause := drainCause(ctx); cause != nil {
-		return cause
+// drainOr ends the run with a drain of this node found meanwhile, if one
+// is queued, rather than with err: a drain that came while the rendezvous
+// waited for its nodes ends that wait, and the node must exit as drained.
+func (a *Agent) drainOr(ctx context.Context, s *session, err error) error {
+	if f := s.faults.drain(); f != nil {
+		_, err := a.recover(ctx, s, nil, f)
+		return err
 	}
 	return err
-}
-
-// drainCause is what cancelled ctx to drain this node, or nil: a GPU
-// fault (*GPUFaultError), or a persistent straggler of this node confirmed
-// under --straggler-action drain (*straggler.Error).
-func drainCause(ctx context.Context) error {
-	cause := context.Cause(ctx)
-	var gf *GPUFaultError
-	if errors.As(cause, &gf) {
-		return gf
-	}
-	var se *straggler.Error
-	if errors.As(cause, &se) && se.Action == straggler.ActionDrain {
-		return se
-	}
-	var pf *PluginFaultError
-	if errors.As(cause, &pf) && pf.Drains() {
-		return pf
-	}
-	return nil
 }
 
 func (a *Agent) setGroup(g *supervisor.Group, rankOffset int) {

@@ -84,8 +84,9 @@ func (a *Agent) backoff() backoffPolicy {
 }
 
 // waitBackoff waits before the next attempt as restartDelay says, unless
-// ctx ends first (a signal: its cause is returned).
-func (a *Agent) waitBackoff(ctx context.Context, hist []attemptEnd) error {
+// ctx ends first (a signal: its cause is returned) or urgent is closed (a
+// drain is queued: nil, for the caller to handle it).
+func (a *Agent) waitBackoff(ctx context.Context, urgent <-chan struct{}, hist []attemptEnd) error {
 	d, quick := restartDelay(hist, a.backoff())
 	if d <= 0 {
 		return nil
@@ -96,6 +97,8 @@ func (a *Agent) waitBackoff(ctx context.Context, hist []attemptEnd) error {
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return nil
+	case <-urgent:
 		return nil
 	case <-ctx.Done():
 		return context.Cause(ctx)

@@ -18,7 +18,7 @@ func TestFaultStale(t *testing.T) {
 	started := time.Unix(1_700_000_000, 0)
 	gpu := func(last time.Time) *Fault {
 		gf := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{{GPU: 1, Last: last}}}
-		return &Fault{Source: FromGPU, Seen: gf.last(), Err: gf}
+		return gpuFault(gf)
 	}
 	tests := []struct {
 		name string
@@ -49,9 +49,9 @@ func TestFaultQueue(t *testing.T) {
 	q := newFaults()
 	q.report(hangFault(&watch.HangError{Hang: telemetry.Hang{Key: telemetry.Key{Gen: 1}, Missing: []int{0}}}))
 	old := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{{GPU: 0, UUID: "GPU-0", Message: "Xid 31", Last: started.Add(-time.Second)}}}
-	q.report(&Fault{Source: FromGPU, Seen: old.last(), Reason: old.finding(), Err: old})
+	q.report(gpuFault(old))
 	fresh := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{{GPU: 1, UUID: "GPU-1", Message: "Xid 31", Last: started.Add(time.Second)}}}
-	q.report(&Fault{Source: FromGPU, Seen: fresh.last(), Reason: fresh.finding(), Err: fresh})
+	q.report(gpuFault(fresh))
 	select {
 	case <-q.ready:
 	default:
@@ -80,7 +80,8 @@ func TestFaultQueue(t *testing.T) {
 
 // TestFaultRestartsJob: only a round that ended is not this node's fault.
 func TestFaultRestartsJob(t *testing.T) {
-	for _, f := range []*Fault{workerFault(0, &WorkerFailedError{}), hangFault(&watch.HangError{}), {Source: FromGPU}} {
+	gf := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{{GPU: 0}}}
+	for _, f := range []*Fault{workerFault(0, &WorkerFailedError{}), hangFault(&watch.HangError{}), gpuFault(gf)} {
 		if !f.restartsJob() {
 			t.Errorf("source %d: does not restart the job", f.Source)
 		}

@@ -144,9 +144,9 @@ func (a *Agent) ranksOn(gpu int) []int {
 }
 
 // watchGPUs runs the health watcher until ctx is done. Findings that call
-// for a restart are reported as a fault of the attempt; a drain or reset
-// goes to drain, which ends the run. It returns at once without NVML.
-func (a *Agent) watchGPUs(ctx context.Context, report func(*Fault), drain func(*GPUFaultError)) {
+// for a restart, a reset or a drain are reported as one fault, with its
+// severity; after a drain it stops. It returns at once without NVML.
+func (a *Agent) watchGPUs(ctx context.Context, report func(*Fault)) {
 	g := a.gpus
 	if g == nil || g.Watch == nil || g.Plan == nil || len(g.Plan.Ring) == 0 {
 		return
@@ -194,10 +194,10 @@ func (a *Agent) watchGPUs(ctx context.Context, report func(*Fault), drain func(*
 		if fault.Drains() {
 			a.log.Error("GPU fault: this node leaves the job", "action", action.String(), "gpu", serious[0].GPU,
 				"uuid", serious[0].UUID, "ranks", serious[0].Ranks, "finding", serious[0].Message)
-			drain(fault)
+			report(gpuFault(fault))
 			return
 		}
-		report(&Fault{Source: FromGPU, Seen: fault.last(), Reason: fault.finding(), Err: fault})
+		report(gpuFault(fault))
 	}
 }
 

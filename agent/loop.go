@@ -17,7 +17,6 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
-	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
 
 // attempt is one run of this node's worker group, in one generation.
@@ -29,24 +28,30 @@ type attempt struct {
 	started time.Time
 }
 
-// loop runs attempts until the job succeeds, fails, or ctx ends.
+// loop runs attempts until the job succeeds, fails, this node drains, or
+// ctx ends (a signal).
 func (a *Agent) loop(ctx context.Context, s *session) error {
 	defer s.health.set(phaseStopped)
 	var ended []attemptEnd // how the attempts so far ended, for the restart backoff
 	for n := 0; ; n++ {
-		if err := a.waitBackoff(ctx, ended); err != nil {
+		if err := a.waitBackoff(ctx, s.faults.urgent, ended); err != nil {
 			return err
+		}
+		if s.faults.drain() != nil { // found during the backoff
+			return a.drainOr(ctx, s, nil)
 		}
 		s.health.set(phaseRendezvous)
 		waitStart := time.Now()
-		r, err := s.j.rz.Next(ctx)
+		nctx, stop := s.faults.bound(ctx)
+		r, err := s.j.rz.Next(nctx)
+		stop()
 		if err != nil {
 			return a.noRound(ctx, s, n, err)
 		}
 		at, err := a.start(ctx, s, n, r, waitStart)
 		switch {
-		case err != nil && at != nil: // a signal while the workers were spawned
-			return a.stop(ctx, s, at)
+		case err != nil && at != nil: // a signal or a drain while the workers were spawned
+			return a.interrupted(ctx, s, at)
 		case err != nil:
 			return err
 		}
@@ -73,17 +78,29 @@ func (a *Agent) loop(ctx context.Context, s *session) error {
 	}
 }
 
+// interrupted ends the run when a signal, or a drain, came while the
+// workers were spawned.
+func (a *Agent) interrupted(ctx context.Context, s *session, at *attempt) error {
+	if f := s.faults.drain(); f != nil && ctx.Err() == nil {
+		_, err := a.recover(ctx, s, at, f)
+		return err
+	}
+	return a.stop(ctx, s, at)
+}
+
 // noRound is the end of the job when this node gets no next round.
 func (a *Agent) noRound(ctx context.Context, s *session, n int, err error) error {
 	var failed *rdzv.JobFailedError
 	switch {
 	case ctx.Err() != nil:
 		return context.Cause(ctx)
+	case s.faults.drain() != nil: // a drain found while the rendezvous waited for its nodes
+		return a.drainOr(ctx, s, err)
 	case errors.Is(err, rdzv.ErrJobSucceeded):
 		a.log.Info("the job finished without this node")
 		return nil
 	case errors.As(err, &failed):
-		return &JobFailedError{Attempts: n, Reason: failed.Reason}
+		return &FaultError{Severity: Fail, Err: &JobFailedError{Attempts: n, Reason: failed.Reason}}
 	}
 	s.leave("gave up: " + err.Error())
 	return err
@@ -103,9 +120,11 @@ func (a *Agent) start(ctx context.Context, s *session, n int, r *rdzv.Round, wai
 	at.started = time.Now()
 	at.g = supervisor.New(spec, a.log)
 	a.setGroup(at.g, r.RankOffset) // before the first worker runs: it may dial the control socket at once
-	if err := at.g.Start(ctx); err != nil {
-		if ctx.Err() != nil {
-			return at, context.Cause(ctx)
+	sctx, stop := s.faults.bound(ctx)
+	defer stop()
+	if err := at.g.Start(sctx); err != nil {
+		if sctx.Err() != nil {
+			return at, context.Cause(sctx)
 		}
 		r.Stop()
 		return nil, fmt.Errorf("attempt %d: %w", n, err)
@@ -158,8 +177,9 @@ func (a *Agent) spec(s *session, r *rdzv.Round, attemptDir, stackDir string) *su
 }
 
 // wait blocks until the attempt's workers have all succeeded (nil, nil),
-// a fault ended it, or ctx is done (ctx's cause). The end of the round is
-// reported to the fault queue like every other source.
+// a fault ended it, or ctx is done (ctx's cause). A worker's failure, the
+// end of the round and every other source reach it through the fault
+// queue.
 func (a *Agent) wait(ctx context.Context, s *session, at *attempt) (*Fault, error) {
 	rctx, end := context.WithCancel(ctx)
 	watched := make(chan struct{})
@@ -167,8 +187,24 @@ func (a *Agent) wait(ctx context.Context, s *session, at *attempt) (*Fault, erro
 		end()
 		<-watched // no round fault of this attempt is reported after it
 	}()
-	exited := make(chan error, 1)
-	go func() { exited <- at.g.Wait(rctx) }()
+	// The group's end: nil when every worker succeeded, ctx's error, or
+	// the supervisor's own; a worker's failure is reported as a fault
+	// instead (failed), once its root cause is worked out.
+	var (
+		waited = make(chan struct{})
+		ended  error
+		failed bool
+	)
+	go func() {
+		defer close(waited)
+		err := at.g.Wait(rctx)
+		var we *supervisor.WorkerExitError
+		if failed = errors.As(err, &we); failed {
+			s.faults.report(workerFault(at.gen, a.workerFailure(ctx, at)))
+			return
+		}
+		ended = err
+	}()
 	tick := time.NewTicker(healthTick) // the liveness probe's sign that this loop still turns
 	defer tick.Stop()
 	go func() {
@@ -182,8 +218,11 @@ func (a *Agent) wait(ctx context.Context, s *session, at *attempt) (*Fault, erro
 	var f *Fault
 	for f == nil {
 		select {
-		case err := <-exited:
-			return a.exitFault(ctx, at, err)
+		case <-waited:
+			if !failed {
+				return a.groupEnded(ctx, at, ended)
+			}
+			waited = nil // its fault is queued
 		case <-s.faults.ready:
 			f = s.faults.take(at.gen, at.started, a.dropStale)
 		case <-tick.C:
@@ -191,30 +230,33 @@ func (a *Agent) wait(ctx context.Context, s *session, at *attempt) (*Fault, erro
 		}
 	}
 	end()
-	switch err := <-exited; {
-	case err == nil: // they all succeeded meanwhile
-		return nil, nil
-	case ctx.Err() == nil:
+	if waited != nil {
+		<-waited
+	}
+	switch {
+	case f.Source == FromWorker:
+		return f, nil
+	case failed:
 		// A worker that failed before the fault was handled is the
 		// fault: it names a rank and has the report.
-		if wf, _ := a.exitFault(ctx, at, err); wf != nil {
+		if wf := s.faults.takeWorker(at.gen); wf != nil {
 			return wf, nil
 		}
 		return f, nil
-	default:
-		return a.exitFault(ctx, at, err)
+	case ended == nil: // they all succeeded meanwhile
+		return nil, nil
+	case ctx.Err() == nil:
+		return f, nil
 	}
+	return a.groupEnded(ctx, at, ended)
 }
 
-// exitFault turns the worker group's Wait result into the attempt's
-// outcome.
-func (a *Agent) exitFault(ctx context.Context, at *attempt, err error) (*Fault, error) {
-	var failed *supervisor.WorkerExitError
+// groupEnded is the attempt's outcome when the worker group's Wait ended
+// without a worker's failure.
+func (a *Agent) groupEnded(ctx context.Context, at *attempt, err error) (*Fault, error) {
 	switch {
 	case err == nil:
 		return nil, nil
-	case errors.As(err, &failed):
-		return workerFault(at.gen, a.workerFailure(ctx, at)), nil
 	case ctx.Err() != nil:
 		return nil, context.Cause(ctx)
 	}
@@ -275,21 +317,81 @@ func (a *Agent) dropStale(f *Fault) {
 	}
 }
 
-// recover handles a fault of the attempt: the one place where faults
-// become a restart of the job, a move to the next generation, or the end
-// of the job. done: Run returns err.
+// action is what recover does about a fault.
+type action int
+
+const (
+	actNewGeneration action = iota // stop the workers; the next round begins, not charged
+	actRestart                     // restart the job's workers, charged to --max-restarts
+	actDrain                       // stop the workers; this node leaves the job (exit 3)
+	actFail                        // the job failed
+)
+
+func (a action) String() string {
+	return [...]string{"new-generation", "restart", "drain", "fail"}[a]
+}
+
+// decide is recover's decision, pure: what a fault of severity sev calls
+// for, where restartsLeft says the rendezvous, told of this node's fault,
+// did not answer that the job failed, and drainPending that a drain of
+// this node is queued behind the fault. A drain wins over everything: a
+// GPU that fell off the bus also kills its worker, and the node must exit
+// as drained even when that worker's failure used up the restarts.
+func decide(sev Severity, restartsLeft, drainPending bool) action {
+	switch {
+	case sev == Drain || drainPending:
+		return actDrain
+	case sev >= Fail:
+		return actFail
+	case sev == NewGeneration:
+		return actNewGeneration
+	case !restartsLeft:
+		return actFail
+	}
+	return actRestart
+}
+
+// recover handles a fault: the one place where faults become a restart of
+// the job, a move to the next generation, a drain of this node, or the end
+// of the job. at is nil for a drain found outside an attempt. done: Run
+// returns err.
 func (a *Agent) recover(ctx context.Context, s *session, at *attempt, f *Fault) (done bool, err error) {
-	if !f.restartsJob() {
+	restartsLeft, stopped := true, false
+	if f.Severity == Restart {
+		a.logRestart(f)
+		s.exp.Restart(at.gen, f.Reason)
+		restartsLeft = a.failAttempt(ctx, s, at, f)
+		stopped = true
+	}
+	switch act := decide(f.Severity, restartsLeft, s.faults.drain() != nil); act {
+	case actNewGeneration:
 		a.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
-		s.notify(roundEventKind(at.r.End()), at, -1, f.Reason, nil)
+		s.tell(event{kind: evFault, at: at, fault: f})
 		s.abort("job moving to a new generation: " + f.Reason)
 		at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
 		a.dropGeneration(s, at.gen)
 		return false, nil
+	case actDrain:
+		return true, a.drain(s, at, s.faults.drain(), stopped)
+	case actFail:
+		jf := &JobFailedError{Attempts: at.n + 1, Reason: f.Reason}
+		if wf, ok := errorsAs[*supervisor.WorkerExitError](f); ok {
+			jf = &JobFailedError{Attempts: at.n + 1, Cause: wf}
+		}
+		return true, &FaultError{Severity: Fail, Err: jf}
 	}
+	if ctx.Err() != nil {
+		return true, context.Cause(ctx)
+	}
+	a.log.Warn("restarting worker group", "restarts", at.r.Restarts+1, "max_restarts", a.cfg.MaxRestarts)
+	s.tell(event{kind: evRestarting, at: at, fault: f, restarts: at.r.Restarts + 1, maxRestarts: a.cfg.MaxRestarts})
+	return false, nil
+}
+
+// logRestart logs a finding that restarts the job's workers; a worker's
+// failure and a hang have their own report.
+func (a *Agent) logRestart(f *Fault) {
 	switch f.Source {
-	case FromWorker:
-		s.mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
 	case FromGPU:
 		gf, _ := errorsAs[*GPUFaultError](f)
 		fd := gf.Findings[0]
@@ -300,49 +402,60 @@ func (a *Agent) recover(ctx context.Context, s *session, at *attempt, f *Fault) 
 		a.log.Error("health check: restarting the job's workers", "plugin", pf.Finding.Plugin, "subject", pf.Finding.Subject,
 			"finding", pf.Finding.Message)
 	}
-	s.exp.Restart(at.gen, f.Reason)
-	noneLeft, err := a.failAttempt(ctx, s, at, f)
-	if noneLeft {
-		jf := &JobFailedError{Attempts: at.n + 1, Reason: f.Reason}
-		if wf, ok := errorsAs[*supervisor.WorkerExitError](f); ok {
-			jf = &JobFailedError{Attempts: at.n + 1, Cause: wf}
-		}
-		return true, drainOr(ctx, jf)
-	}
-	return err != nil, err
 }
 
 // failAttempt handles a fault of this node's attempt: it aborts the
 // workers' communicators, tells the rendezvous first (the other nodes'
 // workers are stuck on this node's until their agents restart them),
-// stops the workers, and reports. noneLeft: the job has no restarts left;
-// err: ctx ended meanwhile.
-func (a *Agent) failAttempt(ctx context.Context, s *session, at *attempt, f *Fault) (noneLeft bool, err error) {
+// stops the workers, and reports. It reports whether the job has
+// restarts left.
+func (a *Agent) failAttempt(ctx context.Context, s *session, at *attempt, f *Fault) (restartsLeft bool) {
+	if f.Source == FromWorker {
+		s.mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
+	}
 	s.abort(f.Reason)
 	ferr := s.j.rz.Fail(ctx, at.r, f.Reason)
 	at.r.Stop()
 	at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
 	a.dropGeneration(s, at.gen)
+	ev := event{kind: evFault, at: at, fault: f}
 	if wf, ok := errorsAs[*WorkerFailedError](f); ok {
 		b, text := a.report(wf, at, s.mon)
-		s.notify(notifier.WorkerFailed, at, b.Root, wf.Error(), map[string]string{"report": text, "victims": joinInts(b.VictimRanks())})
-	} else {
-		s.notifyFault(at, f)
+		ev.blame, ev.report = &b, text
 	}
+	s.tell(ev)
 	var jf *rdzv.JobFailedError
 	if errors.As(ferr, &jf) {
-		return true, nil
+		return false
 	}
 	if ferr != nil {
 		a.log.Error("tell the rendezvous about the failure", "err", ferr)
 	}
-	if ctx.Err() != nil {
-		return false, context.Cause(ctx)
+	return true
+}
+
+// drain takes this node out of the job for the drain fault f: the
+// workers stopped (unless stopped already) and their communicators
+// aborted, the rendezvous left with the reason, which the other nodes and
+// `ddp-agent status` see. at is nil outside an attempt.
+func (a *Agent) drain(s *session, at *attempt, f *Fault, stopped bool) error {
+	why := "drained: " + f.Reason
+	if f.Source == FromGPU { // a detector's verdict went to the notifiers when it came
+		s.tell(event{kind: evFault, at: at, fault: f})
 	}
-	a.log.Warn("restarting worker group", "restarts", at.r.Restarts+1, "max_restarts", a.cfg.MaxRestarts)
-	s.notify(notifier.Restarted, at, -1, "restarting the job's workers: "+f.Reason,
-		map[string]string{"restarts": strconv.Itoa(at.r.Restarts + 1), "max_restarts": strconv.Itoa(a.cfg.MaxRestarts)})
-	return false, nil
+	if at != nil && !stopped {
+		at.r.Stop()
+		a.log.Info("stopping workers", "reason", f.Reason, "signal", syscall.SIGTERM, "grace", a.cfg.StopTimeout)
+		s.abort(why)
+	}
+	if s.j != nil {
+		s.leave(why)
+	}
+	if at != nil && !stopped {
+		at.g.Stop(syscall.SIGTERM, a.cfg.StopTimeout)
+		s.events.report(a.log, at.gen, s.srv.Conns)
+	}
+	return &FaultError{Severity: Drain, Err: f.Err}
 }
 
 // report writes the root cause of a failed attempt, whose workers have
@@ -374,10 +487,7 @@ func (a *Agent) stop(ctx context.Context, s *session, at *attempt) error {
 	cause := context.Cause(ctx)
 	sig := stopSignal(cause)
 	a.log.Info("stopping workers", "reason", cause, "signal", sig, "grace", a.cfg.StopTimeout)
-	why := "agent stopping: "
-	if drainCause(ctx) != nil { // the other nodes and `ddp-agent status` see why this one left
-		why = "drained: "
-	}
+	why := "agent stopping: " // the other nodes and `ddp-agent status` see why this one left
 	s.abort(why + cause.Error())
 	s.leave(why + cause.Error())
 	at.g.Stop(sig, a.cfg.StopTimeout)

@@ -11,7 +11,6 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
-	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -129,15 +128,9 @@ func (a *Agent) startControl(ctx context.Context, s *session) (func(), error) {
 	return stop, nil
 }
 
-// startMonitors starts the host monitor and the GPU health watch. A GPU
-// finding that calls for a restart is a fault of the attempt; one that
-// drains the node cancels the run with a *GPUFaultError.
-func (a *Agent) startMonitors(ctx context.Context, cancel context.CancelCauseFunc, s *session) {
+// startMonitors starts the host monitor and the GPU health watch, whose
+// findings that call for a restart, a reset or a drain are faults.
+func (a *Agent) startMonitors(ctx context.Context, s *session) {
 	s.goBackground(func() { _ = s.mon.Run(ctx) })
-	s.goBackground(func() {
-		a.watchGPUs(ctx, s.faults.report, func(f *GPUFaultError) {
-			s.notify(notifier.GPUFault, nil, -1, f.Error(), map[string]string{"action": f.Action.String()})
-			cancel(f)
-		})
-	})
+	s.goBackground(func() { a.watchGPUs(ctx, s.faults.report) })
 }

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -29,20 +28,25 @@ func TestStragglerFault(t *testing.T) {
 }
 
 // TestDrainCause: a drain for a straggler ends the run as drained, as a
-// GPU fault that drains does; its other actions never cancel the run.
+// GPU fault that drains does, and wins over the job's failure; its other
+// actions never drain. (It checked drainCause and drainOr on the run's
+// context; the drain is now the fault's severity, and recover's decide
+// makes it win.)
 func TestDrainCause(t *testing.T) {
 	for _, tc := range []struct {
 		action straggler.Action
 		drains bool
 	}{{straggler.ActionDrain, true}, {straggler.ActionRestart, false}} {
-		ctx, cancel := context.WithCancelCause(context.Background())
 		se := &straggler.Error{Straggler: telemetry.Straggler{Rank: 1, Cause: telemetry.CauseGPU}, Confirm: time.Minute, Action: tc.action}
-		cancel(se)
-		if got := drainCause(ctx); (got != nil) != tc.drains {
-			t.Errorf("%s: drainCause %v, want a drain: %v", tc.action, got, tc.drains)
+		f := stragglerFault(2, time.Now(), se)
+		if got := decide(f.Severity, true, false) == actDrain; got != tc.drains {
+			t.Errorf("%s: drains: got %v, want %v", tc.action, got, tc.drains)
 		}
-		if err := drainOr(ctx, errors.New("job failed")); tc.drains && err != error(se) {
-			t.Errorf("drainOr: %v, want the straggler", err)
+		if got := decide(Restart, false, f.Severity == Drain); tc.drains && got != actDrain {
+			t.Errorf("%s: a failed job with the drain queued: got %v, want %v", tc.action, got, actDrain)
+		}
+		if err := (&FaultError{Severity: f.Severity, Err: f.Err}); tc.drains && !errors.Is(err, se) {
+			t.Errorf("FaultError %v does not wrap the straggler", err)
 		}
 	}
 	if got := (&straggler.Error{Straggler: telemetry.Straggler{Rank: 3}, Confirm: 90 * time.Second, Action: straggler.ActionDrain}).Error(); got !=

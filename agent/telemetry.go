@@ -66,17 +66,20 @@ func (a *Agent) openExporter(ctx context.Context, runID, runDir string, keep boo
 	}, nil
 }
 
-// newStragglerPolicy builds the policy of a run (--straggler-action); drain
-// ends the run (its context's cancel) with the drain as the cause. The
-// session's watch and store client are read when the policy acts, not now.
-func (a *Agent) newStragglerPolicy(ctx context.Context, s *session, drain func(*straggler.Error)) *straggler.Policy {
+// newStragglerPolicy builds the policy of a run (--straggler-action): a
+// restart or a drain it decides is a fault. The session's watch and store
+// client are read when the policy acts, not now.
+func (a *Agent) newStragglerPolicy(ctx context.Context, s *session) *straggler.Policy {
 	tc := a.cfg.Telemetry
 	cfg := straggler.Config{
 		Log: a.log, Action: tc.StragglerAction, Confirm: tc.StragglerConfirm,
 		MinNodes: a.cfg.Rendezvous.NNodesMin, MaxRestarts: a.cfg.MaxRestarts,
 		Restart: func(gen uint64, seen time.Time, se *straggler.Error) { s.faults.report(stragglerFault(gen, seen, se)) },
-		Drain:   drain, Background: s.goBackground,
-		Owner: func(rank int) string { return s.watch.Worker(rank).Host },
+		Drain: func(se *straggler.Error) {
+			s.faults.report(stragglerFault(0, time.Now(), se))
+		},
+		Background: s.goBackground,
+		Owner:      func(rank int) string { return s.watch.Worker(rank).Host },
 	}
 	if r := a.cfg.Rendezvous; r.Backend.UsesStore() {
 		// Through the session's store client (which follows the store's

@@ -21,7 +21,6 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
-	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
@@ -178,10 +177,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	a.SetGPUs(gpus)
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError
-	var failed *agent.JobFailedError
-	var gpuFault *agent.GPUFaultError
-	var slow *straggler.Error
-	var pluginFault *agent.PluginFaultError
+	var ended *agent.FaultError // the fault that ended this node's part, with its severity
 	var refused *pluginhost.RefusedError
 	switch {
 	case err == nil:
@@ -189,19 +185,13 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &sigErr):
 		log.Info("agent stopped by signal", "signal", sigErr.Signal.String())
 		return 128 + int(sigErr.Signal)
-	case errors.As(err, &gpuFault):
-		log.Error("node drained", "err", err)
-		return exitDrained
-	case errors.As(err, &slow) && slow.Action == straggler.ActionDrain:
-		log.Error("node drained", "err", err)
-		return exitDrained
-	case errors.As(err, &pluginFault) && pluginFault.Drains():
+	case errors.As(err, &ended) && ended.Severity == agent.Drain:
 		log.Error("node drained", "err", err)
 		return exitDrained
 	case errors.As(err, &refused):
 		fmt.Fprintf(stderr, "ddp-agent run: %v\n", err)
 		return 2
-	case errors.As(err, &failed):
+	case errors.As(err, &ended):
 		log.Error("job failed", "err", err)
 		return 1
 	default:

@@ -1,0 +1,154 @@
+package agent
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rootcause"
+	"github.com/ddp-agent/ddp-agent/agent/straggler"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+	"github.com/ddp-agent/ddp-agent/plugins/notifier"
+)
+
+// eventKind is what the run tells the notifiers.
+type eventKind int
+
+const (
+	evStarted    eventKind = iota // the job started on this node
+	evFault                       // a fault stopped the attempt, or drains the node
+	evRestarting                  // recover restarts the job's workers
+	evEnded                       // this node's part of the job ended
+)
+
+// event is one thing the run tells the notifier plugins, as a typed
+// value; notice maps it onto the plugin protocol, the one place that
+// does.
+type event struct {
+	kind eventKind
+	at   *attempt // the attempt it concerns; nil: none
+	// fault is the fault told (evFault) or restarted for (evRestarting).
+	fault *Fault
+	// blame and report are a worker's failure's root cause, as the
+	// report gave it, and the report's block.
+	blame  *rootcause.Blame
+	report string
+	// restarts and maxRestarts: evRestarting's count, with this one.
+	restarts, maxRestarts int
+	// err is how the job ended here (evEnded); nil: every worker
+	// succeeded.
+	err error
+	// started is evStarted's message and details.
+	started startedJob
+}
+
+// startedJob is what evStarted tells of the job.
+type startedJob struct {
+	runID, command, nnodes string
+	nproc                  int
+}
+
+// notice is ev in the plugin protocol; false when there is nothing to
+// tell: a detector's verdict was told by the host when it came, and a
+// straggler drained for was told when the watch named it.
+func (ev event) notice() (notifier.Event, bool) {
+	n := notifier.Event{Rank: -1}
+	if ev.at != nil {
+		n.Generation, n.Attempt = ev.at.gen, ev.at.n
+	}
+	f := ev.fault
+	switch ev.kind {
+	case evStarted:
+		s := ev.started
+		n.Kind, n.Message = notifier.JobStarted, "job "+s.runID+" started on this node: "+s.command
+		n.Details = map[string]string{"nproc_per_node": strconv.Itoa(s.nproc), "nnodes": s.nnodes}
+	case evRestarting:
+		n.Kind, n.Message = notifier.Restarted, "restarting the job's workers: "+f.Reason
+		n.Details = map[string]string{"restarts": strconv.Itoa(ev.restarts), "max_restarts": strconv.Itoa(ev.maxRestarts)}
+	case evEnded:
+		if ev.err == nil {
+			n.Kind, n.Message = notifier.JobFinished, "every worker of this node succeeded"
+			break
+		}
+		reason := "failed"
+		var fe *FaultError
+		var sig *SignalError
+		switch {
+		case errors.As(ev.err, &fe) && fe.Severity == Drain:
+			reason = "drained"
+		case errors.As(ev.err, &sig):
+			reason = "stopped"
+		}
+		n.Kind, n.Message, n.Details = notifier.JobFailed, ev.err.Error(), map[string]string{"reason": reason}
+	case evFault:
+		return faultNotice(n, f, ev)
+	}
+	return n, true
+}
+
+// faultNotice is an evFault in the plugin protocol.
+func faultNotice(n notifier.Event, f *Fault, ev event) (notifier.Event, bool) {
+	n.Message = f.Reason
+	switch f.Source {
+	case FromRound:
+		n.Kind = roundEventKind(ev.at.r.End())
+	case FromWorker:
+		wf, _ := errorsAs[*WorkerFailedError](f)
+		n.Kind, n.Rank, n.Message = notifier.WorkerFailed, ev.blame.Root, wf.Error()
+		n.Details = map[string]string{"report": ev.report, "victims": joinInts(ev.blame.VictimRanks())}
+	case FromHang:
+		h, _ := errorsAs[*watch.HangError](f)
+		n.Kind, n.Details = notifier.Hang, pluginhost.HangDetails(h.Hang, h.Report)
+	case FromGPU:
+		n.Kind = notifier.GPUFault
+		if gf, _ := errorsAs[*GPUFaultError](f); f.Severity >= Drain {
+			n.Details = map[string]string{"action": gf.Action.String()}
+		}
+	case FromStraggler:
+		se, _ := errorsAs[*straggler.Error](f)
+		if f.Severity >= Drain {
+			return n, false
+		}
+		n.Kind, n.Rank, n.Details = notifier.Straggler, se.Straggler.Rank, map[string]string{"action": string(se.Action)}
+	default: // FromPlugin
+		return n, false
+	}
+	return n, true
+}
+
+// roundEventKind is what a round's end says of the job's nodes: one lost
+// or gone, one joined, or neither (another node's fault: a restart).
+func roundEventKind(end rdzv.RoundEnd) notifier.EventKind {
+	switch end.Kind {
+	case rdzv.EndNodeLost, rdzv.EndNodeLeft:
+		return notifier.NodeLost
+	case rdzv.EndNodeJoined:
+		return notifier.NodeJoined
+	}
+	return notifier.Restarted
+}
+
+// tell tells the notifier plugins ev; without plugins, nothing.
+func (s *session) tell(ev event) {
+	if s.plugins == nil {
+		return
+	}
+	if n, ok := ev.notice(); ok {
+		s.plugins.Notify(n)
+	}
+}
+
+// notifyStragglers tells the notifiers about each rank newly named a
+// persistent straggler (the watch hands over the named ranks at every
+// look).
+func (s *session) notifyStragglers(named []telemetry.Straggler) {
+	if s.plugins == nil {
+		return
+	}
+	for _, st := range s.named.Fresh(named) {
+		msg, details := pluginhost.StragglerNotice(st)
+		s.plugins.Notify(notifier.Event{Kind: notifier.Straggler, Rank: st.Rank, Message: msg, Details: details})
+	}
+}
