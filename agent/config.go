@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
@@ -38,6 +39,9 @@ type Config struct {
 	Rendezvous Rendezvous
 	Telemetry  Telemetry
 	Plugins    Plugins
+	// GPUs is this node's GPUs; nil runs a CPU-only node: no placement,
+	// no binding, no health watch.
+	GPUs *GPUs
 }
 
 // Rendezvous says how this node joins the job: its Backend, chosen once
@@ -92,4 +96,10 @@ func (c *Config) check() error {
 		return errors.New("agent config: StragglerConfirm must not be negative")
 	}
 	return nil
+}
+
+// Plugins says which plugins run beside the job.
+type Plugins struct {
+	Specs []pluginhost.Spec
+	Dir   string // where the bundled plugins' binary is; "": next to the executable
 }

@@ -7,9 +7,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/rootcause"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+	"github.com/ddp-agent/ddp-agent/plugins/detector"
 )
 
 // Severity is what a fault calls for, least to most. Every source gives
@@ -90,6 +92,24 @@ type FaultError struct {
 
 func (e *FaultError) Error() string { return e.Err.Error() }
 func (e *FaultError) Unwrap() error { return e.Err }
+
+// PluginFaultError is a detector plugin's finding that stops this node's
+// workers: restart-workers restarts the job (a fault, counted against
+// --max-restarts); drain-node makes the node leave the job, and the agent
+// exit 3.
+type PluginFaultError struct{ Finding pluginhost.Finding }
+
+func (e *PluginFaultError) Error() string {
+	f := e.Finding
+	what := fmt.Sprintf("plugin %s: %s: %s", f.Plugin, f.Subject, f.Message)
+	if e.Drains() {
+		return what + ": this node must be drained; it leaves the job"
+	}
+	return what + ": restarting the workers"
+}
+
+// Drains reports whether the finding makes the node leave the job.
+func (e *PluginFaultError) Drains() bool { return e.Finding.Action >= detector.ActionDrainNode }
 
 // RoundEndedError is the cause of a round's end when the job moved to
 // another generation because of something outside this node.

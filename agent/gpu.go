@@ -14,9 +14,9 @@ import (
 	"github.com/ddp-agent/ddp-agent/nvml/health"
 )
 
-// GPUs is what the agent uses of this node's GPUs. An agent without one
-// (SetGPUs never called, or nil) runs a CPU-only node: no placement, no
-// binding, no health watch.
+// GPUs is what the agent uses of this node's GPUs (Config.GPUs). An agent
+// without them (nil) runs a CPU-only node: no placement, no binding, no
+// health watch.
 type GPUs struct {
 	Topology *nvml.Topology
 	Plan     *placement.Plan
@@ -32,9 +32,6 @@ type GPUs struct {
 	// throttling), for the report of a persistent straggler.
 	State func(uuid string) (nvml.GPUState, error)
 }
-
-// SetGPUs gives the agent this node's GPUs; call it before Run.
-func (a *Agent) SetGPUs(g *GPUs) { a.gpus = g }
 
 // GPUFaultError is a GPU health finding that stops this node's workers:
 // ActionRestartWorkers restarts the job (a fault, counted against
@@ -98,6 +95,14 @@ func joinInts(v []int) string {
 	return strings.Join(s, ",")
 }
 
+// placer is the supervisor's Spec.Place: nil on a CPU-only node.
+func (g *GPUs) placer() func(int) supervisor.Placement {
+	if g == nil || g.Plan == nil {
+		return nil
+	}
+	return g.place
+}
+
 // place is the supervisor's Spec.Place for the agent's plan.
 func (g *GPUs) place(lr int) supervisor.Placement {
 	if g == nil || g.Plan == nil || lr >= len(g.Plan.Workers) {
@@ -111,9 +116,8 @@ func (g *GPUs) place(lr int) supervisor.Placement {
 	return p
 }
 
-// nodeGPUs is what the node entry in the rendezvous store says of the GPUs.
-func (a *Agent) nodeGPUs() *rdzv.NodeGPUs {
-	g := a.gpus
+// node is what the node entry in the rendezvous store says of the GPUs.
+func (g *GPUs) node() *rdzv.NodeGPUs {
 	if g == nil || g.Topology == nil || g.Plan == nil {
 		return nil
 	}
@@ -128,16 +132,17 @@ func (a *Agent) nodeGPUs() *rdzv.NodeGPUs {
 // gpu (an NVML index); nil between attempts (once the last attempt's
 // workers are stopped, until the next one starts). The health watcher calls it
 // from its own goroutines.
-func (a *Agent) ranksOn(gpu int) []int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.group == nil || a.gpus == nil || a.gpus.Plan == nil {
+func (r *run) ranksOn(gpu int) []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	g := r.cfg.GPUs
+	if r.group == nil || g == nil || g.Plan == nil {
 		return nil
 	}
 	var ranks []int
-	for _, w := range a.gpus.Plan.Workers {
+	for _, w := range g.Plan.Workers {
 		if w.GPU == gpu {
-			ranks = append(ranks, a.rankOffset+w.LocalRank)
+			ranks = append(ranks, r.rankOffset+w.LocalRank)
 		}
 	}
 	return ranks
@@ -146,8 +151,8 @@ func (a *Agent) ranksOn(gpu int) []int {
 // watchGPUs runs the health watcher until ctx is done. Findings that call
 // for a restart, a reset or a drain are reported as one fault, with its
 // severity; after a drain it stops. It returns at once without NVML.
-func (a *Agent) watchGPUs(ctx context.Context, report func(*Fault)) {
-	g := a.gpus
+func (r *run) watchGPUs(ctx context.Context, report func(*Fault)) {
+	g := r.cfg.GPUs
 	if g == nil || g.Watch == nil || g.Plan == nil || len(g.Plan.Ring) == 0 {
 		return
 	}
@@ -155,7 +160,7 @@ func (a *Agent) watchGPUs(ctx context.Context, report func(*Fault)) {
 	for _, i := range g.Plan.Ring {
 		devs = append(devs, health.Device{Index: i, UUID: g.Topology.GPUs[i].UUID})
 	}
-	w := g.Watch(devs, health.WithLogger(a.log.With("component", "gpu-health")), health.WithRanks(a.ranksOn))
+	w := g.Watch(devs, health.WithLogger(r.log.With("component", "gpu-health")), health.WithRanks(r.ranksOn))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -181,7 +186,7 @@ func (a *Agent) watchGPUs(ctx context.Context, report func(*Fault)) {
 			case f.Action == health.ActionRestartWorkers:
 				// An application fault of another process, or of workers
 				// already gone: nothing of this job to restart.
-				a.log.Warn("GPU fault on a GPU without workers of this job: nothing to restart",
+				r.log.Warn("GPU fault on a GPU without workers of this job: nothing to restart",
 					"gpu", f.GPU, "uuid", f.UUID, "finding", f.Message)
 			}
 		}
@@ -192,7 +197,7 @@ func (a *Agent) watchGPUs(ctx context.Context, report func(*Fault)) {
 		slices.SortStableFunc(serious, func(x, y health.Finding) int { return int(y.Action) - int(x.Action) })
 		fault := &GPUFaultError{Action: action, Findings: serious}
 		if fault.Drains() {
-			a.log.Error("GPU fault: this node leaves the job", "action", action.String(), "gpu", serious[0].GPU,
+			r.log.Error("GPU fault: this node leaves the job", "action", action.String(), "gpu", serious[0].GPU,
 				"uuid", serious[0].UUID, "ranks", serious[0].Ranks, "finding", serious[0].Message)
 			report(gpuFault(fault))
 			return

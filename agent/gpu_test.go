@@ -103,11 +103,11 @@ func startGPUJob(t *testing.T, maxRestarts int) *gpuJob {
 	cfg := Config{Command: []string{os.Args[0]}, NProcPerNode: 2, MaxRestarts: maxRestarts, StopTimeout: 2 * time.Second,
 		Rendezvous: Rendezvous{NNodesMin: 1, NNodesMax: 1}, Telemetry: Telemetry{HangTimeout: time.Minute, TraceSample: 0.1}}
 	log := slog.New(slog.NewTextHandler(j.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	a := New(cfg, log, supervisor.NewConsole(j.out), supervisor.NewConsole(j.out), append(os.Environ(), "AGENT_TEST_WORKER=sleep"))
-	a.SetGPUs(&GPUs{Topology: topo, Plan: plan, Binding: placement.ModeNone, Bind: os.Args[0],
+	cfg.GPUs = &GPUs{Topology: topo, Plan: plan, Binding: placement.ModeNone, Bind: os.Args[0],
 		Watch: func(devs []health.Device, opts ...health.Option) *health.Watcher {
 			return health.NewWatcher(nvmltest.Lib(server), devs, append(opts, health.WithInterval(50*time.Millisecond))...)
-		}})
+		}}
+	a := New(cfg, log, supervisor.NewConsole(j.out), supervisor.NewConsole(j.out), append(os.Environ(), "AGENT_TEST_WORKER=sleep"))
 	ctx, cancel := context.WithCancelCause(context.Background())
 	j.stop = cancel
 	go func() { j.done <- a.Run(ctx) }()

@@ -131,24 +131,24 @@ func roundEventKind(end rdzv.RoundEnd) notifier.EventKind {
 }
 
 // tell tells the notifier plugins ev; without plugins, nothing.
-func (s *session) tell(ev event) {
-	if s.plugins == nil {
+func (r *run) tell(ev event) {
+	if r.plugins == nil {
 		return
 	}
 	if n, ok := ev.notice(); ok {
-		s.plugins.Notify(n)
+		r.plugins.Notify(n)
 	}
 }
 
 // notifyStragglers tells the notifiers about each rank newly named a
 // persistent straggler (the watch hands over the named ranks at every
 // look).
-func (s *session) notifyStragglers(named []telemetry.Straggler) {
-	if s.plugins == nil {
+func (r *run) notifyStragglers(named []telemetry.Straggler) {
+	if r.plugins == nil {
 		return
 	}
-	for _, st := range s.named.Fresh(named) {
+	for _, st := range r.named.Fresh(named) {
 		msg, details := pluginhost.StragglerNotice(st)
-		s.plugins.Notify(notifier.Event{Kind: notifier.Straggler, Rank: st.Rank, Message: msg, Details: details})
+		r.plugins.Notify(notifier.Event{Kind: notifier.Straggler, Rank: st.Rank, Message: msg, Details: details})
 	}
 }

@@ -173,8 +173,8 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 
 	rc := runConfig(cfg, os.Getenv)
 	rc.TorchVersion = <-torchVersion
+	rc.GPUs = gpus
 	a := agent.New(rc, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
-	a.SetGPUs(gpus)
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError
 	var ended *agent.FaultError // the fault that ended this node's part, with its severity

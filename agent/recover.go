@@ -1,0 +1,221 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"syscall"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/hostmon"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rootcause"
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+)
+
+// action is what recover does about a fault.
+type action int
+
+const (
+	actNewGeneration action = iota // stop the workers; the next round begins, not charged
+	actRestart                     // restart the job's workers, charged to --max-restarts
+	actDrain                       // stop the workers; this node leaves the job (exit 3)
+	actFail                        // the job failed
+)
+
+func (a action) String() string {
+	return [...]string{"new-generation", "restart", "drain", "fail"}[a]
+}
+
+// decide is recover's decision, pure: what a fault of severity sev calls
+// for, where restartsLeft says the rendezvous, told of this node's fault,
+// did not answer that the job failed, and drainPending that a drain of
+// this node is queued behind the fault. A drain wins over everything: a
+// GPU that fell off the bus also kills its worker, and the node must exit
+// as drained even when that worker's failure used up the restarts.
+func decide(sev Severity, restartsLeft, drainPending bool) action {
+	switch {
+	case sev == Drain || drainPending:
+		return actDrain
+	case sev >= Fail:
+		return actFail
+	case sev == NewGeneration:
+		return actNewGeneration
+	case !restartsLeft:
+		return actFail
+	}
+	return actRestart
+}
+
+// recover handles a fault: the one place where faults become a restart of
+// the job, a move to the next generation, a drain of this node, or the end
+// of the job. at is nil for a drain found outside an attempt. done: Run
+// returns err.
+func (r *run) recover(ctx context.Context, at *attempt, f *Fault) (done bool, err error) {
+	restartsLeft, stopped := true, false
+	if f.Severity == Restart {
+		r.logRestart(f)
+		r.exp.Restart(at.gen, f.Reason)
+		restartsLeft = r.failAttempt(ctx, at, f)
+		stopped = true
+	}
+	switch act := decide(f.Severity, restartsLeft, r.faults.drain() != nil); act {
+	case actNewGeneration:
+		r.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
+		r.tell(event{kind: evFault, at: at, fault: f})
+		r.abort("job moving to a new generation: " + f.Reason)
+		at.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
+		r.dropGeneration(at.gen)
+		return false, nil
+	case actDrain:
+		return true, r.drain(at, r.faults.drain(), stopped)
+	case actFail:
+		jf := &JobFailedError{Attempts: at.n + 1, Reason: f.Reason}
+		if wf, ok := errorsAs[*supervisor.WorkerExitError](f); ok {
+			jf = &JobFailedError{Attempts: at.n + 1, Cause: wf}
+		}
+		return true, &FaultError{Severity: Fail, Err: jf}
+	}
+	if ctx.Err() != nil {
+		return true, context.Cause(ctx)
+	}
+	r.log.Warn("restarting worker group", "restarts", at.r.Restarts+1, "max_restarts", r.cfg.MaxRestarts)
+	r.tell(event{kind: evRestarting, at: at, fault: f, restarts: at.r.Restarts + 1, maxRestarts: r.cfg.MaxRestarts})
+	return false, nil
+}
+
+// logRestart logs a finding that restarts the job's workers; a worker's
+// failure and a hang have their own report.
+func (r *run) logRestart(f *Fault) {
+	switch f.Source {
+	case FromGPU:
+		gf, _ := errorsAs[*GPUFaultError](f)
+		fd := gf.Findings[0]
+		r.log.Error("GPU fault: restarting the job's workers", "gpu", fd.GPU, "uuid", fd.UUID, "ranks", fd.Ranks,
+			"kind", string(fd.Kind), "xid", fd.XID, "finding", fd.Message, "count", fd.Count)
+	case FromPlugin:
+		pf, _ := errorsAs[*PluginFaultError](f)
+		r.log.Error("health check: restarting the job's workers", "plugin", pf.Finding.Plugin, "subject", pf.Finding.Subject,
+			"finding", pf.Finding.Message)
+	}
+}
+
+// failAttempt handles a fault of this node's attempt: it aborts the
+// workers' communicators, tells the rendezvous first (the other nodes'
+// workers are stuck on this node's until their agents restart them),
+// stops the workers, and reports. It reports whether the job has
+// restarts left.
+func (r *run) failAttempt(ctx context.Context, at *attempt, f *Fault) (restartsLeft bool) {
+	if f.Source == FromWorker {
+		r.mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
+	}
+	r.abort(f.Reason)
+	ferr := r.j.rz.Fail(ctx, at.r, f.Reason)
+	at.r.Stop()
+	at.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
+	r.dropGeneration(at.gen)
+	ev := event{kind: evFault, at: at, fault: f}
+	if wf, ok := errorsAs[*WorkerFailedError](f); ok {
+		b, text := r.report(wf, at, r.mon)
+		ev.blame, ev.report = &b, text
+	}
+	r.tell(ev)
+	var jf *rdzv.JobFailedError
+	if errors.As(ferr, &jf) {
+		return false
+	}
+	if ferr != nil {
+		r.log.Error("tell the rendezvous about the failure", "err", ferr)
+	}
+	return true
+}
+
+// drain takes this node out of the job for the drain fault f: the
+// workers stopped (unless stopped already) and their communicators
+// aborted, the rendezvous left with the reason, which the other nodes and
+// `ddp-agent status` see. at is nil outside an attempt.
+func (r *run) drain(at *attempt, f *Fault, stopped bool) error {
+	why := "drained: " + f.Reason
+	if f.Source == FromGPU { // a detector's verdict went to the notifiers when it came
+		r.tell(event{kind: evFault, at: at, fault: f})
+	}
+	if at != nil && !stopped {
+		at.r.Stop()
+		r.log.Info("stopping workers", "reason", f.Reason, "signal", syscall.SIGTERM, "grace", r.cfg.StopTimeout)
+		r.abort(why)
+	}
+	if r.j != nil {
+		r.leave(why)
+	}
+	if at != nil && !stopped {
+		at.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
+		r.events.report(r.log, at.gen, r.srv.Conns)
+	}
+	return &FaultError{Severity: Drain, Err: f.Err}
+}
+
+// report writes the root cause of a failed attempt, whose workers have
+// stopped, to the agent's stderr (rootcause.Format) and logs it.
+func (r *run) report(wf *WorkerFailedError, at *attempt, mon *hostmon.Monitor) (rootcause.Blame, string) {
+	b := rootcause.Reclassify(at.g.Outcomes(), wf.Decided, wf.Blame) // the exits and notes of them all, now
+	r.log.Error("worker failed", b.LogAttrs(at.r.Restarts, at.started)...)
+	text := rootcause.Format(b, at.r.Restarts, r.cfg.MaxRestarts, at.started, at.g.PIDs(), mon)
+	r.stderr.Write([]byte(text))
+	return b, text
+}
+
+// rootSettle bounds how long a failed attempt waits for its root cause to
+// show itself (at most the stop timeout): a worker of this node that a
+// victim named and that has not exited yet (it closed its communicator at
+// interpreter exit and is still tearing down), or another node's agent
+// telling the rendezvous about its own worker, with its report.
+const rootSettle = 5 * time.Second
+
+// workerFailure works out the root cause of the attempt, whose first
+// failed worker has just been reaped: it may be another worker, which the
+// first one's shim named.
+func (r *run) workerFailure(ctx context.Context, at *attempt) *WorkerFailedError {
+	deadline := time.Now().Add(min(rootSettle, r.cfg.StopTimeout))
+	for {
+		now := time.Now()
+		b := rootcause.Decide(at.g.Outcomes(), now)
+		if !b.Local {
+			b.Elsewhere = at.r.Reason() // "" until another node's agent has told the rendezvous
+		}
+		left := time.Until(deadline)
+		switch {
+		case b.Root < 0 || b.Exit != nil || b.Elsewhere != "" || left <= 0 || ctx.Err() != nil:
+		case b.Local:
+			r.log.Info("a worker failed only because another failed first: waiting for that one to exit",
+				"rank", b.Root, "victims", b.VictimRanks(), "wait", left.Round(time.Millisecond))
+			if !at.g.WaitExited(ctx, b.Root, left) { // else its exit, error file and stderr go into the report
+				deadline = time.Now() // once more with what the workers noted meanwhile, then decide
+			}
+			continue
+		default: // another node's worker: give its agent the chance to say so first
+			r.log.Info("a worker failed only because a rank of another node failed first: waiting for its node to report it",
+				"rank", b.Root, "victims", b.VictimRanks(), "wait", left.Round(time.Millisecond))
+			t := time.NewTimer(left)
+			select {
+			case <-at.r.Done():
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			deadline = time.Now() // once more with what the workers noted meanwhile, then decide
+			continue
+		}
+		return &WorkerFailedError{Blame: b, Decided: now}
+	}
+}
+
+// dropGeneration logs the generation's collective events and deletes its
+// bootstrap keys, once its workers are gone.
+func (r *run) dropGeneration(gen uint64) {
+	r.events.report(r.log, gen, r.srv.Conns)
+	// bounded: the store may be what just failed
+	ctx, cancel := context.WithTimeout(r.srvCtx, 5*time.Second)
+	defer cancel()
+	if err := r.srv.DropGeneration(ctx, gen); err != nil {
+		r.log.Warn("drop control store keys", "generation", gen, "err", err)
+	}
+}
