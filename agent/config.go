@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
@@ -49,17 +50,10 @@ type Config struct {
 type Rendezvous = join.Config
 
 // Telemetry says what the agent watches in the workers' collectives and
-// where it exports it.
+// where it exports it (observe.Config, the sidecar's too), and what it
+// does about a persistent straggler.
 type Telemetry struct {
-	HangTimeout  time.Duration // a collective unfinished this long after the first rank arrived is a hang; 0: none
-	HangAuto     bool          // the timeout grows to 10 × the median step time
-	OTelEndpoint string        // OTLP collector; "" leaves it to the OTEL_* variables
-	OTLPProtocol string        // export.ProtocolGRPC or ProtocolHTTP; "" leaves it to the OTEL_* variables
-	TraceSample  float64       // share of normal steps traced; stalled steps always are
-	MetricsAddr  string        // Prometheus endpoint; "" none
-	// StragglerCost: the share of step time a persistent straggler's waits
-	// must cost before it is named; 0: stall.DefaultCost.
-	StragglerCost float64
+	observe.Config
 	// StragglerAction is what is done about a persistent straggler named
 	// without a gap for StragglerConfirm; "": straggler.ActionLog.
 	StragglerAction straggler.Action

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
@@ -148,42 +149,29 @@ func (r *run) ranksOn(gpu int) []int {
 	return ranks
 }
 
-// watchGPUs runs the health watcher until ctx is done. Findings that call
-// for a restart, a reset or a drain are reported as one fault, with its
+// watchGPUs runs the health watch of the plan's GPUs until ctx is done
+// (observe.WatchGPUs). Findings that call for a restart of the workers
+// using a GPU, a reset or a drain are reported as one fault, with its
 // severity; after a drain it stops. It returns at once without NVML.
 func (r *run) watchGPUs(ctx context.Context, report func(*Fault)) {
 	g := r.cfg.GPUs
-	if g == nil || g.Watch == nil || g.Plan == nil || len(g.Plan.Ring) == 0 {
+	if g == nil || g.Watch == nil || g.Plan == nil {
 		return
 	}
 	devs := make([]health.Device, 0, len(g.Plan.Ring))
 	for _, i := range g.Plan.Ring {
 		devs = append(devs, health.Device{Index: i, UUID: g.Topology.GPUs[i].UUID})
 	}
-	w := g.Watch(devs, health.WithLogger(r.log.With("component", "gpu-health")), health.WithRanks(r.ranksOn))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = w.Run(ctx)
-	}()
-	defer func() { <-done }()
-	for {
-		findings, err := w.Next(ctx)
-		if err != nil {
-			return
-		}
-		action := health.Decide(findings)
-		if action < health.ActionRestartWorkers {
-			continue // the watcher logged them
-		}
+	opts := []health.Option{health.WithLogger(r.log.With("component", "gpu-health")), health.WithRanks(r.ranksOn)}
+	observe.WatchGPUs(ctx, g.Watch, devs, opts, func(findings []health.Finding) bool {
 		var serious []health.Finding
 		for _, f := range findings {
 			switch {
 			case f.Action >= health.ActionResetGPU:
 				serious = append(serious, f) // the node is unhealthy, whoever uses the GPU
-			case f.Action == health.ActionRestartWorkers && len(f.Ranks) > 0:
+			case len(f.Ranks) > 0:
 				serious = append(serious, f)
-			case f.Action == health.ActionRestartWorkers:
+			default:
 				// An application fault of another process, or of workers
 				// already gone: nothing of this job to restart.
 				r.log.Warn("GPU fault on a GPU without workers of this job: nothing to restart",
@@ -191,19 +179,35 @@ func (r *run) watchGPUs(ctx context.Context, report func(*Fault)) {
 			}
 		}
 		if len(serious) == 0 {
-			continue
+			return true
 		}
-		action = health.Decide(serious)
+		action := health.Decide(serious)
 		slices.SortStableFunc(serious, func(x, y health.Finding) int { return int(y.Action) - int(x.Action) })
 		fault := &GPUFaultError{Action: action, Findings: serious}
 		if fault.Drains() {
 			r.log.Error("GPU fault: this node leaves the job", "action", action.String(), "gpu", serious[0].GPU,
 				"uuid", serious[0].UUID, "ranks", serious[0].Ranks, "finding", serious[0].Message)
-			report(gpuFault(fault))
-			return
 		}
 		report(gpuFault(fault))
+		return !fault.Drains()
+	})
+}
+
+// state reads a GPU's state now; nil without NVML.
+func (g *GPUs) state() func(string) (nvml.GPUState, error) {
+	if g == nil {
+		return nil
 	}
+	return g.State
+}
+
+// topology is the GPUs in one line for the exporter; "" on a CPU-only
+// node.
+func (g *GPUs) topology() string {
+	if g == nil || g.Topology == nil {
+		return ""
+	}
+	return g.Topology.Summary()
 }
 
 // summary is the GPUs and the placement in one line for the log.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/nvml"
@@ -101,7 +102,7 @@ func startGPUJob(t *testing.T, maxRestarts int) *gpuJob {
 	}
 	// As `ddp-agent run --no-python --nproc-per-node 2 --max-restarts N --stop-timeout 2s <test binary>`.
 	cfg := Config{Command: []string{os.Args[0]}, NProcPerNode: 2, MaxRestarts: maxRestarts, StopTimeout: 2 * time.Second,
-		Rendezvous: Rendezvous{NNodesMin: 1, NNodesMax: 1}, Telemetry: Telemetry{HangTimeout: time.Minute, TraceSample: 0.1}}
+		Rendezvous: Rendezvous{NNodesMin: 1, NNodesMax: 1}, Telemetry: Telemetry{Config: observe.Config{HangTimeout: time.Minute, TraceSample: 0.1}}}
 	log := slog.New(slog.NewTextHandler(j.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg.GPUs = &GPUs{Topology: topo, Plan: plan, Binding: placement.ModeNone, Bind: os.Args[0],
 		Watch: func(devs []health.Device, opts ...health.Option) *health.Watcher {

@@ -8,7 +8,6 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rootcause"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
-	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
@@ -137,18 +136,5 @@ func (r *run) tell(ev event) {
 	}
 	if n, ok := ev.notice(); ok {
 		r.plugins.Notify(n)
-	}
-}
-
-// notifyStragglers tells the notifiers about each rank newly named a
-// persistent straggler (the watch hands over the named ranks at every
-// look).
-func (r *run) notifyStragglers(named []telemetry.Straggler) {
-	if r.plugins == nil {
-		return
-	}
-	for _, st := range r.named.Fresh(named) {
-		msg, details := pluginhost.StragglerNotice(st)
-		r.plugins.Notify(notifier.Event{Kind: notifier.Straggler, Rank: st.Rank, Message: msg, Details: details})
 	}
 }

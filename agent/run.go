@@ -34,8 +34,8 @@ type run struct {
 
 	j      *joined
 	srv    *control.Server
-	srvCtx context.Context // the control socket's: it outlives the run's ctx
-	mon    *hostmon.Monitor
+	srvCtx context.Context  // the control socket's: it outlives the run's ctx
+	mon    *hostmon.Monitor // the observer's
 	events *eventTally
 	watch  *watch.Watch
 	exp    watch.Exporter
@@ -45,9 +45,8 @@ type run struct {
 	stragglers *straggler.Policy
 	// plugins runs the --plugin processes; nil without any.
 	plugins *pluginhost.Host
-	named   pluginhost.NamedStragglers // the stragglers the notifiers were told of
-	health  *loopHealth                // the loop's phase, for /healthz and /readyz
-	losses  rundir.Losses              // worker log files that miss output, for the exit summary
+	health  *loopHealth   // the loop's phase, for /healthz and /readyz
+	losses  rundir.Losses // worker log files that miss output, for the exit summary
 
 	bg   sync.WaitGroup // the background parts, waited for at the end of the run
 	left bool           // this node left the rendezvous (or needs not)
@@ -59,7 +58,7 @@ type run struct {
 
 func newRun(a *Agent, runID, dir string, keep bool) *run {
 	return &run{Agent: a, runID: runID, runDir: dir, keep: keep, events: newEventTally(), faults: newFaults(),
-		mon: hostmon.NewMonitor(a.log), health: newLoopHealth(time.Now)}
+		health: newLoopHealth(time.Now)}
 }
 
 // execute sets the run up, runs the loop, and tears the run down in the

@@ -3,17 +3,16 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"sync"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
-	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
@@ -33,41 +32,6 @@ func (r *run) workers(g *supervisor.Group, offset int) []telemetry.Worker {
 		}
 	}
 	return ws
-}
-
-// openExporter starts the traces, metrics and Perfetto file of this run,
-// as the configuration and the OTEL_* variables say; close flushes them
-// (bounded). health answers the probes next to /metrics.
-func (r *run) openExporter(ctx context.Context, runID, runDir string, keep bool, worker func(int) telemetry.Worker,
-	health export.Health) (*export.Exporter, func(), error) {
-	tc := r.cfg.Telemetry
-	host, _ := os.Hostname()
-	traceDir := ""
-	if keep {
-		traceDir = runDir
-	}
-	topo := ""
-	if r.cfg.GPUs != nil && r.cfg.GPUs.Topology != nil {
-		topo = r.cfg.GPUs.Topology.Summary()
-	}
-	exp, err := export.New(ctx, export.Config{
-		JobID: runID, NodeRank: r.cfg.Rendezvous.NodeRank, Host: host, Topology: topo,
-		Endpoint: tc.OTelEndpoint, Protocol: tc.OTLPProtocol, SampleRatio: tc.TraceSample, TraceDir: traceDir,
-		MetricsAddr: tc.MetricsAddr, Health: health, Worker: worker, Logger: r.log,
-	})
-	if err != nil {
-		return nil, func() {}, fmt.Errorf("telemetry: %w", err)
-	}
-	if u := exp.MetricsURL(); u != "" {
-		r.log.Info("Prometheus metrics", "url", u)
-	}
-	return exp, func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := exp.Shutdown(sctx); err != nil {
-			r.log.Warn("telemetry shutdown", "err", err)
-		}
-	}, nil
 }
 
 // newStragglerPolicy builds the policy of a run (--straggler-action): a
@@ -98,43 +62,37 @@ func (r *run) newStragglerPolicy(ctx context.Context) *straggler.Policy {
 	return straggler.New(ctx, cfg)
 }
 
-// startTelemetry starts the collective watch and its exporter; the
-// returned func flushes and closes them.
+// startTelemetry starts observing the job (package observe): the
+// collective watch, its exporter and the host monitor, with the run's
+// policy: a hang is a fault, a persistent straggler goes to the straggler
+// policy, the notifiers hear of it. The returned func flushes and closes
+// them.
 func (r *run) startTelemetry(ctx context.Context) (func(), error) {
-	var readGPU func(string) (watch.GPUReading, error)
-	if r.cfg.GPUs != nil && r.cfg.GPUs.State != nil {
-		readGPU = func(uuid string) (watch.GPUReading, error) {
-			st, err := r.cfg.GPUs.State(uuid)
-			if err != nil {
-				return watch.GPUReading{}, err
-			}
-			return watch.GPUReading{State: st.String(), Slowdown: st.Slowdown()}, nil
-		}
+	traceDir := ""
+	if r.keep {
+		traceDir = r.runDir
 	}
-	r.watch = watch.New(watch.Config{Log: r.log, HangTimeout: r.cfg.Telemetry.HangTimeout, HangAuto: r.cfg.Telemetry.HangAuto,
-		StragglerCost: r.cfg.Telemetry.StragglerCost, RankOf: r.authorize, ReadGPU: readGPU, ReadHost: r.mon.Slowdown,
-		OnStragglers: func(named []telemetry.Straggler) { r.notifyStragglers(named); r.stragglers.Look(named) }, OnHang: func(h *watch.HangError) { r.faults.report(hangFault(h)) }})
-	exp, closeExp, err := r.openExporter(ctx, r.runID, r.runDir, r.keep, r.watch.Worker, r.health)
+	policy := observe.Policy{RankOf: r.authorize, ReadGPU: observe.ReadGPU(r.cfg.GPUs.state()),
+		OnHang: func(h *watch.HangError) { r.faults.report(hangFault(h)) }, OnStragglers: r.stragglers.Look}
+	if r.plugins != nil {
+		policy.Notify = r.plugins.Notify
+	}
+	o, err := observe.Open(ctx, r.cfg.Telemetry.Config, observe.Job{ID: r.runID, NodeRank: r.cfg.Rendezvous.NodeRank,
+		Topology: r.cfg.GPUs.topology(), TraceDir: traceDir, Metrics: true, Health: r.health, Log: r.log}, policy)
 	if err != nil {
-		r.watch.Close()
 		return nil, err
 	}
-	r.exp = exp
-	r.watch.SetExporter(exp)
+	r.watch, r.exp, r.mon = o.Watch, o.Exp, o.Mon
 	if pub, ok := r.j.rz.(watch.Publisher); ok {
 		r.goBackground(func() { r.watch.Publish(ctx, pub) })
 	}
-	r.goBackground(func() { r.watch.Run(ctx) })
-	return func() {
-		closeExp()
-		r.watch.Close()
-	}, nil
+	r.goBackground(func() { _ = o.Run(ctx) })
+	return func() { o.Close(ctx) }, nil
 }
 
-// startMonitors starts the host monitor and the GPU health watch, whose
-// findings that call for a restart, a reset or a drain are faults.
+// startMonitors starts the GPU health watch, whose findings that call for
+// a restart, a reset or a drain are faults.
 func (r *run) startMonitors(ctx context.Context) {
-	r.goBackground(func() { _ = r.mon.Run(ctx) })
 	r.goBackground(func() { r.watchGPUs(ctx, r.faults.report) })
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/ddp-agent/ddp-agent/agent/observe"
+
 	"github.com/ddp-agent/ddp-agent/nvml/health"
 	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
@@ -15,29 +17,16 @@ import (
 // sidecar cannot take the node out of the scheduler itself.
 func (sc *Sidecar) watchGPUs(ctx context.Context) {
 	g := sc.cfg.GPUs
-	if g == nil || g.Watch == nil || g.Topology == nil || len(g.Topology.GPUs) == 0 {
+	if g == nil || g.Topology == nil {
 		return
 	}
 	devs := make([]health.Device, 0, len(g.Topology.GPUs))
 	for i, d := range g.Topology.GPUs {
 		devs = append(devs, health.Device{Index: i, UUID: d.UUID})
 	}
-	w := g.Watch(devs, health.WithLogger(sc.log.With("component", "gpu-health")))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = w.Run(ctx)
-	}()
-	defer func() { <-done }()
-	for {
-		findings, err := w.Next(ctx)
-		if err != nil {
-			return
-		}
+	opts := []health.Option{health.WithLogger(sc.log.With("component", "gpu-health"))}
+	observe.WatchGPUs(ctx, g.Watch, devs, opts, func(findings []health.Finding) bool {
 		for _, f := range findings {
-			if f.Action < health.ActionRestartWorkers {
-				continue // the watcher logged it
-			}
 			reason := fmt.Sprintf("GPU %d (%s): %s", f.GPU, f.UUID, f.Message)
 			sc.notify(notifier.Event{Kind: notifier.GPUFault, Rank: -1, Message: reason, Details: map[string]string{"action": f.Action.String()}})
 			if f.Action >= health.ActionResetGPU {
@@ -47,7 +36,8 @@ func (sc *Sidecar) watchGPUs(ctx context.Context) {
 			}
 			sc.abortUsers(f.UUID, reason+": restarting the workers")
 		}
-	}
+		return true
+	})
 }
 
 // abortUsers aborts the jobs with a worker on GPU uuid. A worker that did

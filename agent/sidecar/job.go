@@ -13,10 +13,10 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
-	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
-	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -30,9 +30,9 @@ type job struct {
 	sc      *Sidecar
 	ctx     context.Context // the job's life on this node
 	cancel  context.CancelFunc
-	watch   *watch.Watch
-	exp     *export.Exporter
-	mon     *hostmon.Monitor
+	obs     *observe.Observer // the job's watch, exporter and host monitor
+	watch   *watch.Watch      // obs's
+	mon     *hostmon.Monitor  // obs's
 	kv      *relayKV
 	bg      sync.WaitGroup
 	planMu  sync.Mutex // serializes the attempts' relay plans (watch.Begin), which may take seconds
@@ -45,8 +45,7 @@ type job struct {
 	peers   map[uint64]peer // by control.Peer.ID
 	linger  *time.Timer     // closes the job when its last worker left and none came back
 	closed  bool
-	metrics bool                       // the job holds the sidecar's Prometheus address
-	named   pluginhost.NamedStragglers // the stragglers the notifiers were told of
+	metrics bool // the job holds the sidecar's Prometheus address
 }
 
 // peer is a connected worker: its pid as the sidecar sees it, and its Hello.
@@ -55,19 +54,13 @@ type peer struct {
 	worker
 }
 
-// openJob starts the watch and exporter of a job first seen in w's Hello.
+// openJob starts observing a job first seen in w's Hello (package
+// observe), with the sidecar's policy: a hang aborts the job's
+// communicators here, a persistent straggler is told to the notifiers.
 func (sc *Sidecar) openJob(w worker) (*job, error) {
-	j := &job{id: w.job, sc: sc, mon: hostmon.NewMonitor(sc.log.With("job", w.job)), kv: newRelayKV(), peers: map[uint64]peer{}}
+	j := &job{id: w.job, sc: sc, kv: newRelayKV(), peers: map[uint64]peer{}}
 	j.ctx, j.cancel = context.WithCancel(sc.ctx)
 	log := sc.log.With("job", w.job)
-	j.watch = watch.New(watch.Config{Log: log, HangTimeout: sc.cfg.HangTimeout, HangAuto: sc.cfg.HangAuto,
-		StragglerCost: sc.cfg.StragglerCost, RankOf: j.rankOf, ReadGPU: sc.readGPU(), ReadHost: j.mon.Slowdown,
-		OnStragglers: func(named []telemetry.Straggler) { sc.notifyStragglers(j, named) },
-		OnHang:       func(h *watch.HangError) { j.hung(h.Hang, h.Error(), h.Report) },
-		OnRemoteHang: func(h telemetry.Hang) {
-			j.hung(h, fmt.Sprintf("the job's leading sidecar found a hang in step %d bucket %d", h.Step, h.Bucket), "")
-		}})
-	host, _ := os.Hostname()
 	traceDir := ""
 	if sc.cfg.LogDir != "" {
 		traceDir = filepath.Join(sc.cfg.LogDir, dirName(w.job))
@@ -76,24 +69,29 @@ func (sc *Sidecar) openJob(w worker) (*job, error) {
 			return nil, fmt.Errorf("job %s: %w", w.job, err)
 		}
 	}
+	policy := observe.Policy{RankOf: j.rankOf, ReadGPU: sc.readGPU(),
+		OnHang: func(h *watch.HangError) { j.hung(h.Hang, h.Error(), h.Report) },
+		OnRemoteHang: func(h telemetry.Hang) {
+			j.hung(h, fmt.Sprintf("the job's leading sidecar found a hang in step %d bucket %d", h.Step, h.Bucket), "")
+		}}
+	if sc.plugins != nil {
+		policy.Notify = func(ev notifier.Event) {
+			ev.Job = j.id
+			sc.notify(ev)
+		}
+	}
 	metrics := sc.takeMetrics()
-	exp, err := export.New(j.ctx, export.Config{JobID: w.job, NodeRank: w.groupRank, Host: host, Topology: sc.topology(),
-		Endpoint: sc.cfg.OTelEndpoint, Protocol: sc.cfg.OTLPProtocol, SampleRatio: sc.cfg.TraceSample, TraceDir: traceDir,
-		MetricsAddr: metrics, Worker: j.watch.Worker, Logger: log})
+	obs, err := observe.Open(j.ctx, sc.cfg.Telemetry, observe.Job{ID: w.job, NodeRank: w.groupRank, Topology: sc.topology(),
+		TraceDir: traceDir, Metrics: metrics != "", Log: log}, policy)
 	if err != nil {
 		sc.metricsUsed = sc.metricsUsed && metrics == ""
 		j.cancel()
-		return nil, fmt.Errorf("job %s: telemetry: %w", w.job, err)
+		return nil, fmt.Errorf("job %s: %w", w.job, err)
 	}
 	j.metrics = metrics != ""
-	if u := exp.MetricsURL(); u != "" {
-		log.Info("Prometheus metrics", "url", u)
-	}
-	j.exp = exp
-	j.watch.SetExporter(exp)
-	j.bg.Add(2)
-	go func() { defer j.bg.Done(); j.watch.Run(j.ctx) }()
-	go func() { defer j.bg.Done(); _ = j.mon.Run(j.ctx) }()
+	j.obs, j.watch, j.mon = obs, obs.Watch, obs.Mon
+	j.bg.Add(1)
+	go func() { defer j.bg.Done(); _ = obs.Run(j.ctx) }()
 	log.Info("watching a new job", "world_size", w.world, "nnodes", w.nnodes(), "group_rank", w.groupRank, "trace_dir", traceDir)
 	return j, nil
 }
@@ -194,14 +192,9 @@ func (j *job) closeAnd(dropStacks bool) {
 	j.endAttempt()
 	j.mu.Unlock()
 	j.planMu.Unlock()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(j.ctx), 5*time.Second)
-	defer cancel()
-	if err := j.exp.Shutdown(ctx); err != nil {
-		j.sc.log.Warn("telemetry shutdown", "job", j.id, "err", err)
-	}
+	j.obs.Close(j.ctx) // flushed: the Perfetto file is complete after it
 	j.cancel()
 	j.bg.Wait()
-	j.watch.Close()
 	if dropStacks {
 		os.RemoveAll(filepath.Join(filepath.Dir(j.sc.cfg.Socket), "stacks", dirName(j.id)))
 	}

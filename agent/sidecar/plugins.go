@@ -47,15 +47,3 @@ func (sc *Sidecar) notifyHang(id string, h telemetry.Hang, reason, report string
 	sc.notify(notifier.Event{Kind: notifier.Hang, Job: id, Generation: h.Gen, Rank: -1, Message: reason,
 		Details: pluginhost.HangDetails(h, report)})
 }
-
-// notifyStragglers tells the notifiers of each rank of job j newly named a
-// persistent straggler.
-func (sc *Sidecar) notifyStragglers(j *job, named []telemetry.Straggler) {
-	if sc.plugins == nil {
-		return
-	}
-	for _, st := range j.named.Fresh(named) {
-		msg, details := pluginhost.StragglerNotice(st)
-		sc.notify(notifier.Event{Kind: notifier.Straggler, Job: j.id, Rank: st.Rank, Message: msg, Details: details})
-	}
-}

@@ -24,10 +24,10 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 	"github.com/ddp-agent/ddp-agent/nvml"
-	"github.com/ddp-agent/ddp-agent/nvml/health"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -41,26 +41,22 @@ const maxJobs = 64
 
 // Config configures a Sidecar.
 type Config struct {
-	Socket        string        // the control socket; "": DefaultSocket
-	LogDir        string        // per job, LogDir/<job>: the Perfetto files; "": none
-	HangTimeout   time.Duration // 0: no hang detection
-	HangAuto      bool
-	StragglerCost float64
-	OTelEndpoint  string
-	OTLPProtocol  string
-	TraceSample   float64
-	MetricsAddr   string        // the first job's Prometheus endpoint; "": none
-	Linger        time.Duration // 0: DefaultLinger
-	Plugins       []pluginhost.Spec
-	PluginDir     string
-	GPUs          *GPUs // nil: a CPU node
+	Socket string // the control socket; "": DefaultSocket
+	LogDir string // per job, LogDir/<job>: the Perfetto files; "": none
+	// Telemetry is what each job's observer watches and exports, as
+	// ddp-agent run's; its MetricsAddr serves one job at a time.
+	Telemetry observe.Config
+	Linger    time.Duration // 0: DefaultLinger
+	Plugins   []pluginhost.Spec
+	PluginDir string
+	GPUs      *GPUs // nil: a CPU node
 }
 
 // GPUs is what the sidecar uses of the node's GPUs.
 type GPUs struct {
 	Topology *nvml.Topology
 	// Watch makes the health watcher over the node's NVML; nil: none.
-	Watch func(devs []health.Device, opts ...health.Option) *health.Watcher
+	Watch observe.NewWatcher
 	// State reads a GPU's state now, for a straggler's evidence; nil: none.
 	State func(uuid string) (nvml.GPUState, error)
 }
@@ -127,7 +123,7 @@ func (sc *Sidecar) Run(ctx context.Context) error {
 		defer wg.Done()
 		sc.watchGPUs(ctx)
 	}()
-	sc.log.Info("sidecar serving", "socket", sc.srv.Path(), "hang_timeout", sc.cfg.HangTimeout, "log_dir", sc.cfg.LogDir,
+	sc.log.Info("sidecar serving", "socket", sc.srv.Path(), "hang_timeout", sc.cfg.Telemetry.HangTimeout, "log_dir", sc.cfg.LogDir,
 		"plugins", len(sc.cfg.Plugins), "gpus", sc.topology())
 	err := sc.srv.Run(ctx)
 	wg.Wait()
@@ -270,11 +266,11 @@ func (sc *Sidecar) abortAll(reason string) {
 // takeMetrics gives the Prometheus address to the first job only: one
 // address serves one exporter.
 func (sc *Sidecar) takeMetrics() string {
-	if sc.cfg.MetricsAddr == "" || sc.metricsUsed { // sc.mu held by job()
+	if sc.cfg.Telemetry.MetricsAddr == "" || sc.metricsUsed { // sc.mu held by job()
 		return ""
 	}
 	sc.metricsUsed = true
-	return sc.cfg.MetricsAddr
+	return sc.cfg.Telemetry.MetricsAddr
 }
 
 func (sc *Sidecar) topology() string {
@@ -284,16 +280,10 @@ func (sc *Sidecar) topology() string {
 	return sc.cfg.GPUs.Topology.Summary()
 }
 
+// readGPU is the observers' ReadGPU; nil without NVML.
 func (sc *Sidecar) readGPU() func(string) (watch.GPUReading, error) {
-	g := sc.cfg.GPUs
-	if g == nil || g.State == nil {
+	if sc.cfg.GPUs == nil {
 		return nil
 	}
-	return func(uuid string) (watch.GPUReading, error) {
-		st, err := g.State(uuid)
-		if err != nil {
-			return watch.GPUReading{}, err
-		}
-		return watch.GPUReading{State: st.String(), Slowdown: st.Slowdown()}, nil
-	}
+	return observe.ReadGPU(sc.cfg.GPUs.State)
 }

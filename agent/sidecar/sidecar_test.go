@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
@@ -194,7 +195,7 @@ func dial(t *testing.T, sc *Sidecar, h wire.Hello) (*agentconn.Client, wire.Welc
 // linger time, its Perfetto file written.
 func TestJobsAndGenerations(t *testing.T) {
 	logDir := t.TempDir()
-	sc, lb := startSidecar(t, Config{LogDir: logDir, Linger: 200 * time.Millisecond, HangTimeout: time.Minute})
+	sc, lb := startSidecar(t, Config{LogDir: logDir, Linger: 200 * time.Millisecond, Telemetry: observe.Config{HangTimeout: time.Minute}})
 	a0, w, err := dial(t, sc, hello("job-a", 0, 0, 0, 2, 2))
 	if err != nil || w.JobID != "job-a" || w.WorldSize != 2 || w.Config[wire.WelcomeRelay] != "" {
 		t.Fatalf("first worker: %+v %v (no relay on one node)", w, err)
@@ -294,7 +295,7 @@ var _ control.Sidecar = (*Sidecar)(nil)
 // restarted leader) does not take the other ranks' missing records for a
 // hang: it says so once and aborts nothing.
 func TestLeaderWithoutFollowers(t *testing.T) {
-	sc, lb := startSidecar(t, Config{HangTimeout: time.Second})
+	sc, lb := startSidecar(t, Config{Telemetry: observe.Config{HangTimeout: time.Second}})
 	var clients []*agentconn.Client
 	for r := range 2 {
 		c, _, err := dial(t, sc, hello("mn", 0, r, r, 4, 2, wire.HelloGroupRank, "0", wire.HelloMasterAddr, "127.0.0.1"))

@@ -5,6 +5,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
@@ -49,13 +50,15 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 		},
 		Plugins: agent.Plugins{Specs: cfg.Plugins, Dir: getenv("DDP_AGENT_PLUGIN_DIR")},
 		Telemetry: agent.Telemetry{
-			HangTimeout:   cfg.HangTimeout,
-			HangAuto:      cfg.HangAuto,
-			OTelEndpoint:  cfg.OTelEndpoint,
-			OTLPProtocol:  otlpProtocol(cfg.OTelEndpoint, getenv),
-			TraceSample:   cfg.TraceSample,
-			MetricsAddr:   cfg.MetricsAddr,
-			StragglerCost: cfg.StragglerCost,
+			Config: observe.Config{
+				HangTimeout:   cfg.HangTimeout,
+				HangAuto:      cfg.HangAuto,
+				OTelEndpoint:  cfg.OTelEndpoint,
+				OTLPProtocol:  otlpProtocol(cfg.OTelEndpoint, getenv),
+				TraceSample:   cfg.TraceSample,
+				MetricsAddr:   cfg.MetricsAddr,
+				StragglerCost: cfg.StragglerCost,
+			},
 			// Parse checked the action against the same names.
 			StragglerAction:  straggler.Action(cfg.StragglerAction),
 			StragglerConfirm: cfg.StragglerConfirm,

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/sidecar"
 	"github.com/ddp-agent/ddp-agent/nvml"
@@ -46,15 +47,11 @@ func sidecarFlags(args []string, getenv func(string) string, out io.Writer) (sid
 		fs.PrintDefaults()
 	}
 	var cfg sidecar.Config
-	var hang, level string
+	var level string
 	var plugins []string
 	fs.StringVar(&cfg.Socket, "socket", "", "the control socket's path (default: $DDP_AGENT_SOCKET, else the per-user path above)")
 	fs.StringVar(&cfg.LogDir, "log-dir", "", "write each job's Perfetto trace files into DIR/<job id> (without an OTLP collector for traces)")
-	fs.StringVar(&hang, "hang-timeout", "60s", "a gradient all-reduce not finished this long after the first rank arrived is a hang: reported with the missing ranks' stacks, then the job's communicators here are aborted; auto: 60s, or 10 times the median step time when longer; 0 disables")
-	fs.StringVar(&cfg.OTelEndpoint, "otel-endpoint", "", "OpenTelemetry collector for traces and metrics (host:port for OTLP/gRPC, or an http:// URL); default: the OTEL_EXPORTER_OTLP_* variables")
-	fs.Float64Var(&cfg.TraceSample, "trace-sample", 0.1, "share of normal training steps traced (0 to 1); steps with a stall or hang are always traced")
-	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve one job's Prometheus metrics at a time at this address (e.g. :9464): the first opened, then the next after it closed")
-	fs.Float64Var(&cfg.StragglerCost, "straggler-cost", 0.05, "name a persistent straggler only when the waits it causes cost at least this share of step time (0 to 1, exclusive)")
+	checkTelemetry := observe.Flags(fs, &cfg.Telemetry)
 	fs.DurationVar(&cfg.Linger, "job-linger", sidecar.DefaultLinger, "how long a job whose workers all disconnected is kept (its launcher's restart brings them back); then its traces are flushed")
 	fs.Func("plugin", "a plugin, as for ddp-agent run: NAME[,key=value...] or /path/to/plugin[,key=value...] (repeatable; also $DDP_AGENT_PLUGINS)", func(s string) error {
 		plugins = append(plugins, s)
@@ -71,26 +68,10 @@ func sidecarFlags(args []string, getenv func(string) string, out io.Writer) (sid
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return cfg, 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
-	switch hang {
-	case "auto":
-		cfg.HangTimeout, cfg.HangAuto = 60*time.Second, true
-	case "0", "0s":
-	default:
-		d, err := parseSeconds(hang)
-		if err != nil {
-			return cfg, 0, fmt.Errorf("--hang-timeout: %w", err)
-		}
-		if d > 0 && d < time.Second {
-			return cfg, 0, fmt.Errorf("--hang-timeout %v is below a second: healthy collectives would look hung (0 disables it)", d)
-		}
-		cfg.HangTimeout = d
+	if err := checkTelemetry(); err != nil {
+		return cfg, 0, err
 	}
-	switch {
-	case cfg.TraceSample < 0 || cfg.TraceSample > 1:
-		return cfg, 0, fmt.Errorf("--trace-sample %v: want 0 to 1", cfg.TraceSample)
-	case cfg.StragglerCost <= 0 || cfg.StragglerCost >= 1:
-		return cfg, 0, fmt.Errorf("--straggler-cost %v: want more than 0 and less than 1", cfg.StragglerCost)
-	case cfg.Linger < time.Second:
+	if cfg.Linger < time.Second {
 		return cfg, 0, fmt.Errorf("--job-linger %v: at least 1s (a launcher's restart takes that)", cfg.Linger)
 	}
 	specs, err := pluginhost.ParseSpecs(plugins, getenv("DDP_AGENT_PLUGINS"))
@@ -98,7 +79,7 @@ func sidecarFlags(args []string, getenv func(string) string, out io.Writer) (sid
 		return cfg, 0, err
 	}
 	cfg.Plugins, cfg.PluginDir = specs, getenv("DDP_AGENT_PLUGIN_DIR")
-	cfg.OTLPProtocol = otlpProtocol(cfg.OTelEndpoint, getenv)
+	cfg.Telemetry.OTLPProtocol = otlpProtocol(cfg.Telemetry.OTelEndpoint, getenv)
 	return cfg, lvl, nil
 }
 

@@ -15,17 +15,17 @@ func TestSidecarFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Socket != "/s/x.sock" || cfg.HangTimeout != 30*time.Second || cfg.LogDir != "/l" || cfg.Linger != 5*time.Second ||
-		len(cfg.Plugins) != 1 || cfg.OTLPProtocol != "http/protobuf" {
+	if cfg.Socket != "/s/x.sock" || cfg.Telemetry.HangTimeout != 30*time.Second || cfg.LogDir != "/l" || cfg.Linger != 5*time.Second ||
+		len(cfg.Plugins) != 1 || cfg.Telemetry.OTLPProtocol != "http/protobuf" {
 		t.Errorf("got %+v", cfg)
 	}
 	if cfg, _, _ := sidecarFlags(nil, getenv, io.Discard); len(cfg.Plugins) != 1 || cfg.Plugins[0].Name != "disk" {
 		t.Errorf("$DDP_AGENT_PLUGINS without --plugin: %+v", cfg.Plugins)
 	}
-	if cfg, _, _ := sidecarFlags([]string{"--hang-timeout", "auto"}, getenv, io.Discard); !cfg.HangAuto || cfg.HangTimeout != time.Minute {
+	if cfg, _, _ := sidecarFlags([]string{"--hang-timeout", "auto"}, getenv, io.Discard); !cfg.Telemetry.HangAuto || cfg.Telemetry.HangTimeout != time.Minute {
 		t.Errorf("auto: %+v", cfg)
 	}
-	if cfg, _, _ := sidecarFlags([]string{"--hang-timeout", "0"}, getenv, io.Discard); cfg.HangTimeout != 0 {
+	if cfg, _, _ := sidecarFlags([]string{"--hang-timeout", "0"}, getenv, io.Discard); cfg.Telemetry.HangTimeout != 0 {
 		t.Errorf("0: %+v", cfg)
 	}
 	for _, bad := range [][]string{
