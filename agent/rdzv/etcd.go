@@ -90,6 +90,7 @@ type Etcd struct {
 	mu      sync.Mutex
 	lease   *nodeLease // nil until Open registers; replaced when lost
 	state   NodeState
+	jobDone bool   // Succeed saw every member's workers finish: no one needs the store but to leave
 	lastGen uint64 // the last generation this node ran, +1 (0: none yet)
 	opened  time.Time
 }
@@ -157,17 +158,19 @@ func (e *Etcd) key(k string) string { return e.cfg.Prefix + k }
 func (e *Etcd) Close() {
 	e.stopBG()
 	e.mu.Lock()
-	l := e.lease
+	l, done := e.lease, e.jobDone
 	e.mu.Unlock()
 	if l != nil {
-		lost := false
+		// The last agent out of a finished job skips it: the others are
+		// gone, and with them the store's quorum.
+		skip := done && e.cfg.keeps()
 		select {
 		case <-l.Done(): // expired, or the store is gone: nothing to revoke
-			lost = true
+			skip = true
 		default:
 		}
 		l.end()
-		if !lost {
+		if !skip {
 			ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
 			if _, err := e.cli.Revoke(ctx, l.Lease()); err != nil {
 				e.log.Debug("revoke lease at close", "err", err)

@@ -30,7 +30,8 @@ func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
 	if err != nil {
 		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 	}
-	if int(resp.Count) >= r.NNodes {
+	done := int(resp.Count) >= r.NNodes
+	if done {
 		// From the round's own state: if the job moved on meanwhile, the
 		// compare fails and nothing is marked.
 		next := *r.state
@@ -40,11 +41,55 @@ func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
 		if _, err := e.swapState(octx, r.stateMod, &next); err != nil {
 			e.log.Warn("mark the job succeeded", "err", err)
 		}
+	} else {
+		// The nodes of a job finish within moments of each other: wait a
+		// little for the last, as torchrun's exit barrier does (shorter),
+		// so that this agent knows nobody needs the store any more.
+		done = e.waitAllDone(ctx, doneDir, r.NNodes, exitBarrier)
 	}
+	e.mu.Lock()
+	e.jobDone = done
+	e.mu.Unlock()
 	if e.cfg.keeps() {
 		e.waitOthersGone(ctx, false)
 	}
 	return nil
+}
+
+// exitBarrier bounds how long Succeed waits for the other nodes' workers
+// to finish too. Past it the agent leaves as a node leaving a running job
+// does, handing its store member over.
+const exitBarrier = 5 * time.Second
+
+// waitAllDone polls the generation's done markers until n nodes have
+// finished, at most d; it reports whether they all have.
+func (e *Etcd) waitAllDone(ctx context.Context, doneDir string, n int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		gctx, cancel := context.WithTimeout(ctx, opTimeout)
+		resp, err := e.cli.Get(gctx, doneDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		if err != nil {
+			return false
+		}
+		if int(resp.Count) >= n {
+			return true
+		}
+		if time.Now().After(deadline) || !sleep(ctx, 100*time.Millisecond) {
+			return false
+		}
+	}
+}
+
+// JobDone reports whether Succeed saw every node's workers of the last
+// generation finish: the job is over, and the store is needed by no one but
+// the agents leaving it, so a replicated store's member need not be handed
+// over (handing over concurrently, agents that finish together find each
+// other's members orphaned and wait out etcd's timeouts).
+func (e *Etcd) JobDone() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.jobDone
 }
 
 // Drain, in the agent that hosts the store, waits a few seconds for the
@@ -65,7 +110,11 @@ func (e *Etcd) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 	var overSince time.Time
 	for {
 		gctx, cancel := context.WithTimeout(ctx, opTimeout)
-		resp, err := e.cli.Txn(gctx).Then(clientv3.OpGet(e.key(nodesDir), clientv3.WithPrefix()), clientv3.OpGet(e.key(stateKey))).Commit()
+		// Serializable: once the job is over the others close their store
+		// members without handing them over, and a linearizable read would
+		// wait for a quorum that is gone; this member's own view will do.
+		resp, err := e.cli.Txn(gctx).Then(clientv3.OpGet(e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithSerializable()),
+			clientv3.OpGet(e.key(stateKey), clientv3.WithSerializable())).Commit()
 		cancel()
 		if err != nil {
 			return
@@ -79,7 +128,7 @@ func (e *Etcd) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 		}
 		// Spares need nothing from the store once the members are done.
 		isMember := map[string]bool{}
-		if known {
+		if known && !over { // once over, every registered node counts anyway
 			ms, _ := e.members(ctx, &st)
 			for _, m := range ms {
 				isMember[m.Node] = true

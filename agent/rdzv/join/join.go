@@ -180,9 +180,14 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 		cli  *store.Client
 		reps *store.Replicas
 	)
-	closeAll := func() {
+	closeAll := func(jobDone bool) {
 		member := srv
-		if reps != nil {
+		switch {
+		case reps != nil && jobDone:
+			// Every node is done: nobody needs the store but to leave it,
+			// and handing members over concurrently is what stalls.
+			member = reps.Stop()
+		case reps != nil:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			var err error
 			if member, err = reps.HandOver(ctx); err != nil {
@@ -196,13 +201,16 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 		if cli != nil {
 			cli.Close()
 		}
-		if member != nil {
+		switch {
+		case member != nil && jobDone:
+			member.CloseNow()
+		case member != nil:
 			member.Close()
 		}
 		sec.close()
 	}
 	fail := func(err error) (*Joined, error) {
-		closeAll()
+		closeAll(false)
 		return nil, err
 	}
 	replicated := cfg.Backend == Hosted && cfg.NNodesMax >= storeReplicas
@@ -246,7 +254,7 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 			e.Drain(ctx)
 			cancel()
 			e.Close()
-			closeAll()
+			closeAll(e.JobDone())
 		},
 	}, nil
 }

@@ -448,6 +448,19 @@ func (r *Replicas) Close(ctx context.Context) error {
 	return err
 }
 
+// Stop ends the manager and returns this agent's member (nil when it runs
+// none) without handing it over or revoking its owner lease: for a job
+// that is over, whose store nobody needs any more but to leave it.
+func (r *Replicas) Stop() *Server {
+	r.cancel()
+	<-r.done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	own := r.own
+	r.own, r.ownID = nil, 0
+	return own
+}
+
 // HandOver is Close without closing this agent's member, which it returns
 // (nil when it runs none) for the caller to close once it has closed its
 // own clients: a member closed while a client of it still holds watches

@@ -374,6 +374,18 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
+// CloseNow is Close without etcd's leadership transfer: for a job that is
+// over, whose other members are gone or going. A leader's graceful stop
+// first tries to hand its leadership to the peer connected longest and
+// waits etcd's request timeout (~6 s) when that peer has just closed.
+func (s *Server) CloseNow() error {
+	if s.etcd != nil && s.etcd.Server != nil {
+		s.closing.Store(true)
+		s.etcd.Server.HardStop()
+	}
+	return s.Close()
+}
+
 // splitAddr splits host:port, taking an empty host to mean every interface
 // (etcd wants an IP to bind to).
 func splitAddr(addr string) (host, port string, err error) {
