@@ -19,6 +19,7 @@ import (
 // TestNProcLimitRefused: --nproc-per-node 100000 is a usage error that
 // names the count and the limit, and nothing is started.
 func TestNProcLimitRefused(t *testing.T) {
+	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--nproc-per-node", "100000", "--no-python", "true")
 	if code := r.wait(10 * time.Second); code != 2 {
 		t.Fatalf("exit code %d, want 2\n%s", code, r.logs())
@@ -36,6 +37,7 @@ func TestNProcLimitRefused(t *testing.T) {
 // stops the spawning, stops what was started, and the agent exits 143
 // within a second, leaving no worker behind.
 func TestSignalDuringSpawn(t *testing.T) {
+	budget(t, 10*time.Second)
 	// A sleep nobody else runs, to find this test's workers in /proc.
 	marker := "3600." + strconv.Itoa(os.Getpid()) + strconv.FormatInt(time.Now().UnixNano()%1000, 10)
 	r := startAgent(t, nil, "--max-nproc-per-node", "2000", "--nproc-per-node", "1500", "--stop-timeout", "10s",
@@ -86,6 +88,7 @@ func sleepers(marker string) []int {
 // TestCrashLoopBacksOff: a worker that fails at once, restarted 4 times,
 // is restarted at once, then after 1s, 2s and 4s, each wait logged.
 func TestCrashLoopBacksOff(t *testing.T) {
+	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--max-restarts", "4", "--no-python", "false")
 	code := r.wait(time.Minute)
 	took := time.Since(r.started)
@@ -112,6 +115,7 @@ func TestCrashLoopBacksOff(t *testing.T) {
 
 // TestSignalDuringBackoff: a signal ends the backoff's wait at once.
 func TestSignalDuringBackoff(t *testing.T) {
+	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--max-restarts", "10", "--no-python", "false")
 	waitFor(t, 20*time.Second, func() bool { return strings.Contains(r.stderr.String(), "restarting in 2s") }, r.logs)
 	sent := time.Now()
@@ -127,6 +131,7 @@ func TestSignalDuringBackoff(t *testing.T) {
 // write 205 KB each; the agent reports each incomplete file at once and at
 // the end, and the console (--tee) still has every line.
 func TestLogLossOnFullDisk(t *testing.T) {
+	budget(t, 10*time.Second)
 	dir := t.TempDir()
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
 		t.Skipf("cannot mount a 64 KiB tmpfs for the log dir (needs root, or CAP_SYS_ADMIN): %v", err)

@@ -105,6 +105,7 @@ func helper(mode string) int {
 // receive Abort (so a shim can abort a hung collective) while they are
 // being stopped.
 func TestAbortOnSignal(t *testing.T) {
+	budget(t, 10*time.Second)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -126,6 +127,7 @@ func TestAbortOnSignal(t *testing.T) {
 // through KVSet/KVGet; the store is scoped to the generation (attempt), and
 // a process that is not a worker is turned away.
 func TestControlSocketKV(t *testing.T) {
+	budget(t, 10*time.Second)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -146,6 +148,7 @@ func TestControlSocketKV(t *testing.T) {
 }
 
 func TestControlSocketRejectsStrangers(t *testing.T) {
+	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--nproc-per-node", "1", "sleeper.py")
 	r.workerPIDs(1)
 	b, err := os.ReadFile(filepath.Join(r.out, "pid_0"))

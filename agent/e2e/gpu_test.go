@@ -70,6 +70,7 @@ func saveTopology(t *testing.T, topo *nvml.Topology) string {
 // TestCPUOnlyNode: no driver, one clear line, and the job runs as before;
 // --nproc-per-node gpu is refused; a binding asked for is a warning.
 func TestCPUOnlyNode(t *testing.T) {
+	budget(t, 10*time.Second)
 	noDriver(t)
 	r := startAgent(t, nil, "--nproc-per-node", "2", "--numa-binding", "exclusive", "place.py")
 	if code := r.wait(30 * time.Second); code != 0 {
@@ -103,6 +104,7 @@ func TestCPUOnlyNode(t *testing.T) {
 // `ddp-agent status` shows the node's GPUs. This host has none of the
 // DGX's CPUs, so binding is skipped with a warning, not an error.
 func TestDGXPlacement(t *testing.T) {
+	budget(t, 10*time.Second)
 	topo, err := nvml.Discover(t.Context(), nvmltest.Lib(nvmltest.DGXA100(true)), nvml.WithSysFS(nvmltest.DGXSysFS()))
 	if err != nil {
 		t.Fatal(err)
@@ -185,6 +187,7 @@ func TestDGXPlacement(t *testing.T) {
 // TestNUMABinding: two GPUs on this host's NUMA node 0; the workers' CPU
 // sets and memory policy, as the kernel reports them, are the plan's.
 func TestNUMABinding(t *testing.T) {
+	budget(t, 10*time.Second)
 	host, err := nvml.DiscoverHost(t.Context())
 	if err != nil || len(host.NUMANodes) == 0 {
 		t.Skipf("no NUMA layout: %v", err)

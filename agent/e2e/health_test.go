@@ -15,6 +15,7 @@ import (
 // run; while it stops them (they ignore SIGTERM, so that takes the stop
 // timeout), /healthz 503 "agent stopping: …" and /readyz 503 "stopped".
 func TestHealthEndpoints(t *testing.T) {
+	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--nproc-per-node", "2", "--stop-timeout", "3s", "--metrics-addr", "127.0.0.1:0",
 		"sleeper.py", "--ignore-term")
 	urlRE := regexp.MustCompile(`msg="serving prometheus metrics".* url=(\S+)/metrics`)

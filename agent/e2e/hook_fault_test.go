@@ -19,6 +19,7 @@ const hookStopTimeout = 20 * time.Second
 // once, the survivor stops within the grace period, and attempt 1 resumes
 // from the step 10 checkpoint and finishes, the hook working again.
 func TestHookWorkerDiesAgentRestarts(t *testing.T) {
+	budget(t, 20*time.Second)
 	tests := []struct {
 		name string
 		fail []string

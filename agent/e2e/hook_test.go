@@ -131,6 +131,7 @@ func num(info map[string]any, key string) int {
 // point), so the hook must also end bit-identical to DDP's built-in gloo
 // all-reduce.
 func TestHookTrainUnderAgent(t *testing.T) {
+	budget(t, 15*time.Second)
 	needTorch(t)
 	digests := map[string]string{}
 	for _, mode := range []string{"ddp-agent", "none"} {
@@ -173,6 +174,7 @@ func TestHookTrainUnderAgent(t *testing.T) {
 // TestHookBootstrapsThroughAgent: under ddp-agent the hook's communicator
 // is connected to the control socket and ships events.
 func TestHookBootstrapsThroughAgent(t *testing.T) {
+	budget(t, 10*time.Second)
 	needTorch(t)
 	r := startAgent(t, nil, hookTrainArgs(hookProbe(), "6")...)
 	if code := r.wait(90 * time.Second); code != 0 {
@@ -202,6 +204,7 @@ func TestHookBootstrapsThroughAgent(t *testing.T) {
 // TestHookNCCLUniqueIDThroughAgent: transport "nccl" under ddp-agent, on the
 // fake NCCL: rank 0's unique id reaches rank 1 through the agent's KV.
 func TestHookNCCLUniqueIDThroughAgent(t *testing.T) {
+	budget(t, 10*time.Second)
 	needTorch(t)
 	if _, err := exec.LookPath("gcc"); err != nil {
 		t.Skip("gcc builds the fake NCCL")
@@ -244,6 +247,7 @@ func TestHookNCCLUniqueIDThroughAgent(t *testing.T) {
 // through torch's store; the ranks end bit-identical. torchrun runs through
 // scripts/torchrun_compat.py (DDP_AGENT_TORCHRUN_COMPAT overrides it).
 func TestHookTrainUnderTorchrun(t *testing.T) {
+	budget(t, 15*time.Second)
 	needTorch(t)
 	compat := torchrunCompat(t)
 	// TMPDIR of its own: no sidecar socket can be at the default path.

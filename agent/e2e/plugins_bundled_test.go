@@ -34,6 +34,7 @@ func mustRun(t *testing.T, name string, args ...string) {
 // of the test's, goes down: the node's port lost its carrier, and the
 // agent drains the node (exit 3) with the port named.
 func TestPluginNICDrains(t *testing.T) {
+	budget(t, 10*time.Second)
 	needRoot(t, "creates a network namespace and a veth pair", "ip")
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
@@ -73,6 +74,7 @@ func TestPluginNICDrains(t *testing.T) {
 // The disk plugin on a small tmpfs that fills up: a warning, told once,
 // and the job goes on and finishes.
 func TestPluginDiskWarns(t *testing.T) {
+	budget(t, 10*time.Second)
 	needRoot(t, "mounts a small tmpfs", "mount", "umount")
 	dir := t.TempDir()
 	mustRun(t, "mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir)
@@ -97,6 +99,7 @@ func TestPluginDiskWarns(t *testing.T) {
 
 // ddp-agent plugins lists the bundled plugins, each started and asked.
 func TestPluginsList(t *testing.T) {
+	budget(t, 10*time.Second)
 	out, err := exec.Command(agentBin, "plugins").CombinedOutput()
 	if err != nil {
 		t.Fatalf("ddp-agent plugins: %v\n%s", err, out)

@@ -52,6 +52,7 @@ func writeScript(t *testing.T, body string) string {
 // verdict, with its message in the log; the restart counts against
 // --max-restarts, and the job then finishes.
 func TestPluginExecRestarts(t *testing.T) {
+	budget(t, 10*time.Second)
 	trigger := filepath.Join(t.TempDir(), "trigger")
 	script := writeScript(t, fmt.Sprintf("if [ -e %[1]s ]; then rm -f %[1]s; echo 'fabric port mlx5_0/1 flapped'; exit 2; fi\necho fine\n", trigger))
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
@@ -87,6 +88,7 @@ func TestPluginExecRestarts(t *testing.T) {
 
 // An exec check that exits 3 drains the node: the agent exits 3.
 func TestPluginExecDrains(t *testing.T) {
+	budget(t, 10*time.Second)
 	script := writeScript(t, "echo 'node scheduled for maintenance'; exit 3\n")
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1", "--max-restarts", "3",
 		"--plugin", "exec,command="+script+",interval=1s", "timed.py", "30")
@@ -102,6 +104,7 @@ func TestPluginExecDrains(t *testing.T) {
 // (here one that never comes) is still a drain: exit 3, not the cancelled
 // wait's exit 1.
 func TestPluginExecDrainsDuringRendezvous(t *testing.T) {
+	budget(t, 10*time.Second)
 	script := writeScript(t, "echo 'node scheduled for maintenance'; exit 3\n")
 	r := startAgent(t, nil, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
 		"--rdzv-id", "drain-in-rdzv", "--plugin", "exec,command="+script+",interval=1s", "timed.py", "30")
@@ -116,6 +119,7 @@ func TestPluginExecDrainsDuringRendezvous(t *testing.T) {
 // A plugin of another protocol version, an unknown option or a missing
 // binary stops the agent before the job, with one line.
 func TestPluginRefused(t *testing.T) {
+	budget(t, 10*time.Second)
 	bins := buildMisbehave(t, "v2")
 	for _, tc := range []struct{ spec, want string }{
 		{bins["v2"], "speaks plugin protocol 2, this ddp-agent speaks 1"},
@@ -140,6 +144,7 @@ func TestPluginRefused(t *testing.T) {
 // Plugins that crash, hang or write garbage before their handshake are
 // logged and restarted; the job runs and finishes as without them.
 func TestPluginFaultsNeverStopTraining(t *testing.T) {
+	budget(t, 15*time.Second)
 	bins := buildMisbehave(t, "crash", "hang", "garbage")
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1",
 		"--plugin", bins["crash"], "--plugin", bins["hang"], "--plugin", bins["garbage"], "timed.py", "9")
@@ -185,6 +190,7 @@ func childPIDs(pid int) []int {
 
 // The agent SIGKILLed leaves no plugin process behind.
 func TestPluginsDieWithAgent(t *testing.T) {
+	budget(t, 10*time.Second)
 	bins := buildMisbehave(t, "steady")
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1",
 		"--plugin", "exec,command=true,interval=1s", "--plugin", bins["steady"], "sleeper.py")
@@ -253,6 +259,7 @@ func (h *hookServer) kinds() []string {
 // the worker's failure; a slow and a failing endpoint beside it delay
 // nothing and lose only their own events.
 func TestPluginWebhook(t *testing.T) {
+	budget(t, 10*time.Second)
 	good := newHookServer(t, 0, http.StatusOK)
 	slow := newHookServer(t, time.Minute, http.StatusOK)
 	failing := newHookServer(t, 0, http.StatusInternalServerError)
@@ -288,6 +295,7 @@ func TestPluginWebhook(t *testing.T) {
 // would wait on forever) is found hung, killed and restarted, and the job
 // ends on time.
 func TestPluginFrozen(t *testing.T) {
+	budget(t, 25*time.Second)
 	bins := buildMisbehave(t, "steady")
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1", "--plugin", bins["steady"], "timed.py", "14")
 	r.workerPIDs(1)

@@ -13,6 +13,7 @@ import (
 )
 
 func TestTrainToCompletion(t *testing.T) {
+	budget(t, 20*time.Second)
 	needTorch(t)
 	ckpt := t.TempDir()
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", filepath.Join(repoRoot, "examples", "train.py"),
@@ -31,6 +32,7 @@ func TestTrainToCompletion(t *testing.T) {
 // TestEnvMatchesTorchrun runs one script under torchrun and under ddp-agent
 // and compares every variable the launcher adds.
 func TestEnvMatchesTorchrun(t *testing.T) {
+	budget(t, 10*time.Second)
 	needTorch(t)
 	compat := os.Getenv("DDP_AGENT_TORCHRUN_COMPAT")
 	if compat == "" {
@@ -96,6 +98,7 @@ func readEnv(t *testing.T, dir string, rank int) map[string]string {
 }
 
 func TestRestartPolicy(t *testing.T) {
+	budget(t, 10*time.Second)
 	tests := []struct {
 		name        string
 		maxRestarts string
@@ -139,6 +142,7 @@ func TestRestartPolicy(t *testing.T) {
 // restarted, resumes from the step 10 checkpoint and finishes; the report
 // carries the Python exception from TORCHELASTIC_ERROR_FILE.
 func TestTrainFaultResume(t *testing.T) {
+	budget(t, 30*time.Second)
 	needTorch(t)
 	ckpt := t.TempDir()
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
@@ -155,6 +159,7 @@ func TestTrainFaultResume(t *testing.T) {
 }
 
 func TestAgentSIGKILLLeavesNoWorkers(t *testing.T) {
+	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--nproc-per-node", "2", "sleeper.py")
 	pids := r.workerPIDs(2)
 	r.cmd.Process.Signal(syscall.SIGKILL)
@@ -165,6 +170,7 @@ func TestAgentSIGKILLLeavesNoWorkers(t *testing.T) {
 }
 
 func TestAgentSignalsStopWorkers(t *testing.T) {
+	budget(t, 10*time.Second)
 	tests := []struct {
 		name     string
 		sig      syscall.Signal
@@ -210,6 +216,7 @@ func TestAgentSignalsStopWorkers(t *testing.T) {
 
 // TestFastFailure: a worker that fails at once still fails the job.
 func TestFastFailure(t *testing.T) {
+	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--nproc-per-node", "2", "--no-python", "--", "/bin/sh", "-c", "exit 3")
 	if code := r.wait(10 * time.Second); code != 1 {
 		t.Errorf("exit code %d, want 1\n%s", code, r.logs())
@@ -222,6 +229,7 @@ func TestFastFailure(t *testing.T) {
 // TestClosedStdout: the agent's stdout going away (`| head`, a log shipper
 // restarting) costs the console, not the job.
 func TestClosedStdout(t *testing.T) {
+	budget(t, 10*time.Second)
 	cmd := exec.Command(agentBin, "run", "--nproc-per-node", "1", "--no-python", "--", "/bin/sh", "-c",
 		"i=0; while [ $i -lt 20000 ]; do echo line $i; i=$((i+1)); done; echo finished >&2")
 	stdout, err := cmd.StdoutPipe()
@@ -258,6 +266,7 @@ func TestClosedStdout(t *testing.T) {
 // reaction to a signal nor garble the console: every line is whole and
 // prefixed.
 func TestSpammingWorker(t *testing.T) {
+	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--nproc-per-node", "2", "sleeper.py", "--spam")
 	r.workerPIDs(2)
 	time.Sleep(time.Second)
@@ -284,6 +293,7 @@ func TestSpammingWorker(t *testing.T) {
 }
 
 func TestCommandLine(t *testing.T) {
+	budget(t, 10*time.Second)
 	tests := []struct {
 		name     string
 		args     []string
@@ -325,6 +335,7 @@ func TestCommandLine(t *testing.T) {
 // and exit 2, before any worker starts (it was every worker failing and
 // the job's exit 1).
 func TestMissingScriptFailsCleanly(t *testing.T) {
+	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--nproc-per-node", "2", "no_such_script.py")
 	if code := r.wait(30 * time.Second); code != 2 {
 		t.Errorf("exit code %d, want 2\n%s", code, r.logs())

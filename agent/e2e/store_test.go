@@ -41,6 +41,7 @@ func allLogs(as ...*agentRun) func() string {
 // a member: the fourth agent takes its place. Kill another (the first
 // agent, which started the store): the job finishes on the two left.
 func TestStoreMembersReplaced(t *testing.T) {
+	budget(t, 90*time.Second)
 	needTorch(t)
 	j := newJob(t, "2:4", 4, 40, "--sleep-per-step", "0.1")
 	j.args[3] = "1" // --nproc-per-node 1: four agents on two cores
@@ -86,6 +87,7 @@ func TestStoreMembersReplaced(t *testing.T) {
 // remove it and carry on; woken, it finds itself out, closes its member,
 // joins again, and the job finishes on all three.
 func TestStoreMemberSIGSTOP(t *testing.T) {
+	budget(t, 90*time.Second)
 	needTorch(t)
 	j := newJob(t, "2:3", 4, 40, "--sleep-per-step", "0.1")
 	all := []*agentRun{j.startHost(), j.start(), j.start()}
@@ -116,6 +118,7 @@ func TestStoreMemberSIGSTOP(t *testing.T) {
 // agent dies the other fails within seconds, saying why, rather than
 // waiting out the join timeout.
 func TestStoreLostFailsFast(t *testing.T) {
+	budget(t, 60*time.Second)
 	needTorch(t)
 	j := newJob(t, "2", 2, 200, "--sleep-per-step", "0.1")
 	host, b := j.startHost(), j.start()

@@ -29,6 +29,7 @@ func stepList(from, to int) string {
 // can keep one rank off a core for seconds, and that rank then really is
 // a straggler for as long.
 func TestBalancedJobIsQuiet(t *testing.T) {
+	budget(t, 60*time.Second)
 	needTorch(t)
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2",
 		filepath.Join(repoRoot, "examples", "train.py"), "--steps", "80", "--ckpt-every", "0", "--log-every", "40",
@@ -51,6 +52,7 @@ func TestBalancedJobIsQuiet(t *testing.T) {
 // with that cause, and rank 0 never is. How fast is the unit tests' and the
 // benchmark's business.
 func TestStragglerNamedWithCause(t *testing.T) {
+	budget(t, 120*time.Second)
 	for _, phase := range []string{"compute", "input"} {
 		t.Run(phase, func(t *testing.T) {
 			needTorch(t)
