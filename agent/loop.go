@@ -16,6 +16,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // attempt is one run of this node's worker group, in one generation.
@@ -150,7 +151,7 @@ func (r *run) spec(rd *rdzv.Round, attemptDir, stackDir string) *supervisor.Spec
 	}
 	return &supervisor.Spec{
 		Argv:          r.cfg.Command,
-		BaseEnv:       append(slices.Clip(r.baseEnv), "DDP_AGENT_STACK_DIR="+stackDir),
+		BaseEnv:       append(slices.Clip(r.baseEnv), envname.StackDir+"="+stackDir),
 		NProc:         r.cfg.NProcPerNode,
 		RankOffset:    rd.RankOffset,
 		WorldSize:     rd.WorldSize,

@@ -10,11 +10,13 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // SocketEnv overrides the sidecar's socket path, for the sidecar and for
 // the hook alike.
-const SocketEnv = "DDP_AGENT_SOCKET"
+const SocketEnv = envname.Socket
 
 // DefaultSocket is the node's sidecar socket for user uid: under
 // $XDG_RUNTIME_DIR (a per-user tmpfs, 0700, where systemd makes one),

@@ -10,6 +10,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // runConfig maps the parsed command line onto what the agent needs;
@@ -48,7 +49,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 			LastCall:    rc.LastCall,
 			TTL:         rc.TTL(),
 		},
-		Plugins: agent.Plugins{Specs: cfg.Plugins, Dir: getenv("DDP_AGENT_PLUGIN_DIR")},
+		Plugins: agent.Plugins{Specs: cfg.Plugins, Dir: getenv(envname.PluginDir)},
 		Telemetry: agent.Telemetry{
 			Config: observe.Config{
 				HangTimeout:   cfg.HangTimeout,

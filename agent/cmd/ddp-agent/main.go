@@ -22,6 +22,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -212,7 +213,7 @@ const exitDrained = 3
 // agent. A DDP_AGENT_SHIM the user set wins.
 func workerBaseEnv(env []string) []string {
 	for _, kv := range env {
-		if strings.HasPrefix(kv, "DDP_AGENT_SHIM=") {
+		if strings.HasPrefix(kv, envname.Shim+"=") {
 			return env
 		}
 	}
@@ -227,5 +228,5 @@ func workerBaseEnv(env []string) []string {
 	if _, err := os.Stat(so); err != nil {
 		return env
 	}
-	return append(env, "DDP_AGENT_SHIM="+so)
+	return append(env, envname.Shim+"="+so)
 }

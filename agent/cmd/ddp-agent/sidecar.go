@@ -16,6 +16,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/sidecar"
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 	"github.com/ddp-agent/ddp-agent/nvml"
 	"github.com/ddp-agent/ddp-agent/nvml/health"
 )
@@ -74,11 +75,11 @@ func sidecarFlags(args []string, getenv func(string) string, out io.Writer) (sid
 	if cfg.Linger < time.Second {
 		return cfg, 0, fmt.Errorf("--job-linger %v: at least 1s (a launcher's restart takes that)", cfg.Linger)
 	}
-	specs, err := pluginhost.ParseSpecs(plugins, getenv("DDP_AGENT_PLUGINS"))
+	specs, err := pluginhost.ParseSpecs(plugins, getenv(envname.Plugins))
 	if err != nil {
 		return cfg, 0, err
 	}
-	cfg.Plugins, cfg.PluginDir = specs, getenv("DDP_AGENT_PLUGIN_DIR")
+	cfg.Plugins, cfg.PluginDir = specs, getenv(envname.PluginDir)
 	cfg.Telemetry.OTLPProtocol = otlpProtocol(cfg.Telemetry.OTelEndpoint, getenv)
 	return cfg, lvl, nil
 }
