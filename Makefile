@@ -14,7 +14,7 @@ TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py
 TORCH2_PYTHON ?=
 TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted|TestSidecarNamesStragglerUnderTorchrun)$$/^raise$$
 
-.PHONY: build wheel test test-deploy demo demo-fault bench bench-links lint fuzz clean
+.PHONY: build wheel test test-quick test-deploy demo demo-fault bench bench-links lint fuzz clean
 
 # bin/ddp-agent, bin/ddp-agent-plugins, and bin/libddpshim.so with its
 # header; the three are also copied into python/ddp_agent/ so `pip install
@@ -64,6 +64,23 @@ test: build
 	    $$go test -race -count=1 -timeout 15m -run '$(TORCH2_E2E)' ./agent/e2e && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $$py2 -m pytest -q -p no:cacheprovider python/tests
+
+# The inner loop while working (docs/testing.md): every Go unit test without
+# the race detector, a smoke subset of the end-to-end tests (QUICK_E2E: a job
+# to completion, the hook under the agent, a multi-node job, a crash and its
+# root cause across nodes, the control socket), and the Python suite's
+# binding and DDP parity files, on $(PYTHON). A few minutes here; CI runs
+# make test, which runs everything.
+QUICK_E2E ?= ^(TestTrainToCompletion|TestHookTrainUnderAgent|TestMultiNodeTrain|TestRootCauseAcrossNodes|TestControlSocketKV|TestEnvMatchesTorchrun)$$
+test-quick: build
+	@go=$$(scripts/deps.sh) && \
+	  $$go vet ./... && \
+	  DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
+	    $$go run ./scripts/testtime -top 8 -- $$go test -json -count=1 $$($$go list ./... | grep -v /agent/e2e$$) && \
+	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
+	    $$go run ./scripts/testtime -top 8 -- $$go test -json -count=1 -run '$(QUICK_E2E)' -skip 'TestMultiNodeTrain/3_nodes' ./agent/e2e && \
+	  DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so $(PYTHON) -m pytest -q -p no:cacheprovider \
+	    python/tests/test_shim.py python/tests/test_env_names.py python/tests/test_ddp.py
 
 # The deploy paths on the real tools (deploy/README.md): a real Slurm
 # (slurm-wlm and munge from apt: slurmctld and two slurmd on this host)

@@ -51,3 +51,30 @@ func TestNoImportUpAFloor(t *testing.T) {
 		t.Fatalf("go list named %d packages below the agent root, want them all:\n%s", below, out)
 	}
 }
+
+// TestModesApart: run mode (this package) and sidecar mode (agent/sidecar)
+// share agent/observe and the packages below, never each other; and
+// neither reaches into the other through the command. Checked that it
+// fails: a blank import of agent/sidecar in a (non-test) file of this package
+// made it name it.
+func TestModesApart(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command, to list the packages' dependencies: %v", err)
+	}
+	for _, tc := range []struct{ pkg, forbidden string }{
+		{root, root + "/sidecar"},
+		{root + "/sidecar", root},
+		{root + "/observe", root + "/sidecar"},
+	} {
+		out, err := exec.CommandContext(t.Context(), goTool, "list", "-deps", tc.pkg).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", tc.pkg, err)
+		}
+		for dep := range strings.Lines(string(out)) {
+			if strings.TrimSpace(dep) == tc.forbidden {
+				t.Errorf("%s depends on %s", tc.pkg, tc.forbidden)
+			}
+		}
+	}
+}
