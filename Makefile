@@ -143,7 +143,7 @@ bench-links: build
 
 lint:
 	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./... && \
-	  $$go run ./scripts/sizes
+	  $$go run ./scripts/sizes && echo "lint: passed (gofmt, go vet, file and function sizes)"
 
 fuzz:
 	@go=$$(scripts/deps.sh go) && $$go test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./wire
