@@ -20,7 +20,7 @@ func tokenMAC(token, id string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-func (e *Etcd) checkHost(ctx context.Context) error {
+func (e *Membership) checkHost(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	if e.cfg.Hosted {
@@ -49,7 +49,7 @@ func (e *Etcd) checkHost(ctx context.Context) error {
 	return nil
 }
 
-func (e *Etcd) createOrCheckJob(ctx context.Context) error {
+func (e *Membership) createOrCheckJob(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	now := time.Now()

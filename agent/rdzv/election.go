@@ -15,7 +15,7 @@ import (
 // of the round. It returns the leader's join key ("" when this node's own
 // join key is gone: its lease was lost), the election key, and the
 // revision read.
-func (e *Etcd) electLeader(ctx context.Context, gen uint64, lease clientv3.LeaseID, prefix string) (string, string, int64, error) {
+func (e *Membership) electLeader(ctx context.Context, gen uint64, lease clientv3.LeaseID, prefix string) (string, string, int64, error) {
 	key := e.key(leadersDir + genKey(gen))
 	me := prefix + e.node
 	for {
@@ -56,7 +56,7 @@ func (e *Etcd) electLeader(ctx context.Context, gen uint64, lease clientv3.Lease
 // follow waits for the state to change, or for the leader's election key
 // to vanish with its lease (then another joiner leads). It reports whether the
 // state changed.
-func (e *Etcd) follow(ctx context.Context, stateRev int64, leaderKey string, rev int64, deadline time.Time, lost <-chan struct{}, st *State) (bool, error) {
+func (e *Membership) follow(ctx context.Context, stateRev int64, leaderKey string, rev int64, deadline time.Time, lost <-chan struct{}, st *State) (bool, error) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(stateRev+1))

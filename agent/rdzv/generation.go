@@ -12,7 +12,7 @@ import (
 // to a new generation, which counts against --max-restarts. It returns
 // *JobFailedError when no restarts were left. When the job already moved
 // on (another node's fault came first), nothing more is counted.
-func (e *Etcd) Fail(ctx context.Context, r *Round, reason string) error {
+func (e *Membership) Fail(ctx context.Context, r *Round, reason string) error {
 	st, err := e.bump(ctx, r.Generation, faultMove(e.node, e.cfg.Host, r.GroupRank, reason))
 	if err != nil {
 		return err
@@ -26,7 +26,7 @@ func (e *Etcd) Fail(ctx context.Context, r *Round, reason string) error {
 // bump makes move mv of the job from running generation gen to the next
 // one, unless someone already did. A fault counts against the job's
 // restarts; when none are left the job fails instead.
-func (e *Etcd) bump(ctx context.Context, gen uint64, mv move) (*State, error) {
+func (e *Membership) bump(ctx context.Context, gen uint64, mv move) (*State, error) {
 	for {
 		st, rev, _, err := e.readState(ctx)
 		if err != nil {
@@ -49,7 +49,7 @@ func (e *Etcd) bump(ctx context.Context, gen uint64, mv move) (*State, error) {
 // compare-and-swap without reading anything: when a lost member is seen
 // by every other member at once, none of them reads the state first, and
 // all but one fail the compare. It reports whether this call moved the job.
-func (e *Etcd) bumpFrom(ctx context.Context, st *State, rev int64, mv move) (*State, bool, error) {
+func (e *Membership) bumpFrom(ctx context.Context, st *State, rev int64, mv move) (*State, bool, error) {
 	next := *st
 	next.Generation++
 	next.Phase = Joining
@@ -77,7 +77,7 @@ func (e *Etcd) bumpFrom(ctx context.Context, st *State, rev int64, mv move) (*St
 // bumpUntilMoved retries bump through store errors (a leader election in
 // an etcd cluster) until the job left generation gen or ctx ends: a lost
 // member noticed only by this node must not be forgotten.
-func (e *Etcd) bumpUntilMoved(ctx context.Context, r *Round, mv move) {
+func (e *Membership) bumpUntilMoved(ctx context.Context, r *Round, mv move) {
 	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
 		_, _, err := e.bumpFrom(ctx, r.state, r.stateMod, mv)
 		if err == nil {
@@ -97,7 +97,7 @@ func (e *Etcd) bumpUntilMoved(ctx context.Context, r *Round, mv move) {
 // restartEndedJob starts a new run of a job that succeeded or failed,
 // when no other agent of it is left: the id is being reused. It reports
 // whether it did.
-func (e *Etcd) restartEndedJob(ctx context.Context, st *State, rev int64) (bool, error) {
+func (e *Membership) restartEndedJob(ctx context.Context, st *State, rev int64) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	resp, err := e.cli.Get(ctx, e.key(nodesDir), clientv3.WithPrefix())

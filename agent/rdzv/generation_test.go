@@ -11,7 +11,7 @@ import (
 func TestRoundFormsAndFaultsMoveEveryone(t *testing.T) {
 	dial := testStore(t)
 	cfg := testConfig(t, 2, 3)
-	es := []*Etcd{open(t, dial(), cfg), open(t, dial(), cfg), open(t, dial(), cfg)}
+	es := []*Membership{open(t, dial(), cfg), open(t, dial(), cfg), open(t, dial(), cfg)}
 	begin := time.Now()
 	rounds := nextAll(t, es...)
 	t.Logf("3 agents formed generation %d in %v", rounds[0].Generation, time.Since(begin))
@@ -49,7 +49,7 @@ func TestRoundFormsAndFaultsMoveEveryone(t *testing.T) {
 			victim = es[i]
 		}
 	}
-	var rest []*Etcd
+	var rest []*Membership
 	var restRounds []*Round
 	for i := range es {
 		if es[i] != victim {

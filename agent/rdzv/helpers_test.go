@@ -40,7 +40,7 @@ func testConfig(t *testing.T, min, max int) Config {
 	}
 }
 
-func open(t *testing.T, cli *store.Client, cfg Config) *Etcd {
+func open(t *testing.T, cli *store.Client, cfg Config) *Membership {
 	t.Helper()
 	e, err := Open(t.Context(), cli, cfg)
 	if err != nil {
@@ -51,7 +51,7 @@ func open(t *testing.T, cli *store.Client, cfg Config) *Etcd {
 }
 
 // nextAll calls Next on every agent at once and returns their rounds.
-func nextAll(t *testing.T, es ...*Etcd) []*Round {
+func nextAll(t *testing.T, es ...*Membership) []*Round {
 	t.Helper()
 	rounds := make([]*Round, len(es))
 	errs := make([]error, len(es))
@@ -103,7 +103,7 @@ func waitDone(t *testing.T, r *Round, within time.Duration) string {
 	}
 }
 
-func rankOf(rounds []*Round, es []*Etcd, e *Etcd) int {
+func rankOf(rounds []*Round, es []*Membership, e *Membership) int {
 	for i := range es {
 		if es[i] == e {
 			return rounds[i].GroupRank

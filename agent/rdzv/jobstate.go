@@ -13,7 +13,7 @@ import (
 // may be compacted away long before). A malformed
 // state (a person or tool wrote garbage) is replaced by a fresh Joining
 // state, so the job recovers instead of every agent failing on it.
-func (e *Etcd) readState(ctx context.Context) (*State, int64, int64, error) {
+func (e *Membership) readState(ctx context.Context) (*State, int64, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	resp, err := e.cli.Get(ctx, e.key(stateKey))
@@ -68,7 +68,7 @@ func (p Phase) valid() bool {
 	return false
 }
 
-func (e *Etcd) resetState(ctx context.Context, modRev int64, reason string, storeRev int64) (*State, int64, int64, error) {
+func (e *Membership) resetState(ctx context.Context, modRev int64, reason string, storeRev int64) (*State, int64, int64, error) {
 	// Every generation was written at a revision at least as high as the
 	// generation number, so one above the store's revision is new to all.
 	st := State{Generation: uint64(storeRev) + 1, Phase: Joining, Reason: reason, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts}
@@ -86,7 +86,7 @@ func (e *Etcd) resetState(ctx context.Context, modRev int64, reason string, stor
 
 // swapState writes next as the state if the state's mod revision is
 // still rev, and reports whether it did.
-func (e *Etcd) swapState(ctx context.Context, rev int64, next *State) (bool, error) {
+func (e *Membership) swapState(ctx context.Context, rev int64, next *State) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	txn, err := e.cli.Txn(ctx).

@@ -12,7 +12,7 @@ import (
 // the round closes. The first node to join leads the round: it decides
 // when to close it and writes the members. It returns (nil, nil) when the
 // state moved on without making this node a member, for Next to look again.
-func (e *Etcd) joinRound(ctx context.Context, st *State, rev, read int64, deadline time.Time) (*Round, error) {
+func (e *Membership) joinRound(ctx context.Context, st *State, rev, read int64, deadline time.Time) (*Round, error) {
 	lease, lost := e.leaseChan()
 	port := e.cfg.MasterPort
 	if port == 0 {
@@ -57,7 +57,7 @@ func (e *Etcd) joinRound(ctx context.Context, st *State, rev, read int64, deadli
 	}
 }
 
-func (e *Etcd) countJoined(ctx context.Context, gen uint64) (int, error) {
+func (e *Membership) countJoined(ctx context.Context, gen uint64) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	resp, err := e.cli.Get(ctx, RoundPrefix(e.cfg.Prefix, gen), clientv3.WithPrefix(), clientv3.WithCountOnly())

@@ -33,7 +33,7 @@ func TestManyAgents(t *testing.T) {
 	const n = 64
 	cfg := testConfig(t, n, n)
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	es := make([]*Etcd, n)
+	es := make([]*Membership, n)
 	for i := range es {
 		c := cfg
 		c.Host = fmt.Sprintf("h%d", i)

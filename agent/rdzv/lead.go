@@ -100,7 +100,7 @@ func (t *roundTracker) joinerList() []joiner {
 
 // trackRound reads the round's join keys and the node entries in one
 // revision, which it returns for the watches to start after.
-func (e *Etcd) trackRound(ctx context.Context, gen uint64) (*roundTracker, int64, error) {
+func (e *Membership) trackRound(ctx context.Context, gen uint64) (*roundTracker, int64, error) {
 	t := &roundTracker{log: e.log, prefix: RoundPrefix(e.cfg.Prefix, gen), nodesPrefix: e.key(nodesDir),
 		joiners: map[string]joiner{}, nodes: map[string]*liveNode{}}
 	gctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -123,7 +123,7 @@ func (e *Etcd) trackRound(ctx context.Context, gen uint64) (*roundTracker, int64
 // registered but do not join, and closes the round when decideClose says
 // so. It returns nil when the state moved on or a watch broke, for Next to
 // look again.
-func (e *Etcd) lead(ctx context.Context, st *State, stateRev, stateRead int64, deadline time.Time, lost <-chan struct{}) error {
+func (e *Membership) lead(ctx context.Context, st *State, stateRev, stateRead int64, deadline time.Time, lost <-chan struct{}) error {
 	t, rev, err := e.trackRound(ctx, st.Generation)
 	if err != nil {
 		return err
@@ -180,7 +180,7 @@ func (e *Etcd) lead(ctx context.Context, st *State, stateRev, stateRead int64, d
 
 // closeRound writes the members of the round, if the state is still the
 // one the round opened with.
-func (e *Etcd) closeRound(ctx context.Context, st *State, stateRev int64, prev []Member, joiners []joiner, why string) error {
+func (e *Membership) closeRound(ctx context.Context, st *State, stateRev int64, prev []Member, joiners []joiner, why string) error {
 	members, port := closedRound(prev, joiners, e.cfg.NNodesMax)
 	gen := genKey(st.Generation)
 	// Keyed by the closer too: should two leaders close the same round,

@@ -34,7 +34,7 @@ func (l *nodeLease) end() {
 // the node key is on it (WithLease): the node key goes in first, because a
 // lease kept alive without its node key would make a node nobody can see
 // die; if the put fails, the lease is revoked and never kept alive.
-func (e *Etcd) register(ctx context.Context) error {
+func (e *Membership) register(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	ttl := max(int64((e.cfg.TTL+time.Second-1)/time.Second), 1)
@@ -77,7 +77,7 @@ func (e *Etcd) register(ctx context.Context) error {
 
 // markLeaseLost makes the current lease count as lost, for when the store
 // says it no longer exists before the keep-alive loop noticed.
-func (e *Etcd) markLeaseLost() {
+func (e *Membership) markLeaseLost() {
 	e.mu.Lock()
 	l := e.lease
 	e.mu.Unlock()
@@ -88,7 +88,7 @@ func (e *Etcd) markLeaseLost() {
 
 // leaseChan returns the current lease and the channel closed when it is
 // lost (0 and nil before the first register).
-func (e *Etcd) leaseChan() (clientv3.LeaseID, <-chan struct{}) {
+func (e *Membership) leaseChan() (clientv3.LeaseID, <-chan struct{}) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.lease == nil {
@@ -99,7 +99,7 @@ func (e *Etcd) leaseChan() (clientv3.LeaseID, <-chan struct{}) {
 
 // ensureLease registers again after the lease was lost (store restarted,
 // node cut off for longer than the TTL): same node id, new lease.
-func (e *Etcd) ensureLease(ctx context.Context) error {
+func (e *Membership) ensureLease(ctx context.Context) error {
 	_, lost := e.leaseChan()
 	select {
 	case <-lost:
@@ -111,13 +111,13 @@ func (e *Etcd) ensureLease(ctx context.Context) error {
 }
 
 // putNode rewrites this node's entry on the current lease.
-func (e *Etcd) putNode(ctx context.Context, st NodeState, reason string) error {
+func (e *Membership) putNode(ctx context.Context, st NodeState, reason string) error {
 	lease, _ := e.leaseChan()
 	return e.putNodeOn(ctx, lease, st, reason)
 }
 
 // putNodeOn writes this node's entry on lease.
-func (e *Etcd) putNodeOn(ctx context.Context, lease clientv3.LeaseID, st NodeState, reason string) error {
+func (e *Membership) putNodeOn(ctx context.Context, lease clientv3.LeaseID, st NodeState, reason string) error {
 	info := NodeInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, PID: os.Getpid(), NProc: e.cfg.NProc,
 		Lease: int64(lease), Probe: e.probe.Addr().String(), State: st, Reason: reason, Started: time.Now(), GPUs: e.cfg.GPUs}
 	_, err := e.cli.Put(ctx, e.key(nodesDir+e.node), encode(info), clientv3.WithLease(lease))

@@ -13,7 +13,7 @@ import (
 // last member to finish marks the job succeeded. When this agent hosts the
 // store it then waits, as torchrun's exit barrier does, until the other
 // agents are gone or done, since they still need the store.
-func (e *Etcd) Succeed(ctx context.Context, r *Round) error {
+func (e *Membership) Succeed(ctx context.Context, r *Round) error {
 	e.mu.Lock()
 	e.state = NodeSucceeded
 	e.mu.Unlock()
@@ -63,7 +63,7 @@ const exitBarrier = 5 * time.Second
 
 // waitAllDone polls the generation's done markers until n nodes have
 // finished, at most d; it reports whether they all have.
-func (e *Etcd) waitAllDone(ctx context.Context, doneDir string, n int, d time.Duration) bool {
+func (e *Membership) waitAllDone(ctx context.Context, doneDir string, n int, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for {
 		gctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -86,7 +86,7 @@ func (e *Etcd) waitAllDone(ctx context.Context, doneDir string, n int, d time.Du
 // the agents leaving it, so a replicated store's member need not be handed
 // over (handing over concurrently, agents that finish together find each
 // other's members orphaned and wait out etcd's timeouts).
-func (e *Etcd) JobDone() bool {
+func (e *Membership) JobDone() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.jobDone
@@ -96,7 +96,7 @@ func (e *Etcd) JobDone() bool {
 // other agents to see that the job is over (failed) and leave, so none of
 // them is left waiting on a store that vanished. It returns at once when
 // this agent does not host the store or the job is not over.
-func (e *Etcd) Drain(ctx context.Context) {
+func (e *Membership) Drain(ctx context.Context) {
 	if e.cfg.keeps() {
 		e.waitOthersGone(ctx, true)
 	}
@@ -105,7 +105,7 @@ func (e *Etcd) Drain(ctx context.Context) {
 // waitOthersGone blocks while other agents are registered and the job is
 // not over for them, polling twice a second; it returns when ctx is done.
 // With onlyIfOver it returns at once unless the job is over.
-func (e *Etcd) waitOthersGone(ctx context.Context, onlyIfOver bool) {
+func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 	logged := false
 	var overSince time.Time
 	for {
@@ -168,7 +168,7 @@ func (e *Etcd) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 // Leave takes this node out of the job without closing the rendezvous for
 // the others: it says why, then revokes its lease. The others re-form
 // without it (a scale event, not a fault).
-func (e *Etcd) Leave(reason string) {
+func (e *Membership) Leave(reason string) {
 	e.mu.Lock()
 	st := e.state
 	if st == NodeActive {

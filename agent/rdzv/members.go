@@ -10,7 +10,7 @@ import (
 
 // assignment returns node's membership in the round of st, reading only
 // that node's key.
-func (e *Etcd) assignment(ctx context.Context, st *State, node string) (Member, bool, error) {
+func (e *Membership) assignment(ctx context.Context, st *State, node string) (Member, bool, error) {
 	if st.AssignPrefix == "" {
 		m, ok := st.Member(node)
 		return m, ok, nil
@@ -35,7 +35,7 @@ func (e *Etcd) assignment(ctx context.Context, st *State, node string) (Member, 
 
 // members returns the member list of the round of st (of the last closed
 // round when st is Joining).
-func (e *Etcd) members(ctx context.Context, st *State) ([]Member, error) {
+func (e *Membership) members(ctx context.Context, st *State) ([]Member, error) {
 	if st.MembersKey == "" {
 		return st.Members, nil
 	}
@@ -57,7 +57,7 @@ func (e *Etcd) members(ctx context.Context, st *State) ([]Member, error) {
 }
 
 // missingMembers returns the members of st whose node keys are gone.
-func (e *Etcd) missingMembers(ctx context.Context, st *State) ([]Member, error) {
+func (e *Membership) missingMembers(ctx context.Context, st *State) ([]Member, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	resp, err := e.cli.Get(ctx, e.key(nodesDir), clientv3.WithPrefix(), clientv3.WithKeysOnly())

@@ -15,7 +15,7 @@ import (
 // job is full. It fails with *JoinTimeoutError when too few nodes come
 // within the join timeout, *JobFailedError when the job failed, and
 // ErrJobSucceeded when the job is over.
-func (e *Etcd) Next(ctx context.Context) (*Round, error) {
+func (e *Membership) Next(ctx context.Context) (*Round, error) {
 	deadline := time.Now().Add(e.cfg.JoinTimeout)
 	spare := false
 	silent := e.newSilence()
@@ -131,7 +131,7 @@ func (e *Etcd) Next(ctx context.Context) (*Round, error) {
 // it moves the job to a new generation when this node lost its place, the
 // job has room for it (a scale-up), or a member of the full job is gone.
 // It reports spare when the job is full and healthy, and moves nothing.
-func (e *Etcd) claimPlace(ctx context.Context, st *State, rev int64, member bool) (spare bool, err error) {
+func (e *Membership) claimPlace(ctx context.Context, st *State, rev int64, member bool) (spare bool, err error) {
 	switch {
 	case member:
 		// This node ran this generation and lost it (its lease
@@ -159,7 +159,7 @@ func (e *Etcd) claimPlace(ctx context.Context, st *State, rev int64, member bool
 	return true, nil
 }
 
-func (e *Etcd) lastGenSeen() uint64 {
+func (e *Membership) lastGenSeen() uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.lastGen
@@ -168,7 +168,7 @@ func (e *Etcd) lastGenSeen() uint64 {
 // waitStateChange blocks until the state key changes after revision rev,
 // a node entry is deleted (a spare must notice a full job losing a member
 // that nobody else is left to report), or this node's lease is lost.
-func (e *Etcd) waitStateChange(ctx context.Context, rev int64) error {
+func (e *Membership) waitStateChange(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	_, lost := e.leaseChan()

@@ -13,7 +13,7 @@ import (
 // serveProbe accepts and closes connections: while the agent lives its
 // probe port accepts; once the process is gone the kernel refuses, which
 // tells a round's leader the node is dead long before its lease expires.
-func (e *Etcd) serveProbe() {
+func (e *Membership) serveProbe() {
 	defer e.probeWG.Done()
 	for {
 		c, err := e.probe.Accept()
@@ -29,7 +29,7 @@ func (e *Etcd) serveProbe() {
 // (killed, crashed) while its lease has a few seconds left; revoking the
 // lease lets the round close now instead of after the TTL. A node that
 // does not answer at all (frozen, cut off) is left to its lease.
-func (e *Etcd) probePending(ctx context.Context, pending []*liveNode) {
+func (e *Membership) probePending(ctx context.Context, pending []*liveNode) {
 	for _, ln := range pending {
 		if time.Since(ln.probed) < time.Second || ln.Probe == "" || ln.Lease == 0 {
 			continue

@@ -75,7 +75,7 @@ func (r *Round) Stop() { r.finish(RoundEnd{Kind: EndStopped}, "stopped by this a
 // watching it: the round ends (Done) when the job moves to another
 // generation, and this node moves the job on itself when another member is
 // lost.
-func (e *Etcd) startRound(st *State, m Member, mod, read int64) *Round {
+func (e *Membership) startRound(st *State, m Member, mod, read int64) *Round {
 	e.mu.Lock()
 	e.lastGen = st.Generation + 1
 	e.mu.Unlock()

@@ -9,7 +9,7 @@ import (
 )
 
 // leaseLost ends r because this node lost its lease.
-func (e *Etcd) leaseLost(r *Round) {
+func (e *Membership) leaseLost(r *Round) {
 	r.finish(RoundEnd{Kind: EndLeaseLost, Node: e.node},
 		"this node lost its lease on the rendezvous store (cut off or stalled for longer than the lease TTL)")
 }
@@ -19,7 +19,7 @@ func (e *Etcd) leaseLost(r *Round) {
 // a watch breaks (a compacted revision, a lost leader) it reads the state
 // and the members afresh and watches from there, since events missed in
 // between will not come back.
-func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan struct{}) {
+func (e *Membership) watchRound(ctx context.Context, r *Round, from int64, lost <-chan struct{}) {
 	members := map[string]Member{}
 	for _, m := range r.state.Members {
 		members[m.Node] = m
@@ -80,7 +80,7 @@ func (e *Etcd) watchRound(ctx context.Context, r *Round, from int64, lost <-chan
 // resyncRound reads the state and the node keys in one revision: it ends r
 // when the state moved on, bumps for members that are gone, and returns
 // the revision read (0 after a store error).
-func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Member, checkMembers bool) (rev int64, over bool) {
+func (e *Membership) resyncRound(ctx context.Context, r *Round, members map[string]Member, checkMembers bool) (rev int64, over bool) {
 	gctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	ops := []clientv3.Op{clientv3.OpGet(e.key(stateKey))}
@@ -124,7 +124,7 @@ func (e *Etcd) resyncRound(ctx context.Context, r *Round, members map[string]Mem
 // followRound follows the watches of r's state and nodes from revision
 // from. It returns true when a watch broke and the caller must resync,
 // false when r is over.
-func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members map[string]Member, lost <-chan struct{}) bool {
+func (e *Membership) followRound(ctx context.Context, r *Round, from int64, members map[string]Member, lost <-chan struct{}) bool {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sw := e.cli.Watch(clientv3.WithRequireLeader(wctx), e.key(stateKey), clientv3.WithRev(from+1))
@@ -184,7 +184,7 @@ func (e *Etcd) followRound(ctx context.Context, r *Round, from int64, members ma
 // store's history since the round started still has that last value.
 // Without the history (compacted, or no delete found in time) the node
 // counts as lost.
-func (e *Etcd) departure(ctx context.Context, r *Round, m Member) departure {
+func (e *Membership) departure(ctx context.Context, r *Round, m Member) departure {
 	return e.departedSince(ctx, r.stateMod, m)
 }
 
@@ -192,7 +192,7 @@ func (e *Etcd) departure(ctx context.Context, r *Round, m Member) departure {
 // made it a member): from the last value of its entry, which its delete
 // event carries when the history since rev is still there; lost
 // otherwise.
-func (e *Etcd) departedSince(ctx context.Context, rev int64, m Member) departure {
+func (e *Membership) departedSince(ctx context.Context, rev int64, m Member) departure {
 	wctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	key := e.key(nodesDir) + m.Node

@@ -24,7 +24,7 @@ type silence struct {
 	endpoint string
 }
 
-func (e *Etcd) newSilence() *silence {
+func (e *Membership) newSilence() *silence {
 	s := &silence{answered: time.Now(), limit: e.cfg.StoreTimeout, endpoint: e.cfg.Endpoint}
 	if s.limit <= 0 {
 		s.limit = DefaultStoreTimeout

@@ -30,7 +30,7 @@ const publishTimeout = 3 * time.Second
 // on the lease would outlive the agent); the lease a later Next registers
 // takes the next report. Safe to call concurrently with Next and the
 // other methods; of concurrent calls the last to reach the store wins.
-func (e *Etcd) PublishStalls(ctx context.Context, report []byte) error {
+func (e *Membership) PublishStalls(ctx context.Context, report []byte) error {
 	if e.bg.Err() != nil {
 		return fmt.Errorf("publish stalls of node %s: the rendezvous is closed", e.node)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
-func publish(t *testing.T, e *Etcd, s telemetry.Report) {
+func publish(t *testing.T, e *Membership, s telemetry.Report) {
 	t.Helper()
 	if err := publishReport(t.Context(), e, s); err != nil {
 		t.Fatalf("PublishStalls: %v", err)
@@ -23,7 +23,7 @@ func publish(t *testing.T, e *Etcd, s telemetry.Report) {
 }
 
 // publishReport encodes r as the watch does and publishes it.
-func publishReport(ctx context.Context, e *Etcd, r telemetry.Report) error {
+func publishReport(ctx context.Context, e *Membership, r telemetry.Report) error {
 	b, err := r.Encode(time.Now())
 	if err != nil {
 		return err

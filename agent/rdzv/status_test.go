@@ -62,7 +62,7 @@ func nodeOf(t *testing.T, s *Status, node string) NodeStatus {
 
 // background runs Next on each agent until the test ends, and waits for
 // them before the agents are closed.
-func background(t *testing.T, es ...*Etcd) {
+func background(t *testing.T, es ...*Membership) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for _, e := range es {
@@ -109,7 +109,7 @@ func TestStatusRunningJobWithSpare(t *testing.T) {
 	if s.State == nil || s.State.Phase != Running || s.State.Generation != rounds[0].Generation || s.State.WorldSize != 4 {
 		t.Fatalf("state: %+v", s.State)
 	}
-	byRank := map[int]*Etcd{rankOf(rounds, []*Etcd{a, b}, a): a, rankOf(rounds, []*Etcd{a, b}, b): b}
+	byRank := map[int]*Membership{rankOf(rounds, []*Membership{a, b}, a): a, rankOf(rounds, []*Membership{a, b}, b): b}
 	want := fmt.Sprintf("%s:running %s:running %s:spare", byRank[0].Node(), byRank[1].Node(), spare.Node())
 	if got := roles(s); got != want {
 		t.Fatalf("roles %q, want %q", got, want)

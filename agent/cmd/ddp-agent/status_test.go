@@ -53,7 +53,7 @@ func agentConfig(id string, min, max int) rdzv.Config {
 
 // openAgent registers an agent of a job, each with its own client as
 // separate processes would have.
-func openAgent(t *testing.T, endpoint string, cfg rdzv.Config) *rdzv.Etcd {
+func openAgent(t *testing.T, endpoint string, cfg rdzv.Config) *rdzv.Membership {
 	t.Helper()
 	e, err := rdzv.Open(t.Context(), dialStore(t, endpoint), cfg)
 	if err != nil {
@@ -64,7 +64,7 @@ func openAgent(t *testing.T, endpoint string, cfg rdzv.Config) *rdzv.Etcd {
 }
 
 // formRound has the agents form a round and returns each one's round.
-func formRound(t *testing.T, es ...*rdzv.Etcd) []*rdzv.Round {
+func formRound(t *testing.T, es ...*rdzv.Membership) []*rdzv.Round {
 	t.Helper()
 	rounds := make([]*rdzv.Round, len(es))
 	errs := make([]error, len(es))
@@ -88,7 +88,7 @@ func formRound(t *testing.T, es ...*rdzv.Etcd) []*rdzv.Round {
 }
 
 // standBy runs Next on e until the test ends, as a spare or a joiner does.
-func standBy(t *testing.T, e *rdzv.Etcd) {
+func standBy(t *testing.T, e *rdzv.Membership) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -127,7 +127,7 @@ func TestStatusShowsARunningJob(t *testing.T) {
 	rounds := formRound(t, a, b)
 	spare := openAgent(t, ep, cfg)
 	standBy(t, spare)
-	byRank := map[int]*rdzv.Etcd{rounds[0].GroupRank: a, rounds[1].GroupRank: b}
+	byRank := map[int]*rdzv.Membership{rounds[0].GroupRank: a, rounds[1].GroupRank: b}
 
 	// torchrun's spellings, and no --rdzv-id: the store's only job
 	for _, args := range [][]string{

@@ -87,7 +87,7 @@ type Node struct {
 	GPUs        *rdzv.NodeGPUs // for the node's entry; nil without NVML
 }
 
-// Rendezvous is what a joined backend does: *rdzv.Static or *rdzv.Etcd.
+// Rendezvous is what a joined backend does: *rdzv.Static or *rdzv.Membership.
 type Rendezvous interface {
 	// Next blocks until this node is part of the job's next generation.
 	Next(ctx context.Context) (*rdzv.Round, error)

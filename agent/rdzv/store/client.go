@@ -65,7 +65,7 @@ func NewClient(cli *clientv3.Client) *Client {
 // one is.
 func (c *Client) DownFor() time.Duration { return c.reach.downFor() }
 
-// Etcd is the etcd client underneath, for the rendezvous (agent/rdzv) and
+// Membership is the etcd client underneath, for the rendezvous (agent/rdzv) and
 // for tools that instrument its requests; it is closed with c.
 func (c *Client) Etcd() *clientv3.Client { return c.etcd }
 

@@ -9,7 +9,7 @@ import (
 )
 
 // Publisher is the rendezvous when it has a store for `ddp-agent status`:
-// it keeps the encoded telemetry.Report as opaque data (rdzv.Etcd).
+// it keeps the encoded telemetry.Report as opaque data (rdzv.Membership).
 type Publisher interface {
 	PublishStalls(ctx context.Context, report []byte) error
 }

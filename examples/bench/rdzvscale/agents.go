@@ -13,7 +13,7 @@ import (
 // agent is one simulated agent: its rendezvous, its first round and, from
 // its goroutine, the rounds after the fault.
 type agent struct {
-	e    *rdzv.Etcd
+	e    *rdzv.Membership
 	r1   *rdzv.Round
 	t1   time.Time
 	err1 error

@@ -72,9 +72,9 @@ const revokeTimeout = 2 * time.Second
 // error and never a hang.
 const opTimeout = 10 * time.Second
 
-// Etcd is one agent's membership in a job's rendezvous. Open it, then call
+// Membership is one agent's membership in a job's rendezvous. Open it, then call
 // Next for every generation the agent runs workers in.
-type Etcd struct {
+type Membership struct {
 	cfg  Config
 	cli  *clientv3.Client
 	log  *slog.Logger
@@ -98,11 +98,11 @@ type Etcd struct {
 // Open joins the job's rendezvous: it checks that the store belongs to
 // this job and the token matches, creates the job if this is its first
 // agent, and registers this node on a fresh lease.
-func Open(ctx context.Context, cli *store.Client, cfg Config) (*Etcd, error) {
+func Open(ctx context.Context, cli *store.Client, cfg Config) (*Membership, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	e := &Etcd{cfg: cfg, cli: cli.Etcd(), log: cfg.Logger, node: newNodeID(cfg.Host), mac: tokenMAC(cfg.Token, cfg.JobID), state: NodeActive, opened: time.Now()}
+	e := &Membership{cfg: cfg, cli: cli.Etcd(), log: cfg.Logger, node: newNodeID(cfg.Host), mac: tokenMAC(cfg.Token, cfg.JobID), state: NodeActive, opened: time.Now()}
 	if err := e.checkHost(ctx); err != nil {
 		return nil, err
 	}
@@ -126,7 +126,7 @@ func Open(ctx context.Context, cli *store.Client, cfg Config) (*Etcd, error) {
 }
 
 // Node is this agent's node id.
-func (e *Etcd) Node() string { return e.node }
+func (e *Membership) Node() string { return e.node }
 
 func newNodeID(host string) string {
 	b := make([]byte, 3)
@@ -143,7 +143,7 @@ func newNodeID(host string) string {
 	return fmt.Sprintf("%s-%d-%s", h, os.Getpid(), hex.EncodeToString(b))
 }
 
-func (e *Etcd) key(k string) string { return e.cfg.Prefix + k }
+func (e *Membership) key(k string) string { return e.cfg.Prefix + k }
 
 // Close stops keeping the lease alive, revokes it (waiting at most
 // revokeTimeout) and closes the probe port. It does not close the client,
@@ -155,7 +155,7 @@ func (e *Etcd) key(k string) string { return e.cfg.Prefix + k }
 // multi-node job took the TTL plus a poll (7-10 s) to exit after "all
 // workers succeeded". Peers of a job still running see the node gone at
 // once too, as they would after the TTL.
-func (e *Etcd) Close() {
+func (e *Membership) Close() {
 	e.stopBG()
 	e.mu.Lock()
 	l, done := e.lease, e.jobDone
