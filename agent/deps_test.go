@@ -1,10 +1,11 @@
 package agent
 
 import (
-	"errors"
-	"os/exec"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ddp-agent/ddp-agent/internal/deptest"
 )
 
 // root is the agent root's import path.
@@ -21,34 +22,18 @@ const root = "github.com/ddp-agent/ddp-agent/agent"
 // ("…/agent/zzfloortmp depends on …/agent: an import runs back up a
 // floor"); with it removed it passes.
 func TestNoImportUpAFloor(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command, to list the packages' dependencies: %v", err)
-	}
-	cmd := exec.CommandContext(t.Context(), goTool, "list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`, root+"/...")
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("go list: %v\n%s", err, stderr)
-	}
 	below := 0
-	for line := range strings.Lines(string(out)) {
-		fields := strings.Fields(line)
-		if len(fields) == 0 || fields[0] == root || strings.HasPrefix(fields[0], root+"/cmd/") {
+	for pkg, deps := range deptest.List(t, root+"/...") {
+		if pkg == root || strings.HasPrefix(pkg, root+"/cmd/") {
 			continue
 		}
 		below++
-		for _, dep := range fields[1:] {
-			if dep == root {
-				t.Errorf("%s depends on %s: an import runs back up a floor", fields[0], root)
-			}
+		if slices.Contains(deps, root) {
+			t.Errorf("%s depends on %s: an import runs back up a floor", pkg, root)
 		}
 	}
 	if below < 10 {
-		t.Fatalf("go list named %d packages below the agent root, want them all:\n%s", below, out)
+		t.Fatalf("go list named %d packages below the agent root, want them all", below)
 	}
 }
 
@@ -58,23 +43,14 @@ func TestNoImportUpAFloor(t *testing.T) {
 // fails: a blank import of agent/sidecar in a (non-test) file of this package
 // made it name it.
 func TestModesApart(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command, to list the packages' dependencies: %v", err)
-	}
 	for _, tc := range []struct{ pkg, forbidden string }{
 		{root, root + "/sidecar"},
 		{root + "/sidecar", root},
 		{root + "/observe", root + "/sidecar"},
 	} {
-		out, err := exec.CommandContext(t.Context(), goTool, "list", "-deps", tc.pkg).Output()
-		if err != nil {
-			t.Fatalf("go list -deps %s: %v", tc.pkg, err)
-		}
-		for dep := range strings.Lines(string(out)) {
-			if strings.TrimSpace(dep) == tc.forbidden {
-				t.Errorf("%s depends on %s", tc.pkg, tc.forbidden)
-			}
+		deps := deptest.List(t, tc.pkg)[tc.pkg]
+		if slices.Contains(deps, tc.forbidden) {
+			t.Errorf("%s depends on %s", tc.pkg, tc.forbidden)
 		}
 	}
 }

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
-	"io"
-	"os/exec"
-	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ddp-agent/ddp-agent/internal/deptest"
 )
 
 // The shim's import graph, locked: the kinds of failure (package failure)
@@ -49,7 +46,7 @@ func TestDeps(t *testing.T) {
 	for _, tc := range tests {
 		pkgs = append(pkgs, tc.pkg)
 	}
-	deps := listDeps(t, pkgs...)
+	deps := deptest.List(t, pkgs...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			path := module + "/ncclshim/" + strings.TrimPrefix(tc.pkg, "./")
@@ -57,7 +54,7 @@ func TestDeps(t *testing.T) {
 			if !ok {
 				t.Fatalf("go list said nothing of %s", path)
 			}
-			bad := forbidden(d, tc.forbid)
+			bad := deptest.Forbidden(d, tc.forbid)
 			switch {
 			case tc.canary && len(bad) == 0:
 				t.Errorf("%s: got no forbidden imports, want some: the check cannot fail", path)
@@ -68,67 +65,4 @@ func TestDeps(t *testing.T) {
 			}
 		})
 	}
-}
-
-// forbidden returns the deps that are one of prefixes or below one.
-func forbidden(deps, prefixes []string) []string {
-	var bad []string
-	for _, d := range deps {
-		if slices.ContainsFunc(prefixes, func(p string) bool { return d == p || strings.HasPrefix(d, p+"/") }) {
-			bad = append(bad, d)
-		}
-	}
-	return bad
-}
-
-func TestForbidden(t *testing.T) {
-	tests := []struct {
-		name     string
-		deps     []string
-		prefixes []string
-		want     []string
-	}{
-		{"none", []string{"fmt", module + "/ncclshim/failure"}, transports, nil},
-		{"exact", []string{"fmt", module + "/ncclshim/nccl"}, transports, []string{module + "/ncclshim/nccl"}},
-		{"below", []string{module + "/ncclshim/host/shm"}, transports, []string{module + "/ncclshim/host/shm"}},
-		{"a name that only starts alike", []string{module + "/ncclshim/hostile"}, transports, nil},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := forbidden(tc.deps, tc.prefixes); !slices.Equal(got, tc.want) {
-				t.Errorf("got %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
-// listDeps returns each package's transitive imports, by import path, as
-// go list sees them (test files excluded: tests may import what
-// they like).
-func listDeps(t *testing.T, pkgs ...string) map[string][]string {
-	t.Helper()
-	args := append([]string{"list", "-json=ImportPath,Deps"}, pkgs...)
-	out, err := exec.Command("go", args...).Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("go list: %v\n%s", err, ee.Stderr)
-		}
-		t.Fatalf("go list: %v", err)
-	}
-	deps := map[string][]string{}
-	dec := json.NewDecoder(strings.NewReader(string(out)))
-	for {
-		var p struct {
-			ImportPath string
-			Deps       []string
-		}
-		if err := dec.Decode(&p); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatalf("decode go list's output: %v", err)
-		}
-		deps[p.ImportPath] = p.Deps
-	}
-	return deps
 }

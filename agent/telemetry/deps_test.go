@@ -1,11 +1,11 @@
 package telemetry
 
 import (
-	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/ddp-agent/ddp-agent/internal/deptest"
 )
 
 // module is this module's path, the root of the names below.
@@ -59,28 +59,10 @@ func TestOffGraph(t *testing.T) {
 // more"); with the import removed it passes. TestOffGraph checks the
 // names it refuses.
 func TestTelemetryStaysOffTheStore(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command, to list the packages' dependencies: %v", err)
-	}
-	cmd := exec.CommandContext(t.Context(), goTool, "list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`, module+"/agent/telemetry/...")
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
-			stderr = ee.Stderr
-		}
-		t.Fatalf("go list: %v\n%s", err, stderr)
-	}
-	pkgs := 0
-	for line := range strings.Lines(string(out)) {
-		fields := strings.Fields(line)
-		if len(fields) == 0 {
-			continue
-		}
-		pkgs++
+	deps := deptest.List(t, module+"/agent/telemetry/...")
+	for pkg, d := range deps {
 		var bad []string
-		for _, dep := range fields[1:] {
+		for _, dep := range d {
 			if offGraph(dep) {
 				bad = append(bad, dep)
 			}
@@ -89,10 +71,10 @@ func TestTelemetryStaysOffTheStore(t *testing.T) {
 			bad = append(bad[:4], fmt.Sprintf("%d more", n-4))
 		}
 		if len(bad) > 0 {
-			t.Errorf("%s depends on %s: telemetry must not reach sideways (declare the interface it consumes instead)", fields[0], strings.Join(bad, ", "))
+			t.Errorf("%s depends on %s: telemetry must not reach sideways (declare the interface it consumes instead)", pkg, strings.Join(bad, ", "))
 		}
 	}
-	if pkgs < 5 { // telemetry, stall, watch, relay, export at least
-		t.Fatalf("go list named %d packages, want every package under agent/telemetry:\n%s", pkgs, out)
+	if len(deps) < 5 { // telemetry, stall, watch, relay, export at least
+		t.Fatalf("go list named %d packages, want every package under agent/telemetry", len(deps))
 	}
 }
