@@ -62,8 +62,6 @@ import os
 import platform
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -72,6 +70,8 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ranks as rankrun  # noqa: E402  (examples/bench/ranks.py)
 FAKE_SOURCE = os.path.join(REPO, "ncclshim", "nccl", "testdata", "fakenccl.c")
 MODES = ("nccl", "nccl-thread", "gloo", "host")
 NAMES = {
@@ -298,10 +298,7 @@ def worker(args):
     result = {"rank": rank, "samples": samples, "step_ms": step_ms, "buckets": buckets, "probe": probe,
               "comm_info": infos, "probe_info": probe_info, "nccl_info": nccl_info,
               "shim": {"path": _shim.library_path(), "version": _shim.version()}, "torch": torch.__version__}
-    path = os.path.join(args.worker, "rank%d.json" % rank)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f)
-    os.replace(path + ".tmp", path)
+    rankrun.write_result(args.worker, rank, result)
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
@@ -323,19 +320,8 @@ def build_fake(tmp):
     return out
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(args, tmp, fake_lib, fake_dir, world=2):
-    env = dict(os.environ)
-    for k in ("DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION", "TORCHELASTIC_RESTART_COUNT", "DDP_AGENT_SHIM_CONFIG"):
-        env.pop(k, None)  # our own bootstrap through torch's store, even when run under ddp-agent
-    shim = os.path.join(REPO, "bin", "libddpshim.so")
-    if not env.get("DDP_AGENT_SHIM") and os.path.exists(shim):
-        env["DDP_AGENT_SHIM"] = shim
+def run_ranks(args, tmp, fake_lib, fake_dir):
+    env = rankrun.base_env()
     for k in [k for k in env if k.startswith(("FAKE_NCCL_", "FAKE_CUDA_"))]:
         del env[k]  # the fake's defaults (NCCL 2.20.5, non-blocking, no failures), no record file
     # The fake is the CUDA driver too: the shim records its two events per
@@ -344,51 +330,8 @@ def run_ranks(args, tmp, fake_lib, fake_dir, world=2):
     # which the shim would take before $DDP_AGENT_NCCL_LIB; preloaded, the
     # fake is the NCCL in the process on every PyTorch.
     env["LD_PRELOAD"] = " ".join(p for p in (fake_lib, env.get("LD_PRELOAD", "")) if p)
-    env.update(DDP_AGENT_NCCL_LIB=fake_lib, DDP_AGENT_CUDA_LIB=fake_lib, FAKE_NCCL_DIR=fake_dir, OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "python"), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", tmp] + [
-        a for a in sys.argv[1:] if a != "--worker"]
-    procs, logs = [], []
-    try:
-        for rank in range(world):
-            log = open(os.path.join(tmp, "rank%d.log" % rank), "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
-        deadline = time.monotonic() + args.timeout
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
-        failed = [r for r, p in enumerate(procs) if p.poll() != 0]
-        if failed:
-            _stop(procs)  # a rank that failed leaves its peer waiting
-            text = []
-            for r, log in enumerate(logs):
-                log.seek(0)
-                text.append("--- rank %d (exit %s):\n%s" % (r, procs[r].returncode, log.read()[-3000:]))
-            sys.exit("hook_cost: ranks %s failed (or were still running after %.0fs)\n%s"
-                     % (failed, args.timeout, "\n".join(text)))
-    finally:
-        _stop(procs)
-        for log in logs:
-            log.close()
-    out = []
-    for rank in range(world):
-        with open(os.path.join(tmp, "rank%d.json" % rank)) as f:
-            out.append(json.load(f))
-    return out
-
-
-def _stop(procs):
-    """Kills the ranks still running, with their children (each rank leads a session of its own)."""
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    env.update(DDP_AGENT_NCCL_LIB=fake_lib, DDP_AGENT_CUDA_LIB=fake_lib, FAKE_NCCL_DIR=fake_dir)
+    return rankrun.run("hook_cost", __file__, tmp, env, args.timeout)
 
 
 def stats_us(ns):

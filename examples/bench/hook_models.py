@@ -30,16 +30,16 @@ import functools
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from ranks import base_env as run_ranks_env  # noqa: E402  (examples/bench/ranks.py)
+from ranks import run as run_ranks  # noqa: E402
+from ranks import write_result  # noqa: E402
 MODELS = ("resnet50", "gpt2-small", "gpt-1b")
 
 
@@ -125,7 +125,6 @@ def worker(args):
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, HERE)
     import models  # examples/bench/models.py
 
     import ddp_agent
@@ -137,73 +136,13 @@ def worker(args):
     result = {"rank": rank, "torch": torch.__version__, "models": {}}
     for name in args.models.split(","):
         result["models"][name] = _bench_model(args, specs[name], rank, torch, dist, ddp_agent, models)
-    path = os.path.join(args.worker, "rank%d.json" % rank)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f)
-    os.replace(path + ".tmp", path)
+    write_result(args.worker, rank, result)
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # no teardown of gloo's threads
 
 
 # -- the launcher ---------------------------------------------------------------------------
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(args, tmp, world=2):
-    env = dict(os.environ)
-    for k in ("DDP_AGENT_SOCKET", "DDP_AGENT_GENERATION", "TORCHELASTIC_RESTART_COUNT", "DDP_AGENT_SHIM_CONFIG"):
-        env.pop(k, None)  # the hook bootstraps through torch's store, even when this runs under ddp-agent
-    shim = os.path.join(REPO, "bin", "libddpshim.so")
-    if not env.get("DDP_AGENT_SHIM") and os.path.exists(shim):
-        env["DDP_AGENT_SHIM"] = shim
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               WORLD_SIZE=str(world))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "python"), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", tmp] + [a for a in sys.argv[1:] if a != "--worker"]
-    procs, logs = [], []
-    try:
-        for rank in range(world):
-            log = open(os.path.join(tmp, "rank%d.log" % rank), "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
-        deadline = time.monotonic() + args.timeout
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
-        failed = [r for r, p in enumerate(procs) if p.poll() != 0]
-        if failed:
-            text = []
-            _stop(procs)
-            for r, log in enumerate(logs):
-                log.seek(0)
-                text.append("--- rank %d (exit %s):\n%s" % (r, procs[r].returncode, log.read()[-3000:]))
-            sys.exit("hook_models: ranks %s failed (or still ran after %.0fs)\n%s" % (failed, args.timeout,
-                                                                                   "\n".join(text)))
-    finally:
-        _stop(procs)
-        for log in logs:
-            log.close()
-    out = []
-    for rank in range(world):
-        with open(os.path.join(tmp, "rank%d.json" % rank)) as f:
-            out.append(json.load(f))
-    return out
-
-
-def _stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
 
 
 def summarize(name, ranks):
@@ -235,7 +174,7 @@ def main():
         sys.exit("hook_models: unknown models %s; known: %s" % (unknown, ", ".join(MODELS)))
     load0, t0 = os.getloadavg()[0], time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hook-models-") as tmp:
-        ranks = run_ranks(args, tmp)
+        ranks = run_ranks("hook_models", __file__, tmp, run_ranks_env(), args.timeout)
     wall = time.monotonic() - t0
     rows = {name: summarize(name, ranks) for name in args.models.split(",")}
     print("# 2 ranks (gloo on 127.0.0.1, one thread each); torch %s; %s, %d CPUs; %d rounds of %d steps per copy "
