@@ -134,7 +134,7 @@ func TestSidecarNamesStragglerUnderTorchrun(t *testing.T) {
 	logDir := t.TempDir()
 	sc := startSidecar(t, sock, "--log-dir", logDir, "--job-linger", "1s", "--metrics-addr", "127.0.0.1:0")
 	r := torchrun(t, sock, nil, append(oneNode(t), trainPy(), "--steps", "30", "--log-every", "10",
-		"--ckpt-dir", t.TempDir(), "--slow-rank", "1", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "0.3")...)
+		"--ckpt-dir", t.TempDir(), "--slow-rank", "1", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "0.6")...)
 	// The job's Prometheus endpoint, scraped while it trains.
 	urlRE := regexp.MustCompile(`msg="serving prometheus metrics".* url=(\S+)`)
 	var url string
@@ -276,7 +276,7 @@ func TestSidecarTwoNodes(t *testing.T) {
 		scs[n] = startSidecar(t, sock)
 		runs[n] = torchrun(t, sock, nil, "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
 			"--rdzv_endpoint", "127.0.0.1:"+port, "--rdzv_id", "two-nodes", trainPy(), "--steps", "30", "--log-every", "10",
-			"--ckpt-dir", t.TempDir(), "--slow-rank", "3", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "0.6")
+			"--ckpt-dir", t.TempDir(), "--slow-rank", "3", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "1.0")
 	}
 	var wg sync.WaitGroup
 	codes := [2]int{}
