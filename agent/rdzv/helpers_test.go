@@ -2,10 +2,14 @@ package rdzv
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
@@ -110,4 +114,13 @@ func rankOf(rounds []*Round, es []*Membership, e *Membership) int {
 		}
 	}
 	return -1
+}
+
+// revokeGone revokes lease as a dead agent's lease would run out; a lease
+// that is gone already (its agent's Close revoked it) is fine.
+func revokeGone(t *testing.T, cli *store.Client, lease int64) {
+	t.Helper()
+	if _, err := cli.Etcd().Revoke(t.Context(), clientv3.LeaseID(lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		t.Fatal(err)
+	}
 }

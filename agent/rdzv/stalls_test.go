@@ -152,12 +152,15 @@ func TestStallsGoWithTheAgent(t *testing.T) {
 		t.Errorf("PublishStalls after Leave: no error")
 	}
 
-	// b goes; Close revokes its lease, which is what the lease running out
-	// would do after a crash, without waiting for it.
+	// b dies; revoking the lease its entry and reports live on is what the
+	// lease running out would do, without waiting for it. (Close revokes
+	// the lease too, when it still holds it: either may come first.)
+	lease := nodeOf(t, readStatus(t, cli, RootPrefix, "job"), b.Node()).Entry.Lease
 	b.Close()
 	if err := publishReport(t.Context(), b, telemetry.Report{}); err == nil || !strings.Contains(err.Error(), "closed") {
 		t.Errorf("PublishStalls after Close: %v", err)
 	}
+	revokeGone(t, cli, lease)
 	if n := stallKeys(t, cli); n != 0 {
 		t.Fatalf("after b died: %d stalls keys, want 0", n)
 	}

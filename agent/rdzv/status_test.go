@@ -151,9 +151,11 @@ func TestStatusLostMember(t *testing.T) {
 	a, b := open(t, dial(), cfg), open(t, dial(), cfg)
 	rounds := nextAll(t, a, b)
 	cli := dial()
-	// b goes; Close revokes its lease, which is what the lease running out
-	// would do after a crash, without waiting for it.
+	// b dies; revoking its lease is what the lease running out would do,
+	// without waiting for it (Close may have revoked it already).
+	lease := nodeOf(t, readStatus(t, cli, RootPrefix, "job"), b.Node()).Entry.Lease
 	b.Close()
+	revokeGone(t, cli, lease)
 	waitDone(t, rounds[0], 5*time.Second) // a moved the job on
 	s := waitStatus(t, cli, "job", 5*time.Second, func(s *Status) bool { return s.State.Phase == Joining })
 	if !strings.Contains(s.State.Reason, "lost") || s.State.Failures != 1 {
