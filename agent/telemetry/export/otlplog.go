@@ -135,7 +135,10 @@ func hint(ep endpoint, err error) string {
 	case ep.protocol == ProtocolGRPC && has("http2", "server preface", "malformed header", "HTTP/1"):
 		return "the endpoint does not speak gRPC: for an OTLP/HTTP receiver (usually port 4318) use http/protobuf"
 	case ep.protocol == ProtocolHTTP && has("malformed HTTP", "transport connection broken", "readLoopPeekFailLocked", "EOF", "404",
-		"connection reset by peer"): // a gRPC server resets a connection whose first bytes are not its preface, sometimes mid-request
+		// A gRPC server resets a connection whose first bytes are not its
+		// preface, sometimes mid-request; the client then sees the reset,
+		// or its own side closed under the write.
+		"connection reset by peer", "use of closed network connection"):
 		return "the endpoint does not answer OTLP/HTTP: for an OTLP/gRPC receiver (usually port 4317) use grpc; check the URL path"
 	case errors.Is(err, context.DeadlineExceeded) || has("DeadlineExceeded", "deadline exceeded"):
 		return "no answer within the export timeout: is the endpoint reachable, and plaintext or TLS as its scheme says?"

@@ -78,6 +78,7 @@ func TestHint(t *testing.T) {
 		{"grpc to http", ep(ProtocolGRPC, "c:9"), "error reading server preface: http2: frame too large", "does not speak gRPC"},
 		{"http to grpc", ep(ProtocolHTTP, "c:9"), `malformed HTTP response "\x00\x00"`, "does not answer OTLP/HTTP"},
 		{"http to grpc, reset", ep(ProtocolHTTP, "c:9"), `Post "http://c:9/v1/traces": readfrom tcp a->b: write tcp a->b: write: connection reset by peer`, "does not answer OTLP/HTTP"},
+		{"http to grpc, closed under the write", ep(ProtocolHTTP, "c:9"), `Post "http://c:9/v1/traces": readfrom tcp a->b: write tcp a->b: use of closed network connection`, "does not answer OTLP/HTTP"},
 		{"other", ep(ProtocolGRPC, "c:9"), "permission denied", ""},
 	}
 	for _, tc := range tests {
