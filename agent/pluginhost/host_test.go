@@ -12,14 +12,6 @@ import (
 	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
 
-func TestRestartDelay(t *testing.T) {
-	for n, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 6: 30 * time.Second, 60: 30 * time.Second} {
-		if got := restartDelay(n, time.Second, 30*time.Second); got != want {
-			t.Errorf("restartDelay(%d) = %v, want %v", n, got, want)
-		}
-	}
-}
-
 // testHost is a host with no plugins, whose log and events the test reads.
 func testHost(t *testing.T, onFinding func(Finding)) (*Host, *bytes.Buffer, *runner) {
 	var buf bytes.Buffer
