@@ -16,20 +16,34 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 )
 
-// sidecarSource defines the sidecar's flags. Its parser is in package main
-// and cannot be imported; this test reads the flag names and kinds from the
-// source instead, so a renamed or removed flag fails here.
-const sidecarSource = "../../agent/cmd/ddp-agent/sidecar.go"
+// sidecarSources define the sidecar's flags: its own, and the telemetry
+// flags of agent/observe's flag helper. Its parser is in package main and
+// cannot be imported; this test reads the flag names and kinds from the
+// sources instead, so a renamed or removed flag fails here.
+var sidecarSources = []string{"../../agent/cmd/ddp-agent/sidecar.go", "../../agent/observe/flags.go"}
 
 // sidecarFlags returns the sidecar's flags, each with whether it is a
-// boolean, from the fs.XxxVar and fs.Func calls in sidecarSource.
+// boolean, from the fs.XxxVar and fs.Func calls in sidecarSources.
 func sidecarFlags(t *testing.T) map[string]bool {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), sidecarSource, nil, 0)
-	if err != nil {
-		t.Fatalf("the sidecar's flags: %v", err)
-	}
 	flags := map[string]bool{}
+	for _, src := range sidecarSources {
+		f, err := parser.ParseFile(token.NewFileSet(), src, nil, 0)
+		if err != nil {
+			t.Fatalf("the sidecar's flags: %v", err)
+		}
+		addFlags(f, flags)
+	}
+	for _, want := range []string{"socket", "hang-timeout", "metrics-addr"} {
+		if _, ok := flags[want]; !ok {
+			t.Fatalf("found %v in %v, no --%s: has the flag set moved?", flags, sidecarSources, want)
+		}
+	}
+	return flags
+}
+
+// addFlags adds the flags that f's fs.XxxVar and fs.Func calls define.
+func addFlags(f *ast.File, flags map[string]bool) {
 	ast.Inspect(f, func(n ast.Node) bool {
 		call, ok := n.(*ast.CallExpr)
 		if !ok {
@@ -59,10 +73,6 @@ func sidecarFlags(t *testing.T) map[string]bool {
 		}
 		return true
 	})
-	if len(flags) < 5 {
-		t.Fatalf("found only %v in %s: has the flag set moved?", flags, sidecarSource)
-	}
-	return flags
 }
 
 // checkSidecarArgs checks `ddp-agent sidecar` arguments as Go's flag package
@@ -79,7 +89,7 @@ func checkSidecarArgs(t *testing.T, args []string, flags map[string]bool) {
 		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		isBool, ok := flags[name]
 		if !ok {
-			t.Errorf("flag -%s is not one of the sidecar's (%s)", name, sidecarSource)
+			t.Errorf("flag -%s is not one of the sidecar's (%v)", name, sidecarSources)
 			continue
 		}
 		if !isBool && !hasVal {
