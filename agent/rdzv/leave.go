@@ -66,8 +66,11 @@ const exitBarrier = 5 * time.Second
 func (e *Membership) waitAllDone(ctx context.Context, doneDir string, n int, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for {
+		// Serializable, as waitOthersGone's: the others stop their store
+		// members the moment they see every node done, and a linearizable
+		// read would wait for a quorum that left with them.
 		gctx, cancel := context.WithTimeout(ctx, opTimeout)
-		resp, err := e.cli.Get(gctx, doneDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := e.cli.Get(gctx, doneDir, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithSerializable())
 		cancel()
 		if err != nil {
 			return false
@@ -79,6 +82,13 @@ func (e *Membership) waitAllDone(ctx context.Context, doneDir string, n int, d t
 			return false
 		}
 	}
+}
+
+// Succeeded reports whether this node's workers all finished (Succeed ran).
+func (e *Membership) Succeeded() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.state == NodeSucceeded
 }
 
 // JobDone reports whether Succeed saw every node's workers of the last

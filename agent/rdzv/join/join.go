@@ -151,6 +151,15 @@ func masterAddr(cfg Config) string {
 	return "127.0.0.1"
 }
 
+// handOverTimeout bounds handing this agent's store member over as it
+// leaves a running job; finishedHandOverTimeout when its own workers
+// finished, where a store that does not answer has most likely lost the
+// members of agents that finished and left.
+const (
+	handOverTimeout         = 10 * time.Second
+	finishedHandOverTimeout = 3 * time.Second
+)
+
 // opener opens an etcd backend.
 type opener struct {
 	cfg  Config
@@ -180,7 +189,7 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 		cli  *store.Client
 		reps *store.Replicas
 	)
-	closeAll := func(jobDone bool) {
+	closeAll := func(jobDone bool, handOver time.Duration) {
 		member := srv
 		switch {
 		case reps != nil && jobDone:
@@ -188,7 +197,7 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 			// and handing members over concurrently is what stalls.
 			member = reps.Stop()
 		case reps != nil:
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), handOver)
 			var err error
 			if member, err = reps.HandOver(ctx); err != nil {
 				o.log.Info("store member not handed over; the others replace it once its lease ends", "err", err)
@@ -210,7 +219,7 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 		sec.close()
 	}
 	fail := func(err error) (*Joined, error) {
-		closeAll(false)
+		closeAll(false, handOverTimeout)
 		return nil, err
 	}
 	replicated := cfg.Backend == Hosted && cfg.NNodesMax >= storeReplicas
@@ -254,7 +263,13 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 			e.Drain(ctx)
 			cancel()
 			e.Close()
-			closeAll(e.JobDone())
+			handOver := handOverTimeout
+			if e.Succeeded() {
+				// Its workers finished but it saw not every node's finish:
+				// the others may have left already, their members with them.
+				handOver = finishedHandOverTimeout
+			}
+			closeAll(e.JobDone(), handOver)
 		},
 	}, nil
 }
