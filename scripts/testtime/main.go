@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -164,7 +165,11 @@ func main() {
 	fmt.Printf("== read for %s\n", time.Since(start).Round(time.Second))
 	if *out != "" {
 		data, _ := json.MarshalIndent(map[string][]timing{"tests": s.tests, "packages": s.packages}, "", " ")
-		if err := os.WriteFile(*out, data, 0o644); err != nil {
+		err := os.MkdirAll(filepath.Dir(*out), 0o755) // .cache/ does not exist in a fresh clone
+		if err == nil {
+			err = os.WriteFile(*out, data, 0o644)
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "testtime:", err)
 			os.Exit(2)
 		}
