@@ -1176,8 +1176,8 @@ def _dry_run(args: argparse.Namespace) -> int:
     print(f"gpu_check: dry run: torch {torch.__version__} (CUDA build {torch.version.cuda}), "
           f"shim {info['shim'].get('version')} at {ddp_agent.shim_path()}, {found}, "
           f"CUDA device {'present' if cuda else 'absent: a real run would exit 2 (no CUDA device)'}")
-    print(f"gpu_check: would run: {', '.join(args.only or CHECKS)} (launch {args.launch}, steps {args.steps}, "
-          f"timing steps {args.timing_steps}, delay {args.delay_ms:g} ms"
+    print(f"gpu_check: would run: {', '.join(args.only or CHECKS)} (steps {args.steps}, "
+          f"timing steps {args.timing_steps}, delay {args.delay_ms:g} ms, launch {args.launch}"
           + (f", json {args.json}" if args.json else "") + (f", trace {args.trace}" if args.trace else "") + ")")
     return 0
 
