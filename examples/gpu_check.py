@@ -951,7 +951,7 @@ def _models_module() -> Any:
     return models
 
 
-def _model_copy(ctx: Context, models: Any, spec: Any, hooked: bool, samples: List[int]) -> Dict[str, Any]:
+def _model_copy(ctx: Context, spec: Any, hooked: bool, samples: List[int]) -> Dict[str, Any]:
     """One DDP copy of spec's model from the shared seed: with the hook (its calls timed) or DDP's default."""
     import ddp_agent.hook as hook_mod
 
@@ -987,8 +987,8 @@ def _check_model(ctx: Context, name: str) -> Tuple[bool, str, Dict[str, Any]]:
     samples: List[int] = []
     copies: Dict[str, Dict[str, Any]] = {}
     try:
-        copies["hook"] = _model_copy(ctx, models, spec, True, samples)
-        copies["default"] = _model_copy(ctx, models, spec, False, samples)
+        copies["hook"] = _model_copy(ctx, spec, True, samples)
+        copies["default"] = _model_copy(ctx, spec, False, samples)
         g = torch.Generator().manual_seed(SEED + 51)
         batches = []
         for _ in range(ctx.args.model_steps):

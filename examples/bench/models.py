@@ -258,8 +258,4 @@ def step(ddp: nn.Module, opt: Any, spec: Spec, x: torch.Tensor, y: torch.Tensor,
     opt.step()
 
 
-def all_specs(kind: str) -> Dict[str, Spec]:
-    return full_size() if kind == "full" else scaled_down()
-
-
 __all__: List[str] = ["ResNet", "GPT", "Spec", "full_size", "scaled_down", "resnet50", "digest", "step", "parameters"]
