@@ -46,16 +46,28 @@ type timing struct {
 // budget (agent/e2e's budget helper).
 var overBudget = regexp.MustCompile(`over budget: (\S+) took (\S+) of its (\S+)`)
 
+// failure is the output of one failed test, the lines a reader of a
+// CI log's tail needs and that scrolled away above the report.
+type failure struct {
+	name  string // package and test
+	lines []string
+}
+
+// keepLines bounds what a failure keeps: its last lines say why.
+const keepLines = 80
+
 // summary is what the stream said.
 type summary struct {
 	tests, packages []timing
 	over            []string
 	failed, passed  int
+	failures        []failure
 }
 
 // read copies the events' output to out and gathers the timings.
 func read(in io.Reader, out io.Writer) (summary, error) {
 	var s summary
+	running := map[string][]string{} // a test's output until it ends
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
@@ -65,14 +77,29 @@ func read(in io.Reader, out io.Writer) (summary, error) {
 			fmt.Fprintf(out, "%s\n", line) // build errors and the like come as plain text
 			continue
 		}
+		key := e.Package + " " + e.Test
 		if e.Output != "" {
 			io.WriteString(out, e.Output)
+			if e.Test != "" {
+				running[key] = append(running[key], e.Output)
+			}
 			if m := overBudget.FindStringSubmatch(e.Output); m != nil {
 				s.over = append(s.over, fmt.Sprintf("%s: %s of its %s", m[1], m[2], m[3]))
 			}
 		}
 		switch e.Action {
-		case "pass", "fail":
+		case "pass", "fail", "skip":
+			if e.Action == "fail" && e.Test != "" {
+				lines := running[key]
+				if len(lines) > keepLines {
+					lines = lines[len(lines)-keepLines:]
+				}
+				s.failures = append(s.failures, failure{name: key, lines: lines})
+			}
+			delete(running, key)
+			if e.Action == "skip" {
+				continue
+			}
 			t := timing{Package: e.Package, Test: e.Test, Seconds: e.Elapsed, Result: e.Action}
 			if e.Test == "" {
 				s.packages = append(s.packages, t)
@@ -125,6 +152,31 @@ func printReport(w io.Writer, s summary, top int) {
 			fmt.Fprintf(w, "  %s\n", o)
 		}
 	}
+	for _, f := range innermost(s.failures) {
+		fmt.Fprintf(w, "== failed: %s (its last %d lines of output)\n", f.name, len(f.lines))
+		for _, l := range f.lines {
+			io.WriteString(w, l)
+		}
+	}
+}
+
+// innermost drops a failed test whose subtest failed too: the parent's
+// own output is only the subtests' verdicts.
+func innermost(fs []failure) []failure {
+	var out []failure
+	for _, f := range fs {
+		parent := false
+		for _, g := range fs {
+			if strings.HasPrefix(g.name, f.name+"/") {
+				parent = true
+				break
+			}
+		}
+		if !parent {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func main() {

@@ -13,6 +13,9 @@ func TestRead(t *testing.T) {
 		`{"Action":"output","Package":"p","Test":"TestA","Output":"    e2e: over budget: TestA took 50s of its 30s\n"}`,
 		`{"Action":"pass","Package":"p","Test":"TestA/sub","Elapsed":1}`,
 		`{"Action":"pass","Package":"p","Test":"TestA","Elapsed":50.2}`,
+		`{"Action":"output","Package":"p","Test":"TestB/x","Output":"    b_test.go:9: the reason\n"}`,
+		`{"Action":"fail","Package":"p","Test":"TestB/x","Elapsed":3}`,
+		`{"Action":"output","Package":"p","Test":"TestB","Output":"--- FAIL: TestB (3.00s)\n"}`,
 		`{"Action":"fail","Package":"p","Test":"TestB","Elapsed":3}`,
 		`{"Action":"pass","Package":"q","Test":"TestC","Elapsed":7}`,
 		`# a build error line`,
@@ -48,5 +51,9 @@ func TestRead(t *testing.T) {
 	printReport(&rep, s, 2)
 	if !strings.Contains(rep.String(), "50.2s  p TestA (pass)") || !strings.Contains(rep.String(), "ran past their budget") {
 		t.Errorf("report:\n%s", rep.String())
+	}
+	// The failure's reason ends the report, once, from the subtest.
+	if !strings.HasSuffix(rep.String(), "== failed: p TestB/x (its last 1 lines of output)\n    b_test.go:9: the reason\n") {
+		t.Errorf("the report does not end with the failure's reason:\n%s", rep.String())
 	}
 }
