@@ -22,24 +22,38 @@ PyTorch your platform needs first.
 
 __version__ = "0.1.0"
 
-from ._shim import DType, Op, ShimError, Status, nccl_info
-from ._shim import library_path as shim_path
-from ._shim import version as shim_version
-from ._buckets import BucketInfo
-from ._info import info
-from .hook import Hook, register
+# Nothing is imported until asked for (PEP 562): the wheel's ``ddp-agent``
+# command imports this package on its way to exec the Go binary, and must
+# work, in milliseconds, where torch is absent (a login node, a slim sidecar
+# image). Importing torch cost every call 2-3.5 s.
+_LAZY = {
+    "BucketInfo": ("._buckets", "BucketInfo"),
+    "DType": ("._shim", "DType"),
+    "Hook": (".hook", "Hook"),
+    "Op": ("._shim", "Op"),
+    "ShimError": ("._shim", "ShimError"),
+    "Status": ("._shim", "Status"),
+    "info": ("._info", "info"),
+    "nccl_info": ("._shim", "nccl_info"),
+    "register": (".hook", "register"),
+    "shim_path": ("._shim", "library_path"),
+    "shim_version": ("._shim", "version"),
+}
 
-__all__ = [
-    "BucketInfo",
-    "DType",
-    "Hook",
-    "Op",
-    "ShimError",
-    "Status",
-    "__version__",
-    "info",
-    "nccl_info",
-    "register",
-    "shim_path",
-    "shim_version",
-]
+__all__ = sorted([*_LAZY, "__version__"])
+
+
+def __getattr__(name):
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), attr)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__():
+    return __all__

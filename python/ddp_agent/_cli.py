@@ -8,10 +8,12 @@ so Slurm's and Kubernetes' signals reach the agent itself). Its one addition:
 (through ``DDP_AGENT_PYTHON``), not the first ``python3`` on ``PATH``, which
 on a machine with pyenv or conda is often one without torch or this package.
 An explicit ``--python``, ``DDP_AGENT_PYTHON`` or ``PYTHON_EXEC`` still wins.
+
+It imports no more than it needs (no torch, not even pathlib), so that it
+works where torch is absent and adds milliseconds to the binary's start.
 """
 
 import os
-import pathlib
 import sys
 
 from . import _env
@@ -19,9 +21,9 @@ from . import _env
 BINARY = "ddp-agent"
 
 
-def binary_path() -> pathlib.Path:
+def binary_path() -> str:
     """The bundled ddp-agent binary."""
-    return pathlib.Path(__file__).resolve().parent / BINARY
+    return os.path.join(os.path.dirname(os.path.realpath(__file__)), BINARY)
 
 
 def environ(env, python: str) -> dict:

@@ -15,8 +15,10 @@ import os
 import pathlib
 import shutil
 import site
+import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -134,6 +136,38 @@ def test_pip_install_offline(tmp_path):
     assert (venv / "bin" / "ddp-agent").is_file(), "no ddp-agent console command"
 
 
+def check_command_without_torch(agent: pathlib.Path, env: dict, tmp_path: pathlib.Path) -> None:
+    """The console command works where torch cannot be imported (a login
+    node, a slim sidecar image), and costs little more than the binary.
+
+    torch is hidden by a package of that name that fails to import, first
+    on PYTHONPATH, as a venv without torch fails. The time is the median of
+    several runs against the bundled binary's own; the bound is loose (the
+    goal is 50 ms; importing torch cost 2-3.5 s), so load cannot fail it."""
+    hide = tmp_path / "no-torch" / "torch"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    no_torch = dict(env, PYTHONPATH=str(hide.parent))
+    binary = next((tmp_path / "venv" / "lib").glob("python3*/site-packages/ddp_agent/ddp-agent"))
+    for args in (["version"], ["help"], ["plugins"]):
+        r = subprocess.run([str(agent), *args], capture_output=True, text=True, timeout=60, env=no_torch)
+        assert "torch" not in r.stderr, f"ddp-agent {' '.join(args)} without torch:\n{r.stderr}"
+        want = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60, env=no_torch)
+        assert (r.returncode, r.stdout) == (want.returncode, want.stdout), f"{args}: {r}\nvs the binary's {want}"
+
+    def median(cmd) -> float:
+        times = []
+        for _ in range(7):
+            start = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, timeout=60, env=no_torch, check=True)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    added = median([str(agent), "version"]) - median([str(binary), "version"])
+    print(f"the console command adds {added * 1000:.0f} ms to `ddp-agent version`")
+    assert added < 0.5, f"the console command adds {added:.2f} s to the binary's start"
+
+
 # The worker of test_wheel_runs_ddp_job: it says which interpreter ran it.
 WHICH = """
 import os, sys
@@ -168,6 +202,8 @@ def test_wheel_runs_ddp_job(tmp_path):
     r = run([str(agent), "run", "--standalone", "--nproc-per-node", "2", "which.py"], env=env, cwd=work)
     ran = sorted(line.split()[2] for line in r.stdout.splitlines() if "worker python" in line)
     assert ran == [str(py), str(py)], f"workers ran on {ran}, not {py}:\n{r.stdout}\n{r.stderr}"
+
+    check_command_without_torch(agent, env, tmp_path)
 
     train = ROOT / "examples" / "train.py"
     r = run([str(agent), "run", "--standalone", "--nproc-per-node", "2", str(train), "--steps", "6",
