@@ -3,7 +3,8 @@
 PYTHON  ?= /usr/bin/python3
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
-DEMO_DIR ?= /tmp/ddp-agent-demo
+# The demos' checkpoints and logs: in the checkout, not a path shared with other users.
+DEMO_DIR ?= $(CURDIR)/.cache/demo
 TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py
 # PyTorch 2.x for `make test`'s second pass: empty means the venv that
 # `scripts/deps.sh torch2` makes (once) and reuses. TORCH2_E2E picks the
