@@ -46,6 +46,17 @@ var torchrunLines = []torchrunLine{
 		},
 	},
 	{
+		name:    "static multi-node",
+		args:    "--nnodes 2 --node-rank 1 --nproc-per-node 2 --master-addr 10.0.0.1 train.py",
+		command: []string{"python3", "-u", "train.py"},
+		check: func(c *Config) string {
+			if c.Dynamic() || c.MasterPort != 29500 || c.RdzvID != "none" {
+				return "static, master port 29500, run id none on every node as torchrun's"
+			}
+			return ""
+		},
+	},
+	{
 		name:    "module",
 		args:    "--nproc-per-node=4 -m pkg.train --epochs 3",
 		command: []string{"python3", "-u", "-m", "pkg.train", "--epochs", "3"},

@@ -180,6 +180,12 @@ func (c *Config) checkRendezvous(set map[string]bool) error {
 		if c.NNodesMax > 1 && c.MasterPort == 0 {
 			c.MasterPort = 29500 // every node must agree on it, as in torchrun
 		}
+		if c.NNodesMax > 1 && c.RdzvID == "" {
+			// torchrun's default: the same run id (TORCHELASTIC_RUN_ID, the
+			// log directory's name) on every node of the job. One node
+			// alone keeps a random one, so its runs' log dirs differ.
+			c.RdzvID = "none"
+		}
 		return nil
 	}
 	if set["node-rank"] {
