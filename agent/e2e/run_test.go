@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -95,6 +96,29 @@ func readEnv(t *testing.T, dir string, rank int) map[string]string {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// torchrun 2.x's console flags: --local-ranks-filter keeps the other
+// ranks off the console but not out of their log files, and
+// --log-line-prefix-template's macros name each line's worker.
+func TestConsoleFilterAndPrefix(t *testing.T) {
+	budget(t, 5*time.Second)
+	logs := t.TempDir()
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "3", "--role", "trainer", "--log-dir", logs, "--rdzv-id", "console",
+		"--local-ranks-filter", "1", "--log-line-prefix-template", "<${role_name}/${local_rank}/${rank}> ", "timed.py", "0")
+	if code := r.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d\n%s", code, r.logs())
+	}
+	out := r.stdout.String()
+	if !strings.Contains(out, "<trainer/1/1> ready restart_count=0\n") || strings.Count(out, "ready") != 1 {
+		t.Errorf("the console shows other ranks than local rank 1, or not its line with the prefix:\n%s", out)
+	}
+	for lr := 0; lr < 3; lr++ {
+		b, err := os.ReadFile(filepath.Join(logs, "console", "attempt_0", strconv.Itoa(lr), "stdout.log"))
+		if err != nil || string(b) != "ready restart_count=0\n" {
+			t.Errorf("local rank %d's stdout.log: %q, %v (want its line, unprefixed)", lr, b, err)
+		}
+	}
 }
 
 func TestRestartPolicy(t *testing.T) {

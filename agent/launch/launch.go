@@ -143,6 +143,12 @@ type Config struct {
 	StragglerAction  string
 	StragglerConfirm time.Duration
 
+	// LocalRanksFilter, when set, names the local ranks whose output is
+	// shown on the console (--local-ranks-filter); nil shows every rank's.
+	LocalRanksFilter map[int]bool
+	// LinePrefix is --log-line-prefix-template ("" the default).
+	LinePrefix string
+
 	// Plugins are the --plugin specs (or $DDP_AGENT_PLUGINS's).
 	Plugins []pluginhost.Spec
 
@@ -222,6 +228,9 @@ var flagSpecs = []flagSpec{
 	{name: "max-restarts", def: "0", help: "restarts of the job after faults (worker failures, lost nodes) before it fails; scale events do not count"},
 	{name: "monitor-interval", def: "5", help: "accepted for torchrun compatibility; worker exits are noticed at once"},
 	{name: "stop-timeout", def: "10s", help: "grace period between SIGTERM and SIGKILL when stopping workers"},
+	{name: "shutdown-timeout", help: "torchrun 2.x's name for --stop-timeout (seconds)"},
+	{name: "event-log-handler", def: "null", help: "accepted for torchrun compatibility: null or console (the agent logs its events, and exports them through OpenTelemetry)"},
+	{name: "logs-specs", help: "torchrun's Python plugin for the log layout: not supported (the layout is --log-dir's)"},
 	{name: "start-method", def: "spawn", help: "accepted for torchrun compatibility: spawn, fork or forkserver"},
 	{name: "role", def: "default", help: "user-defined role of the workers"},
 	{name: "local-addr", help: "address other nodes reach this one at (default: the address this host uses to reach the rendezvous store)"},
@@ -236,6 +245,8 @@ var flagSpecs = []flagSpec{
 	{name: "log-dir", help: "directory for per-rank stdout/stderr files, kept per attempt"},
 	{name: "redirects", short: "r", def: "0", help: "streams sent only to log files: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2 per local rank"},
 	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
+	{name: "local-ranks-filter", help: "show only these local ranks' output on the console, e.g. 0 or 0,2 (log files keep every rank's), as torchrun >= 2.2"},
+	{name: "log-line-prefix-template", help: "what goes before each worker line on the console, with the macros ${role_name}, ${local_rank}, ${rank}, ${hostname} (default [rank${rank}]:)"},
 	{name: "module", short: "m", bool: true, help: "run the script as a Python module (python -m)"},
 	{name: "no-python", bool: true, help: "run the script directly, not through the Python interpreter"},
 	{name: "run-path", bool: true, help: "accepted for torchrun compatibility: the script runs as python -u script.py either way"},
@@ -443,6 +454,17 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.StopTimeout, err = r.seconds("stop-timeout"); err != nil {
 		return err
 	}
+	if set["shutdown-timeout"] {
+		if set["stop-timeout"] {
+			return usagef("--shutdown-timeout and --stop-timeout name the same grace period; give one of them")
+		}
+		if c.StopTimeout, err = r.seconds("shutdown-timeout"); err != nil {
+			return err
+		}
+	}
+	if err := r.torchrunOnly(); err != nil {
+		return err
+	}
 	c.RdzvBackend = r["rdzv-backend"]
 	switch c.RdzvBackend {
 	case "static", "c10d", "etcd", "etcd-v2":
@@ -498,6 +520,10 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.Tee, err = parseStd(r["tee"]); err != nil {
 		return usagef("--tee: %v", err)
 	}
+	if c.LocalRanksFilter, err = parseRanks(r["local-ranks-filter"]); err != nil {
+		return usagef("--local-ranks-filter: %v", err)
+	}
+	c.LinePrefix = r["log-line-prefix-template"]
 	if c.Python = r["python"]; c.Python == "" && !c.NoPython {
 		return usagef("--python must not be empty")
 	}

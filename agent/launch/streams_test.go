@@ -1,7 +1,10 @@
 package launch
 
 import (
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
@@ -36,5 +39,50 @@ func TestStreams(t *testing.T) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// --local-ranks-filter and --log-line-prefix-template, parsed and mapped:
+// a rank left out keeps its files but leaves the console.
+func TestConsoleFlags(t *testing.T) {
+	c, err := Parse(strings.Fields("--nproc-per-node 3 --log-dir /l --local-ranks-filter 0,2 --log-line-prefix-template [${hostname}:${rank}] train.py"), noEnv, fourCPUs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streams := c.Streams()
+	for lr, shown := range []bool{true, false, true} {
+		got := streams(lr)
+		if got.ConsoleOut != shown || got.ConsoleErr != shown || !got.FileOut || !got.FileErr || got.Prefix != "[${hostname}:${rank}]" {
+			t.Errorf("local rank %d: got %+v, want console %v, both files, the template", lr, got, shown)
+		}
+	}
+	for _, bad := range []string{"--local-ranks-filter 0,x train.py", "--local-ranks-filter -1 train.py"} {
+		if _, err := Parse(strings.Fields(bad), noEnv, fourCPUs); err == nil || !strings.Contains(err.Error(), "--local-ranks-filter") {
+			t.Errorf("%s: got %v, want a --local-ranks-filter error", bad, err)
+		}
+	}
+}
+
+// torchrun 2.x's --shutdown-timeout is --stop-timeout; its Python-only
+// flags are accepted at their defaults and refused with the reason.
+func TestTorchrun2Flags(t *testing.T) {
+	c, err := Parse(strings.Fields("--shutdown-timeout 30 --event-log-handler console train.py"), noEnv, fourCPUs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.StopTimeout != 30*time.Second {
+		t.Errorf("--shutdown-timeout 30: stop timeout %v", c.StopTimeout)
+	}
+	for args, want := range map[string]string{
+		"--shutdown-timeout 5 --stop-timeout 5s train.py": "give one of them",
+		"--shutdown-timeout soon train.py":                "--shutdown-timeout must be a duration",
+		"--event-log-handler dynamic train.py":            "Accepted: null, console",
+		"--logs-specs mine train.py":                      "LogsSpecs are Python plugins",
+	} {
+		_, err := Parse(strings.Fields(args), noEnv, fourCPUs)
+		var uerr *UsageError
+		if !errors.As(err, &uerr) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want a usage error with %q", args, err, want)
+		}
 	}
 }

@@ -42,8 +42,12 @@ func (s State) String() string {
 
 // Streams says where one worker's output goes.
 type Streams struct {
-	ConsoleOut, ConsoleErr bool // show on the agent's stdout/stderr, prefixed "[rankN]:"
+	ConsoleOut, ConsoleErr bool // show on the agent's stdout/stderr, prefixed
 	FileOut, FileErr       bool // write to stdout.log/stderr.log in the worker's log dir
+	// Prefix is the console lines' prefix, torchrun's template with the
+	// macros ${role_name}, ${local_rank}, ${rank} and ${hostname}; "" is
+	// DefaultPrefix.
+	Prefix string
 }
 
 // Spec is everything needed to start one attempt of the local workers.
@@ -219,7 +223,7 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 	if spec.Streams != nil {
 		streams = spec.Streams(id.LocalRank)
 	}
-	prefix := []byte(fmt.Sprintf("[rank%d]:", id.Rank))
+	prefix := []byte(RenderPrefix(streams.Prefix, spec.Role, id))
 	w.stdout = &stream{prefix: prefix}
 	w.stderr = &stream{prefix: prefix, keepTail: true} // its last lines go into the failure report
 	if streams.ConsoleOut {
