@@ -29,7 +29,7 @@ func TestHangReportedWithStackAndRestarted(t *testing.T) {
 	const hangTimeout = 4 * time.Second
 	hook := newHookServer(t, 0, http.StatusOK) // a notifier hears the hang, with the stacks
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", hangTimeout.String(),
-		"--plugin", "webhook,url="+hook.URL, filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--ckpt-every", "3", "--log-every", "5", "--ckpt-dir", ckpt,
+		"--log-dir", t.TempDir(), "--plugin", "webhook,url="+hook.URL, filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--ckpt-every", "3", "--log-every", "5", "--ckpt-dir", ckpt,
 		"--batch-size", "4", "--hang-rank", "1", "--hang-at-step", "6")
 	if code := r.wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
@@ -52,6 +52,12 @@ func TestHangReportedWithStackAndRestarted(t *testing.T) {
 		if !strings.Contains(all, want) {
 			t.Errorf("output lacks %q\n%s", want, r.logs())
 		}
+	}
+	// The record names a file with the whole report, kept in the log dir.
+	if f := regexp.MustCompile(`stacks_file=(\S+)`).FindStringSubmatch(all); f == nil {
+		t.Errorf("the hang's record names no stacks file\n%s", r.logs())
+	} else if b, err := os.ReadFile(f[1]); err != nil || !strings.Contains(string(b), "never arrived: rank 1") || !strings.Contains(string(b), "\nPython stack of rank 1:\n") {
+		t.Errorf("stacks file %s: %v\n%s", f[1], err, b)
 	}
 	var waited float64
 	if _, err := fmt.Sscan(m[1], &waited); err != nil || waited < hangTimeout.Seconds() || waited > hangTimeout.Seconds()+5 {

@@ -11,6 +11,7 @@ package observe
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"time"
@@ -35,6 +36,19 @@ type Config struct {
 	// StragglerCost: the share of step time a persistent straggler's waits
 	// must cost before it is named; 0: stall.DefaultCost.
 	StragglerCost float64
+	// Console gets a hang's Python stacks as they are, readable, after
+	// the log's one-line record: the agent's stderr when that is a
+	// terminal (Terminal); nil keeps them in the record, escaped.
+	Console io.Writer
+}
+
+// Terminal returns f when it is a terminal, else nil: Config.Console for
+// an agent logging to f.
+func Terminal(f *os.File) io.Writer {
+	if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		return f
+	}
+	return nil
 }
 
 // Job is one job observed on this node.
@@ -42,7 +56,7 @@ type Job struct {
 	ID       string
 	NodeRank int
 	Topology string // the node's GPUs in one line, for the exporter's resource; "" none
-	TraceDir string // where its Perfetto files go; "" none
+	TraceDir string // where its Perfetto files and hang reports go (a directory kept after the job); "" none
 	// Metrics: this job serves Config.MetricsAddr (one address serves one
 	// job's exporter).
 	Metrics bool
@@ -95,7 +109,8 @@ func Open(ctx context.Context, cfg Config, job Job, policy Policy) (*Observer, e
 	}
 	o.Watch = watch.New(watch.Config{Log: job.Log, HangTimeout: cfg.HangTimeout, HangAuto: cfg.HangAuto,
 		StragglerCost: cfg.StragglerCost, RankOf: policy.RankOf, ReadGPU: policy.ReadGPU, ReadHost: o.Mon.Slowdown,
-		OnStragglers: onStragglers, OnHang: policy.OnHang, OnRemoteHang: policy.OnRemoteHang})
+		OnStragglers: onStragglers, OnHang: policy.OnHang, OnRemoteHang: policy.OnRemoteHang,
+		Console: cfg.Console, ReportDir: job.TraceDir})
 	host, _ := os.Hostname()
 	metrics := ""
 	if job.Metrics {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
@@ -175,6 +176,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	rc := runConfig(cfg, os.Getenv)
 	rc.TorchVersion = <-torchVersion
 	rc.GPUs = gpus
+	if f, ok := stderr.(*os.File); ok { // a hang's stacks, readable on a terminal
+		rc.Telemetry.Console = observe.Terminal(f)
+	}
 	a := agent.New(rc, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError

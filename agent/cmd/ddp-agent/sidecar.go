@@ -114,6 +114,9 @@ func runSidecar(args []string, stdout, stderr io.Writer) int {
 	} else {
 		log.Info("no NVIDIA GPU (" + node.none + "): no GPU health watch")
 	}
+	if f, ok := stderr.(*os.File); ok { // a hang's stacks, readable on a terminal
+		cfg.Telemetry.Console = observe.Terminal(f)
+	}
 	sc, err := sidecar.New(cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "ddp-agent sidecar: %v\n", err)

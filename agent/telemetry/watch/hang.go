@@ -3,6 +3,8 @@ package watch
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -72,7 +74,7 @@ func (s *Watch) checkHang(ctx context.Context, now time.Time) {
 	}
 	stacks := s.hangStacks(ctx, at, *h)
 	report := hangReport(at, *h, now, stacks)
-	s.log.Error("hang: " + report)
+	s.logHang(*h, report)
 	s.mu.Lock()
 	s.lastHang, s.dirty = "hang: "+report, true
 	s.mu.Unlock()
@@ -141,7 +143,9 @@ func hangReport(at *attempt, h telemetry.Hang, now time.Time, stacks map[int]str
 		}
 		fmt.Fprintf(&b, "never arrived: %s", strings.Join(descs, ", "))
 	}
-	b.WriteString(". Aborting the communicators and restarting the job.")
+	// What follows (a restart, or the job's end) is the agent's to say:
+	// it may have no restarts left, and a sidecar never restarts.
+	b.WriteString(". Aborting the communicators.")
 	for _, r := range h.Missing {
 		if st, ok := stacks[r]; ok {
 			fmt.Fprintf(&b, "\nPython stack of rank %d:\n%s", r, strings.TrimRight(st, "\n"))
@@ -164,4 +168,30 @@ func rankList(ranks []int) string {
 		return "rank " + parts[0]
 	}
 	return "ranks " + strings.Join(parts, ", ")
+}
+
+// logHang logs report in one record, one line: its first paragraph, and
+// the missing ranks' Python stacks (many lines each) as an attribute,
+// escaped, for whatever reads the log. On a terminal (Config.Console) the
+// stacks follow the record instead, as they are, readable. With a
+// Config.ReportDir the whole report is also written to a file there, which
+// the record names.
+func (s *Watch) logHang(h telemetry.Hang, report string) {
+	summary, stacks, _ := strings.Cut(report, "\n")
+	attrs := []any{"step", h.Step, "bucket", h.Bucket, "generation", h.Gen}
+	if dir := s.cfg.ReportDir; dir != "" {
+		file := filepath.Join(dir, fmt.Sprintf("hang-gen%d-step%d-bucket%d.txt", h.Gen, h.Step, h.Bucket))
+		if err := os.WriteFile(file, []byte(report+"\n"), 0o644); err != nil {
+			attrs = append(attrs, "stacks_file_err", err.Error())
+		} else {
+			attrs = append(attrs, "stacks_file", file)
+		}
+	}
+	if stacks != "" && s.cfg.Console == nil {
+		attrs = append(attrs, "stacks", stacks)
+	}
+	s.log.Error("hang: "+summary, attrs...)
+	if stacks != "" && s.cfg.Console != nil {
+		fmt.Fprintf(s.cfg.Console, "%s\n", stacks)
+	}
 }

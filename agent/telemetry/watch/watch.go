@@ -24,6 +24,7 @@ package watch
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"time"
@@ -82,6 +83,13 @@ type Config struct {
 	// OnHang ends the attempt whose collective hung; it is called at most
 	// once per attempt, from the watch's goroutine, and must not block.
 	OnHang func(*HangError)
+	// Console, when set, gets a hang's Python stacks as they are, after its
+	// one-line log record (which then leaves them out): the agent's
+	// stderr, when that is a terminal.
+	Console io.Writer
+	// ReportDir, when set, gets each hang's report with the stacks, in a
+	// file the log record names: a directory kept after the run.
+	ReportDir string
 	// OnRemoteHang, if set, is told on a follower of a hang the leader
 	// found, once this node's stacks for it are sent; it must not block.
 	// ddp-agent run leaves it nil (the leader's restart reaches every node

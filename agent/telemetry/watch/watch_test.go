@@ -2,6 +2,8 @@ package watch
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -138,5 +140,36 @@ func TestHangNeedsQuiet(t *testing.T) {
 		}
 	default:
 		t.Fatal("no hang after the timeout without progress")
+	}
+}
+
+// TestLogHang: a hang's record is one line; its stacks ride in it as an
+// attribute, or follow it as they are on a terminal, and its whole report
+// goes to a file in ReportDir, which the record names.
+func TestLogHang(t *testing.T) {
+	h := telemetry.Hang{Key: telemetry.Key{Gen: 2, Step: 7, Bucket: 1}}
+	report := "step 7 bucket 1 (generation 2) has not finished 4.00 s after the first rank arrived; waiting: rank 0; never arrived: rank 1. Aborting the communicators.\nPython stack of rank 1:\n  File \"train.py\", line 9 in main"
+	for _, terminal := range []bool{false, true} {
+		var logs, console strings.Builder
+		cfg := Config{Log: slog.New(slog.NewTextHandler(&logs, nil)), ReportDir: t.TempDir()}
+		if terminal {
+			cfg.Console = &console
+		}
+		s := New(cfg)
+		s.logHang(h, report)
+		s.Close()
+		line := logs.String()
+		if strings.Count(line, "\n") != 1 || !strings.Contains(line, `msg="hang: step 7 bucket 1`) {
+			t.Errorf("terminal=%v: not one record: %q", terminal, line)
+		}
+		file := filepath.Join(cfg.ReportDir, "hang-gen2-step7-bucket1.txt")
+		if b, err := os.ReadFile(file); err != nil || string(b) != report+"\n" || !strings.Contains(line, "stacks_file="+file) {
+			t.Errorf("terminal=%v: report file %q, %v; record %q", terminal, b, err, line)
+		}
+		inRecord := strings.Contains(line, `stacks="Python stack of rank 1:\n  File \"train.py\"`)
+		onConsole := console.String() == "Python stack of rank 1:\n  File \"train.py\", line 9 in main\n"
+		if inRecord == terminal || onConsole != terminal {
+			t.Errorf("terminal=%v: stacks in the record %v, on the console %v (%q)", terminal, inRecord, onConsole, console.String())
+		}
 	}
 }
