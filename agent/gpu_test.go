@@ -151,7 +151,7 @@ func TestGPUPlacementEnv(t *testing.T) {
 func TestGPUFaultRestarts(t *testing.T) {
 	j := startGPUJob(t, 1)
 	at := j.inject(t, 1, 31)
-	line := j.log.wait(t, `msg="GPU fault: restarting the job's workers".*`, 2*time.Second)
+	line := j.log.wait(t, `msg="GPU fault: stopping the job's workers".*`, 2*time.Second)
 	d := time.Since(at)
 	t.Logf("XID 31 to the restart decision: %v", d)
 	if d > time.Second {
@@ -240,12 +240,12 @@ func TestGPUEventStorm(t *testing.T) {
 	j.inject(t, 5, 94)
 	j.log.wait(t, `GPU fault on a GPU without workers of this job.*gpu=5`, 2*time.Second)
 	at := j.inject(t, 1, 94)
-	j.log.wait(t, `msg="GPU fault: restarting the job's workers".*gpu=1`, 2*time.Second)
+	j.log.wait(t, `msg="GPU fault: stopping the job's workers".*gpu=1`, 2*time.Second)
 	if d := time.Since(at); d > time.Second {
 		t.Errorf("acted on the XID after the storm in %v, want within 1s", d)
 	}
 	j.log.wait(t, `msg="workers started" attempt=1`, 10*time.Second)
-	if n := strings.Count(j.log.String(), "GPU fault: restarting"); n != 1 {
+	if n := strings.Count(j.log.String(), "GPU fault: stopping"); n != 1 {
 		t.Errorf("%d restarts, want 1 (for GPU 1 only)", n)
 	}
 }

@@ -53,8 +53,7 @@ func decide(sev Severity, restartsLeft, drainPending bool) action {
 func (r *run) recover(ctx context.Context, at *attempt, f *Fault) (done bool, err error) {
 	restartsLeft, stopped := true, false
 	if f.Severity == Restart {
-		r.logRestart(f)
-		r.exp.Restart(at.gen, f.Reason)
+		r.logFinding(f)
 		restartsLeft = r.failAttempt(ctx, at, f)
 		stopped = true
 	}
@@ -78,23 +77,28 @@ func (r *run) recover(ctx context.Context, at *attempt, f *Fault) (done bool, er
 	if ctx.Err() != nil {
 		return true, context.Cause(ctx)
 	}
+	// Counted here, once the restart is decided: a fault that ends the
+	// job (no restarts left) or drains the node is no restart.
+	r.exp.Restart(at.gen, f.Reason)
 	r.log.Warn("restarting worker group", "restarts", at.r.Restarts+1, "max_restarts", r.cfg.MaxRestarts)
 	r.tell(event{kind: evRestarting, at: at, fault: f, restarts: at.r.Restarts + 1, maxRestarts: r.cfg.MaxRestarts})
 	return false, nil
 }
 
-// logRestart logs a finding that restarts the job's workers; a worker's
-// failure and a hang have their own report.
-func (r *run) logRestart(f *Fault) {
+// logFinding logs a GPU's or a plugin's finding that stops the job's
+// workers; a worker's failure and a hang have their own report. Whether
+// they restart is decided after (restarts left?) and logged then.
+func (r *run) logFinding(f *Fault) {
+	const what = "stopping the job's workers"
 	switch f.Source {
 	case FromGPU:
 		gf, _ := errorsAs[*GPUFaultError](f)
 		fd := gf.Findings[0]
-		r.log.Error("GPU fault: restarting the job's workers", "gpu", fd.GPU, "uuid", fd.UUID, "ranks", fd.Ranks,
+		r.log.Error("GPU fault: "+what, "gpu", fd.GPU, "uuid", fd.UUID, "ranks", fd.Ranks,
 			"kind", string(fd.Kind), "xid", fd.XID, "finding", fd.Message, "count", fd.Count)
 	case FromPlugin:
 		pf, _ := errorsAs[*PluginFaultError](f)
-		r.log.Error("health check: restarting the job's workers", "plugin", pf.Finding.Plugin, "subject", pf.Finding.Subject,
+		r.log.Error("health check: "+what, "plugin", pf.Finding.Plugin, "subject", pf.Finding.Subject,
 			"finding", pf.Finding.Message)
 	}
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"io"
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -58,5 +59,56 @@ func TestHealthEndpoints(t *testing.T) {
 	}
 	if code := r.wait(15 * time.Second); code != 143 {
 		t.Errorf("exit code %d, want 143\n%s", code, r.logs())
+	}
+}
+
+// TestLastMetricsReachAScraper: a job ended by its first hang (no restarts
+// left) keeps its metrics endpoint up until the scraper that read it
+// during the job has read the last state: the hang counted, and no
+// restart, since none happened. Before, the endpoint vanished with the
+// job and no scrape saw ddp_hangs_total 1.
+func TestLastMetricsReachAScraper(t *testing.T) {
+	budget(t, 40*time.Second)
+	needTorch(t)
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "--hang-timeout", "3s",
+		"--metrics-addr", "127.0.0.1:0", filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--log-every", "5",
+		"--ckpt-dir", t.TempDir(), "--hang-rank", "1", "--hang-at-step", "4")
+	urlRE := regexp.MustCompile(`msg="serving prometheus metrics".* url=(\S+)`)
+	var url string
+	waitFor(t, 30*time.Second, func() bool {
+		m := urlRE.FindStringSubmatch(r.stderr.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	}, r.logs)
+	// A scraper at 5 Hz, as Prometheus at a short interval, until the
+	// agent exits; the last body it got is what a dashboard shows.
+	var last string
+	for exited := false; !exited; {
+		if resp, err := http.Get(url); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				last = string(b)
+			}
+		}
+		select {
+		case <-r.done:
+			exited = true
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if r.code != 1 {
+		t.Fatalf("exit code %d, want 1 (the hang ended the job)\n%s", r.code, r.logs())
+	}
+	if !regexp.MustCompile(`(?m)^ddp_hangs_total\{[^}]*\} 1$`).MatchString(last) {
+		t.Errorf("the last scrape does not count the hang:\n%s\n%s", last, r.logs())
+	}
+	if m := regexp.MustCompile(`(?m)^ddp_restarts_total\{[^}]*\} (\S+)$`).FindStringSubmatch(last); m != nil && m[1] != "0" {
+		t.Errorf("the last scrape counts %s restarts; the job failed without one", m[1])
+	}
+	if !regexp.MustCompile(`msg="metrics endpoint closing".* last_state_read=true`).MatchString(r.stderr.String()) {
+		t.Errorf("the agent did not wait for the scraper\n%s", r.logs())
 	}
 }

@@ -66,7 +66,7 @@ func TestPluginExecRestarts(t *testing.T) {
 	}
 	logs := r.stderr.String()
 	found, ok1 := logTime(logs, `health finding.*fabric port mlx5_0/1 flapped`)
-	acted, ok2 := logTime(logs, `health check: restarting the job's workers.*fabric port mlx5_0/1 flapped`)
+	acted, ok2 := logTime(logs, `health check: stopping the job's workers.*fabric port mlx5_0/1 flapped`)
 	restarted, ok3 := logTime(logs, `restarting worker group`)
 	if !ok1 || !ok2 || !ok3 {
 		t.Fatalf("want the finding, the decision and the restart in the log\n%s", r.logs())

@@ -135,6 +135,9 @@ type Config struct {
 	OTelEndpoint string        // OTLP collector; "" leaves it to the OTEL_* variables
 	TraceSample  float64       // share of normal steps traced; stalled steps always are
 	MetricsAddr  string        // Prometheus endpoint; "" none
+	// MetricsLinger bounds the wait at the job's end for a scraper to read
+	// the last state (observe.Config.MetricsLinger).
+	MetricsLinger time.Duration
 	// StragglerCost: a persistent straggler is named only when the waits it
 	// causes cost at least this share of step time.
 	StragglerCost float64
@@ -238,6 +241,7 @@ var flagSpecs = []flagSpec{
 	{name: "otel-endpoint", help: "OpenTelemetry collector for traces and metrics (host:port for OTLP/gRPC, or an http:// URL for OTLP/HTTP); default: the OTEL_EXPORTER_OTLP_* variables; without one, a Perfetto trace file per generation in the log dir"},
 	{name: "trace-sample", def: "0.1", help: "share of normal training steps traced (0 to 1); steps with a stall or hang are always traced"},
 	{name: "metrics-addr", help: "serve Prometheus metrics at this address (e.g. :9464); default none"},
+	{name: "metrics-linger", exact: true, def: "60s", help: "at the job's end, keep the metrics endpoint up until a scraper that read it before reads the last state, at most this long (not after a signal); 0 closes it at once"},
 	{name: "straggler-cost", def: "0.05", help: "name a persistent straggler only when the waits it causes cost at least this share of step time (0 to 1, exclusive)"},
 	{name: "straggler-action", def: "log", help: "what to do about a persistent straggler named without a gap for --straggler-confirm: log (a line, nothing more), restart (restart the job, counted against --max-restarts; not when none are left), or drain (the node that runs the straggler leaves the job, when at least MIN nodes remain or a spare waits)"},
 	{name: "straggler-confirm", def: "60s", help: "how long a rank must stay a persistent straggler, without a gap, before --straggler-action acts (seconds, or like 90s; above 0)"},
@@ -439,6 +443,9 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 		return usagef("--hang-timeout %v is below a second: healthy collectives would look hung (0 disables it)", c.HangTimeout)
 	}
 	c.OTelEndpoint, c.MetricsAddr = r["otel-endpoint"], r["metrics-addr"]
+	if c.MetricsLinger, err = r.seconds("metrics-linger"); err != nil {
+		return err
+	}
 	if c.TraceSample, err = strconv.ParseFloat(r["trace-sample"], 64); err != nil || c.TraceSample < 0 || c.TraceSample > 1 {
 		return usagef("--trace-sample must be a number from 0 to 1, got %q", r["trace-sample"])
 	}

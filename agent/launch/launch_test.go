@@ -184,7 +184,7 @@ var torchrunLines = []torchrunLine{
 			want := &Config{NProcPerNode: 1, NProcSpec: "1", NProcLimit: 32, NNodesMin: 1, NNodesMax: 1, RdzvBackend: "static",
 				MonitorInterval: 5 * time.Second, StopTimeout: 10 * time.Second, StartMethod: "spawn", Role: "default",
 				Python: "python3", LogLevel: "info", HangTimeout: time.Minute, TraceSample: 0.1, StragglerCost: 0.05,
-				StragglerAction: "log", StragglerConfirm: time.Minute, Script: "train.py", Rdzv: DefaultRdzvConf}
+				StragglerAction: "log", StragglerConfirm: time.Minute, MetricsLinger: time.Minute, Script: "train.py", Rdzv: DefaultRdzvConf}
 			if !reflect.DeepEqual(c, want) {
 				return "the documented defaults"
 			}

@@ -36,6 +36,10 @@ type Config struct {
 	// StragglerCost: the share of step time a persistent straggler's waits
 	// must cost before it is named; 0: stall.DefaultCost.
 	StragglerCost float64
+	// MetricsLinger: at the job's end, the metrics endpoint stays up until
+	// a scraper that read it before reads the last state, at most this
+	// long (not after a signal); 0 closes it at once.
+	MetricsLinger time.Duration
 	// Console gets a hang's Python stacks as they are, readable, after
 	// the log's one-line record: the agent's stderr when that is a
 	// terminal (Terminal); nil keeps them in the record, escaped.
@@ -89,18 +93,19 @@ type Policy struct {
 // monitor of its workers. Open makes it; Run runs the watch and the
 // monitor; Close flushes and closes.
 type Observer struct {
-	Watch *watch.Watch
-	Exp   *export.Exporter
-	Mon   *hostmon.Monitor
-	log   *slog.Logger
-	named pluginhost.NamedStragglers // the stragglers the notifiers were told of
+	Watch  *watch.Watch
+	Exp    *export.Exporter
+	Mon    *hostmon.Monitor
+	log    *slog.Logger
+	linger time.Duration              // Config.MetricsLinger
+	named  pluginhost.NamedStragglers // the stragglers the notifiers were told of
 }
 
 // Open starts observing job: the watch, with policy's hands, and its
 // exporter, as cfg and the OTEL_* variables say. ctx is the exporter's
 // (the job's life on this node).
 func Open(ctx context.Context, cfg Config, job Job, policy Policy) (*Observer, error) {
-	o := &Observer{Mon: hostmon.NewMonitor(job.Log), log: job.Log}
+	o := &Observer{Mon: hostmon.NewMonitor(job.Log), log: job.Log, linger: cfg.MetricsLinger}
 	onStragglers := func(named []telemetry.Straggler) {
 		o.notice(named, policy.Notify)
 		if policy.OnStragglers != nil {
@@ -147,6 +152,12 @@ func (o *Observer) Run(ctx context.Context) error {
 // s at most; the Perfetto file is complete after it) and closes the
 // watch. ctx's values are kept, not its end.
 func (o *Observer) Close(ctx context.Context) {
+	if ctx.Err() == nil && o.linger > 0 && o.Exp.Scraped() {
+		o.log.Info("waiting for a scraper to read the job's last metrics", "url", o.Exp.MetricsURL(), "at_most", o.linger)
+		start := time.Now()
+		read := o.Exp.Linger(ctx, o.linger)
+		o.log.Info("metrics endpoint closing", "last_state_read", read, "waited", time.Since(start).Round(time.Millisecond))
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := o.Exp.Shutdown(sctx); err != nil {

@@ -58,6 +58,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 				OTLPProtocol:  otlpProtocol(cfg.OTelEndpoint, getenv),
 				TraceSample:   cfg.TraceSample,
 				MetricsAddr:   cfg.MetricsAddr,
+				MetricsLinger: cfg.MetricsLinger,
 				StragglerCost: cfg.StragglerCost,
 			},
 			// Parse checked the action against the same names.

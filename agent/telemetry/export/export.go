@@ -112,6 +112,7 @@ type Exporter struct {
 	inst  instruments
 
 	srv        *http.Server // nil without MetricsAddr
+	scrapes    *scrapes     // the reads of srv's /metrics
 	srvDone    chan struct{}
 	metricsURL string
 
@@ -273,7 +274,8 @@ func (e *Exporter) serveMetrics(reg *prometheus.Registry) error {
 		return fmt.Errorf("prometheus listener: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	e.scrapes = newScrapes()
+	mux.Handle("/metrics", e.scrapes.wrap(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	healthHandlers(mux, e.cfg.Health)
 	e.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	e.srvDone = make(chan struct{})
@@ -292,6 +294,20 @@ func (e *Exporter) serveMetrics(reg *prometheus.Registry) error {
 	e.log.Info("serving prometheus metrics", "url", e.metricsURL)
 	return nil
 }
+
+// Linger keeps the metrics endpoint up, at most max, until a scrape begun
+// after the call has read the job's last state; at once when nothing
+// serves metrics or nothing ever scraped them (no scraper is coming). It
+// reports whether a scraper read the last state.
+func (e *Exporter) Linger(ctx context.Context, max time.Duration) bool {
+	if e.scrapes == nil || max <= 0 {
+		return false
+	}
+	return e.scrapes.waitNext(ctx, max)
+}
+
+// Scraped reports whether anything read the metrics endpoint yet.
+func (e *Exporter) Scraped() bool { return e.scrapes != nil && e.scrapes.any() }
 
 // MetricsURL is where Prometheus can scrape the metrics ("" without
 // MetricsAddr); a listener on all addresses is named by 127.0.0.1.
