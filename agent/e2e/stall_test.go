@@ -108,7 +108,7 @@ func TestStallNamesStraggler(t *testing.T) {
 	// On a loaded 2-core machine a rank can be a couple of hundred
 	// milliseconds late on its own, and that is a stall too; the injected
 	// second is told apart by its size.
-	stall := regexp.MustCompile(`stall: step (\d+) bucket \d+: rank (\d+) \([^)]*\) arrived ([0-9.]+)( s|ms) after the others; 1 ranks waited`)
+	stall := regexp.MustCompile(`stall: step (\d+) bucket \d+: rank (\d+) \([^)]*\) arrived ([0-9.]+)( s|ms) after the others; 1 rank waited`)
 	steps := map[string]bool{}
 	for _, m := range stall.FindAllStringSubmatch(all, -1) {
 		late, _ := strconv.ParseFloat(m[3], 64)

@@ -63,7 +63,7 @@ func TestPublishStallsReadBack(t *testing.T) {
 
 	var lines []string
 	for i := range 12 {
-		lines = append(lines, fmt.Sprintf("step %d bucket 3: rank 1 (h, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds", 800+i))
+		lines = append(lines, fmt.Sprintf("step %d bucket 3: rank 1 (h, GPU 1, pid 4411) arrived 2.31 s after the others; 1 rank waited 2.3 GPU-seconds", 800+i))
 	}
 	lines[10] = "step 810 " + strings.Repeat("é", 400) // 809 bytes
 	in := telemetry.Report{

@@ -173,7 +173,7 @@ func TestStatusJSON(t *testing.T) {
 	a := openAgent(t, ep, cfg)
 	formRound(t, a)
 	stalls := telemetry.Report{
-		Stalls:     []string{"step 812 bucket 3: rank 1 (h, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds"},
+		Stalls:     []string{"step 812 bucket 3: rank 1 (h, GPU 1, pid 4411) arrived 2.31 s after the others; 1 rank waited 2.3 GPU-seconds"},
 		Stragglers: []telemetry.ReportedStraggler{{Rank: 1, Host: "h", GPU: "GPU-5c1e", Last: 15, Steps: 20}},
 	}
 	report, err := stalls.Encode(time.Now())
@@ -238,7 +238,7 @@ func TestStatusJSON(t *testing.T) {
 	_, section, ok := strings.Cut(out, "\n\nSTALLS\n")
 	want := regexp.MustCompile(`^` + regexp.QuoteMeta(a.Node()) + `  updated \d\d:\d\d:\d\d \(\d+s\)
   persistent straggler: rank 1 on h \(GPU GPU-5c1e\), held the others back in 15 of 20 steps
-  stall: step 812 bucket 3: rank 1 \(h, GPU 1, pid 4411\) arrived 2\.31 s after the others; 1 ranks waited 2\.3 GPU-seconds
+  stall: step 812 bucket 3: rank 1 \(h, GPU 1, pid 4411\) arrived 2\.31 s after the others; 1 rank waited 2\.3 GPU-seconds
 $`)
 	if code != 0 || errOut != "" || !ok || !want.MatchString(section) {
 		t.Fatalf("exit %d, stderr %q, stalls section %q", code, errOut, section)
@@ -441,11 +441,11 @@ func TestRenderStatus(t *testing.T) {
 	st.Nodes[2].Stalls = encodeReport(t, telemetry.Report{
 		Updated: now.Add(-12 * time.Second),
 		Stalls: []string{
-			"step 808 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.12 s after the others; 1 ranks waited 2.1 GPU-seconds",
-			"step 809 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.20 s after the others; 1 ranks waited 2.2 GPU-seconds",
-			"step 810 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.25 s after the others; 1 ranks waited 2.3 GPU-seconds",
-			"step 811 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.28 s after the others; 1 ranks waited 2.3 GPU-seconds",
-			"step 812 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds",
+			"step 808 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.12 s after the others; 1 rank waited 2.1 GPU-seconds",
+			"step 809 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.20 s after the others; 1 rank waited 2.2 GPU-seconds",
+			"step 810 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.25 s after the others; 1 rank waited 2.3 GPU-seconds",
+			"step 811 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.28 s after the others; 1 rank waited 2.3 GPU-seconds",
+			"step 812 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.31 s after the others; 1 rank waited 2.3 GPU-seconds",
 		},
 		Stragglers: []telemetry.ReportedStraggler{{Rank: 5, Host: "vm3", GPU: "GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c", Last: 15, Steps: 20, LateMS: 212, Share: 0.104,
 			Cause: "gpu", Evidence: "forward and backward take 210ms longer and its GPU is slowed: throttled: hw thermal slowdown"}, {Rank: 4, Last: 6, Steps: 20}},
@@ -472,9 +472,9 @@ vm3-12-ffee01  updated 10:17:01 (12s)
   persistent straggler: rank 5 on vm3 (GPU GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c), held the others back in 15 of 20 steps by 212 ms, 10.4% of step time; cause gpu: forward and backward take 210ms longer and its GPU is slowed: throttled: hw thermal slowdown
   persistent straggler: rank 4, held the others back in 6 of 20 steps
   (2 earlier stalls in --json)
-  stall: step 810 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.25 s after the others; 1 ranks waited 2.3 GPU-seconds
-  stall: step 811 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.28 s after the others; 1 ranks waited 2.3 GPU-seconds
-  stall: step 812 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.31 s after the others; 1 ranks waited 2.3 GPU-seconds
+  stall: step 810 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.25 s after the others; 1 rank waited 2.3 GPU-seconds
+  stall: step 811 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.28 s after the others; 1 rank waited 2.3 GPU-seconds
+  stall: step 812 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.31 s after the others; 1 rank waited 2.3 GPU-seconds
   hang: step 813 bucket 0 (generation 3) has not finished 30.00 s after the first rank arrived; waiting: rank 4; never arrived: rank 5 (vm3, GPU 1, pid 4411). Aborting the communicators.
 `
 	if b.String() != want {

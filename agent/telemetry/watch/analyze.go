@@ -32,8 +32,12 @@ func (s *Watch) reportStall(at *attempt, c telemetry.Collective) {
 	if at.worker(st.Straggler).GPU == "" {
 		unit = "seconds"
 	}
-	msg := fmt.Sprintf("step %d bucket %d: rank %s arrived %s after the others; %d ranks waited %.1f %s",
-		c.Step, c.Bucket, at.describe(st.Straggler), seconds(st.Late), st.Waiters, st.Waited.Seconds(), unit)
+	waiters := fmt.Sprintf("%d ranks", st.Waiters)
+	if st.Waiters == 1 {
+		waiters = "1 rank"
+	}
+	msg := fmt.Sprintf("step %d bucket %d: rank %s arrived %s after the others; %s waited %.1f %s",
+		c.Step, c.Bucket, at.describe(st.Straggler), seconds(st.Late), waiters, st.Waited.Seconds(), unit)
 	s.log.Warn("stall: "+msg, "generation", c.Gen, "step", c.Step, "bucket", c.Bucket, "straggler", st.Straggler,
 		"late", st.Late.Round(time.Millisecond), "waited", st.Waited.Round(time.Millisecond),
 		"duration", c.Duration().Round(time.Millisecond), "threshold", st.Threshold.Round(time.Millisecond))
