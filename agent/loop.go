@@ -111,6 +111,9 @@ func (r *run) noRound(ctx context.Context, n int, err error) error {
 // the workers started so far, and ctx's cause, for the caller to stop.
 func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.Time) (*attempt, error) {
 	at := &attempt{n: n, gen: rd.Generation, r: rd}
+	r.mu.Lock()
+	r.last = at
+	r.mu.Unlock()
 	r.srv.SetGeneration(at.gen, rd.WorldSize, nil)
 	attemptDir := filepath.Join(r.runDir, "attempt_"+strconv.Itoa(n))
 	stackDir := filepath.Join(attemptDir, "stacks")

@@ -52,6 +52,7 @@ type run struct {
 	left bool           // this node left the rendezvous (or needs not)
 
 	mu         sync.Mutex
+	last       *attempt          // the latest attempt started, for the job's end notice
 	group      *supervisor.Group // the current attempt, for the control socket's admission check
 	rankOffset int               // its global rank of local rank 0, for the GPU health watcher
 }
@@ -78,7 +79,10 @@ func (r *run) execute(ctx context.Context) (err error) {
 	// (a GPU fault) comes after it.
 	defer func() {
 		if r.plugins != nil {
-			r.tell(event{kind: evEnded, err: err})
+			r.mu.Lock()
+			last := r.last
+			r.mu.Unlock()
+			r.tell(event{kind: evEnded, at: last, err: err}) // the attempt and generation it ended in
 			r.plugins.Close(pluginFlush)
 		}
 	}()

@@ -73,6 +73,10 @@ func TestHangReportedWithStackAndRestarted(t *testing.T) {
 		if ev["kind"] == "hang" && (details["missing"] != "1" || !strings.Contains(fmt.Sprint(details["report"]), "Python stack of rank 1:")) {
 			t.Errorf("hang event %v: want rank 1 missing and its stack", ev)
 		}
+		// The job ended in the restarted attempt, generation 1.
+		if ev["kind"] == "job_finished" && (fmt.Sprint(ev["attempt"]) != "1" || fmt.Sprint(ev["generation"]) != "1") {
+			t.Errorf("job_finished event %v: want attempt 1, generation 1", ev)
+		}
 	}
 }
 
