@@ -93,7 +93,14 @@ type procStat struct {
 	ticks, start uint64 // utime+stime, starttime (tells a reused pid apart)
 	threads      int32
 	rssPages     uint64
+	// exiting: the kernel is tearing the process down (PF_EXITING). Its
+	// state may still read "running", with its memory already gone.
+	exiting bool
 }
+
+// pfExiting is the flag of a process in exit(), in /proc/<pid>/stat's
+// flags field (linux/sched.h).
+const pfExiting = 0x4
 
 // treeProc is what a pass keeps of one process of a worker's tree, for the
 // next pass's deltas.
@@ -200,7 +207,7 @@ func (m *Monitor) Sample() {
 	fresh := map[int]WorkerSample{}
 	for rank, pid := range workers {
 		w, ok := procs[pid]
-		if !ok || w.state == 'Z' {
+		if !ok || w.state == 'Z' || w.exiting { // an exiting one reads "running" with rss 0 B
 			m.logger.Debug("worker process gone, keeping its last sample", "rank", rank, "pid", pid)
 			continue
 		}
@@ -330,8 +337,8 @@ func parseStat(pid int, b []byte) (procStat, error) {
 	if end < 0 || len(f) < 22 {
 		return procStat{}, fmt.Errorf("parse stat %q: too few fields", b)
 	}
-	var nums [6]uint64
-	for i, k := range [6]int{1, 11, 12, 17, 19, 21} { // ppid utime stime num_threads starttime rss
+	var nums [7]uint64
+	for i, k := range [7]int{1, 11, 12, 17, 19, 21, 6} { // ppid utime stime num_threads starttime rss flags
 		v, err := strconv.ParseInt(f[k], 10, 64)
 		if err != nil {
 			return procStat{}, fmt.Errorf("parse stat field %d: %w", k+3, err)
@@ -341,6 +348,7 @@ func parseStat(pid int, b []byte) (procStat, error) {
 	return procStat{
 		pid: pid, ppid: int(nums[0]), state: f[0][0],
 		ticks: nums[1] + nums[2], threads: int32(nums[3]), start: nums[4], rssPages: nums[5],
+		exiting: nums[6]&pfExiting != 0,
 	}, nil
 }
 

@@ -541,6 +541,11 @@ func TestParseStat(t *testing.T) {
 			line: "42 (a (b) c) R 17" + tail,
 			want: procStat{pid: 42, ppid: 17, state: 'R', ticks: 300, threads: 7, start: 12345, rssPages: 321},
 		},
+		{
+			name: "exiting",
+			line: "42 (python3) R 17 1 1 0 -1 4194564 100 0 0 0 250 50 0 0 20 0 7 0 12345 9000000 0 18446744073709551615",
+			want: procStat{pid: 42, ppid: 17, state: 'R', ticks: 300, threads: 7, start: 12345, exiting: true},
+		},
 		{name: "truncated", line: "42 (x) S 17 1 1", wantErr: true},
 		{name: "garbage", line: "nothing here", wantErr: true},
 	}
