@@ -205,6 +205,11 @@ def test_wheel_runs_ddp_job(tmp_path):
 
     check_command_without_torch(agent, env, tmp_path)
 
+    # The torchrun the docs name for Debian's torch 1.13 on Python 3.11
+    # (plain torchrun elsewhere), from the installed package.
+    r = run([str(py), "-m", "ddp_agent.torchrun", "--standalone", "--nproc_per_node", "2", "which.py"], env=env, cwd=work)
+    assert sorted(line.split()[-1] for line in r.stdout.splitlines() if "worker python" in line) == ["0", "1"], r.stdout
+
     train = ROOT / "examples" / "train.py"
     r = run([str(agent), "run", "--standalone", "--nproc-per-node", "2", str(train), "--steps", "6",
              "--ckpt-dir", str(work / "ckpt"), "--comm-hook", "ddp-agent"], env=env, cwd=work)
