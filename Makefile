@@ -11,9 +11,11 @@ TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py
 # end-to-end tests run on it: the workers' environment against torch 2.x's
 # torchrun, the hook under ddp-agent and under torch 2.x's
 # own torchrun, its NCCL bootstrap (fake NCCL), a worker dying with the hook
-# registered (restart and resume), a hang (stacks, restart).
+# registered (restart and resume), a hang (stacks, restart), and PyTorch
+# Lightning and Hugging Face Accelerate (from PyPI, in that venv) under
+# ddp-agent run and under their own launchers beside a sidecar.
 TORCH2_PYTHON ?=
-TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted|TestSidecarNamesStragglerUnderTorchrun)$$/^raise$$
+TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted|TestSidecarNamesStragglerUnderTorchrun|TestLightningUnderAgent|TestLightningUnderTorchrunWithSidecar|TestAccelerateUnderAgent|TestAccelerateLaunchWithSidecar)$$/^raise$$
 
 .PHONY: build wheel test test-quick test-deploy demo demo-fault bench bench-links lint fuzz clean
 
@@ -61,7 +63,7 @@ test: build
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider python/tests && \
 	  echo "== PyTorch $$($$py2 -c 'import torch; print(torch.__version__)') ($$py2)" && \
-	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$$py2 DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
+	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_FRAMEWORKS=1 DDP_AGENT_PYTHON=$$py2 DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
 	    $$go test -race -count=1 -timeout 15m -run '$(TORCH2_E2E)' ./agent/e2e && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $$py2 -m pytest -q -p no:cacheprovider python/tests

@@ -13,7 +13,8 @@
 # ${XDG_CACHE_HOME:-$HOME/.cache}/ddp-agent/torch2-venv, kept between runs: made
 # with `python3 -m venv` (python3-venv) when missing, then pip installs from PyPI
 # what it lacks of the newest torch 2.x (the CUDA build, ~5.6 GB, ~7 minutes the
-# first time), pytest, numpy, setuptools, wheel and nvidia-nccl-cu12. When
+# first time), pytest, numpy, setuptools, wheel, nvidia-nccl-cu12, and
+# lightning and accelerate (the frameworks' end-to-end tests). When
 # nothing is missing, pip is not run at all (no network needed).
 set -euo pipefail
 what=${1:-python}
@@ -52,7 +53,8 @@ def major(name):
         return None
 for req, ok in (("torch>=2", (major("torch") or 0) >= 2), ("pytest", major("pytest") is not None),
                 ("numpy", major("numpy") is not None), ("setuptools>=61", (major("setuptools") or 0) >= 61),
-                ("wheel", major("wheel") is not None), ("nvidia-nccl-cu12", major("nvidia-nccl-cu12") is not None)):
+                ("wheel", major("wheel") is not None), ("nvidia-nccl-cu12", major("nvidia-nccl-cu12") is not None),
+                ("lightning", major("lightning") is not None), ("accelerate", major("accelerate") is not None)):
     if not ok:
         print(req)
 PY
