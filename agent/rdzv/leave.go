@@ -116,6 +116,17 @@ func (e *Membership) Drain(ctx context.Context) {
 // not over for them, polling twice a second; it returns when ctx is done.
 // With onlyIfOver it returns at once unless the job is over.
 func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
+	e.mu.Lock()
+	waited := e.waited
+	e.mu.Unlock()
+	if waited {
+		return
+	}
+	defer func() {
+		e.mu.Lock()
+		e.waited = true
+		e.mu.Unlock()
+	}()
 	logged := false
 	var overSince time.Time
 	for {
@@ -147,6 +158,11 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 		others := 0
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 			node := strings.TrimPrefix(string(kv.Key), e.key(nodesDir))
+			// An agent's entry lives on its lease; one without a lease
+			// (written by hand, or garbage) is no agent and never leaves.
+			if kv.Lease == 0 {
+				continue
+			}
 			if node != e.node && (isMember[node] || !known || over) {
 				others++
 			}

@@ -90,7 +90,10 @@ type Membership struct {
 	mu      sync.Mutex
 	lease   *nodeLease // nil until Open registers; replaced when lost
 	state   NodeState
-	jobDone bool   // Succeed saw every member's workers finish: no one needs the store but to leave
+	jobDone bool // Succeed saw every member's workers finish: no one needs the store but to leave
+	// waited: waitOthersGone ran to its end once (Succeed's); Drain's,
+	// after it, would wait for the same agents again.
+	waited  bool
 	lastGen uint64 // the last generation this node ran, +1 (0: none yet)
 	opened  time.Time
 }
