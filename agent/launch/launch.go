@@ -458,16 +458,8 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.MonitorInterval, err = r.seconds("monitor-interval"); err != nil {
 		return err
 	}
-	if c.StopTimeout, err = r.seconds("stop-timeout"); err != nil {
+	if err := r.stopTimeout(c, set); err != nil {
 		return err
-	}
-	if set["shutdown-timeout"] {
-		if set["stop-timeout"] {
-			return usagef("--shutdown-timeout and --stop-timeout name the same grace period; give one of them")
-		}
-		if c.StopTimeout, err = r.seconds("shutdown-timeout"); err != nil {
-			return err
-		}
 	}
 	if err := r.torchrunOnly(); err != nil {
 		return err
@@ -521,6 +513,39 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if err := r.logDir(c); err != nil {
 		return err
 	}
+	if err := r.console(c); err != nil {
+		return err
+	}
+	if c.Python = r["python"]; c.Python == "" && !c.NoPython {
+		return usagef("--python must not be empty")
+	}
+	c.LogLevel = r["log-level"]
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return usagef("--log-level %q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return nil
+}
+
+// stopTimeout reads --stop-timeout, or torchrun 2.x's --shutdown-timeout.
+func (r rawFlags) stopTimeout(c *Config, set map[string]bool) error {
+	name := "stop-timeout"
+	if set["shutdown-timeout"] {
+		if set["stop-timeout"] {
+			return usagef("--shutdown-timeout and --stop-timeout name the same grace period; give one of them")
+		}
+		name = "shutdown-timeout"
+	}
+	var err error
+	c.StopTimeout, err = r.seconds(name)
+	return err
+}
+
+// console reads where the workers' output goes: --redirects, --tee,
+// --local-ranks-filter and --log-line-prefix-template.
+func (r rawFlags) console(c *Config) error {
+	var err error
 	if c.Redirects, err = parseStd(r["redirects"]); err != nil {
 		return usagef("--redirects: %v", err)
 	}
@@ -531,15 +556,6 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 		return usagef("--local-ranks-filter: %v", err)
 	}
 	c.LinePrefix = r["log-line-prefix-template"]
-	if c.Python = r["python"]; c.Python == "" && !c.NoPython {
-		return usagef("--python must not be empty")
-	}
-	c.LogLevel = r["log-level"]
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return usagef("--log-level %q is not one of debug, info, warn, error", c.LogLevel)
-	}
 	return nil
 }
 
