@@ -135,8 +135,8 @@ func TestSidecarNamesStragglerUnderTorchrun(t *testing.T) {
 	sc := startSidecar(t, sock, "--log-dir", logDir, "--job-linger", "1s", "--metrics-addr", "127.0.0.1:0")
 	r := torchrun(t, sock, nil, append(oneNode(t), trainPy(), "--steps", "30", "--log-every", "10",
 		"--ckpt-dir", t.TempDir(), "--slow-rank", "1", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "0.6")...)
-	// The job's Prometheus endpoint, scraped while it trains.
-	urlRE := regexp.MustCompile(`msg="serving prometheus metrics".* url=(\S+)`)
+	// The sidecar's Prometheus endpoint, scraped while the job trains.
+	urlRE := regexp.MustCompile(`msg="serving prometheus metrics of every job".* url=(\S+)`)
 	var url string
 	waitFor(t, 90*time.Second, func() bool {
 		m := urlRE.FindStringSubmatch(sc.stderr.String())

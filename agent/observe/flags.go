@@ -18,7 +18,7 @@ func Flags(fs *flag.FlagSet, c *Config) (check func() error) {
 	fs.StringVar(&hang, "hang-timeout", "60s", "a gradient all-reduce not finished this long after the first rank arrived is a hang: reported with the missing ranks' stacks, then the job's communicators here are aborted; auto: 60s, or 10 times the median step time when longer; 0 disables")
 	fs.StringVar(&c.OTelEndpoint, "otel-endpoint", "", "OpenTelemetry collector for traces and metrics (host:port for OTLP/gRPC, or an http:// URL); default: the OTEL_EXPORTER_OTLP_* variables")
 	fs.Float64Var(&c.TraceSample, "trace-sample", 0.1, "share of normal training steps traced (0 to 1); steps with a stall or hang are always traced")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve one job's Prometheus metrics at a time at this address (e.g. :9464): the first opened, then the next after it closed")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve the Prometheus metrics of every job at this address (e.g. :9464), each series labelled ddp_job_id")
 	fs.Float64Var(&c.StragglerCost, "straggler-cost", 0.05, "name a persistent straggler only when the waits it causes cost at least this share of step time (0 to 1, exclusive)")
 	return func() error {
 		switch hang {

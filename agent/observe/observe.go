@@ -64,8 +64,11 @@ type Job struct {
 	// Metrics: this job serves Config.MetricsAddr (one address serves one
 	// job's exporter).
 	Metrics bool
-	Health  export.Health // the probes next to /metrics; nil none
-	Log     *slog.Logger
+	// Hub, when set, serves this job's metrics beside other jobs' (the
+	// sidecar's one address), in place of Metrics.
+	Hub    *export.Hub
+	Health export.Health // the probes next to /metrics; nil none
+	Log    *slog.Logger
 }
 
 // Policy is what the mode does about what the observer sees. The watch
@@ -123,7 +126,7 @@ func Open(ctx context.Context, cfg Config, job Job, policy Policy) (*Observer, e
 	}
 	exp, err := export.New(ctx, export.Config{JobID: job.ID, NodeRank: job.NodeRank, Host: host, Topology: job.Topology,
 		Endpoint: cfg.OTelEndpoint, Protocol: cfg.OTLPProtocol, SampleRatio: cfg.TraceSample, TraceDir: job.TraceDir,
-		MetricsAddr: metrics, Health: job.Health, Worker: o.Watch.Worker, Logger: job.Log})
+		MetricsAddr: metrics, Health: job.Health, Hub: job.Hub, Worker: o.Watch.Worker, Logger: job.Log})
 	if err != nil {
 		o.Watch.Close()
 		return nil, fmt.Errorf("telemetry: %w", err)

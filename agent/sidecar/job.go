@@ -45,7 +45,6 @@ type job struct {
 	peers   map[uint64]peer // by control.Peer.ID
 	linger  *time.Timer     // closes the job when its last worker left and none came back
 	closed  bool
-	metrics bool // the job holds the sidecar's Prometheus address
 }
 
 // peer is a connected worker: its pid as the sidecar sees it, and its Hello.
@@ -80,15 +79,12 @@ func (sc *Sidecar) openJob(w worker) (*job, error) {
 			sc.notify(ev)
 		}
 	}
-	metrics := sc.takeMetrics()
 	obs, err := observe.Open(j.ctx, sc.cfg.Telemetry, observe.Job{ID: w.job, NodeRank: w.groupRank, Topology: sc.topology(),
-		TraceDir: traceDir, Metrics: metrics != "", Log: log}, policy)
+		TraceDir: traceDir, Hub: sc.hub, Log: log}, policy)
 	if err != nil {
-		sc.metricsUsed = sc.metricsUsed && metrics == ""
 		j.cancel()
 		return nil, fmt.Errorf("job %s: %w", w.job, err)
 	}
-	j.metrics = metrics != ""
 	j.obs, j.watch, j.mon = obs, obs.Watch, obs.Mon
 	j.bg.Add(1)
 	go func() { defer j.bg.Done(); _ = obs.Run(j.ctx) }()

@@ -26,6 +26,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 	"github.com/ddp-agent/ddp-agent/nvml"
 	"github.com/ddp-agent/ddp-agent/wire"
@@ -44,7 +45,8 @@ type Config struct {
 	Socket string // the control socket; "": DefaultSocket
 	LogDir string // per job, LogDir/<job>: the Perfetto files; "": none
 	// Telemetry is what each job's observer watches and exports, as
-	// ddp-agent run's; its MetricsAddr serves one job at a time.
+	// ddp-agent run's; its MetricsAddr serves every job's metrics, each
+	// series labelled with its job.
 	Telemetry observe.Config
 	Linger    time.Duration // 0: DefaultLinger
 	Plugins   []pluginhost.Spec
@@ -72,9 +74,11 @@ type Sidecar struct {
 	srv     *control.Server
 	plugins *pluginhost.Host
 
-	mu          sync.Mutex
-	jobs        map[string]*job
-	metricsUsed bool
+	// hub serves every job's metrics on --metrics-addr; nil without it.
+	hub *export.Hub
+
+	mu   sync.Mutex
+	jobs map[string]*job
 }
 
 // New checks cfg and binds the socket (clearing a dead sidecar's).
@@ -92,8 +96,18 @@ func New(cfg Config, log *slog.Logger) (*Sidecar, error) {
 	if err := clearStale(cfg.Socket); err != nil {
 		return nil, fmt.Errorf("sidecar socket: %w", err)
 	}
+	if addr := cfg.Telemetry.MetricsAddr; addr != "" {
+		hub, err := export.ServeHub(addr, log)
+		if err != nil {
+			return nil, err
+		}
+		sc.hub = hub
+	}
 	srv, err := control.ListenSidecar(control.Config{Dir: filepath.Dir(cfg.Socket), SocketName: filepath.Base(cfg.Socket), Logger: log}, sc)
 	if err != nil {
+		if sc.hub != nil {
+			_ = sc.hub.Close(context.Background())
+		}
 		return nil, err
 	}
 	sc.srv = srv
@@ -141,6 +155,11 @@ func (sc *Sidecar) Run(ctx context.Context) error {
 	}
 	if sc.plugins != nil {
 		sc.plugins.Close(5 * time.Second)
+	}
+	if sc.hub != nil {
+		hctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = sc.hub.Close(hctx)
+		cancel()
 	}
 	return err
 }
@@ -209,16 +228,6 @@ func (sc *Sidecar) Left(p control.Peer) {
 	}
 }
 
-// releaseMetrics gives the Prometheus address back when the job holding it
-// closed, for the next job.
-func (sc *Sidecar) releaseMetrics(j *job) {
-	if j.metrics {
-		sc.mu.Lock()
-		sc.metricsUsed = false
-		sc.mu.Unlock()
-	}
-}
-
 // closeIdle closes j if no worker came back during the linger time.
 func (sc *Sidecar) closeIdle(j *job) {
 	sc.mu.Lock()
@@ -234,7 +243,6 @@ func (sc *Sidecar) closeIdle(j *job) {
 	sc.mu.Unlock()
 	if idle {
 		j.closeAnd(true)
-		sc.releaseMetrics(j)
 	}
 }
 
@@ -261,16 +269,6 @@ func (sc *Sidecar) abortAll(reason string) {
 	for _, id := range ids {
 		sc.abortJob(id, -1, reason)
 	}
-}
-
-// takeMetrics gives the Prometheus address to the first job only: one
-// address serves one exporter.
-func (sc *Sidecar) takeMetrics() string {
-	if sc.cfg.Telemetry.MetricsAddr == "" || sc.metricsUsed { // sc.mu held by job()
-		return ""
-	}
-	sc.metricsUsed = true
-	return sc.cfg.Telemetry.MetricsAddr
 }
 
 func (sc *Sidecar) topology() string {

@@ -88,6 +88,9 @@ type Config struct {
 	// Health answers /healthz and /readyz; nil serves /healthz alone,
 	// answering ok while the process serves HTTP.
 	Health Health
+	// Hub, when set (and MetricsAddr is not), serves this exporter's
+	// metrics beside other jobs' on its one address, until Shutdown.
+	Hub *Hub
 
 	// Worker says where a rank runs, for span attributes; nil knows
 	// nothing. It is called with the exporter's lock held: it must not
@@ -114,6 +117,7 @@ type Exporter struct {
 	srv        *http.Server // nil without MetricsAddr
 	scrapes    *scrapes     // the reads of srv's /metrics
 	srvDone    chan struct{}
+	unhub      func() // stops the Hub serving this exporter's metrics; nil without one
 	metricsURL string
 
 	mu         sync.Mutex
@@ -220,7 +224,7 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(logged, sdkmetric.WithTimeout(cfg.exportTimeout))))
 	}
 	var reg *prometheus.Registry
-	if cfg.MetricsAddr != "" {
+	if cfg.MetricsAddr != "" || cfg.Hub != nil {
 		reg = prometheus.NewRegistry()
 		// The job id labels every series, so that jobs sharing a
 		// Prometheus tell apart without a join on target_info.
@@ -236,10 +240,14 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		return nil, err
 	}
 	e.inst.zero(e.ctx)
-	if reg != nil {
+	switch {
+	case reg != nil && cfg.MetricsAddr != "":
 		if err := e.serveMetrics(reg); err != nil {
 			return nil, err
 		}
+	case reg != nil:
+		e.unhub = cfg.Hub.add(reg)
+		e.metricsURL = cfg.Hub.URL()
 	}
 	ok = true
 	return e, nil
@@ -280,11 +288,7 @@ func (e *Exporter) serveMetrics(reg *prometheus.Registry) error {
 	e.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	e.srvDone = make(chan struct{})
 	addr := ln.Addr().(*net.TCPAddr)
-	host := addr.IP.String()
-	if addr.IP.IsUnspecified() {
-		host = "127.0.0.1"
-	}
-	e.metricsURL = "http://" + net.JoinHostPort(host, strconv.Itoa(addr.Port)) + "/metrics"
+	e.metricsURL = "http://" + net.JoinHostPort(urlHost(addr), strconv.Itoa(addr.Port)) + "/metrics"
 	go func() {
 		defer close(e.srvDone)
 		if err := e.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -513,6 +517,9 @@ func (e *Exporter) Shutdown(ctx context.Context) error {
 		e.log.Debug("otlp: what was left unexported at exit is dropped", "err", perr)
 	} else {
 		err = errors.Join(err, perr)
+	}
+	if e.unhub != nil {
+		e.unhub()
 	}
 	if e.srv != nil {
 		if serr := e.srv.Shutdown(ctx); serr != nil {
