@@ -406,7 +406,7 @@ func TestRefusedAgents(t *testing.T) {
 	start := func(args ...string) *agentRun {
 		return startAgent(t, nil, append(append(base, args...), filepath.Join(repoRoot, "agent", "e2e", "testdata", "sleeper.py"))...)
 	}
-	// Side by side: each refusal by TLS takes the client's 5 s of retries.
+	// Side by side: three agents the store refuses.
 	refused := map[*agentRun]string{
 		start("--rdzv-id", "another", "--rdzv-token", "s3cret"): "was started for job \\\"" + j.id,
 		// A wrong token or none: the store's TLS refuses the agent before

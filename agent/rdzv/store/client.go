@@ -144,6 +144,9 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		if cfg.TLS == nil && strings.Contains(err.Error(), "server preface") {
 			err = fmt.Errorf("%w (does the store require TLS?)", err)
 		}
+		if Refused(err) {
+			return nil, fmt.Errorf("rendezvous store at %s refused the connection: %w", where, err)
+		}
 		return nil, fmt.Errorf("rendezvous store at %s unreachable after %v: %w", where, timeout, err)
 	}
 	fctx, stop := context.WithCancel(context.Background())
@@ -157,12 +160,27 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 // "context deadline exceeded", dropping gRPC's account of why it could not
 // connect (connection refused, a TLS mismatch, ...), which is the useful
 // part of the error.
+//
+// It asks without gRPC's wait-for-ready, again and again until timeout, so
+// that each failure says why: a TLS refusal (a wrong token, no
+// certificate) will not pass on a retry and is returned at once (it took
+// the whole timeout, 5 s); a refused connection may be a store still
+// starting, and is retried.
 func checkReachable(ctx context.Context, cli *clientv3.Client, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	_, err := pb.NewClusterClient(cli.ActiveConnection()).MemberList(ctx,
-		&pb.MemberListRequest{Linearizable: true}, grpc.WaitForReady(true))
-	return err
+	cluster := pb.NewClusterClient(cli.ActiveConnection())
+	for {
+		_, err := cluster.MemberList(ctx, &pb.MemberListRequest{Linearizable: true})
+		if err == nil || Refused(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // clientConfig builds the client side of TLSFiles.
