@@ -368,3 +368,21 @@ func TestMissingScriptFailsCleanly(t *testing.T) {
 		t.Errorf("want one line naming the script, got\n%s", r.logs())
 	}
 }
+
+// TestTokenNotInWorkersEnv: a --rdzv-token given as DDP_AGENT_RDZV_TOKEN
+// (to keep it out of argv) stays out of the workers' environment too: they
+// and their children inherited it (issue 35).
+func TestTokenNotInWorkersEnv(t *testing.T) {
+	budget(t, 5*time.Second)
+	r := startAgent(t, []string{"DDP_AGENT_RDZV_TOKEN=s3cret"}, "--standalone", "--nproc-per-node", "1", "dumpenv.py")
+	if code := r.wait(time.Minute); code != 0 {
+		t.Fatalf("exit code %d\n%s", code, r.logs())
+	}
+	env := readEnv(t, r.out, 0)
+	if v, ok := env["DDP_AGENT_RDZV_TOKEN"]; ok {
+		t.Errorf("the worker's environment holds the token (%q)", v)
+	}
+	if env["RANK"] != "0" {
+		t.Errorf("not the worker's environment: RANK=%q", env["RANK"])
+	}
+}

@@ -119,6 +119,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg, err := launch.Parse(args, os.Getenv, launch.Host{CPUs: runtime.NumCPU(), GPUs: node.visibleGPUs})
+	// Read: the secret goes no further, into no worker's or plugin's
+	// environment (they inherit the agent's).
+	os.Unsetenv(envname.RdzvToken)
 	if errors.Is(err, launch.ErrHelp) {
 		fmt.Fprint(stdout, launch.Usage())
 		return 0
