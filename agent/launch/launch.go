@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
@@ -480,6 +481,13 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	}
 	if c.RdzvID == "none" { // torchrun's default spelling of "not set"
 		c.RdzvID = ""
+	}
+	// Under every backend: the id names the run's log directory too, and
+	// "../x" wrote outside --log-dir where no store checked it.
+	if c.RdzvID != "" {
+		if err := rdzv.CheckID(c.RdzvID); err != nil {
+			return usagef("--rdzv-id: %v", err)
+		}
 	}
 	c.MasterAddr = r["master-addr"]
 	if p := r["master-port"]; p != "" {

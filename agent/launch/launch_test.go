@@ -242,6 +242,8 @@ func TestParseErrors(t *testing.T) {
 		{"bad PET bool", "train.py", "not a boolean"},
 		{"standalone with port", "--standalone --master-port 29500 train.py", "--standalone picks"},
 		{"run id conflict", "--run-id a --rdzv-id b train.py", "differ"},
+		{"run id a path", "--standalone --rdzv-id ../x train.py", "--rdzv-id: rendezvous id \"../x\": use 1-128 letters"},
+		{"run id a path, static", "--nnodes 2 --master-addr h --rdzv-id a/b train.py", "--rdzv-id: rendezvous id"},
 		{"negative restarts", "--max-restarts -1 train.py", "--max-restarts must be"},
 		{"bad port", "--master-port 70000 train.py", "--master-port"},
 		{"bad duration", "--stop-timeout soon train.py", "--stop-timeout"},
