@@ -170,6 +170,9 @@ func (c *Config) Command() []string {
 		argv = []string{c.Script}
 	case c.Module:
 		argv = []string{c.Python, "-u", "-m", c.Script}
+	case strings.HasPrefix(c.Script, "-"):
+		// Python would take "-x.py" for its option -x.
+		argv = []string{c.Python, "-u", "./" + c.Script}
 	default:
 		argv = []string{c.Python, "-u", c.Script}
 	}

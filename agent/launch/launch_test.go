@@ -74,7 +74,7 @@ var torchrunLines = []torchrunLine{
 	{
 		name:    "double dash",
 		args:    "--nproc-per-node 1 -- -weird-name.py x",
-		command: []string{"python3", "-u", "-weird-name.py", "x"},
+		command: []string{"python3", "-u", "./-weird-name.py", "x"}, // not Python's option -w
 	},
 	{
 		name: "rendezvous flags",
