@@ -165,6 +165,9 @@ type stragglerParams struct {
 	noiseK float64
 	cost   float64
 	warmup int
+	// minSteps: fewer steps than this are not judged; 0 is
+	// minStragglerSteps (a half window takes fewer: halfMinSteps).
+	minSteps int
 }
 
 // judge runs the test over the kept steps and updates the named ranks.
@@ -174,9 +177,53 @@ func (l *stepLog) judge(p stragglerParams) []telemetry.Straggler {
 		window[i].prev = l.steps[window[i].n-1]
 		window[i].marks = l.marks[window[i].n]
 	}
-	out, named := decide(window, p, l.named)
+	passed, _ := decide(window, p, l.named)
+	var out []telemetry.Straggler
+	named := map[int]bool{}
+	for _, st := range passed {
+		if l.named[st.Rank] || inBothHalves(window, p, st.Rank) {
+			out = append(out, st)
+			named[st.Rank] = true
+		}
+	}
 	l.named = named
 	return out
+}
+
+// halfAlpha and halfMinSteps are the test's level and least steps in
+// each half of the window (inBothHalves): looser than Alpha and
+// minStragglerSteps, as both halves must pass, besides the whole. At 2
+// ranks, 6 of 6 steps pass 0.05/2 (0.5^6 = 0.016). halfMinLate is how
+// many steps of each half the rank must have held back, whatever the
+// world size: with more ranks fewer steps pass the test (4 of 4 at 4
+// ranks), and a spell of 8 across the middle passed both halves.
+const (
+	halfAlpha    = 0.05
+	halfMinSteps = 6
+	halfMinLate  = 6
+)
+
+// inBothHalves reports whether rank, which passes the test over window,
+// also passes it, at halfAlpha, over the window's older half and over its
+// newer half, each on its own: it held the job back throughout, not in
+// one spell. The test is asked at every look, over a window that moves a
+// step at a time, so a job asks it hundreds of times; a spell of 8 steps
+// in which one rank of two happened to be late (a neighbour's process, a
+// page cache flush) passed it (0.5^8 < 0.005), and a balanced job drew an
+// alarm in 4 of 9 runs (issue 34). A spell must now straddle the halves
+// with 6 steps or more on each side, one that ended fails the newer half,
+// and a rank late in every step is still named by step 20.
+func inBothHalves(window []step, p stragglerParams, rank int) bool {
+	half := p
+	half.alpha, half.minSteps = halfAlpha, halfMinSteps
+	mid := len(window) / 2
+	for _, part := range [][]step{window[:mid], window[mid:]} {
+		passed, _ := decide(part, half, nil)
+		if !slices.ContainsFunc(passed, func(st telemetry.Straggler) bool { return st.Rank == rank && st.Last >= halfMinLate }) {
+			return false
+		}
+	}
+	return true
 }
 
 // step is one step of the window: its number and what was kept of it,
@@ -224,7 +271,7 @@ func eligible(steps map[uint64]*stepObs, nums []uint64, first uint64, warmup, wi
 // ranks named (the most costly first) and the new named set.
 func decide(window []step, p stragglerParams, was map[int]bool) ([]telemetry.Straggler, map[int]bool) {
 	named := map[int]bool{}
-	if p.world < 2 || len(window) < minStragglerSteps {
+	if p.world < 2 || len(window) < cmp.Or(p.minSteps, minStragglerSteps) {
 		return nil, named
 	}
 	// Step times between consecutive steps of the window, and their noise.
