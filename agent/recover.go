@@ -57,7 +57,13 @@ func (r *run) recover(ctx context.Context, at *attempt, f *Fault) (done bool, er
 		restartsLeft = r.failAttempt(ctx, at, f)
 		stopped = true
 	}
-	switch act := decide(f.Severity, restartsLeft, r.faults.drain() != nil); act {
+	act := decide(f.Severity, restartsLeft, r.faults.drain() != nil)
+	if f.Severity == Restart && act != actDrain {
+		// Traced either way, with its reason; counted as a restart only
+		// when the job restarts (no restarts left: the job failed).
+		r.exp.Fault(at.gen, f.Reason, act == actRestart)
+	}
+	switch act {
 	case actNewGeneration:
 		r.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
 		r.tell(event{kind: evFault, at: at, fault: f})
@@ -77,9 +83,6 @@ func (r *run) recover(ctx context.Context, at *attempt, f *Fault) (done bool, er
 	if ctx.Err() != nil {
 		return true, context.Cause(ctx)
 	}
-	// Counted here, once the restart is decided: a fault that ends the
-	// job (no restarts left) or drains the node is no restart.
-	r.exp.Restart(at.gen, f.Reason)
 	r.log.Warn("restarting worker group", "restarts", at.r.Restarts+1, "max_restarts", r.cfg.MaxRestarts)
 	r.tell(event{kind: evRestarting, at: at, fault: f, restarts: at.r.Restarts + 1, maxRestarts: r.cfg.MaxRestarts})
 	return false, nil

@@ -15,7 +15,7 @@ import (
 
 // TestRootCauseIsFirstFailure: rank 0 fails mid-training while its peers
 // are in a collective, and the root-cause report, the new generation's
-// reason and the trace's restart instant name rank 0, never a peer that
+// reason and the trace's fault instant name rank 0, never a peer that
 // failed only because of it, whichever exited first. With the hook and
 // --exit-delay, rank 0 raises, its hook closes its communicator at
 // interpreter exit, and it lingers 2 s more (a slow teardown): its peers,
@@ -62,7 +62,7 @@ func TestRootCauseIsFirstFailure(t *testing.T) {
 				checkVictims(t, i, rep, 1, tc.nproc, tc.victims, true)
 			}
 			checkReasons(t, tc.attempts, r)
-			checkTraceRestarts(t, filepath.Join(logDir, id), tc.attempts)
+			checkTraceFaults(t, filepath.Join(logDir, id), tc.attempts)
 		})
 	}
 }
@@ -113,9 +113,9 @@ func TestRootCauseAcrossNodes(t *testing.T) {
 				t.Errorf("new generations %q, want one naming rank 0", reasons)
 			}
 			for i, dir := range dirs {
-				restarts := traceRestartReasons(t, dir)
-				if len(restarts) != 1 || !strings.Contains(restarts[0], "worker rank 0 (local rank 0") {
-					t.Errorf("agent %d's restart instants %q, want one naming rank 0", i, restarts)
+				faults := traceFaults(t, dir)
+				if len(faults) != 1 || faults[0].cat != "failure" || !strings.Contains(faults[0].reason, "worker rank 0 (local rank 0") {
+					t.Errorf("agent %d's fault instants %+v, want one job failure naming rank 0", i, faults)
 				}
 			}
 		})
@@ -171,17 +171,22 @@ func checkReasons(t *testing.T, attempts int, r *agentRun) {
 	}
 }
 
-// checkTraceRestarts: the restart instants in the Perfetto files of a
-// run's log dir, one per failed attempt, name rank 0.
-func checkTraceRestarts(t *testing.T, dir string, attempts int) {
+// checkTraceFaults: the fault instants in the Perfetto files of a run's
+// log dir, one per failed attempt, name rank 0: a restart for each but
+// the last, a job failure for the last (the job had no restarts left).
+func checkTraceFaults(t *testing.T, dir string, attempts int) {
 	t.Helper()
-	restarts := traceRestartReasons(t, dir)
-	if len(restarts) != attempts {
-		t.Errorf("%d restart instants in the traces, want %d", len(restarts), attempts)
+	faults := traceFaults(t, dir)
+	if len(faults) != attempts {
+		t.Errorf("%d fault instants in the traces, want %d: %+v", len(faults), attempts, faults)
 	}
-	for i, reason := range restarts {
-		if !strings.HasPrefix(reason, "worker rank 0 (local rank 0") {
-			t.Errorf("restart instant %d does not name rank 0: %s", i, reason)
+	for i, f := range faults {
+		want := "restart"
+		if i == attempts-1 {
+			want = "failure"
+		}
+		if f.cat != want || !strings.HasPrefix(f.reason, "worker rank 0 (local rank 0") {
+			t.Errorf("fault instant %d: %+v, want a %s naming rank 0", i, f, want)
 		}
 	}
 }
@@ -232,14 +237,18 @@ func generationReasons(stderr string) []string {
 	return out
 }
 
-// traceRestartReasons returns the reasons of the restart instants in the
-// Perfetto files under dir.
-func traceRestartReasons(t *testing.T, dir string) []string {
+// traceFault is one fault instant of a Perfetto file: its category
+// (restart, failure) and reason.
+type traceFault struct{ cat, reason string }
+
+// traceFaults returns the fault instants in the Perfetto files under
+// dir, in the files' order (one file per generation).
+func traceFaults(t *testing.T, dir string) []traceFault {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(dir, "trace-gen*.json"))
 	more, _ := filepath.Glob(filepath.Join(dir, "*", "trace-gen*.json"))
 	files = append(files, more...)
-	var out []string
+	var out []traceFault
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -253,9 +262,9 @@ func traceRestartReasons(t *testing.T, dir string) []string {
 			t.Fatalf("%s: %v", f, err)
 		}
 		for _, ev := range events {
-			if ev.Cat == "restart" {
+			if ev.Cat == "restart" || ev.Cat == "failure" {
 				reason, _ := ev.Args["reason"].(string)
-				out = append(out, reason)
+				out = append(out, traceFault{ev.Cat, reason})
 			}
 		}
 	}

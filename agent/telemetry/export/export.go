@@ -442,14 +442,22 @@ func (e *Exporter) Hang(h telemetry.Hang, stacks map[int]string) {
 
 // Restart counts a restart of generation gen, and exports it as a span
 // with a "restart" event saying why.
-func (e *Exporter) Restart(gen uint64, reason string) {
+func (e *Exporter) Restart(gen uint64, reason string) { e.Fault(gen, reason, true) }
+
+// Fault exports a fault of generation gen that stopped the job's
+// workers, saying why: a "restart" span and instant when the job restarts
+// (counted in ddp_restarts_total), a "job failed" one when the fault ended
+// it here (no restarts left), which no restart counter counts.
+func (e *Exporter) Fault(gen uint64, reason string, restarting bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return
 	}
-	e.inst.restarts.Add(e.ctx, 1)
-	e.exportRestart(gen, reason, time.Now())
+	if restarting {
+		e.inst.restarts.Add(e.ctx, 1)
+	}
+	e.exportFault(gen, reason, restarting, time.Now())
 	e.flushFile()
 }
 

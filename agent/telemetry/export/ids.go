@@ -22,7 +22,7 @@ func TraceID(job string, gen, step uint64) [16]byte {
 // job id, so that no two kinds share an id.
 const (
 	kindStep      byte = 0
-	kindRestart   byte = 1 // exportRestart's, which hashes the generation alone
+	kindRestart   byte = 1 // exportFault's, which hashes the generation alone
 	kindStraggler byte = 2
 )
 

@@ -306,9 +306,14 @@ func (e *Exporter) exportHang(k stepKey, h telemetry.Hang, stacks map[int]string
 	}
 }
 
-// exportRestart exports a restart of generation gen as a span "restart"
-// of its own trace on the agent's resource, with a "restart" event.
-func (e *Exporter) exportRestart(gen uint64, reason string, now time.Time) {
+// exportFault exports a fault of generation gen as a span of its own
+// trace on the agent's resource, with an event: "restart" when the job
+// restarts, "job failed" when it ended there.
+func (e *Exporter) exportFault(gen uint64, reason string, restarting bool, now time.Time) {
+	name, key := "restart", "ddp.restart.reason"
+	if !restarting {
+		name, key = "job failed", "ddp.failure.reason"
+	}
 	if e.tr != nil {
 		h := sha256.New()
 		h.Write([]byte(e.cfg.JobID))
@@ -318,15 +323,19 @@ func (e *Exporter) exportRestart(gen uint64, reason string, now time.Time) {
 		h.Write(b[:])
 		sum := h.Sum(nil)
 		tid := trace.TraceID(sum[:16])
-		ctx := withIDs(e.ctx, tid, spanID(tid, "restart"))
-		attrs := []attribute.KeyValue{attribute.Int64("ddp.generation", int64(gen)), attribute.String("ddp.restart.reason", reason)}
-		_, span := e.tr.agentT.Start(ctx, "restart", trace.WithNewRoot(),
+		ctx := withIDs(e.ctx, tid, spanID(tid, name))
+		attrs := []attribute.KeyValue{attribute.Int64("ddp.generation", int64(gen)), attribute.String(key, reason)}
+		_, span := e.tr.agentT.Start(ctx, name, trace.WithNewRoot(),
 			trace.WithTimestamp(now), trace.WithAttributes(attrs...))
-		span.AddEvent("restart", trace.WithTimestamp(now), trace.WithAttributes(attrs...))
+		span.AddEvent(name, trace.WithTimestamp(now), trace.WithAttributes(attrs...))
 		span.End(trace.WithTimestamp(now))
 	}
 	if e.file != nil && e.file.f != nil {
-		e.file.add(event{Name: "restart", Cat: "restart", Ph: "i", Scope: "g", TS: micros(now), PID: jobPID, TID: 0,
+		cat := "restart"
+		if !restarting {
+			cat = "failure"
+		}
+		e.file.add(event{Name: name, Cat: cat, Ph: "i", Scope: "g", TS: micros(now), PID: jobPID, TID: 0,
 			Args: map[string]any{"generation": gen, "reason": reason}})
 	}
 }

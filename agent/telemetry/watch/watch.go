@@ -37,7 +37,7 @@ import (
 type Exporter interface {
 	Collectives([]telemetry.Collective)
 	Hang(telemetry.Hang, map[int]string)
-	Restart(gen uint64, reason string)
+	Fault(gen uint64, reason string, restarting bool)
 	Generation(gen uint64)
 	Stragglers(gen uint64, named []telemetry.Straggler)
 }
