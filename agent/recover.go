@@ -219,10 +219,15 @@ func (r *run) workerFailure(ctx context.Context, at *attempt) *WorkerFailedError
 // bootstrap keys, once its workers are gone.
 func (r *run) dropGeneration(gen uint64) {
 	r.events.report(r.log, gen, r.srv.Conns)
-	// bounded: the store may be what just failed
-	ctx, cancel := context.WithTimeout(r.srvCtx, 5*time.Second)
-	defer cancel()
-	if err := r.srv.DropGeneration(ctx, gen); err != nil {
-		r.log.Warn("drop control store keys", "generation", gen, "err", err)
-	}
+	// In the background: the next generation's keys are under a prefix
+	// of their own, and a request sent to a store member that froze (the
+	// fault being recovered from) held the re-formation 5 s. Bounded: the
+	// store may be what just failed.
+	r.goBackground(func() {
+		ctx, cancel := context.WithTimeout(r.srvCtx, 5*time.Second)
+		defer cancel()
+		if err := r.srv.DropGeneration(ctx, gen); err != nil {
+			r.log.Warn("drop control store keys", "generation", gen, "err", err)
+		}
+	})
 }

@@ -37,9 +37,16 @@ func (s *silence) heard() { s.answered = time.Now() }
 
 // bound bounds a request that finds out whether the store is there by
 // what is left of the silence allowed (at least a second), so a dead store
-// fails the agent when that runs out rather than a request timeout later.
+// fails the agent when that runs out rather than a request timeout later,
+// and by a fifth of the allowance: the client spreads requests over the
+// members, and one sent to a member that froze (SIGSTOP, a partitioned
+// host) hangs until gRPC's keepalive gives up on it, 10 s at the least.
+// Bounded, it fails in time for the next try to reach a live member; a
+// whole allowance spent on it made the agent give up on a store that
+// still had its quorum.
 func (s *silence) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, max(time.Until(s.answered.Add(s.limit)), time.Second))
+	left := max(time.Until(s.answered.Add(s.limit)), time.Second)
+	return context.WithTimeout(ctx, min(left, max(s.limit/5, time.Second)))
 }
 
 // tooLong returns *StoreLostError when the store, which just failed a
