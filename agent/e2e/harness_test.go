@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -231,6 +232,15 @@ func tail(s string) string {
 		lines = append([]string{"..."}, lines[len(lines)-60:]...)
 	}
 	return strings.Join(lines, "\n")
+}
+
+// waitMatch waits up to d for re to match what text returns (a process's
+// log) and returns the match's first group.
+func waitMatch(t *testing.T, d time.Duration, text func() string, re *regexp.Regexp, why func() string) string {
+	t.Helper()
+	var m []string
+	waitFor(t, d, func() bool { m = re.FindStringSubmatch(text()); return m != nil }, why)
+	return m[1]
 }
 
 func waitFor(t *testing.T, d time.Duration, cond func() bool, why func() string) {

@@ -19,15 +19,7 @@ func TestHealthEndpoints(t *testing.T) {
 	budget(t, 10*time.Second)
 	r := startAgent(t, nil, "--nproc-per-node", "2", "--stop-timeout", "3s", "--metrics-addr", "127.0.0.1:0",
 		"sleeper.py", "--ignore-term")
-	urlRE := regexp.MustCompile(`msg="serving prometheus metrics".* url=(\S+)/metrics`)
-	var base string
-	waitFor(t, 20*time.Second, func() bool {
-		m := urlRE.FindStringSubmatch(r.stderr.String())
-		if m != nil {
-			base = m[1]
-		}
-		return m != nil
-	}, r.logs)
+	base := waitMatch(t, 20*time.Second, r.stderr.String, regexp.MustCompile(`msg="serving prometheus metrics".* url=(\S+)/metrics`), r.logs)
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + path)
 		if err != nil {
@@ -73,15 +65,7 @@ func TestLastMetricsReachAScraper(t *testing.T) {
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "--hang-timeout", "3s",
 		"--metrics-addr", "127.0.0.1:0", filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--log-every", "5",
 		"--ckpt-dir", t.TempDir(), "--hang-rank", "1", "--hang-at-step", "4")
-	urlRE := regexp.MustCompile(`msg="serving prometheus metrics".* url=(\S+)`)
-	var url string
-	waitFor(t, 30*time.Second, func() bool {
-		m := urlRE.FindStringSubmatch(r.stderr.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	}, r.logs)
+	url := waitMatch(t, 30*time.Second, r.stderr.String, regexp.MustCompile(`msg="serving prometheus metrics".* url=(\S+)`), r.logs)
 	// A scraper at 5 Hz, as Prometheus at a short interval, until the
 	// agent exits; the last body it got is what a dashboard shows.
 	var last string

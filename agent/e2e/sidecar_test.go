@@ -136,15 +136,7 @@ func TestSidecarNamesStragglerUnderTorchrun(t *testing.T) {
 	r := torchrun(t, sock, nil, append(oneNode(t), trainPy(), "--steps", "30", "--log-every", "10",
 		"--ckpt-dir", t.TempDir(), "--slow-rank", "1", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "0.6")...)
 	// The sidecar's Prometheus endpoint, scraped while the job trains.
-	urlRE := regexp.MustCompile(`msg="serving prometheus metrics of every job".* url=(\S+)`)
-	var url string
-	waitFor(t, 90*time.Second, func() bool {
-		m := urlRE.FindStringSubmatch(sc.stderr.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	}, sc.logs)
+	url := waitMatch(t, 90*time.Second, sc.stderr.String, regexp.MustCompile(`msg="serving prometheus metrics of every job".* url=(\S+)`), sc.logs)
 	collectives := regexp.MustCompile(`(?m)^ddp_collectives_total\{[^}]*ddp_status="ok"[^}]*\} ([0-9]+)`)
 	waitFor(t, 90*time.Second, func() bool {
 		resp, err := http.Get(url)
