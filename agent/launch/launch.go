@@ -475,22 +475,8 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 		return usagef("--rdzv-backend %q is not one of static, c10d, etcd", c.RdzvBackend)
 	}
 	c.RdzvEndpoint, c.RdzvConf = r["rdzv-endpoint"], r["rdzv-conf"]
-	c.RdzvID = r["rdzv-id"]
-	if runID := r["run-id"]; runID != "" {
-		if c.RdzvID != "" && c.RdzvID != runID {
-			return usagef("--run-id %q and --rdzv-id %q differ; give one of them", runID, c.RdzvID)
-		}
-		c.RdzvID = runID
-	}
-	if c.RdzvID == "none" { // torchrun's default spelling of "not set"
-		c.RdzvID = ""
-	}
-	// Under every backend: the id names the run's log directory too, and
-	// "../x" wrote outside --log-dir where no store checked it.
-	if c.RdzvID != "" {
-		if err := rdzv.CheckID(c.RdzvID); err != nil {
-			return usagef("--rdzv-id: %v", err)
-		}
+	if err := r.runID(c); err != nil {
+		return err
 	}
 	c.MasterAddr = r["master-addr"]
 	if p := r["master-port"]; p != "" {
@@ -535,6 +521,28 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	case "debug", "info", "warn", "error":
 	default:
 		return usagef("--log-level %q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return nil
+}
+
+// runID reads --rdzv-id, or --run-id, its other name.
+func (r rawFlags) runID(c *Config) error {
+	c.RdzvID = r["rdzv-id"]
+	if runID := r["run-id"]; runID != "" {
+		if c.RdzvID != "" && c.RdzvID != runID {
+			return usagef("--run-id %q and --rdzv-id %q differ; give one of them", runID, c.RdzvID)
+		}
+		c.RdzvID = runID
+	}
+	if c.RdzvID == "none" { // torchrun's default spelling of "not set"
+		c.RdzvID = ""
+	}
+	// Under every backend: the id names the run's log directory too, and
+	// "../x" wrote outside --log-dir where no store checked it.
+	if c.RdzvID != "" {
+		if err := rdzv.CheckID(c.RdzvID); err != nil {
+			return usagef("--rdzv-id: %v", err)
+		}
 	}
 	return nil
 }
