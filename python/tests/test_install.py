@@ -172,7 +172,7 @@ def check_command_without_torch(agent: pathlib.Path, env: dict, tmp_path: pathli
 WHICH = """
 import os, sys
 import ddp_agent
-print("worker python", sys.executable, "rank", os.environ["RANK"], flush=True)
+print(f"worker python {sys.executable} rank {os.environ['RANK']}", flush=True)  # one write: no interleaving
 """
 
 
