@@ -134,7 +134,7 @@ func TestSidecarNamesStragglerUnderTorchrun(t *testing.T) {
 	logDir := t.TempDir()
 	sc := startSidecar(t, sock, "--log-dir", logDir, "--job-linger", "1s", "--metrics-addr", "127.0.0.1:0")
 	r := torchrun(t, sock, nil, append(oneNode(t), trainPy(), "--steps", "30", "--log-every", "10",
-		"--ckpt-dir", t.TempDir(), "--slow-rank", "1", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "0.6")...)
+		"--ckpt-dir", t.TempDir(), "--slow-rank", "1", "--slow-steps", stepList(8, 30), "--slow-seconds", "0.6")...)
 	// The sidecar's Prometheus endpoint, scraped while the job trains.
 	url := waitMatch(t, 90*time.Second, sc.stderr.String, regexp.MustCompile(`msg="serving prometheus metrics of every job".* url=(\S+)`), sc.logs)
 	collectives := regexp.MustCompile(`(?m)^ddp_collectives_total\{[^}]*ddp_status="ok"[^}]*\} ([0-9]+)`)
@@ -268,7 +268,7 @@ func TestSidecarTwoNodes(t *testing.T) {
 		scs[n] = startSidecar(t, sock)
 		runs[n] = torchrun(t, sock, nil, "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
 			"--rdzv_endpoint", "127.0.0.1:"+port, "--rdzv_id", "two-nodes", trainPy(), "--steps", "30", "--log-every", "10",
-			"--ckpt-dir", t.TempDir(), "--slow-rank", "3", "--slow-steps", "8,9,10,11,12,13,14,15,16,17,18,19,20", "--slow-seconds", "1.0")
+			"--ckpt-dir", t.TempDir(), "--slow-rank", "3", "--slow-steps", stepList(8, 30), "--slow-seconds", "1.0")
 	}
 	var wg sync.WaitGroup
 	codes := [2]int{}

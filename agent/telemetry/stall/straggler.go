@@ -165,9 +165,6 @@ type stragglerParams struct {
 	noiseK float64
 	cost   float64
 	warmup int
-	// minSteps: fewer steps than this are not judged; 0 is
-	// minStragglerSteps (a half window takes fewer: halfMinSteps).
-	minSteps int
 }
 
 // judge runs the test over the kept steps and updates the named ranks.
@@ -181,7 +178,7 @@ func (l *stepLog) judge(p stragglerParams) []telemetry.Straggler {
 	var out []telemetry.Straggler
 	named := map[int]bool{}
 	for _, st := range passed {
-		if l.named[st.Rank] || inBothHalves(window, p, st.Rank) {
+		if l.named[st.Rank] || inBothHalves(window, p, st) {
 			out = append(out, st)
 			named[st.Rank] = true
 		}
@@ -190,40 +187,60 @@ func (l *stepLog) judge(p stragglerParams) []telemetry.Straggler {
 	return out
 }
 
-// halfAlpha and halfMinSteps are the test's level and least steps in
-// each half of the window (inBothHalves): looser than Alpha and
-// minStragglerSteps, as both halves must pass, besides the whole. At 2
-// ranks, 6 of 6 steps pass 0.05/2 (0.5^6 = 0.016). halfMinLate is how
-// many steps of each half the rank must have held back, whatever the
-// world size: with more ranks fewer steps pass the test (4 of 4 at 4
-// ranks), and a spell of 8 across the middle passed both halves.
-const (
-	halfAlpha    = 0.05
-	halfMinSteps = 6
-	halfMinLate  = 6
-)
+// halfMinLate is how many steps of each half of the window a rank must
+// have held back (inBothHalves).
+const halfMinLate = 6
 
-// inBothHalves reports whether rank, which passes the test over window,
-// also passes it, at halfAlpha, over the window's older half and over its
-// newer half, each on its own: it held the job back throughout, not in
-// one spell. The test is asked at every look, over a window that moves a
-// step at a time, so a job asks it hundreds of times; a spell of 8 steps
-// in which one rank of two happened to be late (a neighbour's process, a
-// page cache flush) passed it (0.5^8 < 0.005), and a balanced job drew an
+// inBothHalves reports whether st's rank, which passes the test over
+// window, held the others back throughout it: in each half of the window
+// on its own, it was the straggler (beyond st's noise band) of at least
+// halfMinLate steps, more often than any other rank, and at the cost bar.
+//
+// The test is asked at every look, over a window that moves a step at a
+// time, so a job asks it hundreds of times; a spell of 8 steps in which
+// one rank of two happened to be late (a neighbour's process, a page
+// cache flush) passed it (0.5^8 < 0.005), and a balanced job drew an
 // alarm in 4 of 9 runs (issue 34). A spell must now straddle the halves
-// with 6 steps or more on each side, one that ended fails the newer half,
-// and a rank late in every step is still named by step 20.
-func inBothHalves(window []step, p stragglerParams, rank int) bool {
-	half := p
-	half.alpha, half.minSteps = halfAlpha, halfMinSteps
+// with 6 steps on each side, one that is over fails the newer half, and a
+// rank late in every step is still named by step 20.
+func inBothHalves(window []step, p stragglerParams, st telemetry.Straggler) bool {
 	mid := len(window) / 2
 	for _, part := range [][]step{window[:mid], window[mid:]} {
-		passed, _ := decide(part, half, nil)
-		if !slices.ContainsFunc(passed, func(st telemetry.Straggler) bool { return st.Rank == rank && st.Last >= halfMinLate }) {
+		count := map[int]int{}
+		var waited time.Duration
+		for _, s := range part {
+			rank, wait := stepStraggler(s)
+			if rank < 0 || wait <= st.Noise {
+				continue
+			}
+			count[rank]++
+			if rank == st.Rank {
+				waited += wait
+			}
+		}
+		mine := count[st.Rank]
+		if mine < halfMinLate || float64(waited)/float64(len(part))/float64(st.StepTime) < p.cost {
 			return false
+		}
+		for r, n := range count {
+			if r != st.Rank && n >= mine {
+				return false
+			}
 		}
 	}
 	return true
+}
+
+// stepStraggler is the rank that made the others of step s wait the
+// longest (the lowest rank on a tie), and that wait; -1 when none did.
+func stepStraggler(s step) (rank int, wait time.Duration) {
+	rank = -1
+	for r, c := range s.obs.cost {
+		if c > wait || c == wait && r < rank {
+			rank, wait = r, c
+		}
+	}
+	return rank, wait
 }
 
 // step is one step of the window: its number and what was kept of it,
@@ -271,7 +288,7 @@ func eligible(steps map[uint64]*stepObs, nums []uint64, first uint64, warmup, wi
 // ranks named (the most costly first) and the new named set.
 func decide(window []step, p stragglerParams, was map[int]bool) ([]telemetry.Straggler, map[int]bool) {
 	named := map[int]bool{}
-	if p.world < 2 || len(window) < cmp.Or(p.minSteps, minStragglerSteps) {
+	if p.world < 2 || len(window) < minStragglerSteps {
 		return nil, named
 	}
 	// Step times between consecutive steps of the window, and their noise.
@@ -292,12 +309,7 @@ func decide(window []step, p stragglerParams, was map[int]bool) ([]telemetry.Str
 	total := map[int]time.Duration{}
 	splits := map[int][]split{}
 	for _, s := range window {
-		rank, wait := -1, time.Duration(0)
-		for r, c := range s.obs.cost {
-			if c > wait || c == wait && r < rank {
-				rank, wait = r, c
-			}
-		}
+		rank, wait := stepStraggler(s)
 		if rank < 0 || wait <= noise {
 			continue
 		}
