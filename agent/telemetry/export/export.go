@@ -440,10 +440,6 @@ func (e *Exporter) Hang(h telemetry.Hang, stacks map[int]string) {
 	e.flushFile()
 }
 
-// Restart counts a restart of generation gen, and exports it as a span
-// with a "restart" event saying why.
-func (e *Exporter) Restart(gen uint64, reason string) { e.Fault(gen, reason, true) }
-
 // Fault exports a fault of generation gen that stopped the job's
 // workers, saying why: a "restart" span and instant when the job restarts
 // (counted in ddp_restarts_total), a "job failed" one when the fault ended

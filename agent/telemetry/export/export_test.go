@@ -496,7 +496,7 @@ func TestRestartSpan(t *testing.T) {
 	cleanEnv(t)
 	rcv := otlptest.Start(t)
 	e := start(t, config(rcv.Addr(), 1))
-	e.Restart(3, "worker 2 exited with code 1")
+	e.Fault(3, "worker 2 exited with code 1", true)
 	shutdown(t, e)
 	spans := named(rcv.Spans(), "restart")
 	if len(spans) != 1 || !hasEvent(spans[0], "restart") || spans[0].Attr("ddp.restart.reason") != "worker 2 exited with code 1" ||
@@ -512,7 +512,7 @@ func TestPrometheus(t *testing.T) {
 	e := start(t, cfg)
 	feed(e, 0)
 	e.Hang(telemetry.Hang{Key: telemetry.Key{Step: 10}, Missing: []int{1}}, nil)
-	e.Restart(0, "hang")
+	e.Fault(0, "hang", true)
 
 	resp, err := http.Get(e.MetricsURL())
 	if err != nil {
@@ -569,7 +569,7 @@ func TestPerfettoFile(t *testing.T) {
 	}
 	checkEvents(t, "open trace-gen0.json", append(raw, ']'), steps)
 
-	e.Restart(0, "hang")
+	e.Fault(0, "hang", true)
 	e.Generation(1)
 	e.Collectives([]telemetry.Collective{collective(1, 0, 0)})
 	shutdown(t, e)

@@ -26,7 +26,7 @@ func TestPromtoolCheckMetrics(t *testing.T) {
 	e := start(t, cfg)
 	feed(e, 0)
 	e.Hang(telemetry.Hang{Key: telemetry.Key{Step: 10}, Missing: []int{1}}, nil)
-	e.Restart(0, "test")
+	e.Fault(0, "test", true)
 	e.Stragglers(0, []telemetry.Straggler{{Rank: 2, Cause: telemetry.CauseInput}})
 	resp, err := http.Get(e.MetricsURL())
 	if err != nil {

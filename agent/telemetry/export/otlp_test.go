@@ -71,7 +71,7 @@ func TestNoOTLP(t *testing.T) {
 	}
 	feed(e, 0)
 	e.Hang(telemetry.Hang{}, nil)
-	e.Restart(1, "x")
+	e.Fault(1, "x", true)
 	e.Generation(1)
 	shutdown(t, e)
 	shutdown(t, e)

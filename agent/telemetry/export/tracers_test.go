@@ -23,7 +23,7 @@ func TestJaegerLayout(t *testing.T) {
 			rcv := otlptest.Start(t)
 			e := start(t, config(rcv.Addr(), 1))
 			feed(e, 0)
-			e.Restart(0, "test")
+			e.Fault(0, "test", true)
 			shutdown(t, e)
 
 			rows := map[string]int{} // "<service.name> <operation>" → spans
