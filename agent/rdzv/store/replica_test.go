@@ -191,14 +191,16 @@ func waitKeepers(agents []*replicaAgent, deadline time.Time) int {
 // of the cluster at once, and a non-member takes its place.
 func TestReplicasHandOver(t *testing.T) {
 	agents, _ := startReplicated(t, 4, "")
-	cli := agents[3].cli.Etcd()
-	waitVoters(t, cli, 3, 30*time.Second)
+	waitVoters(t, agents[0].cli.Etcd(), 3, 30*time.Second)
 	var leaving int = -1
 	for i, a := range agents {
 		if a.rep.Member() && i != 0 {
 			leaving = i
 		}
 	}
+	// Watch through agent 0, which stays: the leaving agent's own client
+	// closes with it (CI once picked agent 3 for both).
+	cli := agents[0].cli.Etcd()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	gone := agents[leaving].rep.ownID
