@@ -78,6 +78,9 @@ func helper(mode string) int {
 		}
 		return 0
 	}
+	if mode == "fill" {
+		return fillHelper(ctx)
+	}
 	if mode == "abortwait" {
 		// Ignore SIGTERM so only the control socket's Abort ends this worker.
 		signal.Ignore(syscall.SIGTERM)

@@ -91,7 +91,7 @@ var torchrunLines = []torchrunLine{
 	},
 	{
 		name: "elastic job",
-		args: "--nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint node0 --rdzv-conf join_timeout=30,last_call_timeout=0.5,keep_alive_interval=2,keep_alive_max_attempt=4,is_host=false train.py",
+		args: "--nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint node0 --rdzv-conf join_timeout=30,last_call_timeout=0.5,keep_alive_interval=2,keep_alive_max_attempt=4,is_host=false,store_quota=512MiB train.py",
 		check: func(c *Config) string {
 			r := c.Rdzv
 			if c.NNodesMin != 2 || c.NNodesMax != 4 || !c.Dynamic() || c.ExternalStore() || c.RdzvID != "none" {
@@ -99,6 +99,9 @@ var torchrunLines = []torchrunLine{
 			}
 			if r.JoinTimeout != 30*time.Second || r.LastCall != 500*time.Millisecond || r.TTL() != 8*time.Second || r.IsHost == nil || *r.IsHost {
 				return "join 30s, last call 0.5s, TTL 8s, is_host false"
+			}
+			if r.StoreQuota != 512<<20 {
+				return "store quota 512 MiB"
 			}
 			if eps := c.Endpoints(); len(eps) != 1 || eps[0] != "node0:29400" {
 				return "endpoint node0:29400"
@@ -231,6 +234,8 @@ func TestParseErrors(t *testing.T) {
 		{"rdzv conf unknown key", "--rdzv-conf jion_timeout=5 train.py", "unknown key \"jion_timeout\""},
 		{"rdzv conf bad value", "--rdzv-conf join_timeout=soon train.py", "join_timeout"},
 		{"rdzv conf short ttl", "--rdzv-conf keep_alive_interval=0.5,keep_alive_max_attempt=2 train.py", "at least 2s"},
+		{"rdzv conf tiny store", "--rdzv-conf store_quota=1MiB train.py", "from 4MiB to 8GiB"},
+		{"rdzv conf store quota not a size", "--rdzv-conf store_quota=lots train.py", "store_quota"},
 		{"rdzv conf cert without key", "--rdzv-conf cert=/c.pem train.py", "cert and key"},
 		{"bad range", "--nnodes 3:1 train.py", "MIN:MAX"},
 		{"node rank past nnodes", "--node-rank 1 train.py", "--node-rank 1 must be below"},

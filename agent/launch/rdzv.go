@@ -18,6 +18,7 @@ type RdzvConf struct {
 	CACert, Cert, Key   string        // cacert, cert, key: TLS to the store (etcd backend)
 	Protocol            string        // protocol: http or https (etcd backend)
 	Prefix              string        // etcd_prefix: where jobs live in the store
+	StoreQuota          int64         // store_quota: bytes the hosted store may hold (etcd's --quota-backend-bytes)
 }
 
 // TTL is how long a silent node keeps its lease: the keep-alive interval
@@ -34,7 +35,15 @@ var DefaultRdzvConf = RdzvConf{
 	KeepAliveInterval:   time.Second,
 	KeepAliveMaxAttempt: 3,
 	Prefix:              "/ddp-agent/v1/",
+	StoreQuota:          2 << 30, // etcd's default
 }
+
+// Bounds on store_quota: etcd warns above 8 GiB, and a store smaller than
+// a few MiB cannot hold one generation of a small job.
+const (
+	minStoreQuota = 4 << 20
+	maxStoreQuota = 8 << 30
+)
 
 // torchrun keys that mean nothing here; accepted so a torchrun command
 // line keeps working.
@@ -95,6 +104,8 @@ func parseRdzvConf(v string) (RdzvConf, error) {
 				return c, usagef("--rdzv-conf protocol: %q is not http or https", val)
 			}
 			c.Protocol = val
+		case "store_quota":
+			c.StoreQuota, err = parseStoreQuota(val)
 		case "etcd_prefix":
 			if val == "" {
 				return c, usagef("--rdzv-conf etcd_prefix must not be empty")
@@ -102,7 +113,7 @@ func parseRdzvConf(v string) (RdzvConf, error) {
 			c.Prefix = strings.TrimRight(val, "/") + "/"
 		default:
 			if !ignoredRdzvKeys[k] {
-				return c, usagef("--rdzv-conf: unknown key %q (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, protocol, cacert, cert, key, etcd_prefix)", k)
+				return c, usagef("--rdzv-conf: unknown key %q (known: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, protocol, cacert, cert, key, etcd_prefix, store_quota)", k)
 			}
 		}
 		if err != nil {
@@ -118,6 +129,26 @@ func parseRdzvConf(v string) (RdzvConf, error) {
 		return c, usagef("--rdzv-conf: keep_alive_interval x keep_alive_max_attempt = %v; it must be at least 2s", c.TTL())
 	}
 	return c, nil
+}
+
+// parseStoreQuota reads a byte count: a number with an optional binary
+// unit (KiB, MiB, GiB; K, M, G mean the same).
+func parseStoreQuota(v string) (int64, error) {
+	num, unit := v, int64(1)
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			num, unit = strings.TrimSpace(n), u.size
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || f*float64(unit) < minStoreQuota || f*float64(unit) > maxStoreQuota {
+		return 0, usagef("--rdzv-conf store_quota: %q is not a size from 4MiB to 8GiB", v)
+	}
+	return int64(f * float64(unit)), nil
 }
 
 // Dynamic reports whether the nodes meet through an etcd store (c10d or

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
 // ForeignJobError: the store was started for another job.
@@ -50,3 +52,31 @@ func (e *StoreLostError) Error() string {
 }
 
 func (e *StoreLostError) Unwrap() error { return e.Err }
+
+// StoreFullError: the store refuses writes for its size (etcd's NOSPACE
+// alarm). Retrying cannot help: etcd refuses every write until someone
+// frees space and disarms the alarm, so the agent ends with this instead
+// of retrying forever.
+type StoreFullError struct {
+	Hosted bool  // the job's agents host the store (c10d), rather than an etcd of the user's
+	Err    error // names the store's endpoint
+}
+
+func (e *StoreFullError) Error() string {
+	how := "raise its --quota-backend-bytes, compact and defragment it, and disarm its NOSPACE alarm"
+	if e.Hosted {
+		how = "give the job a larger store_quota in --rdzv-conf (default 2GiB; it must hold two generations of what the workers write through the agent's key-value store)"
+	}
+	return fmt.Sprintf("the rendezvous store is full (%v); %s", e.Err, how)
+}
+
+func (e *StoreFullError) Unwrap() error { return e.Err }
+
+// storeFull returns err as a *StoreFullError when the store refused it for
+// its size, and nil otherwise.
+func (e *Membership) storeFull(err error) error {
+	if !errors.Is(err, rpctypes.ErrNoSpace) {
+		return nil
+	}
+	return &StoreFullError{Hosted: e.cfg.Hosted, Err: err}
+}

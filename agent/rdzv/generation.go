@@ -83,6 +83,12 @@ func (e *Membership) bumpUntilMoved(ctx context.Context, r *Round, mv move) {
 		if err == nil {
 			return // moved by this call, or by someone else first
 		}
+		if full := e.storeFull(err); full != nil {
+			// The workers' next store write fails the same way, and the
+			// recovery that follows ends the agent with the reason.
+			e.log.Error("cannot move the job to a new generation", "reason", mv.Reason, "err", full)
+			return
+		}
 		e.log.Warn("move the job to a new generation; retrying", "reason", mv.Reason, "err", err)
 		select {
 		case <-r.done:

@@ -22,6 +22,9 @@ func (e *Membership) Next(ctx context.Context) (*Round, error) {
 	// retry waits a moment after a store error, unless the deadline passed
 	// or the store has answered nothing for too long.
 	retry := func(err error) error {
+		if full := e.storeFull(err); full != nil {
+			return full
+		}
 		if time.Now().After(deadline) {
 			return err
 		}

@@ -48,6 +48,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 			JoinTimeout: rc.JoinTimeout,
 			LastCall:    rc.LastCall,
 			TTL:         rc.TTL(),
+			StoreQuota:  rc.StoreQuota,
 		},
 		Plugins: agent.Plugins{Specs: cfg.Plugins, Dir: getenv(envname.PluginDir)},
 		Telemetry: agent.Telemetry{

@@ -76,6 +76,8 @@ type Config struct {
 	// StoreTimeout: a store that answers nothing this long fails the
 	// agent; 0: rdzv.DefaultStoreTimeout.
 	StoreTimeout time.Duration
+	// StoreQuota: the bytes a hosted store may hold; 0: etcd's default.
+	StoreQuota int64
 }
 
 // Node is this node's part of the job, from the rest of the agent's
@@ -142,6 +144,16 @@ func Open(ctx context.Context, cfg Config, node Node, log *slog.Logger) (*Joined
 		return (&opener{cfg: cfg, node: node, log: log}).open(ctx)
 	}
 	return nil, fmt.Errorf("join job %q: unknown rendezvous backend %v", node.JobID, cfg.Backend)
+}
+
+// newKV is the workers' key-value store in the job's store: kept bounded
+// when the job's agents host it; an etcd of the user's is compacted as its
+// owner chose.
+func newKV(b Backend, cli *store.Client, prefix string) *store.KV {
+	if b == Hosted {
+		return store.NewHostedKV(cli, prefix)
+	}
+	return store.NewKV(cli, prefix)
 }
 
 func masterAddr(cfg Config) string {
@@ -255,7 +267,7 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 	}
 	return &Joined{
 		Rendezvous: e,
-		KV:         store.NewKV(cli, rdzv.KVPrefix(prefix)),
+		KV:         newKV(cfg.Backend, cli, rdzv.KVPrefix(prefix)),
 		Endpoint:   strings.Join(endpoints, ","),
 		Client:     cli,
 		close: func() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -22,11 +23,25 @@ var ErrValueTooLarge = errors.New("value too large for the rendezvous store")
 type KV struct {
 	cli    *clientv3.Client
 	prefix string
+
+	// compact: DeletePrefix also frees the space of what it deleted the
+	// time before (see there); set for a store the job's agents host.
+	compact bool
+	mu      sync.Mutex
+	dropRev int64 // the revision of the last DeletePrefix; 0 none
 }
 
 // NewKV returns a KV that stores every key at prefix+key of cli's store.
 func NewKV(cli *Client, prefix string) *KV {
 	return &KV{cli: cli.etcd, prefix: prefix}
+}
+
+// NewHostedKV is NewKV for a store the job's agents host, which the KV
+// keeps bounded: see DeletePrefix.
+func NewHostedKV(cli *Client, prefix string) *KV {
+	kv := NewKV(cli, prefix)
+	kv.compact = true
+	return kv
 }
 
 // Set stores value under key.
@@ -103,12 +118,37 @@ func (kv *KV) watch(ctx context.Context, k string, rev int64) (v []byte, found b
 
 // DeletePrefix removes every key that starts with prefix. Gets waiting for
 // such keys keep waiting.
+//
+// A deleted key's space comes back only once etcd compacts its history,
+// and auto-compaction keeps revisions by count, whatever their size: a
+// job whose workers wrote megabytes each generation filled a 2 GiB store
+// in a few generations, and etcd then refuses every write. So a hosted
+// KV compacts, at each DeletePrefix, up to the previous one: one
+// generation late, which keeps the history of the round now running
+// (departedSince reads how members left it) and costs the store twice
+// one generation's keys.
 func (kv *KV) DeletePrefix(ctx context.Context, prefix string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("kv delete prefix %q: %w", prefix, err)
 	}
-	if _, err := kv.cli.Delete(ctx, kv.prefix+prefix, clientv3.WithPrefix()); err != nil {
+	resp, err := kv.cli.Delete(ctx, kv.prefix+prefix, clientv3.WithPrefix())
+	if err != nil {
 		return wrapErr(ctx, "kv delete prefix", prefix, err)
+	}
+	if !kv.compact {
+		return nil
+	}
+	kv.mu.Lock()
+	rev := kv.dropRev
+	kv.dropRev = max(kv.dropRev, resp.Header.Revision)
+	kv.mu.Unlock()
+	if rev == 0 {
+		return nil
+	}
+	// Physical: return once the space is free, not merely scheduled.
+	_, err = kv.cli.Compact(ctx, rev, clientv3.WithCompactPhysical())
+	if err != nil && !errors.Is(err, rpctypes.ErrCompacted) { // another agent compacted as far or further
+		return wrapErr(ctx, "kv compact after deleting", prefix, err)
 	}
 	return nil
 }

@@ -36,7 +36,9 @@ type ReplicaConfig struct {
 	// TLS is the members' client TLS (nil = plain); PeerTLS their raft
 	// traffic's (nil = plain).
 	TLS, PeerTLS *TLSFiles
-	Logger       *slog.Logger
+	// QuotaBytes is each member's quota (ServerConfig.QuotaBytes).
+	QuotaBytes int64
+	Logger     *slog.Logger
 	// Interval is how often the membership is looked at; 0 = 1 s.
 	Interval time.Duration
 }
@@ -380,7 +382,7 @@ func (r *Replicas) join(ctx context.Context, voters int) error {
 	}
 	srv, err := launch(ServerConfig{
 		ClientAddr: clientAddr, PeerAddr: peerAddr, Name: name, Logger: r.cfg.Logger,
-		TLS: r.cfg.TLS, PeerTLS: r.cfg.PeerTLS,
+		TLS: r.cfg.TLS, PeerTLS: r.cfg.PeerTLS, QuotaBytes: r.cfg.QuotaBytes,
 		initialCluster: strings.Join(initial, ","), existing: true,
 	})
 	if err != nil {

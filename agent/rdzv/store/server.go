@@ -61,6 +61,10 @@ type ServerConfig struct {
 	Logger     *slog.Logger // etcd's own logs go here (warn and above, as slog records); nil = discard
 	TLS        *TLSFiles    // optional server TLS for clients (cert, key, optional CA to require client certs)
 	PeerTLS    *TLSFiles    // optional TLS between members (cert, key, and a CA that every peer's certificate must chain to)
+	// QuotaBytes bounds the store's backend (etcd's --quota-backend-bytes);
+	// 0 = etcd's 2 GiB. Past it etcd refuses writes until an operator
+	// frees space: the agents then fail the job (rdzv.ErrStoreFull).
+	QuotaBytes int64
 
 	// Set by StartCluster only. initialCluster ("name=peerURL,...") is the
 	// whole cluster this member bootstraps with; "" = a cluster of this
@@ -326,6 +330,7 @@ func embedConfig(cfg ServerConfig, dir string, clientURL, peerURL url.URL) *embe
 	ec.SnapshotCount = snapshotCount
 	ec.SnapshotCatchUpEntries = snapshotCount
 	ec.MaxTxnOps = maxTxnOps
+	ec.QuotaBackendBytes = cfg.QuotaBytes
 	ec.AutoCompactionMode = embed.CompactorModeRevision
 	ec.AutoCompactionRetention = compactionRevisions
 	return ec
