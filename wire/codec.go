@@ -140,3 +140,48 @@ func (d *decoder) strMap() map[string]string {
 	}
 	return m
 }
+
+// strsMax is strs for a list of at most maxN strings of at most maxLen
+// bytes each; what is named in the error.
+func (d *decoder) strsMax(what string, maxN, maxLen int) []string {
+	if !d.countAtMost(what, maxN) {
+		return nil
+	}
+	ss := d.strs()
+	for _, s := range ss {
+		if len(s) > maxLen {
+			d.fail(fmt.Sprintf("%s: an entry of %d bytes, limit %d", what, len(s), maxLen))
+			return nil
+		}
+	}
+	return ss
+}
+
+// strMapMax is strMap for a map of at most maxN entries, keys of at most
+// maxKey bytes and values of at most maxValue.
+func (d *decoder) strMapMax(what string, maxN, maxKey, maxValue int) map[string]string {
+	if !d.countAtMost(what, maxN) {
+		return nil
+	}
+	m := d.strMap()
+	for k, v := range m {
+		if len(k) > maxKey || len(v) > maxValue {
+			d.fail(fmt.Sprintf("%s: key of %d bytes with a value of %d, limits %d and %d", what, len(k), len(v), maxKey, maxValue))
+			return nil
+		}
+	}
+	return m
+}
+
+// countAtMost peeks at the next list count and fails unless it is at most
+// max, before anything is allocated for the list.
+func (d *decoder) countAtMost(what string, max int) bool {
+	if d.err != nil || len(d.b) < 4 {
+		return d.err == nil // too short: the read that follows fails
+	}
+	if n := binary.LittleEndian.Uint32(d.b); n > uint32(max) {
+		d.fail(fmt.Sprintf("%s: %d entries, limit %d", what, n, max))
+		return false
+	}
+	return true
+}

@@ -111,10 +111,26 @@ func (m Hello) encode(e *encoder) {
 	}
 }
 
+// Bounds on a Hello. A server reads it from a peer it has not admitted
+// yet, and a sidecar keeps it for the connection's life, so what it may
+// cost is bounded by more than the frame's size: a 16 MiB Hello of 4 M
+// empty transport names decoded to ~130 MB. A real one is a few hundred
+// bytes: a transport or two, the eight Hello* keys, values that are ids,
+// numbers, addresses and a directory.
+const (
+	MaxHelloPayload    = 64 << 10 // a server reads a Hello frame up to this size
+	maxHelloTransports = 16
+	maxHelloTransport  = 64
+	maxHelloJobKeys    = 32
+	maxHelloJobKey     = 64
+	maxHelloJobValue   = 4096 // PATH_MAX, for stack_dir
+)
+
 func decodeHello(d *decoder) Hello {
-	h := Hello{Rank: d.i32(), LocalRank: d.i32(), PID: d.i32(), Generation: d.u64(), Transports: d.strs()}
+	h := Hello{Rank: d.i32(), LocalRank: d.i32(), PID: d.i32(), Generation: d.u64()}
+	h.Transports = d.strsMax("Hello transports", maxHelloTransports, maxHelloTransport)
 	if len(d.b) > 0 {
-		h.Job = d.strMap()
+		h.Job = d.strMapMax("Hello job", maxHelloJobKeys, maxHelloJobKey, maxHelloJobValue)
 	}
 	return h
 }

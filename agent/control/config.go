@@ -35,6 +35,10 @@ const (
 	// DefaultMaxConnsPerRank is the default of Config.MaxConnsPerRank: room
 	// for a second process of the rank (a descendant) at the per-process cap.
 	DefaultMaxConnsPerRank = 2 * DefaultMaxConnsPerProcess
+	// DefaultMaxPendingConns is the default of Config.MaxPendingConns: the
+	// connections of 32 ranks' hooks arriving at once, twice over, and
+	// far below any file descriptor limit.
+	DefaultMaxPendingConns = 128
 
 	kvSetTimeout = 30 * time.Second
 	maxInflight  = 64 // concurrent KV requests per connection
@@ -85,6 +89,11 @@ type Config struct {
 	// DefaultMaxConnsPerRank.
 	MaxConnsPerProcess int
 	MaxConnsPerRank    int
+	// MaxPendingConns bounds a sidecar's connections waiting for their
+	// Hello (which it admits by), in all; per process MaxConnsPerProcess
+	// bounds them too. One more is answered with a CodeLimit Error and
+	// closed. Zero means DefaultMaxPendingConns.
+	MaxPendingConns int
 	// Logger receives the server's logs. Nil discards them.
 	Logger *slog.Logger
 }
@@ -105,6 +114,7 @@ func (cfg Config) withDefaults() Config {
 	orDefault(&cfg.KVBytesPerRank, DefaultKVBytesPerRank)
 	orDefault(&cfg.MaxConnsPerProcess, DefaultMaxConnsPerProcess)
 	orDefault(&cfg.MaxConnsPerRank, DefaultMaxConnsPerRank)
+	orDefault(&cfg.MaxPendingConns, DefaultMaxPendingConns)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -34,6 +34,7 @@ type Server struct {
 
 	quota    *kvQuota
 	connsPer *connCounter
+	pending  *pendingConns // a sidecar's connections before their Hello
 	limitLog *limitLog
 	peerIDs  atomic.Uint64 // Peer.ID
 
@@ -67,7 +68,7 @@ func ListenSidecar(cfg Config, sc Sidecar) (*Server, error) {
 func listen(cfg Config, adm admitter) (*Server, error) {
 	cfg = cfg.withDefaults()
 	s := &Server{cfg: cfg, adm: adm, log: cfg.Logger, conns: make(map[*serverConn]struct{}),
-		quota: newKVQuota(), connsPer: newConnCounter(), limitLog: newLimitLog(cfg.Logger, limitLogEvery)}
+		quota: newKVQuota(), connsPer: newConnCounter(), pending: newPendingConns(), limitLog: newLimitLog(cfg.Logger, limitLogEvery)}
 	var err error
 	if cfg.Dir == "" {
 		// A socket path must fit sun_path (108 bytes with its NUL); under a
@@ -367,7 +368,7 @@ func (c *serverConn) handshake() error {
 // readHello reads the first frame within the handshake's deadline; it must
 // be a Hello. On failure it answers with an Error (best effort).
 func (c *serverConn) readHello() (wire.Frame, wire.Hello, error) {
-	f, err := wire.ReadFrame(c.nc, wire.MaxPayload)
+	f, err := wire.ReadFrame(c.nc, wire.MaxHelloPayload)
 	if err != nil {
 		if isProtocolError(err) {
 			c.send(0, wire.Error{Code: wire.CodeBadRequest, Message: err.Error()})

@@ -48,7 +48,12 @@ type helloAdmitter struct{ sc Sidecar }
 // pid when the worker is in another pid namespace; the socket's is the one
 // the server acts on.
 func (a *helloAdmitter) handshake(c *serverConn, pid int) error {
+	if le := c.s.pending.acquire(pid, c.s.cfg); le != nil {
+		c.send(0, le.reply())
+		return fmt.Errorf("admit connection: %w", le)
+	}
 	f, hello, err := c.readHello()
+	c.s.pending.release(pid)
 	if err != nil {
 		return err
 	}

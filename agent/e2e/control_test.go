@@ -78,6 +78,9 @@ func helper(mode string) int {
 		}
 		return 0
 	}
+	if mode == "hello" {
+		return helloHelper()
+	}
 	if mode == "fill" {
 		return fillHelper(ctx)
 	}
