@@ -110,7 +110,9 @@ func TestSidecarIdleFlood(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool {
 		held = openFDs(t, pid) - base
 		return held <= 2*control16
-	}, func() string { return fmt.Sprintf("the sidecar holds %d more fds than before the flood\n%s", held, sc.logs()) })
+	}, func() string {
+		return fmt.Sprintf("the sidecar holds %d more fds than before the flood\n%s", held, sc.logs())
+	})
 	t.Logf("the sidecar holds %d more fds with 2000 idle connections open against it", held)
 	admitWorker(t, sock, sc)
 }
