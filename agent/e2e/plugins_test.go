@@ -324,3 +324,56 @@ func TestPluginFrozen(t *testing.T) {
 		t.Errorf("the frozen plugin %d is still there", plugin)
 	}
 }
+
+// TestPluginsSilentAndFlooding: two plugins that never complete their
+// handshake and one that floods (a 3 MiB warning on a new subject every
+// 50 ms, healthy verdicts as fast as it can, stderr as fast as it can).
+// The silent ones are waited for at once, not one after the other (each
+// 10 s); what the flood costs the agent's log and CPU is bounded.
+func TestPluginsSilentAndFlooding(t *testing.T) {
+	budget(t, 20*time.Second)
+	bins := buildMisbehave(t, "silent", "silent2", "flood")
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1",
+		"--plugin", bins["silent"], "--plugin", bins["silent2"], "--plugin", bins["flood"], "timed.py", "5")
+	var started time.Time
+	waitFor(t, 40*time.Second, func() bool {
+		var ok bool
+		started, ok = logTime(r.stderr.String(), `workers started`)
+		return ok
+	}, r.logs)
+	t.Logf("workers started %v after the agent", started.Sub(r.started).Round(100*time.Millisecond))
+	if took := started.Sub(r.started); took > 15*time.Second {
+		t.Errorf("the workers started %v after the agent: the silent plugins were waited for one after the other", took.Round(time.Second))
+	}
+	cpu0 := procCPU(t, r.cmd.Process.Pid)
+	t0 := time.Now()
+	time.Sleep(3 * time.Second)
+	cpu := procCPU(t, r.cmd.Process.Pid) - cpu0
+	if code := r.wait(60 * time.Second); code != 0 {
+		t.Fatalf("exit %d, want 0\n%s", code, tail(r.stderr.String()))
+	}
+	logs := r.stderr.String()
+	share := cpu.Seconds() / time.Since(t0).Seconds()
+	t.Logf("agent: %.0f%% of a core with the flooding plugin; its log %d KiB, %d lines of it", 100*share,
+		len(logs)>>10, strings.Count(logs, "plugin=flood"))
+	if len(logs) > 1<<20 {
+		t.Errorf("the agent logged %d KiB with a plugin that floods", len(logs)>>10)
+	}
+	// Before: 75 % (its verdicts 42 %, its stderr the rest); after: 3 %.
+	if share > 0.3 {
+		t.Errorf("the agent took %.0f%% of a core with a plugin that floods", 100*share)
+	}
+}
+
+// procCPU is the user and system time pid has used.
+func procCPU(t *testing.T, pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, _ := strconv.Atoi(f[11])
+	stime, _ := strconv.Atoi(f[12])
+	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}

@@ -5,8 +5,10 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/time/rate"
 )
 
 // hclogAdapter hands go-plugin's log lines (its own, and the plugin's
@@ -17,6 +19,33 @@ type hclogAdapter struct {
 	name  string
 	args  []any
 	level hclog.Level
+	lines *lineBudget // shared by the adapter's copies (With, Named)
+}
+
+// A plugin's lines are logged at most lineRate a second on average, in
+// bursts of up to lineBurst, each cut to lineMax bytes: the rest are
+// counted, and the next line logged says how many. A plugin writing its
+// stderr as fast as it could took half a core of the agent.
+const (
+	lineRate  = 10
+	lineBurst = 50
+	lineMax   = 1024
+)
+
+// lineBudget is a plugin's allowance of log lines.
+type lineBudget struct {
+	limit   *rate.Limiter
+	dropped atomic.Int64
+}
+
+// take reports whether a line may be logged now, and how many were not
+// since the last one that was.
+func (b *lineBudget) take() (ok bool, dropped int64) {
+	if !b.limit.Allow() {
+		b.dropped.Add(1)
+		return false, 0
+	}
+	return true, b.dropped.Swap(0)
 }
 
 // quietGoPlugin reports go-plugin's own lines about a plugin's end, which
@@ -30,7 +59,7 @@ func quietGoPlugin(msg string) bool {
 }
 
 func newHCLog(l *slog.Logger, name string) hclog.Logger {
-	return &hclogAdapter{l: l, name: name, level: hclog.Debug}
+	return &hclogAdapter{l: l, name: name, level: hclog.Debug, lines: &lineBudget{limit: rate.NewLimiter(lineRate, lineBurst)}}
 }
 
 func slogLevel(level hclog.Level) slog.Level {
@@ -55,8 +84,23 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...interface{}) {
 	if quietGoPlugin(msg) {
 		level = hclog.Debug // the agent says it once, with the reason: "plugin failed; restarting it"
 	}
+	if !h.l.Enabled(context.Background(), slogLevel(level)) {
+		return
+	}
+	ok, dropped := h.lines.take()
+	if !ok {
+		return
+	}
 	all := append(append([]any{"plugin", h.name}, h.args...), args...)
-	h.l.Log(context.Background(), slogLevel(level), msg, all...)
+	for i, a := range all {
+		if s, isStr := a.(string); isStr && len(s) > lineMax {
+			all[i] = clip(s, lineMax)
+		}
+	}
+	if dropped > 0 {
+		all = append(all, "lines_not_logged", dropped)
+	}
+	h.l.Log(context.Background(), slogLevel(level), clip(msg, lineMax), all...)
 }
 
 func (h *hclogAdapter) Trace(msg string, args ...interface{}) { h.Log(hclog.Trace, msg, args...) }

@@ -102,18 +102,29 @@ func Start(cfg Config, log *slog.Logger) (*Host, error) {
 		cancel()
 		return nil, err
 	}
-	var all []started
-	for _, sp := range cfg.Specs {
-		p, sched, err := h.start(ctx, sp)
+	// All at once: each start is bounded by StartTimeout, and one after
+	// another, three plugins that never finished their handshake held the
+	// job's start 36 s.
+	all := make([]started, len(cfg.Specs))
+	var wg sync.WaitGroup
+	for i, sp := range cfg.Specs {
+		wg.Go(func() {
+			p, sched, err := h.start(ctx, sp)
+			all[i] = started{sp, p, sched, err}
+		})
+	}
+	wg.Wait()
+	for _, s := range all {
 		var refused *RefusedError
-		if errors.As(err, &refused) {
+		if errors.As(s.err, &refused) {
 			for _, s := range all {
-				s.p.kill()
+				if s.err == nil {
+					s.p.kill()
+				}
 			}
 			cancel()
-			return nil, err
+			return nil, s.err
 		}
-		all = append(all, started{sp, p, sched, err})
 	}
 	// Every runner exists before any runs: a running one notifies them all.
 	for _, s := range all {

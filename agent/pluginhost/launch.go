@@ -103,7 +103,7 @@ func (h *Host) launch(ctx context.Context, sp Spec) (*proc, error) {
 	}
 	cmd := exec.Command(path, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	tail := &stderrTail{}
+	tail := newStderrTail()
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugins.Handshake(),
 		Plugins:          pluginSet(),
@@ -118,14 +118,49 @@ func (h *Host) launch(ctx context.Context, sp Spec) (*proc, error) {
 	})
 	p := &proc{client: client, cmd: cmd, stderr: tail}
 	if err := h.connect(ctx, sp, p); err != nil {
-		p.kill()
+		if !errors.Is(err, errStartAbandoned) { // an abandoned start kills its plugin itself
+			p.kill()
+		}
 		return nil, tail.wrap(err)
 	}
 	return p, nil
 }
 
+// errStartAbandoned: the host closed while a plugin was starting.
+var errStartAbandoned = errors.New("start abandoned: the agent is stopping")
+
+// startClient is p's go-plugin start (the handshake), given up when ctx
+// ends: go-plugin's has no context and holds the client's lock until its
+// StartTimeout, and an agent whose job was over waited 10 s more for a
+// plugin that never answered. The abandoned start kills its plugin once
+// go-plugin returns.
+func startClient(ctx context.Context, p *proc) (goplugin.ClientProtocol, error) {
+	type started struct {
+		rpc goplugin.ClientProtocol
+		err error
+	}
+	ch := make(chan started, 1)
+	go func() {
+		rpc, err := p.client.Client()
+		ch <- started{rpc, err}
+	}()
+	select {
+	case s := <-ch:
+		return s.rpc, s.err
+	case <-ctx.Done():
+		go func() {
+			<-ch
+			p.kill()
+		}()
+		return nil, errStartAbandoned
+	}
+}
+
 func (h *Host) connect(ctx context.Context, sp Spec, p *proc) error {
-	rpc, err := p.client.Client()
+	rpc, err := startClient(ctx, p)
+	if errors.Is(err, errStartAbandoned) {
+		return fmt.Errorf("plugin %s: %w", sp.Name, err)
+	}
 	if err != nil {
 		if m := versionRE.FindStringSubmatch(err.Error()); m != nil {
 			return &RefusedError{Plugin: sp.Name, Err: fmt.Errorf("it speaks plugin protocol %s, this ddp-agent speaks %d: rebuild it against this agent's plugins SDK", m[1], plugins.ProtocolVersion)}

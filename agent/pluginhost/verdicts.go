@@ -1,9 +1,11 @@
 package pluginhost
 
 import (
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ddp-agent/ddp-agent/plugins/detector"
 	"github.com/ddp-agent/ddp-agent/plugins/notifier"
@@ -23,9 +25,11 @@ const logFlap = 100 * time.Millisecond
 // that recovers too), so a check that says the same every 30 s says it
 // once.
 type verdicts struct {
-	h    *Host
-	mu   sync.Mutex
-	last map[string]*verdict // by plugin and subject
+	h        *Host
+	mu       sync.Mutex
+	last     map[string]*verdict // by plugin and subject
+	subjects map[string]int      // by plugin: its subjects in last
+	full     map[string]bool     // by plugin: said it has too many subjects
 }
 
 type verdict struct {
@@ -34,11 +38,50 @@ type verdict struct {
 	suppressed int
 }
 
-func newVerdicts(h *Host) *verdicts { return &verdicts{h: h, last: map[string]*verdict{}} }
+func newVerdicts(h *Host) *verdicts {
+	return &verdicts{h: h, last: map[string]*verdict{}, subjects: map[string]int{}, full: map[string]bool{}}
+}
+
+// roomFor counts a new subject of plugin, or says (once) that it has too
+// many; a restart or drain it asks for is acted on all the same. v.mu is
+// held.
+func (v *verdicts) roomFor(plugin string) bool {
+	if v.subjects[plugin] < maxSubjects {
+		v.subjects[plugin]++
+		return true
+	}
+	if !v.full[plugin] {
+		v.full[plugin] = true
+		v.h.log.Warn("plugin reports on too many subjects; the verdicts of new ones are not logged", "plugin", plugin, "max_subjects", maxSubjects)
+	}
+	return false
+}
 
 // changed is whether f says something else of its subject than prev.
 func changed(prev *verdict, f detector.Finding) bool {
 	return prev == nil || prev.f.Severity != f.Severity || prev.f.Action != f.Action || prev.f.Message != f.Message
+}
+
+// A finding's message and subject are cut to these many bytes, and a
+// plugin's verdicts are kept for at most maxSubjects subjects: a 3 MiB
+// message logged once a second wrote 60 MB of log in 20 s, and each new
+// subject is a line and an entry kept for the agent's life.
+const (
+	maxFindingMessage = 1024
+	maxFindingSubject = 128
+	maxSubjects       = 64
+)
+
+// clip cuts s to n bytes (on a rune boundary), saying how much it cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes cut)", s[:cut], len(s)-cut)
 }
 
 func (v *verdicts) add(plugin string, f detector.Finding) {
@@ -48,6 +91,7 @@ func (v *verdicts) add(plugin string, f detector.Finding) {
 	if f.Subject == "" {
 		f.Subject = "node"
 	}
+	f.Message, f.Subject = clip(f.Message, maxFindingMessage), clip(f.Subject, maxFindingSubject)
 	if f.Action >= detector.ActionRestartWorkers {
 		v.h.cfg.OnFinding(Finding{Plugin: plugin, Finding: f})
 	}
@@ -55,6 +99,10 @@ func (v *verdicts) add(plugin string, f detector.Finding) {
 	v.mu.Lock()
 	prev := v.last[key]
 	if !changed(prev, f) {
+		v.mu.Unlock()
+		return
+	}
+	if prev == nil && !v.roomFor(plugin) {
 		v.mu.Unlock()
 		return
 	}

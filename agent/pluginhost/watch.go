@@ -7,8 +7,20 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/ddp-agent/ddp-agent/plugins/detector"
 )
+
+// A detector's findings are taken at findingRate a second on average, in
+// bursts of up to findingBurst: a check of every GPU of a node, every
+// second, is 8 a second.
+const (
+	findingRate  = 100
+	findingBurst = 200
+)
+
+func newFindingPace() *rate.Limiter { return rate.NewLimiter(findingRate, findingBurst) }
 
 // hungError: a detector sent no verdict for longer than it promised.
 type hungError struct{ silent, every time.Duration }
@@ -43,10 +55,15 @@ func (h *Host) watch(sp Spec, p *proc, sched detector.Schedule) error {
 			}
 		}
 	}()
+	pace := newFindingPace()
 	err := p.det.Watch(ctx, func(f detector.Finding) error {
 		last.Store(time.Now().UnixNano())
 		h.verdicts.add(sp.Name, f)
-		return nil
+		// Past its rate the watch waits, so a detector that floods is
+		// slowed down by gRPC's flow control rather than served: one
+		// sending as fast as it could took half a core of a node that
+		// trains.
+		return pace.Wait(ctx)
 	})
 	var hung *hungError
 	switch {

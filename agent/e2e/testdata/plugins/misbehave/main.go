@@ -2,8 +2,10 @@
 // name says, for the agent's plugin fault tests: crash (exits after its
 // first verdict), hang (promises a verdict every 200 ms, sends one, then
 // nothing), garbage (writes garbage to stdout before the handshake), v2
-// (speaks plugin protocol 2); and steady, which behaves: a healthy
-// verdict every 100 ms.
+// (speaks plugin protocol 2), silent (never completes its handshake),
+// flood (sends warnings of 3 MiB, each on a subject of its own, and
+// writes its stderr, as fast as it can); and steady, which behaves: a
+// healthy verdict every 100 ms.
 package main
 
 import (
@@ -11,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
@@ -19,10 +22,12 @@ import (
 	"github.com/ddp-agent/ddp-agent/plugins/detector"
 )
 
-type bad struct{ mode string }
+// bad's name is its binary's, and so is its mode, but that silent2 is
+// silent too (two plugins that misbehave alike).
+type bad struct{ name, mode string }
 
 func (b bad) Info(context.Context) (plugins.Info, error) {
-	return plugins.Info{Name: b.mode, Kind: plugins.KindDetector, Version: "0.0.1", Summary: "misbehaves: " + b.mode}, nil
+	return plugins.Info{Name: b.name, Kind: plugins.KindDetector, Version: "0.0.1", Summary: "misbehaves: " + b.mode}, nil
 }
 
 func (b bad) Configure(context.Context, plugins.Config) (detector.Schedule, error) {
@@ -43,6 +48,9 @@ func (b bad) Watch(ctx context.Context, emit func(detector.Finding) error) error
 			return err
 		}
 	}
+	if b.mode == "flood" {
+		return flood(ctx, emit)
+	}
 	if b.mode == "crash" {
 		time.Sleep(300 * time.Millisecond)
 		fmt.Fprintln(os.Stderr, "misbehave: crashing on purpose")
@@ -53,10 +61,16 @@ func (b bad) Watch(ctx context.Context, emit func(detector.Finding) error) error
 }
 
 func main() {
-	b := bad{mode: filepath.Base(os.Args[0])}
+	name := filepath.Base(os.Args[0])
+	b := bad{name: name, mode: name}
+	if strings.HasPrefix(name, "silent") {
+		b.mode = "silent"
+	}
 	switch b.mode {
 	case "garbage":
 		fmt.Println("this is not a go-plugin handshake")
+	case "silent":
+		time.Sleep(time.Hour)
 	case "v2":
 		hs := plugins.Handshake()
 		hs.ProtocolVersion = 2
@@ -65,4 +79,28 @@ func main() {
 		return
 	}
 	detector.Serve(b)
+}
+
+// flood floods: a 3 MiB warning on a new subject every 50 ms, healthy
+// verdicts as fast as the agent takes them in between, and stderr lines
+// as fast as it can write them.
+func flood(ctx context.Context, emit func(detector.Finding) error) error {
+	go func() {
+		for ctx.Err() == nil {
+			fmt.Fprintln(os.Stderr, "flood: a line of stderr", time.Now().UnixNano())
+		}
+	}()
+	big := strings.Repeat("x", 3<<20)
+	next := time.Now()
+	for i := 0; ctx.Err() == nil; i++ {
+		f := detector.Finding{Subject: "node", Message: "healthy"}
+		if time.Now().After(next) {
+			f = detector.Finding{Subject: fmt.Sprintf("subject-%d", i), Severity: detector.SeverityWarning, Action: detector.ActionWarn, Message: big}
+			next = time.Now().Add(50 * time.Millisecond)
+		}
+		if err := emit(f); err != nil {
+			return err
+		}
+	}
+	return nil
 }
