@@ -399,7 +399,7 @@ func TestRefusedAgents(t *testing.T) {
 	budget(t, 85*time.Second)
 	needTorch(t)
 	j := newJob(t, "2", 0, 20, "--sleep-per-step", "0.1")
-	j.args = append(j.args, "--rdzv-token", "s3cret")
+	j.args = append(j.args, "--rdzv-token", "s3cret-s3cret-s3cret")
 	host := j.startHost()
 
 	base := []string{"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", j.endpoint, "--rdzv-conf", fastConf}
@@ -408,10 +408,10 @@ func TestRefusedAgents(t *testing.T) {
 	}
 	// Side by side: three agents the store refuses.
 	refused := map[*agentRun]string{
-		start("--rdzv-id", "another", "--rdzv-token", "s3cret"): "was started for job \\\"" + j.id,
+		start("--rdzv-id", "another", "--rdzv-token", "s3cret-s3cret-s3cret"): "was started for job \\\"" + j.id,
 		// A wrong token or none: the store's TLS refuses the agent before
 		// it can read or write anything.
-		start("--rdzv-id", j.id, "--rdzv-token", "guess"): "is --rdzv-token the same on every node",
+		start("--rdzv-id", j.id, "--rdzv-token", "a-guessed-wrong-token"): "is --rdzv-token the same on every node",
 		start("--rdzv-id", j.id):                          "is --rdzv-token the same on every node",
 	}
 	for a, want := range refused {
@@ -421,13 +421,21 @@ func TestRefusedAgents(t *testing.T) {
 	}
 
 	// Anonymous clients read and write nothing: plain, or over TLS that
-	// trusts the store but has no certificate of the job's.
-	job, err := store.OpenJobTLS("s3cret")
+	// trusts the store but has no certificate of the job's, or with one
+	// derived from the token by one HMAC, unstretched (the offline oracle
+	// a guess of the token was checked against in microseconds).
+	job, err := store.OpenJobTLS(rdzv.StretchToken("s3cret-s3cret-s3cret"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer job.Close()
-	for name, tlsFiles := range map[string]*store.TLSFiles{"plain": nil, "TLS without a certificate": {CAFile: job.Files.CAFile}} {
+	unstretched, err := store.OpenJobTLS("s3cret-s3cret-s3cret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unstretched.Close()
+	for name, tlsFiles := range map[string]*store.TLSFiles{"plain": nil, "TLS without a certificate": {CAFile: job.Files.CAFile},
+		"the unstretched token's certificate": unstretched.Files} {
 		if cli, err := store.Dial(t.Context(), store.ClientConfig{Endpoints: []string{j.endpoint}, TLS: tlsFiles, DialTimeout: 2 * time.Second}); err == nil {
 			cli.Close()
 			t.Errorf("%s: an anonymous client was let into the store", name)

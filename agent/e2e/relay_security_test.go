@@ -48,7 +48,7 @@ func TestRelayRefusesStrangers(t *testing.T) {
 	budget(t, 45*time.Second)
 	needTorch(t)
 	t.Run("no --rdzv-token", func(t *testing.T) { checkRelay(t, "") })
-	t.Run("--rdzv-token", func(t *testing.T) { checkRelay(t, "s3cret") })
+	t.Run("--rdzv-token", func(t *testing.T) { checkRelay(t, "s3cret-s3cret-s3cret") })
 }
 
 func checkRelay(t *testing.T, rdzvToken string) {
@@ -101,7 +101,7 @@ func checkRelay(t *testing.T, rdzvToken string) {
 	}
 
 	// The positive control: the same records with the secret.
-	secret, err := relay.FollowerToken(ep, id, rdzvToken)
+	secret, err := relay.FollowerToken(ep, id, rdzv.StretchToken(rdzvToken))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func leaderEndpoint(t *testing.T, endpoint, id, token string) relay.Endpoint {
 	defer cancel()
 	var tlsFiles *store.TLSFiles
 	if token != "" {
-		job, err := store.OpenJobTLS(token)
+		job, err := store.OpenJobTLS(rdzv.StretchToken(token))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -374,7 +374,7 @@ func TestMissingScriptFailsCleanly(t *testing.T) {
 // and their children inherited it (issue 35).
 func TestTokenNotInWorkersEnv(t *testing.T) {
 	budget(t, 5*time.Second)
-	r := startAgent(t, []string{"DDP_AGENT_RDZV_TOKEN=s3cret"}, "--standalone", "--nproc-per-node", "1", "dumpenv.py")
+	r := startAgent(t, []string{"DDP_AGENT_RDZV_TOKEN=s3cret-s3cret-s3cret"}, "--standalone", "--nproc-per-node", "1", "dumpenv.py")
 	if code := r.wait(time.Minute); code != 0 {
 		t.Fatalf("exit code %d\n%s", code, r.logs())
 	}

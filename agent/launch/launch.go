@@ -491,6 +491,9 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 		return usagef("--standalone picks a free master port itself; drop --master-addr/--master-port (or PET_MASTER_*), or drop --standalone")
 	}
 	c.RdzvToken = r["rdzv-token"]
+	if err := rdzv.CheckToken(c.RdzvToken); err != nil {
+		return usagef("%v", err)
+	}
 	if c.Rdzv, err = parseRdzvConf(c.RdzvConf); err != nil {
 		return err
 	}

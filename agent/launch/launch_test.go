@@ -111,10 +111,10 @@ var torchrunLines = []torchrunLine{
 	},
 	{
 		name: "etcd cluster",
-		args: "--nnodes 3 --rdzv-backend etcd --rdzv-endpoint 10.0.0.1,10.0.0.2:2381,https://e3:2379 --rdzv-token s3cret train.py",
+		args: "--nnodes 3 --rdzv-backend etcd --rdzv-endpoint 10.0.0.1,10.0.0.2:2381,https://e3:2379 --rdzv-token s3cret-s3cret-s3cret train.py",
 		check: func(c *Config) string {
 			eps := c.Endpoints()
-			if !c.ExternalStore() || len(eps) != 3 || eps[0] != "10.0.0.1:2379" || eps[1] != "10.0.0.2:2381" || eps[2] != "https://e3:2379" || c.RdzvToken != "s3cret" {
+			if !c.ExternalStore() || len(eps) != 3 || eps[0] != "10.0.0.1:2379" || eps[1] != "10.0.0.2:2381" || eps[2] != "https://e3:2379" || c.RdzvToken != "s3cret-s3cret-s3cret" {
 				return "three etcd endpoints with default ports, the token"
 			}
 			return ""
@@ -234,6 +234,7 @@ func TestParseErrors(t *testing.T) {
 		{"rdzv conf unknown key", "--rdzv-conf jion_timeout=5 train.py", "unknown key \"jion_timeout\""},
 		{"rdzv conf bad value", "--rdzv-conf join_timeout=soon train.py", "join_timeout"},
 		{"rdzv conf short ttl", "--rdzv-conf keep_alive_interval=0.5,keep_alive_max_attempt=2 train.py", "at least 2s"},
+		{"short token", "--rdzv-token hunter2 train.py", "7 characters can be guessed offline"},
 		{"rdzv conf tiny store", "--rdzv-conf store_quota=1MiB train.py", "from 4MiB to 8GiB"},
 		{"rdzv conf store quota not a size", "--rdzv-conf store_quota=lots train.py", "store_quota"},
 		{"rdzv conf cert without key", "--rdzv-conf cert=/c.pem train.py", "cert and key"},

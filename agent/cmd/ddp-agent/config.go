@@ -6,6 +6,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/observe"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
@@ -43,7 +44,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 			MasterAddr:  cfg.MasterAddr,
 			MasterPort:  cfg.MasterPort,
 			LocalAddr:   cfg.LocalAddr,
-			Token:       cfg.RdzvToken,
+			Token:       rdzv.StretchToken(cfg.RdzvToken),
 			Prefix:      rc.Prefix,
 			JoinTimeout: rc.JoinTimeout,
 			LastCall:    rc.LastCall,

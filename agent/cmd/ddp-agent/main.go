@@ -22,6 +22,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
@@ -37,8 +38,15 @@ Usage:
   ddp-agent status --rdzv-endpoint HOST:PORT      show a multi-node job's nodes and state
   ddp-agent topo [--json]                         show this node's GPUs, their links and CPU/NUMA affinity
   ddp-agent plugins                               list the bundled plugins, their options and versions
+  ddp-agent token                                 print a random --rdzv-token (256 bits)
   ddp-agent version                               print the version
   ddp-agent help [command]                        help for a command
+`
+
+const tokenUsage = `Usage: ddp-agent token
+
+Prints a random token of 256 bits for --rdzv-token (or $DDP_AGENT_RDZV_TOKEN):
+give the same one to every agent of the job, and a new one to each job.
 `
 
 func main() {
@@ -68,6 +76,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err := placement.Exec(args[1:])
 		fmt.Fprintf(stderr, "ddp-agent %s: %v\n", bindCommand, err)
 		return 127
+	case "token":
+		if len(args) > 1 {
+			fmt.Fprintf(stderr, "ddp-agent token: takes no arguments\n%s", tokenUsage)
+			return 2
+		}
+		fmt.Fprintln(stdout, rdzv.NewToken())
+		return 0
 	case "version", "--version":
 		fmt.Fprintf(stdout, "ddp-agent %s (%s, %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0
@@ -89,6 +104,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			case "plugins":
 				fmt.Fprint(stdout, pluginsUsage)
 				return 0
+			case "token":
+				fmt.Fprint(stdout, tokenUsage)
+				return 0
 			case "version":
 				fmt.Fprintln(stdout, "Usage: ddp-agent version\n\nPrints the version of ddp-agent and of the Go toolchain that built it.")
 				return 0
@@ -107,7 +125,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ddp-agent: %s is a flag, not a command: did you mean ddp-agent run %s ...?\n", args[0], args[0])
 		return 2
 	}
-	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, sidecar, status, topo, plugins, version, help)\n", args[0])
+	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, sidecar, status, topo, plugins, token, version, help)\n", args[0])
 	return 2
 }
 

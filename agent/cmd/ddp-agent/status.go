@@ -188,7 +188,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	if tlsCfg == nil && f.token != "" && !f.external {
 		// The embedded store of a job with a token admits only the job's
 		// certificates, which the token derives (as the agents do).
-		job, err := store.OpenJobTLS(f.token)
+		job, err := store.OpenJobTLS(rdzv.StretchToken(f.token))
 		if err != nil {
 			return fail("%v", err)
 		}
