@@ -412,7 +412,7 @@ func TestRefusedAgents(t *testing.T) {
 		// A wrong token or none: the store's TLS refuses the agent before
 		// it can read or write anything.
 		start("--rdzv-id", j.id, "--rdzv-token", "a-guessed-wrong-token"): "is --rdzv-token the same on every node",
-		start("--rdzv-id", j.id):                          "is --rdzv-token the same on every node",
+		start("--rdzv-id", j.id): "is --rdzv-token the same on every node",
 	}
 	for a, want := range refused {
 		if code := a.wait(30 * time.Second); code != 1 || !strings.Contains(a.stderr.String(), want) {
