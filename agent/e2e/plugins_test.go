@@ -188,14 +188,23 @@ func childPIDs(pid int) []int {
 	return kids
 }
 
-// The agent SIGKILLed leaves no plugin process behind.
-func TestPluginsDieWithAgent(t *testing.T) {
+// The agent SIGKILLed leaves no process behind: not its plugins, not its
+// workers, and not what either started, a daemon in a session of its own
+// included. Before the guard (agent/guard), the workers' subprocesses,
+// shells, daemons and pool processes, and the daemons of a plugin's
+// checks, lived on under pid 1.
+func TestAgentSIGKILLedLeavesNoProcess(t *testing.T) {
 	budget(t, 10*time.Second)
 	bins := buildMisbehave(t, "steady")
+	out := t.TempDir()
+	check := writeScript(t, "setsid sleep 300 </dev/null >/dev/null 2>&1 &\necho $! >> "+filepath.Join(out, "plugin_daemons")+"\n")
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1",
-		"--plugin", "exec,command=true,interval=1s", "--plugin", bins["steady"], "sleeper.py")
-	r.workerPIDs(1)
-	waitFor(t, 20*time.Second, func() bool { return strings.Count(r.stderr.String(), "plugin started") == 2 }, r.logs)
+		"--plugin", "exec,command="+check+",interval=1s", "--plugin", bins["steady"], "descendants.py")
+	waitFor(t, 20*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(r.out, "descendants_0"))
+		_, perr := os.Stat(filepath.Join(out, "plugin_daemons"))
+		return err == nil && perr == nil && strings.Count(r.stderr.String(), "plugin started") == 2
+	}, r.logs)
 	var plugins []int
 	for _, kid := range childPIDs(r.cmd.Process.Pid) {
 		exe, _ := os.Readlink("/proc/" + strconv.Itoa(kid) + "/exe")
@@ -206,16 +215,40 @@ func TestPluginsDieWithAgent(t *testing.T) {
 	if len(plugins) != 2 {
 		t.Fatalf("found plugin processes %v, want 2", plugins)
 	}
+	pids := func(file string) []int {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ps []int
+		for _, f := range strings.Fields(string(b)) {
+			p, _ := strconv.Atoi(f)
+			ps = append(ps, p)
+		}
+		return ps
+	}
+	descendants := pids(filepath.Join(r.out, "descendants_0"))
+	daemons := pids(filepath.Join(out, "plugin_daemons"))
+	all := append(append(append([]int{}, plugins...), descendants...), daemons...)
+	t.Cleanup(func() {
+		for _, p := range all {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
 	r.cmd.Process.Signal(syscall.SIGKILL)
 	r.wait(10 * time.Second)
+	var alive []int
 	waitFor(t, 5*time.Second, func() bool {
-		for _, p := range plugins {
+		alive = alive[:0]
+		for _, p := range all {
 			if processAlive(p) {
-				return false
+				alive = append(alive, p)
 			}
 		}
-		return true
-	}, func() string { return fmt.Sprintf("plugin processes %v outlived the agent", plugins) })
+		return len(alive) == 0
+	}, func() string {
+		return fmt.Sprintf("outlived the agent: %v (plugins %v, the worker's descendants %v, the check's daemons %v)", alive, plugins, descendants, daemons)
+	})
 }
 
 // hookServer records the webhook's events; delay and status say how it

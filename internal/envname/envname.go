@@ -21,6 +21,12 @@ const (
 	StackDir = "DDP_AGENT_STACK_DIR"
 	// GPU is the UUID of the worker's GPU.
 	GPU = "DDP_AGENT_GPU"
+	// Instance is set by ddp-agent (run and sidecar) for every process it
+	// starts, workers and plugins, and so inherited by theirs: the ids of
+	// the agents (an agent inside a worker adds its own) whose processes
+	// these are. An agent's guard kills every process that carries its
+	// id once the agent is gone (agent/guard).
+	Instance = "DDP_AGENT_INSTANCE"
 )
 
 // Set by a user (or a launcher) for the agent, the shim or the plugins.

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent"
+	"github.com/ddp-agent/ddp-agent/agent/guard"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
@@ -70,6 +71,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runTopo(args[1:], stdout, stderr)
 	case "plugins":
 		return runPlugins(args[1:], stdout, stderr)
+	case guard.Command:
+		if len(args) != 2 {
+			fmt.Fprintf(stderr, "ddp-agent %s: want one instance id\n", guard.Command)
+			return 2
+		}
+		return guard.Run(args[1], os.Stdin, stderr)
 	case bindCommand:
 		// The NUMA binding trampoline between the agent and a worker: it
 		// returns only when it cannot bind or exec.
@@ -200,6 +207,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	if f, ok := stderr.(*os.File); ok { // a hang's stacks, readable on a terminal
 		rc.Telemetry.Console = observe.Terminal(f)
 	}
+	defer startGuard(log)(2 * time.Second)
 	a := agent.New(rc, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError
@@ -224,6 +232,22 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		log.Error("agent error", "err", err)
 		return 1
 	}
+}
+
+// startGuard starts the guard that kills what the agent started once the
+// agent is gone (agent/guard), before the agent starts anything, and
+// returns the guard's Close. Without one (no executable to run) the agent
+// runs all the same and says so.
+func startGuard(log *slog.Logger) func(time.Duration) {
+	exe, err := os.Executable()
+	var g *guard.Guard
+	if err == nil {
+		g, err = guard.Start(exe, os.Stderr)
+	}
+	if err != nil {
+		log.Warn("no guard: if this agent is SIGKILLed, what its workers and plugins started may outlive it", "err", err)
+	}
+	return g.Close
 }
 
 // exitDrained is the exit code when a GPU fault, a persistent straggler
