@@ -12,12 +12,12 @@ import (
 
 func TestCarries(t *testing.T) {
 	for env, want := range map[string]bool{
-		"A=1\x00" + envname.Instance + "=00aa\x00B=2":      true,
-		envname.Instance + "=11bb,00aa":                    true,
-		envname.Instance + "=00aab":                        false,
-		"X" + envname.Instance + "=00aa":                   false,
-		"A=" + envname.Instance + "=00aa\x00":              false,
-		"":                                                 false,
+		"A=1\x00" + envname.Instance + "=00aa\x00B=2":     true,
+		envname.Instance + "=11bb,00aa":                   true,
+		envname.Instance + "=00aab":                       false,
+		"X" + envname.Instance + "=00aa":                  false,
+		"A=" + envname.Instance + "=00aa\x00":             false,
+		"":                                                false,
 		envname.Instance + "=\x00" + envname.Instance[:5]: false,
 	} {
 		if got := carries([]byte(env), "00aa"); got != want {
