@@ -116,7 +116,11 @@ func (r *run) failAttempt(ctx context.Context, at *attempt, f *Fault) (restartsL
 		r.mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
 	}
 	r.abort(f.Reason)
-	ferr := r.j.rz.Fail(ctx, at.r, f.Reason)
+	// Sent first, answered whenever: a store without a quorum answers
+	// nothing until the request's timeout, and the failure's report
+	// waited for it (the worker's death logged 15.7 s late).
+	failed := make(chan error, 1)
+	go func() { failed <- r.j.rz.Fail(ctx, at.r, f.Reason) }()
 	at.r.Stop()
 	at.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
 	r.dropGeneration(at.gen)
@@ -126,6 +130,7 @@ func (r *run) failAttempt(ctx context.Context, at *attempt, f *Fault) (restartsL
 		ev.blame, ev.report = &b, text
 	}
 	r.tell(ev)
+	ferr := <-failed
 	var jf *rdzv.JobFailedError
 	if errors.As(ferr, &jf) {
 		return false

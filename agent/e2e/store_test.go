@@ -136,3 +136,42 @@ func TestStoreLostFailsFast(t *testing.T) {
 		t.Errorf("took %v to give up on the store", took)
 	}
 }
+
+// TestQuorumLostFailsFast: three agents, three store members; two agents
+// are SIGKILLed at once, which takes the store's quorum. The survivor
+// logs its worker's failure when it happens, not after a store request
+// that no quorum answers, and exits within the store timeout (10 s) of
+// its failure's report, not twice that. Before: the failure logged 15.7 s
+// late, the exit 32-38 s after the loss.
+func TestQuorumLostFailsFast(t *testing.T) {
+	budget(t, 60*time.Second)
+	needTorch(t)
+	j := newJob(t, "3", 2, 400, "--sleep-per-step", "0.1")
+	j.args[3] = "1" // --nproc-per-node 1: three agents on two cores
+	all := []*agentRun{j.startHost(), j.start(), j.start()}
+	waitFor(t, 2*time.Minute, func() bool {
+		in, _ := members(all)
+		return len(in) == 3 && strings.Contains(all[0].stdout.String()+all[1].stdout.String()+all[2].stdout.String(), "step 5 loss")
+	}, allLogs(all...))
+	survivor := all[2]
+	all[0].cmd.Process.Signal(syscall.SIGKILL)
+	all[1].cmd.Process.Signal(syscall.SIGKILL)
+	hit := time.Now()
+	code := survivor.waitHint(90*time.Second, "(it should give up on the store within seconds)")
+	took := time.Since(hit)
+	logs := survivor.stderr.String()
+	failed, ok := logTime(logs, `msg="worker failed"`)
+	if !ok {
+		failed, ok = logTime(logs, `stopping workers|lost its lease|lease`)
+	}
+	t.Logf("the survivor exited %d %v after losing two of three agents; its worker's end logged %v after", code, took.Round(100*time.Millisecond), failed.Sub(hit).Round(100*time.Millisecond))
+	if code == 0 || !strings.Contains(logs, "answered nothing for") {
+		t.Fatalf("exit %d, want a failure naming the lost store\n%s", code, survivor.logs())
+	}
+	if ok && failed.Sub(hit) > 8*time.Second {
+		t.Errorf("the worker's end was logged %v after the loss\n%s", failed.Sub(hit).Round(100*time.Millisecond), survivor.logs())
+	}
+	if took > 25*time.Second {
+		t.Errorf("the survivor took %v to give up on the store\n%s", took.Round(time.Second), survivor.logs())
+	}
+}

@@ -13,7 +13,9 @@ import (
 // *JobFailedError when no restarts were left. When the job already moved
 // on (another node's fault came first), nothing more is counted.
 func (e *Membership) Fail(ctx context.Context, r *Round, reason string) error {
+	asked := time.Now()
 	st, err := e.bump(ctx, r.Generation, faultMove(e.node, e.cfg.Host, r.GroupRank, reason))
+	e.noteAnswer(asked, err)
 	if err != nil {
 		return err
 	}

@@ -96,6 +96,10 @@ type Membership struct {
 	waited  bool
 	lastGen uint64 // the last generation this node ran, +1 (0: none yet)
 	opened  time.Time
+	// unanswered: when a request Fail sent, which the store left without
+	// an answer, was sent; zero once the store answered one. Next's count
+	// of the store's silence starts there (silence.go).
+	unanswered time.Time
 }
 
 // Open joins the job's rendezvous: it checks that the store belongs to

@@ -5,6 +5,10 @@ import (
 	"errors"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
@@ -26,6 +30,16 @@ type silence struct {
 
 func (e *Membership) newSilence() *silence {
 	s := &silence{answered: time.Now(), limit: e.cfg.StoreTimeout, endpoint: e.cfg.Endpoint}
+	e.mu.Lock()
+	if !e.unanswered.IsZero() {
+		// The failure's report to the store went unanswered: the
+		// silence began when it was sent, after this agent last ran,
+		// not now. Counted from now, an agent that lost two of three
+		// members waited the store's timeout twice, and exited 32-38 s
+		// after the loss.
+		s.answered = e.unanswered
+	}
+	e.mu.Unlock()
 	if s.limit <= 0 {
 		s.limit = DefaultStoreTimeout
 	}
@@ -47,6 +61,32 @@ func (s *silence) heard() { s.answered = time.Now() }
 func (s *silence) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	left := max(time.Until(s.answered.Add(s.limit)), time.Second)
 	return context.WithTimeout(ctx, min(left, max(s.limit/5, time.Second)))
+}
+
+// noteAnswer records how a request sent at asked fared: err is nil or
+// the store's answer (a refusal, a failed compare), or it is the store's
+// silence (a deadline, no member to reach).
+func (e *Membership) noteAnswer(asked time.Time, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case err == nil:
+		e.unanswered = time.Time{}
+	case unanswered(err) && e.unanswered.IsZero():
+		e.unanswered = asked
+	}
+}
+
+// unanswered reports whether err says the store gave no answer.
+func unanswered(err error) bool {
+	for _, silent := range []error{context.DeadlineExceeded, store.ErrUnreachable, rpctypes.ErrNoLeader,
+		rpctypes.ErrTimeout, rpctypes.ErrTimeoutDueToLeaderFail, rpctypes.ErrTimeoutDueToConnectionLost} {
+		if errors.Is(err, silent) {
+			return true
+		}
+	}
+	c := status.Code(err)
+	return c == codes.Unavailable || c == codes.DeadlineExceeded
 }
 
 // tooLong returns *StoreLostError when the store, which just failed a

@@ -1,10 +1,13 @@
 package rdzv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
@@ -28,5 +31,25 @@ func TestSilence(t *testing.T) {
 	defer cancel()
 	if dl, _ := ctx.Deadline(); time.Until(dl) > time.Second+100*time.Millisecond {
 		t.Errorf("bound after the silence ran out: %v, want a second", time.Until(dl))
+	}
+}
+
+// TestSilenceStartsAtTheUnansweredFail: a failure's report that the store
+// left unanswered starts the count of its silence; an answer since clears
+// it; a refusal (an answer) does not start it.
+func TestSilenceStartsAtTheUnansweredFail(t *testing.T) {
+	e := &Membership{cfg: Config{StoreTimeout: 10 * time.Second}}
+	asked := time.Now().Add(-7 * time.Second)
+	e.noteAnswer(asked, fmt.Errorf("rendezvous store: %w", context.DeadlineExceeded))
+	if s := e.newSilence(); !s.answered.Equal(asked) {
+		t.Errorf("silence counted from %v, want the unanswered request's %v", s.answered, asked)
+	}
+	e.noteAnswer(time.Now(), nil)
+	if s := e.newSilence(); time.Since(s.answered) > time.Second {
+		t.Errorf("after an answer, silence counted from %v, want now", s.answered)
+	}
+	e.noteAnswer(asked, fmt.Errorf("rendezvous store: %w", rpctypes.ErrNoSpace))
+	if s := e.newSilence(); time.Since(s.answered) > time.Second {
+		t.Errorf("a refusal started the silence at %v", s.answered)
 	}
 }
