@@ -27,7 +27,9 @@ type RefusedError struct {
 	Err    error
 }
 
-func (e *RefusedError) Error() string { return "plugin " + e.Plugin + " refused: " + e.Err.Error() }
+// Error quotes the name: a plugin named "plugin" read "plugin plugin
+// refused".
+func (e *RefusedError) Error() string { return fmt.Sprintf("plugin %q refused: %v", e.Plugin, e.Err) }
 func (e *RefusedError) Unwrap() error { return e.Err }
 
 // proc is one running plugin process and what it serves.

@@ -102,7 +102,7 @@ func TestStartRefusals(t *testing.T) {
 			ok, _ := helperPlugin(t, dir, "ok", "detector:steady")
 			bad, _ := helperPlugin(t, dir, "bad", "detector:refuse")
 			return []string{ok, bad}
-		}, want: "plugin bad refused"},
+		}, want: `plugin "bad" refused`},
 		{name: "a bundled name not bundled", specs: func(dir string) []string {
 			helperPlugin(t, dir, BundledBinary, "bundled:detector:steady")
 			return []string{"nope"}

@@ -87,7 +87,7 @@ func ParseSpecs(flags []string, env string) ([]Spec, error) {
 func (s Spec) command(dir string) (string, []string, error) {
 	if s.Path != "" {
 		if _, err := os.Stat(s.Path); err != nil {
-			return "", nil, fmt.Errorf("plugin %s: %w", s.Raw, err)
+			return "", nil, err // names the path, and RefusedError the plugin
 		}
 		return s.Path, nil, nil
 	}

@@ -142,7 +142,7 @@ func TestSpecCommand(t *testing.T) {
 		err      string
 	}{
 		{name: "an external plugin runs as it is", sp: Spec{Name: "site-check", Path: ext}, dir: withBundled, wantPath: ext},
-		{name: "a missing external plugin", sp: Spec{Name: "gone", Path: filepath.Join(dir, "gone"), Raw: "gone-raw"}, err: "plugin gone-raw:"},
+		{name: "a missing external plugin", sp: Spec{Name: "gone", Path: filepath.Join(dir, "gone"), Raw: "gone-raw"}, err: "gone: no such file"},
 		{name: "a bundled plugin runs through ddp-agent-plugins", sp: Spec{Name: "exec"}, dir: withBundled, wantPath: filepath.Join(withBundled, BundledBinary), wantArgs: []string{"exec"}},
 		{name: "no ddp-agent-plugins", sp: Spec{Name: "exec"}, dir: dir, err: "the bundled plugins' binary is missing"},
 	} {
