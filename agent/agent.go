@@ -58,14 +58,20 @@ func (e *SignalError) Error() string { return "received " + e.Signal.String() }
 
 // stopSignal is what the workers get first when the agent stops: SIGINT
 // when the user pressed Ctrl-C (Python raises KeyboardInterrupt, as under
-// torchrun, where the terminal's SIGINT reaches the workers directly),
-// SIGTERM otherwise.
+// torchrun, where the terminal's SIGINT reaches the workers directly);
+// SIGTERM for SIGTERM, SIGHUP, SIGQUIT and any other cause; a signal
+// --signals-to-handle added (SIGUSR1: Slurm's warning before the time
+// limit, which Lightning checkpoints on) as it is, as torchrun forwards it.
 func stopSignal(cause error) syscall.Signal {
 	var se *SignalError
-	if errors.As(cause, &se) && se.Signal == syscall.SIGINT {
-		return syscall.SIGINT
+	if !errors.As(cause, &se) {
+		return syscall.SIGTERM
 	}
-	return syscall.SIGTERM
+	switch se.Signal {
+	case syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT:
+		return syscall.SIGTERM
+	}
+	return se.Signal
 }
 
 // Agent supervises this node's workers for one job. It holds only what

@@ -23,9 +23,12 @@ type Config struct {
 	// (supervisor.TorchVersion): it picks torchrun's environment names.
 	TorchVersion string
 	NProcPerNode int
-	Role         string
-	MaxRestarts  int           // restarts of the whole job after a fault
-	StopTimeout  time.Duration // grace between SIGTERM and SIGKILL
+	// VirtualLocalRank: every worker's LOCAL_RANK is 0, and its GPU the
+	// only one it sees (GPUs.Virtual).
+	VirtualLocalRank bool
+	Role             string
+	MaxRestarts      int           // restarts of the whole job after a fault
+	StopTimeout      time.Duration // grace between SIGTERM and SIGKILL
 
 	// LogDir keeps each run's worker logs, error files and Perfetto
 	// traces in LogDir/<run id>. Without it, KeepLogs keeps them in a

@@ -25,6 +25,8 @@ type GPUs struct {
 	// Bind is the executable whose "__bind" command binds a worker and
 	// execs it (ddp-agent itself).
 	Bind string
+	// Virtual: each worker sees its own GPU alone (--virtual-local-rank).
+	Virtual bool
 	// Watch, when set, makes the health watcher of the GPUs over the
 	// node's NVML (which the caller shuts down after Run). Nil with a saved
 	// topology (DDP_AGENT_TOPOLOGY): nothing to watch.
@@ -114,6 +116,9 @@ func (g *GPUs) place(lr int) supervisor.Placement {
 		p.Prefix = append([]string{g.Bind}, args...)
 	}
 	p.Env = g.Plan.Env(lr)
+	if g.Virtual {
+		p.Env = g.Plan.VirtualEnv(lr)
+	}
 	return p
 }
 

@@ -175,6 +175,20 @@ func TestDGXPlacement(t *testing.T) {
 		t.Errorf("CUDA_VISIBLE_DEVICES %v: want a reordering of 6,7,0,1", order)
 	}
 
+	// --virtual-local-rank: each worker sees its own GPU alone, as
+	// device 0, with LOCAL_RANK 0.
+	r = startAgent(t, []string{"DDP_AGENT_TOPOLOGY=" + saved, "CUDA_VISIBLE_DEVICES=6,7,0,1"}, "--nproc-per-node", "gpu", "--numa-binding", "none", "--virtual-local-rank", "place.py")
+	if code := r.wait(30 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, r.logs())
+	}
+	for rank, p := range readPlaced(t, r, 4) {
+		idx, _ := strconv.Atoi(p.Env["CUDA_VISIBLE_DEVICES"])
+		if p.Env["LOCAL_RANK"] != "0" || strings.Contains(p.Env["CUDA_VISIBLE_DEVICES"], ",") || p.Env["DDP_AGENT_GPU"] != topo.GPUs[idx].UUID || order[rank] != p.Env["CUDA_VISIBLE_DEVICES"] {
+			t.Errorf("rank %d: LOCAL_RANK %q CUDA_VISIBLE_DEVICES %q DDP_AGENT_GPU %q, want 0, GPU %s alone, its UUID", rank,
+				p.Env["LOCAL_RANK"], p.Env["CUDA_VISIBLE_DEVICES"], p.Env["DDP_AGENT_GPU"], order[rank])
+		}
+	}
+
 	// A saved topology that is not one is a usage error.
 	bad := filepath.Join(t.TempDir(), "bad.json")
 	os.WriteFile(bad, []byte("{"), 0o644)

@@ -386,3 +386,35 @@ func TestTokenNotInWorkersEnv(t *testing.T) {
 		t.Errorf("not the worker's environment: RANK=%q", env["RANK"])
 	}
 }
+
+// TestSignalsToHandle: --signals-to-handle adds SIGUSR1 (Slurm's warning
+// before a job's time limit): the agent stops on it and the workers get
+// SIGUSR1 itself, as torchrun forwards it; without the flag SIGUSR1 is
+// not the agent's to handle, and it dies of it (as torchrun would).
+func TestSignalsToHandle(t *testing.T) {
+	budget(t, 10*time.Second)
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1", "--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1", "signaled.py")
+	waitFor(t, 20*time.Second, func() bool { return strings.Contains(r.stdout.String(), "ready") }, r.logs)
+	r.cmd.Process.Signal(syscall.SIGUSR1)
+	if code := r.wait(20 * time.Second); code != 128+int(syscall.SIGUSR1) {
+		t.Errorf("exit %d, want %d", code, 128+int(syscall.SIGUSR1))
+	}
+	if !strings.Contains(r.stdout.String(), "got SIGUSR1") || !strings.Contains(r.stderr.String(), "agent stopped by signal") {
+		t.Errorf("the worker did not get SIGUSR1 from an agent that stopped on it\n%s", r.logs())
+	}
+}
+
+// TestVirtualLocalRank: every worker's LOCAL_RANK is 0 (on a CPU node no
+// GPU to narrow).
+func TestVirtualLocalRank(t *testing.T) {
+	budget(t, 10*time.Second)
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--virtual-local-rank", "--no-python", "sh", "-c", `echo "local_rank=$LOCAL_RANK rank=$RANK"`)
+	if code := r.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, r.logs())
+	}
+	for _, want := range []string{"[rank0]:local_rank=0 rank=0", "[rank1]:local_rank=0 rank=1"} {
+		if !strings.Contains(r.stdout.String(), want) {
+			t.Errorf("stdout lacks %q\n%s", want, r.logs())
+		}
+	}
+}

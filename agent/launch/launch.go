@@ -11,8 +11,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
@@ -153,6 +155,11 @@ type Config struct {
 	// LinePrefix is --log-line-prefix-template ("" the default).
 	LinePrefix string
 
+	// Signals stop the agent (--signals-to-handle).
+	Signals []syscall.Signal
+	// VirtualLocalRank: every worker sees LOCAL_RANK=0 and its GPU alone.
+	VirtualLocalRank bool
+
 	// Plugins are the --plugin specs (or $DDP_AGENT_PLUGINS's).
 	Plugins []pluginhost.Spec
 
@@ -250,6 +257,8 @@ var flagSpecs = []flagSpec{
 	{name: "straggler-action", def: "log", help: "what to do about a persistent straggler named without a gap for --straggler-confirm: log (a line, nothing more), restart (restart the job, counted against --max-restarts; not when none are left), or drain (the node that runs the straggler leaves the job, when at least MIN nodes remain or a spare waits)"},
 	{name: "straggler-confirm", def: "60s", help: "how long a rank must stay a persistent straggler, without a gap, before --straggler-action acts (seconds, or like 90s; above 0)"},
 	{name: "plugin", exact: true, repeat: true, help: "run a plugin beside the job, repeatable: NAME[,key=value...] for a bundled one (exec, nic, disk, webhook; see ddp-agent plugins) or /path/to/plugin[,key=value...]; default $DDP_AGENT_PLUGINS (specs separated by ';')"},
+	{name: "signals-to-handle", def: "SIGTERM,SIGINT,SIGHUP,SIGQUIT", help: "signals that stop the agent and its workers, as torchrun >= 2.8: comma-separated names from SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU; the workers get SIGINT for SIGINT, SIGTERM for SIGTERM, SIGHUP and SIGQUIT, and any other as it is (SIGUSR1: Slurm's warning before the time limit), then SIGKILL after --stop-timeout"},
+	{name: "virtual-local-rank", bool: true, help: "every worker sees LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES (device 0), as torchrun >= 2.8; needs a GPU per worker"},
 	{name: "log-dir", help: "directory for per-rank stdout/stderr files, kept per attempt"},
 	{name: "redirects", short: "r", def: "0", help: "streams sent only to log files: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2 per local rank"},
 	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
@@ -465,6 +474,9 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if err := r.stopTimeout(c, set); err != nil {
 		return err
 	}
+	if err := r.signalsAndRanks(c, host); err != nil {
+		return err
+	}
 	if err := r.torchrunOnly(); err != nil {
 		return err
 	}
@@ -562,6 +574,39 @@ func (r rawFlags) stopTimeout(c *Config, set map[string]bool) error {
 	var err error
 	c.StopTimeout, err = r.seconds(name)
 	return err
+}
+
+// handledSignals are the signals --signals-to-handle may name: those that
+// can ask a job to stop. SIGKILL and SIGSTOP cannot be caught, and the
+// agent needs SIGCHLD and SIGPIPE for themselves.
+var handledSignals = map[string]syscall.Signal{
+	"SIGTERM": syscall.SIGTERM, "SIGINT": syscall.SIGINT, "SIGHUP": syscall.SIGHUP, "SIGQUIT": syscall.SIGQUIT,
+	"SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGALRM": syscall.SIGALRM, "SIGXCPU": syscall.SIGXCPU,
+}
+
+// signalsAndRanks reads --signals-to-handle and --virtual-local-rank.
+func (r rawFlags) signalsAndRanks(c *Config, host Host) error {
+	c.Signals = nil
+	for _, name := range strings.Split(r["signals-to-handle"], ",") {
+		name = strings.TrimSpace(name)
+		sig, ok := handledSignals[name]
+		if !ok {
+			return usagef("--signals-to-handle: %q is not one of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU", name)
+		}
+		if !slices.Contains(c.Signals, sig) {
+			c.Signals = append(c.Signals, sig)
+		}
+	}
+	var err error
+	if c.VirtualLocalRank, err = r.bool("virtual-local-rank"); err != nil {
+		return err
+	}
+	if c.VirtualLocalRank && host.GPUs != nil {
+		if n, err := host.GPUs(); err == nil && n > 0 && c.NProcPerNode > n {
+			return usagef("--virtual-local-rank gives each worker a GPU of its own: %d workers, %d GPUs", c.NProcPerNode, n)
+		}
+	}
+	return nil
 }
 
 // console reads where the workers' output goes: --redirects, --tee,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -187,7 +188,8 @@ var torchrunLines = []torchrunLine{
 			want := &Config{NProcPerNode: 1, NProcSpec: "1", NProcLimit: 32, NNodesMin: 1, NNodesMax: 1, RdzvBackend: "static",
 				MonitorInterval: 5 * time.Second, StopTimeout: 10 * time.Second, StartMethod: "spawn", Role: "default",
 				Python: "python3", LogLevel: "info", HangTimeout: time.Minute, TraceSample: 0.1, StragglerCost: 0.05,
-				StragglerAction: "log", StragglerConfirm: time.Minute, MetricsLinger: time.Minute, Script: "train.py", Rdzv: DefaultRdzvConf}
+				StragglerAction: "log", StragglerConfirm: time.Minute, MetricsLinger: time.Minute, Script: "train.py", Rdzv: DefaultRdzvConf,
+				Signals: []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT}}
 			if !reflect.DeepEqual(c, want) {
 				return "the documented defaults"
 			}
@@ -234,6 +236,7 @@ func TestParseErrors(t *testing.T) {
 		{"rdzv conf unknown key", "--rdzv-conf jion_timeout=5 train.py", "unknown key \"jion_timeout\""},
 		{"rdzv conf bad value", "--rdzv-conf join_timeout=soon train.py", "join_timeout"},
 		{"rdzv conf short ttl", "--rdzv-conf keep_alive_interval=0.5,keep_alive_max_attempt=2 train.py", "at least 2s"},
+		{"unknown signal", "--signals-to-handle SIGTERM,SIGKILL train.py", "\"SIGKILL\" is not one of"},
 		{"short token", "--rdzv-token hunter2 train.py", "7 characters can be guessed offline"},
 		{"rdzv conf tiny store", "--rdzv-conf store_quota=1MiB train.py", "from 4MiB to 8GiB"},
 		{"rdzv conf store quota not a size", "--rdzv-conf store_quota=lots train.py", "store_quota"},

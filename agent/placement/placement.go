@@ -252,6 +252,16 @@ func (p *Plan) Env(localRank int) map[string]string {
 	return env
 }
 
+// VirtualEnv is Env for torchrun's --virtual-local-rank: the worker sees
+// its own GPU alone, as device 0 (its LOCAL_RANK is 0).
+func (p *Plan) VirtualEnv(localRank int) map[string]string {
+	env := p.Env(localRank)
+	if p.env && localRank >= 0 && localRank < len(p.spell) {
+		env["CUDA_VISIBLE_DEVICES"] = p.spell[localRank]
+	}
+	return env
+}
+
 // String is the plan in one line for the log: "ring 0,1,2,3 (NV12 all
 // pairs); numa-binding node: 0:0-15@0 1:0-15@0 ...", each worker's CPUs
 // followed by its memory node, "-" for a worker not bound to CPUs.

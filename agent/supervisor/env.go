@@ -46,6 +46,9 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, pla
 		// where the shim notes when it closed, and a collective that a peer failed
 		envname.CommNoteFile: noteFile,
 	}
+	if s.VirtualLocalRank {
+		set["LOCAL_RANK"] = "0"
+	}
 	have := map[string]bool{}
 	for _, kv := range base {
 		k, _, _ := strings.Cut(kv, "=")

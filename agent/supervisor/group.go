@@ -77,6 +77,10 @@ type Spec struct {
 	// it picks the name of the NCCL error-handling variable they read.
 	TorchVersion string
 
+	// VirtualLocalRank: every worker's LOCAL_RANK is 0 (torchrun's
+	// --virtual-local-rank; Place gives each its own GPU alone).
+	VirtualLocalRank bool
+
 	// Place, when set, says where each local rank runs: an argv prefix
 	// that binds it (ddp-agent's NUMA binding trampoline) and variables
 	// that name its GPUs. Nil: every worker runs Argv as it is.

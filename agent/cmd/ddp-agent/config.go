@@ -24,15 +24,16 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 		tls = &store.TLSFiles{CertFile: rc.Cert, KeyFile: rc.Key, CAFile: rc.CACert}
 	}
 	return agent.Config{
-		RunID:        cfg.RdzvID,
-		Command:      cfg.Command(),
-		NProcPerNode: cfg.NProcPerNode,
-		Role:         cfg.Role,
-		MaxRestarts:  cfg.MaxRestarts,
-		StopTimeout:  cfg.StopTimeout,
-		LogDir:       cfg.LogDir,
-		KeepLogs:     cfg.KeepLogs(),
-		Streams:      cfg.Streams(),
+		RunID:            cfg.RdzvID,
+		Command:          cfg.Command(),
+		NProcPerNode:     cfg.NProcPerNode,
+		VirtualLocalRank: cfg.VirtualLocalRank,
+		Role:             cfg.Role,
+		MaxRestarts:      cfg.MaxRestarts,
+		StopTimeout:      cfg.StopTimeout,
+		LogDir:           cfg.LogDir,
+		KeepLogs:         cfg.KeepLogs(),
+		Streams:          cfg.Streams(),
 		Rendezvous: agent.Rendezvous{
 			Backend:     rdzvBackend(cfg),
 			Endpoints:   cfg.Endpoints(),

@@ -178,7 +178,7 @@ func (n *gpuNode) place(cfg *launch.Config, log *slog.Logger) (*agent.GPUs, erro
 	if err != nil {
 		return nil, fmt.Errorf("find the ddp-agent executable for NUMA binding: %w", err)
 	}
-	g := &agent.GPUs{Topology: n.topo, Plan: plan, Binding: mode, Bind: exe}
+	g := &agent.GPUs{Topology: n.topo, Plan: plan, Binding: mode, Bind: exe, Virtual: cfg.VirtualLocalRank}
 	if lib := n.lib; lib != nil {
 		g.Watch = func(devs []health.Device, opts ...health.Option) *health.Watcher {
 			return health.NewWatcher(lib, devs, opts...)

@@ -185,7 +185,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	sigs := make(chan os.Signal, 1)
 	// SIGQUIT stops gracefully too, as in torchrun.
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	for _, s := range cfg.Signals { // --signals-to-handle
+		signal.Notify(sigs, s)
+	}
 	defer signal.Stop(sigs)
 	go func() {
 		select {
