@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -416,5 +417,28 @@ func TestVirtualLocalRank(t *testing.T) {
 		if !strings.Contains(r.stdout.String(), want) {
 			t.Errorf("stdout lacks %q\n%s", want, r.logs())
 		}
+	}
+}
+
+// TestDuplicateFilters: --duplicate-stdout-filters copies every rank's
+// matching lines, prefixed, into the attempt's filtered_stdout.log; a
+// ",," is a comma in a filter.
+func TestDuplicateFilters(t *testing.T) {
+	budget(t, 10*time.Second)
+	logDir := t.TempDir()
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--log-dir", logDir, "--rdzv-id", "dup",
+		"--duplicate-stdout-filters", "loss,,,apple", "--no-python", "sh", "-c", `echo "step 1 loss, 0.5"; echo "step 1 lr 0.1"; echo "apple $RANK"`)
+	if code := r.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, r.logs())
+	}
+	b, err := os.ReadFile(filepath.Join(logDir, "dup", "attempt_0", "filtered_stdout.log"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, r.logs())
+	}
+	got := strings.Split(strings.TrimSpace(string(b)), "\n")
+	slices.Sort(got)
+	want := []string{"[rank0]:apple 0", "[rank0]:step 1 loss, 0.5", "[rank1]:apple 1", "[rank1]:step 1 loss, 0.5"}
+	if !slices.Equal(got, want) {
+		t.Errorf("filtered_stdout.log holds %q, want %q", got, want)
 	}
 }

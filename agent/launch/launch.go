@@ -154,6 +154,9 @@ type Config struct {
 	LocalRanksFilter map[int]bool
 	// LinePrefix is --log-line-prefix-template ("" the default).
 	LinePrefix string
+	// DupOut and DupErr are --duplicate-stdout-filters and
+	// --duplicate-stderr-filters.
+	DupOut, DupErr []string
 
 	// Signals stop the agent (--signals-to-handle).
 	Signals []syscall.Signal
@@ -263,6 +266,8 @@ var flagSpecs = []flagSpec{
 	{name: "redirects", short: "r", def: "0", help: "streams sent only to log files: 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2 per local rank"},
 	{name: "tee", short: "t", def: "0", help: "streams sent to log files and the console, same values as --redirects"},
 	{name: "local-ranks-filter", help: "show only these local ranks' output on the console, e.g. 0 or 0,2 (log files keep every rank's), as torchrun >= 2.2"},
+	{name: "duplicate-stdout-filters", help: "also append the stdout lines that hold one of these strings (comma-separated; ,, for a comma) to filtered_stdout.log in the attempt's log directory, every rank's, prefixed, as torchrun >= 2.8"},
+	{name: "duplicate-stderr-filters", help: "the same for stderr, into filtered_stderr.log"},
 	{name: "log-line-prefix-template", help: "what goes before each worker line on the console, with the macros ${role_name}, ${local_rank}, ${rank}, ${hostname} (default [rank${rank}]:)"},
 	{name: "module", short: "m", bool: true, help: "run the script as a Python module (python -m)"},
 	{name: "no-python", bool: true, help: "run the script directly, not through the Python interpreter"},
@@ -623,7 +628,21 @@ func (r rawFlags) console(c *Config) error {
 		return usagef("--local-ranks-filter: %v", err)
 	}
 	c.LinePrefix = r["log-line-prefix-template"]
+	c.DupOut, c.DupErr = parseFilters(r["duplicate-stdout-filters"]), parseFilters(r["duplicate-stderr-filters"])
 	return nil
+}
+
+// parseFilters reads torchrun's comma-separated list, where ",," is a
+// comma; empty entries are dropped.
+func parseFilters(v string) []string {
+	const comma = "\x00"
+	var out []string
+	for _, f := range strings.Split(strings.ReplaceAll(v, ",,", comma), ",") {
+		if f = strings.ReplaceAll(f, comma, ","); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // logDir reads --log-dir: an absolute path, not a file.

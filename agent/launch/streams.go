@@ -8,9 +8,12 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
-// KeepLogs reports whether --redirects or --tee ask for log files, which
-// torchrun writes (to a temporary directory) even without --log-dir.
-func (c *Config) KeepLogs() bool { return c.Redirects.Any() || c.Tee.Any() }
+// KeepLogs reports whether --redirects, --tee or a --duplicate-*-filters
+// ask for log files, which torchrun writes (to a temporary directory)
+// even without --log-dir.
+func (c *Config) KeepLogs() bool {
+	return c.Redirects.Any() || c.Tee.Any() || len(c.DupOut) > 0 || len(c.DupErr) > 0
+}
 
 // Streams maps --redirects, --tee, --log-dir, --local-ranks-filter and
 // --log-line-prefix-template onto each local rank's worker: redirected
@@ -32,6 +35,8 @@ func (c *Config) streams(logging bool) func(int) supervisor.Streams {
 			ConsoleOut: shown && !red.Has(StdOut),
 			ConsoleErr: shown && !red.Has(StdErr),
 			Prefix:     c.LinePrefix,
+			DupOut:     c.DupOut,
+			DupErr:     c.DupErr,
 			FileOut:    logging && (all || red.Has(StdOut) || tee.Has(StdOut)),
 			FileErr:    logging && (all || red.Has(StdErr) || tee.Has(StdErr)),
 		}

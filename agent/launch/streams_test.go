@@ -2,6 +2,7 @@ package launch
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func TestStreams(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := &Config{LogDir: tc.logDir, Redirects: tc.redirects, Tee: tc.tee}
-			if got := cfg.streams(tc.logging)(tc.rank); got != tc.want {
+			if got := cfg.streams(tc.logging)(tc.rank); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})

@@ -48,6 +48,11 @@ type Streams struct {
 	// macros ${role_name}, ${local_rank}, ${rank} and ${hostname}; "" is
 	// DefaultPrefix.
 	Prefix string
+	// DupOut and DupErr: the lines of stdout (stderr) that hold one of
+	// these strings are also appended, prefixed, to the attempt's
+	// filtered_stdout.log (filtered_stderr.log), shared by every rank
+	// (torchrun's --duplicate-stdout-filters).
+	DupOut, DupErr []string
 }
 
 // Spec is everything needed to start one attempt of the local workers.
@@ -237,8 +242,18 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 		w.stderr.console = spec.Stderr
 	}
 	var err error
+	if w.stdout.dup, err = openDup(spec.AttemptDir, "filtered_stdout.log", streams.DupOut); err != nil {
+		return nil, err
+	}
+	w.stdout.filters = bytesOf(streams.DupOut)
+	if w.stderr.dup, err = openDup(spec.AttemptDir, "filtered_stderr.log", streams.DupErr); err != nil {
+		w.closeFiles()
+		return nil, err
+	}
+	w.stderr.filters = bytesOf(streams.DupErr)
 	if streams.FileOut {
 		if w.stdout.file, err = g.openLog(dir, "stdout.log", id.Rank); err != nil {
+			w.closeFiles()
 			return nil, err
 		}
 	}
@@ -331,6 +346,11 @@ func (w *worker) closeFiles() {
 	for _, f := range []*logFile{w.stdout.file, w.stderr.file} {
 		if f != nil {
 			f.w.Close()
+		}
+	}
+	for _, f := range []*os.File{w.stdout.dup, w.stderr.dup} {
+		if f != nil {
+			f.Close()
 		}
 	}
 }

@@ -3,8 +3,11 @@ package supervisor
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 )
 
@@ -43,6 +46,10 @@ type stream struct {
 	console  *Console // nil: not shown
 	file     *logFile // nil: not logged
 	keepTail bool     // remember the last lines (stderr only: nothing reads stdout's)
+	// dup, when set, gets the lines that hold one of filters (the
+	// attempt's filtered_std*.log, opened for appending by every rank).
+	dup     *os.File
+	filters [][]byte
 
 	mu   sync.Mutex
 	tail [][]byte
@@ -94,6 +101,9 @@ func (s *stream) copy(r io.Reader) {
 			if s.file != nil {
 				s.file.close()
 			}
+			if s.dup != nil {
+				s.dup.Close()
+			}
 			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed) {
 				s.remember([]byte("[ddp-agent: reading worker output: " + err.Error() + "]"))
 			}
@@ -105,6 +115,15 @@ func (s *stream) copy(r io.Reader) {
 func (s *stream) line(out *bytes.Buffer, line []byte) {
 	if s.keepTail {
 		s.remember(line)
+	}
+	if s.dup != nil && holdsAny(line, s.filters) {
+		// One write per line on a file opened for appending: the ranks'
+		// lines do not interleave.
+		if _, err := s.dup.Write(slices.Concat(s.prefix, line, []byte{'\n'})); err != nil {
+			s.remember([]byte("[ddp-agent: writing " + s.dup.Name() + ": " + err.Error() + "; no more lines go there]"))
+			s.dup.Close()
+			s.dup = nil
+		}
 	}
 	if s.console != nil {
 		out.Write(s.prefix)
@@ -136,4 +155,35 @@ func (s *stream) lastLines() []string {
 		out = append(out, string(s.tail[(s.next+i)%len(s.tail)]))
 	}
 	return out
+}
+
+// holdsAny reports whether line holds one of filters.
+func holdsAny(line []byte, filters [][]byte) bool {
+	for _, f := range filters {
+		if bytes.Contains(line, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// openDup opens dir/name for appending when there are filters (nil
+// otherwise).
+func openDup(dir, name string, filters []string) (*os.File, error) {
+	if len(filters) == 0 {
+		return nil, nil
+	}
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("filtered log file: %w", err)
+	}
+	return f, nil
+}
+
+func bytesOf(ss []string) [][]byte {
+	var b [][]byte
+	for _, s := range ss {
+		b = append(b, []byte(s))
+	}
+	return b
 }
