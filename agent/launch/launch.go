@@ -273,6 +273,7 @@ var flagSpecs = []flagSpec{
 	{name: "no-python", bool: true, help: "run the script directly, not through the Python interpreter"},
 	{name: "run-path", bool: true, help: "accepted for torchrun compatibility: the script runs as python -u script.py either way"},
 	{name: "python", def: "python3", help: "Python interpreter for the workers (env DDP_AGENT_PYTHON, or PYTHON_EXEC as with torchrun)"},
+	{name: "print-completion", help: "print a completion script for bash, zsh or tcsh and exit (ddp-agent run --print-completion bash >> ~/.bashrc), as torchrun >= 2.9"},
 	{name: "log-level", def: "info", help: "agent log level: debug, info, warn, error"},
 	{name: "use-env", bool: true, help: "accepted for compatibility with torch.distributed.launch; always on"},
 }
@@ -350,6 +351,16 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 		f, err := lookupFlag(name)
 		if err != nil {
 			return nil, err
+		}
+		if f.name == "print-completion" {
+			if !hasVal && i+1 < len(args) {
+				val = args[i+1]
+			}
+			script, err := completion(val)
+			if err != nil {
+				return nil, err
+			}
+			return nil, &CompletionError{Script: script}
 		}
 		again := set[f.name]
 		petNodeRank = petNodeRank && f.name != "node-rank"

@@ -151,6 +151,10 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, launch.Usage())
 		return 0
 	}
+	if c, ok := errors.AsType[*launch.CompletionError](err); ok {
+		fmt.Fprint(stdout, c.Script)
+		return 0
+	}
 	if err == nil {
 		err = cfg.CheckCommand(launch.Finder{Stat: os.Stat, LookPath: exec.LookPath})
 	}
