@@ -238,7 +238,7 @@ var flagSpecs = []flagSpec{
 	{name: "rdzv-endpoint", help: "rendezvous store host:port (c10d default port 29400), or a comma-separated list of etcd members (etcd default port 2379)"},
 	{name: "rdzv-id", help: "job id shared by all nodes; also TORCHELASTIC_RUN_ID"},
 	{name: "run-id", help: "same as --rdzv-id"},
-	{name: "rdzv-conf", help: "rendezvous settings key1=value1,key2=value2: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, cacert, cert, key, etcd_prefix (see docs/rendezvous.md)"},
+	{name: "rdzv-conf", help: "rendezvous settings key1=value1,key2=value2: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, is_host, cacert, cert, key, etcd_prefix, store_quota (see docs/rendezvous.md)"},
 	{name: "rdzv-token", help: "shared secret every agent of the job must give (default $DDP_AGENT_RDZV_TOKEN)"},
 	{name: "master-addr", help: "address of the rank 0 node, static rendezvous (default 127.0.0.1)"},
 	{name: "master-port", help: "port for the workers' store (default: a free port for each attempt; 29500 for a static multi-node job)"},
