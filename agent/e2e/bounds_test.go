@@ -122,8 +122,11 @@ func TestSignalDuringBackoff(t *testing.T) {
 	r.cmd.Process.Signal(syscall.SIGTERM)
 	code := r.wait(10 * time.Second)
 	took := time.Since(sent)
-	if code != 143 || took > time.Second {
-		t.Errorf("exit code %d after %v, want 143 within 1s\n%s", code, took, r.logs())
+	// Before the 2 s backoff it was in is over: it exits in milliseconds
+	// alone, and once took 1.01 s on a loaded CI machine (the agent's
+	// guard holds its stderr until it has swept).
+	if code != 143 || took > 1900*time.Millisecond {
+		t.Errorf("exit code %d after %v, want 143 before the 2s backoff was over\n%s", code, took, r.logs())
 	}
 }
 

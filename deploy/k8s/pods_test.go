@@ -65,7 +65,7 @@ func containerEnv(c corev1.Container, p pod) (map[string]string, error) {
 func sampleValueFrom(src *corev1.EnvVarSource, p pod) (string, error) {
 	switch {
 	case src.SecretKeyRef != nil:
-		return "sample-secret", nil
+		return "0123456789abcdef0123456789abcdef", nil // as `openssl rand -hex 16` makes one
 	case src.ConfigMapKeyRef != nil:
 		return "sample-config", nil
 	case src.FieldRef == nil:
