@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -440,5 +441,27 @@ func TestDuplicateFilters(t *testing.T) {
 	want := []string{"[rank0]:apple 0", "[rank0]:step 1 loss, 0.5", "[rank1]:apple 1", "[rank1]:step 1 loss, 0.5"}
 	if !slices.Equal(got, want) {
 		t.Errorf("filtered_stdout.log holds %q, want %q", got, want)
+	}
+}
+
+// TestCleanExitSweepsDaemons: a worker that succeeds leaving a daemon
+// behind (setsid, out of its process group): the agent kills it before it
+// exits, and says so.
+func TestCleanExitSweepsDaemons(t *testing.T) {
+	budget(t, 10*time.Second)
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1", "--no-python", "sh", "-c",
+		`setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$E2E_OUT/daemon"`)
+	if code := r.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, r.logs())
+	}
+	b, err := os.ReadFile(filepath.Join(r.out, "daemon"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	waitFor(t, 5*time.Second, func() bool { return !processAlive(pid) }, func() string { return fmt.Sprintf("the daemon %d outlived the agent\n%s", pid, r.logs()) })
+	if !strings.Contains(r.stderr.String(), "killed what the workers and plugins had left running") {
+		t.Errorf("the agent did not say it killed the daemon\n%s", r.logs())
 	}
 }

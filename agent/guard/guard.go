@@ -23,7 +23,6 @@ package guard
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -82,19 +81,35 @@ func Start(self string, stderr *os.File) (*Guard, error) {
 	return g, nil
 }
 
-// Close tells the guard the agent is ending and waits, up to wait, for
-// it to have killed what is left. An agent that dies without calling it
-// tells the guard all the same.
-func (g *Guard) Close(wait time.Duration) {
+// Close is the agent's own end: it kills what is left that carries the
+// agent's id (a setsid daemon of a worker: the workers themselves are
+// stopped by then), in a few rounds, then lets the guard go without a
+// sweep of its own and waits, up to wait, for it to exit. It returns the
+// pids it killed, and an error naming those still there. An agent that
+// dies without calling it has the guard sweep instead.
+//
+// Swept here, not by the guard: the guard holds the agent's stderr, and
+// a caller waiting for that to close (a test's harness, a pipe into a
+// log shipper) waited for the guard's sweep too, which on a loaded
+// machine once took a second after a clean exit.
+func (g *Guard) Close(wait time.Duration) ([]int, error) {
 	if g == nil {
-		return
+		return nil, nil
 	}
+	killed, err := sweep(g.ID, os.Getpid(), 10, 20*time.Millisecond)
+	_, _ = g.w.Write([]byte{swept})
 	g.w.Close()
 	select {
 	case <-g.done:
 	case <-time.After(wait):
 	}
+	return killed, err
 }
+
+// swept is what a clean agent writes to its guard before it closes the
+// pipe: it swept itself, and the guard exits at once.
+const swept = 'q'
+
 
 // Run is the guard: it waits for the agent to end (EOF, or an error, on
 // agentPipe), then kills the processes that carry id. It returns the
@@ -107,7 +122,10 @@ func Run(id string, agentPipe io.Reader, stderr io.Writer) int {
 	// The job's signals are the agent's to handle; the guard's job starts
 	// when the agent is gone.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
-	_, _ = io.Copy(io.Discard, agentPipe)
+	b := make([]byte, 1)
+	if n, _ := agentPipe.Read(b); n == 1 && b[0] == swept {
+		return 0
+	}
 	killed, err := sweep(id, os.Getpid(), 50, 20*time.Millisecond)
 	if len(killed) > 0 {
 		fmt.Fprintf(stderr, "ddp-agent: the agent is gone; its guard killed %d processes it had started, with what they started: pids %v\n", len(killed), killed)
@@ -124,5 +142,10 @@ func validID(id string) bool {
 	return err == nil && len(b) == 8
 }
 
-// errLeft: processes that carry the id were still there after every round.
-var errLeft = errors.New("processes of the agent still alive after the last round")
+// leftError: processes that carry the id were still there after every
+// round (one that exits slowly, or in uninterruptible sleep).
+type leftError struct{ pids []int }
+
+func (e *leftError) Error() string {
+	return fmt.Sprintf("processes of the agent still there after the last round: pids %v", e.pids)
+}

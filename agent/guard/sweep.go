@@ -17,21 +17,20 @@ import (
 // being killed) until a round finds none, or rounds are done; it returns
 // the pids it killed.
 func sweep(id string, self, rounds int, pause time.Duration) ([]int, error) {
-	var killed []int
+	var killed, found []int
 	for range rounds {
-		found := 0
-		for _, pid := range marked(id, self) {
-			found++
+		found = marked(id, self)
+		for _, pid := range found {
 			if syscall.Kill(pid, syscall.SIGKILL) == nil && !slices.Contains(killed, pid) {
 				killed = append(killed, pid)
 			}
 		}
-		if found == 0 {
+		if len(found) == 0 {
 			return killed, nil
 		}
 		time.Sleep(pause)
 	}
-	return killed, errLeft
+	return killed, &leftError{pids: found}
 }
 
 // marked lists the live processes, but self, whose environment carries id.
@@ -52,7 +51,7 @@ func marked(id string, self int) []int {
 		if err != nil {
 			continue
 		}
-		if carries(env, id) {
+		if carries(env, id) && !zombie(e.Name()) {
 			pids = append(pids, pid)
 		}
 	}
@@ -73,4 +72,15 @@ func carries(environ []byte, id string) bool {
 		}
 	}
 	return false
+}
+
+// zombie reports whether the process has exited and waits to be reaped
+// (or is gone): there is nothing left to kill.
+func zombie(pid string) bool {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
 }

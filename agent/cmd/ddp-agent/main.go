@@ -253,7 +253,15 @@ func startGuard(log *slog.Logger) func(time.Duration) {
 	if err != nil {
 		log.Warn("no guard: if this agent is SIGKILLed, what its workers and plugins started may outlive it", "err", err)
 	}
-	return g.Close
+	return func(wait time.Duration) {
+		killed, err := g.Close(wait)
+		if len(killed) > 0 {
+			log.Info("killed what the workers and plugins had left running", "pids", killed)
+		}
+		if err != nil {
+			log.Warn("the agent's processes could not all be killed", "err", err)
+		}
+	}
 }
 
 // exitDrained is the exit code when a GPU fault, a persistent straggler
