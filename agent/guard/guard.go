@@ -110,7 +110,6 @@ func (g *Guard) Close(wait time.Duration) ([]int, error) {
 // pipe: it swept itself, and the guard exits at once.
 const swept = 'q'
 
-
 // Run is the guard: it waits for the agent to end (EOF, or an error, on
 // agentPipe), then kills the processes that carry id. It returns the
 // exit code.
