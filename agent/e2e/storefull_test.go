@@ -62,14 +62,15 @@ func fillJob(t *testing.T, quotaMiB, values, gens int) *agentRun {
 		"--rdzv-conf", fmt.Sprintf("store_quota=%dMiB", quotaMiB), "--no-python", self)
 }
 
-// TestStoreBoundedOverGenerations: each generation writes 56 MB (four
-// ranks, 14 MB each, near their 16 MiB quota) into a 160 MiB store, four
-// generations in all (more only wait out the crash-loop backoff). The keys
-// of a generation that ended are deleted, and their space must come back
-// (compaction), or the store fills in the third generation.
+// TestStoreBoundedOverGenerations: each generation writes 12 MB (four
+// ranks, 3 MB each) into a 48 MiB store, four generations in all. The
+// keys of a generation that ended are deleted, and their space must come
+// back (compaction), or the store fills by the fourth generation. (Small:
+// the agents run under the race detector here, where etcd takes seconds
+// per 10 MB.)
 func TestStoreBoundedOverGenerations(t *testing.T) {
 	budget(t, 15*time.Second)
-	r := fillJob(t, 160, 14, 3)
+	r := fillJob(t, 48, 3, 3)
 	if code := r.wait(90 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
 	}
