@@ -102,12 +102,20 @@ func (e *Membership) JobDone() bool {
 	return e.jobDone
 }
 
+// StoreLost reports whether Next gave up on the store (*StoreLostError):
+// nothing is left to hand a store member over to, nor to drain through.
+func (e *Membership) StoreLost() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.storeLost
+}
+
 // Drain, in the agent that hosts the store, waits a few seconds for the
 // other agents to see that the job is over (failed) and leave, so none of
 // them is left waiting on a store that vanished. It returns at once when
 // this agent does not host the store or the job is not over.
 func (e *Membership) Drain(ctx context.Context) {
-	if e.cfg.keeps() {
+	if e.cfg.keeps() && !e.StoreLost() {
 		e.waitOthersGone(ctx, true)
 	}
 }

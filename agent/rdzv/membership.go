@@ -100,6 +100,7 @@ type Membership struct {
 	// an answer, was sent; zero once the store answered one. Next's count
 	// of the store's silence starts there (silence.go).
 	unanswered time.Time
+	storeLost  bool // Next gave up on the store
 }
 
 // Open joins the job's rendezvous: it checks that the store belongs to
