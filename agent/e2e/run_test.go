@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -449,18 +448,21 @@ func TestDuplicateFilters(t *testing.T) {
 // exits, and says so.
 func TestCleanExitSweepsDaemons(t *testing.T) {
 	budget(t, 10*time.Second)
+	// A sleep nobody else runs, to find the daemon in /proc.
+	marker := "301." + strconv.Itoa(os.Getpid()) + strconv.FormatInt(time.Now().UnixNano()%1000, 10)
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1", "--no-python", "sh", "-c",
-		`setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$E2E_OUT/daemon"`)
+		"setsid sleep "+marker+" </dev/null >/dev/null 2>&1 & sleep 0.5")
 	if code := r.wait(20 * time.Second); code != 0 {
 		t.Fatalf("exit %d\n%s", code, r.logs())
 	}
-	b, err := os.ReadFile(filepath.Join(r.out, "daemon"))
-	if err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() {
+		for _, pid := range sleepers(marker) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	if left := sleepers(marker); len(left) > 0 {
+		t.Errorf("the daemon %v outlived the agent\n%s", left, r.logs())
 	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
-	waitFor(t, 5*time.Second, func() bool { return !processAlive(pid) }, func() string { return fmt.Sprintf("the daemon %d outlived the agent\n%s", pid, r.logs()) })
 	if !strings.Contains(r.stderr.String(), "killed what the workers and plugins had left running") {
 		t.Errorf("the agent did not say it killed the daemon\n%s", r.logs())
 	}

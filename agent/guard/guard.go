@@ -40,10 +40,9 @@ const Command = "__guard"
 
 // Guard is an agent's handle on its guard.
 type Guard struct {
-	ID   string
-	w    *os.File // the pipe's write end: closing it (or dying) tells the guard
-	cmd  *exec.Cmd
-	done chan struct{}
+	ID  string
+	w   *os.File // the pipe's write end: closing it (or dying) tells the guard
+	cmd *exec.Cmd
 }
 
 // Start starts the guard of this agent, whose executable is self, and
@@ -58,7 +57,10 @@ func Start(self string, stderr *os.File) (*Guard, error) {
 		return nil, fmt.Errorf("start the guard: %w", err)
 	}
 	cmd := exec.Command(self, Command, id)
-	cmd.Stdin, cmd.Stderr = r, stderr
+	cmd.Stdin = r
+	if reportsTo(stderr) {
+		cmd.Stderr = stderr
+	}
 	// A session of its own: a signal to the agent's process group (a
 	// Ctrl-C, a launcher's group kill) leaves it to do its work.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -68,11 +70,8 @@ func Start(self string, stderr *os.File) (*Guard, error) {
 		w.Close()
 		return nil, fmt.Errorf("start the guard: %w", err)
 	}
-	g := &Guard{ID: id, w: w, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(g.done)
-	}()
+	g := &Guard{ID: id, w: w, cmd: cmd}
+	go func() { _ = cmd.Wait() }() // reaped whenever it exits
 	ids := id
 	if prev := os.Getenv(envname.Instance); prev != "" {
 		ids = prev + "," + id
@@ -81,28 +80,41 @@ func Start(self string, stderr *os.File) (*Guard, error) {
 	return g, nil
 }
 
+// reportsTo reports whether the guard may hold f, the agent's stderr, to
+// say what it killed after the agent died: a terminal or a file, yes; a
+// pipe, no, for its reader waits for every holder to close it (a
+// launcher, a log shipper, a test's harness), and the guard, started
+// with a race-instrumented binary on a loaded machine, once took a
+// second to start and go.
+func reportsTo(f *os.File) bool {
+	if f == nil {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeNamedPipe == 0 && fi.Mode()&os.ModeSocket == 0
+}
+
 // Close is the agent's own end: it kills what is left that carries the
 // agent's id (a setsid daemon of a worker: the workers themselves are
 // stopped by then), in a few rounds, then lets the guard go without a
-// sweep of its own and waits, up to wait, for it to exit. It returns the
+// sweep of its own. It returns the
 // pids it killed, and an error naming those still there. An agent that
-// dies without calling it has the guard sweep instead.
+// dies without calling it has the guard sweep instead. It does not wait
+// for the guard to exit: the guard may still be starting.
 //
 // Swept here, not by the guard: the guard holds the agent's stderr, and
 // a caller waiting for that to close (a test's harness, a pipe into a
 // log shipper) waited for the guard's sweep too, which on a loaded
 // machine once took a second after a clean exit.
-func (g *Guard) Close(wait time.Duration) ([]int, error) {
+func (g *Guard) Close() ([]int, error) {
 	if g == nil {
 		return nil, nil
 	}
 	killed, err := sweep(g.ID, os.Getpid(), 10, 20*time.Millisecond)
+	// The guard reads this and exits; nothing is left for the agent to
+	// wait for.
 	_, _ = g.w.Write([]byte{swept})
 	g.w.Close()
-	select {
-	case <-g.done:
-	case <-time.After(wait):
-	}
 	return killed, err
 }
 

@@ -16,8 +16,13 @@ import (
 // carries id, round after round (a process may fork while its parent is
 // being killed) until a round finds none, or rounds are done; it returns
 // the pids it killed.
+//
+// It stops only after two rounds in a row found none: a process in the
+// middle of an exec shows no environment for that moment, and one round
+// alone missed it on a loaded machine.
 func sweep(id string, self, rounds int, pause time.Duration) ([]int, error) {
 	var killed, found []int
+	empty := 0
 	for range rounds {
 		found = marked(id, self)
 		for _, pid := range found {
@@ -25,10 +30,16 @@ func sweep(id string, self, rounds int, pause time.Duration) ([]int, error) {
 				killed = append(killed, pid)
 			}
 		}
-		if len(found) == 0 {
+		if empty = empty + 1; len(found) > 0 {
+			empty = 0
+		}
+		if empty == 2 {
 			return killed, nil
 		}
 		time.Sleep(pause)
+	}
+	if len(found) == 0 {
+		return killed, nil
 	}
 	return killed, &leftError{pids: found}
 }

@@ -110,6 +110,10 @@ func (e *Membership) StoreLost() bool {
 	return e.storeLost
 }
 
+// succeededGrace is how long the store's keeper waits, once the job is
+// over, for agents whose entries all say they succeeded to leave.
+const succeededGrace = 1500 * time.Millisecond
+
 // Drain, in the agent that hosts the store, waits a few seconds for the
 // other agents to see that the job is over (failed) and leave, so none of
 // them is left waiting on a store that vanished. It returns at once when
@@ -163,7 +167,7 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 				isMember[m.Node] = true
 			}
 		}
-		others := 0
+		others, active := 0, 0
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 			node := strings.TrimPrefix(string(kv.Key), e.key(nodesDir))
 			// An agent's entry lives on its lease; one without a lease
@@ -173,6 +177,10 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 			}
 			if node != e.node && (isMember[node] || !known || over) {
 				others++
+				var n NodeInfo
+				if decode(string(kv.Key), kv.Value, &n) != nil || n.State == NodeActive {
+					active++
+				}
 			}
 		}
 		if others == 0 {
@@ -182,10 +190,18 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 			return
 		}
 		if over {
+			// Agents that all said they succeeded need the store only a
+			// moment more; when two of three close their members at once
+			// the store loses its quorum, the last one's lease never ends,
+			// and this agent waited the whole 10 s for it.
+			limit := 10 * time.Second
+			if active == 0 {
+				limit = succeededGrace
+			}
 			if overSince.IsZero() {
 				overSince = time.Now()
-			} else if time.Since(overSince) > 10*time.Second {
-				e.log.Warn("leaving although other agents are still registered", "others", others)
+			} else if time.Since(overSince) > limit {
+				e.log.Warn("leaving although other agents are still registered", "others", others, "active", active)
 				return
 			}
 		}

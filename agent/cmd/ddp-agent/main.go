@@ -213,7 +213,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	if f, ok := stderr.(*os.File); ok { // a hang's stacks, readable on a terminal
 		rc.Telemetry.Console = observe.Terminal(f)
 	}
-	defer startGuard(log)(2 * time.Second)
+	defer startGuard(log)()
 	a := agent.New(rc, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError
@@ -244,7 +244,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 // agent is gone (agent/guard), before the agent starts anything, and
 // returns the guard's Close. Without one (no executable to run) the agent
 // runs all the same and says so.
-func startGuard(log *slog.Logger) func(time.Duration) {
+func startGuard(log *slog.Logger) func() {
 	exe, err := os.Executable()
 	var g *guard.Guard
 	if err == nil {
@@ -253,8 +253,8 @@ func startGuard(log *slog.Logger) func(time.Duration) {
 	if err != nil {
 		log.Warn("no guard: if this agent is SIGKILLed, what its workers and plugins started may outlive it", "err", err)
 	}
-	return func(wait time.Duration) {
-		killed, err := g.Close(wait)
+	return func() {
+		killed, err := g.Close()
 		if len(killed) > 0 {
 			log.Info("killed what the workers and plugins had left running", "pids", killed)
 		}

@@ -122,7 +122,7 @@ func runSidecar(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ddp-agent sidecar: %v\n", err)
 		return 1
 	}
-	defer startGuard(log)(2 * time.Second) // for the plugins' descendants
+	defer startGuard(log)() // for the plugins' descendants
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	var refused *pluginhost.RefusedError
