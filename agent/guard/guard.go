@@ -11,11 +11,12 @@
 //
 // So the agent starts a guard: a small process of its own (ddp-agent
 // itself, in a session of its own, deaf to the job's signals) that holds
-// the read end of a pipe whose write end only the agent holds. When the
-// agent ends, however it ends, the pipe reads EOF and the guard kills
-// every process of the user's whose environment carries the agent's
-// instance id, which every process the agent started inherits
-// (envname.Instance), until none is left. A process that empties its own
+// the read end of a pipe whose write end only the agent holds. Every
+// process the agent started inherits the agent's instance id
+// (envname.Instance). An agent that ends cleanly kills what still carries
+// it itself (Close) and tells the guard so; when the pipe reads EOF
+// without that word the agent died, and the guard kills every process of
+// the user's whose environment carries the id, until none is left. A process that empties its own
 // environment escapes it; cgroups would not, but need privileges that an
 // agent run by a user under Slurm does not have.
 package guard
@@ -40,9 +41,8 @@ const Command = "__guard"
 
 // Guard is an agent's handle on its guard.
 type Guard struct {
-	ID  string
-	w   *os.File // the pipe's write end: closing it (or dying) tells the guard
-	cmd *exec.Cmd
+	ID string
+	w  *os.File // the pipe's write end: closing it (or dying) tells the guard
 }
 
 // Start starts the guard of this agent, whose executable is self, and
@@ -70,7 +70,7 @@ func Start(self string, stderr *os.File) (*Guard, error) {
 		w.Close()
 		return nil, fmt.Errorf("start the guard: %w", err)
 	}
-	g := &Guard{ID: id, w: w, cmd: cmd}
+	g := &Guard{ID: id, w: w}
 	go func() { _ = cmd.Wait() }() // reaped whenever it exits
 	ids := id
 	if prev := os.Getenv(envname.Instance); prev != "" {
