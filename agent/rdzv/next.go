@@ -63,6 +63,7 @@ func (e *Membership) Next(ctx context.Context) (*Round, error) {
 			continue
 		}
 		silent.heard()
+		e.noteAnswer(time.Now(), nil) // a later Next counts silence from its own start again
 		switch st.Phase {
 		case Failed, Succeeded:
 			if e.lastGenSeen() == 0 && st.Since.Before(e.opened) {
