@@ -158,10 +158,21 @@ func checkJaeger(ctx context.Context, t *testing.T, d deployment, job string) {
 	t.Logf("services: %q", services)
 
 	wantOps := map[string][]string{"ddp-agent": {"step"}, "ddp-agent rank 0": {"allreduce"}, "ddp-agent rank 1": {"allreduce", "stall"}}
+	// Jaeger lists a service once its first span is in, and its operations
+	// as their spans arrive: the collector may still be delivering.
+	deadline = time.Now().Add(20 * time.Second)
 	for _, svc := range wantServices {
-		ops, err := d.jaeger.operations(ctx, svc)
-		if err != nil {
-			t.Fatal(err)
+		var ops []string
+		for {
+			var err error
+			ops, err = d.jaeger.operations(ctx, svc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if subset(wantOps[svc], ops) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
 		t.Logf("operations of %q: %q", svc, ops)
 		if !subset(wantOps[svc], ops) {
