@@ -102,15 +102,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	if runID == "" {
 		runID = newRunID()
 	}
-	dir, keep, err := a.runDir(runID)
+	dir, err := a.runDir(runID)
 	if err != nil {
 		return err
 	}
-	return newRun(a, runID, dir, keep).execute(ctx)
+	return newRun(a, runID, dir).execute(ctx)
 }
 
 // runDir makes the directory of run runID (package rundir).
-func (a *Agent) runDir(runID string) (dir string, keep bool, err error) {
+func (a *Agent) runDir(runID string) (*rundir.Dir, error) {
 	return rundir.Make(a.cfg.LogDir, a.cfg.KeepLogs, runID)
 }
 

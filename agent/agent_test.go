@@ -20,21 +20,26 @@ func TestRunDirNeverReused(t *testing.T) {
 	a := testAgent(Config{LogDir: logDir})
 	var dirs []string
 	for i := 0; i < 3; i++ {
-		d, keep, err := a.runDir("job")
-		if err != nil || !keep {
-			t.Fatalf("runDir: %q, keep %v, %v", d, keep, err)
+		d, err := a.runDir("job")
+		if err != nil || !d.Keep {
+			t.Fatalf("runDir: %+v, %v", d, err)
 		}
-		dirs = append(dirs, filepath.Base(d))
+		dirs = append(dirs, filepath.Base(d.Path))
 	}
 	if want := []string{"job", "job_1", "job_2"}; dirs[0] != want[0] || dirs[1] != want[1] || dirs[2] != want[2] {
 		t.Errorf("got %v, want %v", dirs, want)
 	}
 	tmp := testAgent(Config{})
-	d, keep, err := tmp.runDir("job")
-	if err != nil || keep {
-		t.Fatalf("runDir without log dir: %q keep %v, %v; want a temporary dir", d, keep, err)
+	d, err := tmp.runDir("job")
+	if err != nil || d.Keep {
+		t.Fatalf("runDir without log dir: %+v, %v; want a temporary dir", d, err)
 	}
-	os.RemoveAll(d)
+	if err := d.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d.Path); !os.IsNotExist(err) {
+		t.Errorf("%s still there after Remove (%v)", d.Path, err)
+	}
 }
 
 // TestConfigCheck: Run refuses a configuration it cannot run instead of

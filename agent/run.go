@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -29,8 +28,9 @@ type run struct {
 	*Agent // what lives from construction; never changed by the run
 
 	runID  string
-	runDir string
-	keep   bool // runDir is kept after the run (a log dir)
+	dir    *rundir.Dir
+	runDir string // dir's path
+	keep   bool   // runDir is kept after the run (a log dir)
 
 	j      *joined
 	srv    *control.Server
@@ -57,17 +57,15 @@ type run struct {
 	rankOffset int               // its global rank of local rank 0, for the GPU health watcher
 }
 
-func newRun(a *Agent, runID, dir string, keep bool) *run {
-	return &run{Agent: a, runID: runID, runDir: dir, keep: keep, events: newEventTally(), faults: newFaults(),
+func newRun(a *Agent, runID string, dir *rundir.Dir) *run {
+	return &run{Agent: a, runID: runID, dir: dir, runDir: dir.Path, keep: dir.Keep, events: newEventTally(), faults: newFaults(),
 		health: newLoopHealth(time.Now)}
 }
 
 // execute sets the run up, runs the loop, and tears the run down in the
 // reverse order.
 func (r *run) execute(ctx context.Context) (err error) {
-	if !r.keep {
-		defer os.RemoveAll(r.runDir)
-	}
+	defer r.dir.Remove()
 	defer r.losses.Summarize(r.log) // the last lines of the run: every worker stream has ended
 
 	ctx, cancel := context.WithCancelCause(ctx)

@@ -47,9 +47,10 @@ const (
 // Config configures a Server. The zero value of every limit means its
 // default.
 type Config struct {
-	// Dir is the directory for the socket. Empty means a fresh
-	// os.MkdirTemp("", "ddp-agent-*"). Listen creates it if missing and sets
-	// its mode to 0700; Run removes it on exit if Listen created it.
+	// Dir is the directory for the socket. Empty means a fresh temporary
+	// one (internal/tempdir's Control kind), removed with all it holds on
+	// exit. Listen creates Dir if missing and sets its mode to 0700; Run
+	// removes it on exit if Listen created it and it is empty.
 	Dir string
 	// SocketName is the socket's file name in Dir; "" means SocketName.
 	SocketName string

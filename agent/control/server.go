@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/internal/tempdir"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
@@ -29,7 +30,8 @@ type Server struct {
 	ln     *net.UnixListener
 	dir    string
 	path   string
-	ownDir bool
+	ownDir bool           // Listen created cfg.Dir: removed if empty
+	tmp    *tempdir.Dir   // or the fresh temp dir, all of it ours
 	wg     sync.WaitGroup // connection and request goroutines
 
 	quota    *kvQuota
@@ -74,11 +76,12 @@ func listen(cfg Config, adm admitter) (*Server, error) {
 		// A socket path must fit sun_path (108 bytes with its NUL); under a
 		// long TMPDIR, bind would fail, so fall back to /tmp.
 		base := os.TempDir()
-		if len(base)+len("/ddp-agent-0123456789/")+len(SocketName) >= 100 {
+		if len(base)+len("/"+tempdir.Control+"0123456789/")+len(SocketName) >= 100 {
 			base = "/tmp"
 		}
-		s.dir, err = os.MkdirTemp(base, "ddp-agent-*")
-		s.ownDir = err == nil
+		if s.tmp, err = tempdir.Make(base, tempdir.Control); err == nil {
+			s.dir = s.tmp.Path
+		}
 	} else {
 		s.dir = cfg.Dir
 		_, statErr := os.Stat(s.dir)
@@ -196,6 +199,9 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 func (s *Server) removeDir() {
+	if err := s.tmp.Remove(); err != nil {
+		s.log.Warn("remove control socket dir", "dir", s.dir, "err", err)
+	}
 	if s.ownDir {
 		err := os.Remove(s.dir)
 		switch {

@@ -192,13 +192,20 @@ func childPIDs(pid int) []int {
 // workers, and not what either started, a daemon in a session of its own
 // included. Before the guard (agent/guard), the workers' subprocesses,
 // shells, daemons and pool processes, and the daemons of a plugin's
-// checks, lived on under pid 1.
+// checks, lived on under pid 1. Nor does it leave its temporary dirs:
+// before, the run's and the control socket's stayed for good, and the
+// store's (with the job's TLS key) until another agent hosted a store.
 func TestAgentSIGKILLedLeavesNoProcess(t *testing.T) {
 	budget(t, 10*time.Second)
 	bins := buildMisbehave(t, "steady")
 	out := t.TempDir()
 	check := writeScript(t, "setsid sleep 300 </dev/null >/dev/null 2>&1 &\necho $! >> "+filepath.Join(out, "plugin_daemons")+"\n")
-	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1",
+	// The agent's temporary dirs go here, to be seen gone after.
+	tmp := t.TempDir()
+	// A one-node job on a store it hosts, with a token: a store data dir
+	// and a TLS dir too.
+	r := startAgent(t, []string{"TMPDIR=" + tmp}, "--nnodes", "1:2", "--rdzv-conf", fastConf, "--rdzv-backend", "c10d", "--rdzv-id", "guarded",
+		"--rdzv-endpoint", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--rdzv-token", "a-token-of-thirty-two-characters", "--nproc-per-node", "1",
 		"--plugin", "exec,command="+check+",interval=1s", "--plugin", bins["steady"], "descendants.py")
 	waitFor(t, 20*time.Second, func() bool {
 		_, err := os.Stat(filepath.Join(r.out, "descendants_0"))
@@ -235,6 +242,16 @@ func TestAgentSIGKILLedLeavesNoProcess(t *testing.T) {
 			syscall.Kill(p, syscall.SIGKILL)
 		}
 	})
+	dirs := func() []string {
+		ds, _ := filepath.Glob(filepath.Join(tmp, "ddp-agent-*"))
+		return ds
+	}
+	before := strings.Join(dirs(), " ")
+	for _, kind := range []string{"ddp-agent-run-", "ddp-agent-ctl-", "ddp-agent-etcd-", "ddp-agent-etcd-tls-"} {
+		if !strings.Contains(before, kind) {
+			t.Fatalf("no %s* dir in the agent's TMPDIR: %s", kind, before)
+		}
+	}
 	r.cmd.Process.Signal(syscall.SIGKILL)
 	r.wait(10 * time.Second)
 	var alive []int
@@ -248,6 +265,10 @@ func TestAgentSIGKILLedLeavesNoProcess(t *testing.T) {
 		return len(alive) == 0
 	}, func() string {
 		return fmt.Sprintf("outlived the agent: %v (plugins %v, the worker's descendants %v, the check's daemons %v)", alive, plugins, descendants, daemons)
+	})
+	// Its dirs (the run's, the control socket's, the store's) went with it.
+	waitFor(t, 5*time.Second, func() bool { return len(dirs()) == 0 }, func() string {
+		return fmt.Sprintf("the agent's dirs outlived it: %v (before the kill: %s)", dirs(), before)
 	})
 }
 

@@ -16,23 +16,29 @@
 // (envname.Instance). An agent that ends cleanly kills what still carries
 // it itself (Close) and tells the guard so; when the pipe reads EOF
 // without that word the agent died, and the guard kills every process of
-// the user's whose environment carries the id, until none is left. A process that empties its own
-// environment escapes it; cgroups would not, but need privileges that an
-// agent run by a user under Slurm does not have.
+// the user's whose environment carries the id, until none is left. A
+// process that empties its own environment escapes it; cgroups would not,
+// but need privileges that an agent run by a user under Slurm does not
+// have. Then it removes the temporary dirs the agent left (its run dir,
+// its control socket's, its store's data and TLS files), which the
+// agent's death unlocked (internal/tempdir).
 package guard
 
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/internal/envname"
+	"github.com/ddp-agent/ddp-agent/internal/tempdir"
 )
 
 // Command is the hidden ddp-agent command that runs a guard: `ddp-agent
@@ -141,11 +147,30 @@ func Run(id string, agentPipe io.Reader, stderr io.Writer) int {
 	if len(killed) > 0 {
 		fmt.Fprintf(stderr, "ddp-agent: the agent is gone; its guard killed %d processes it had started, with what they started: pids %v\n", len(killed), killed)
 	}
-	if err != nil {
+	removed, rerr := removeDirs()
+	if len(removed) > 0 {
+		fmt.Fprintf(stderr, "ddp-agent: the agent's guard removed the temporary dirs it left: %v\n", removed)
+	}
+	if err = errors.Join(err, rerr); err != nil {
 		fmt.Fprintf(stderr, "ddp-agent: the agent's guard: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// removeDirs removes the temporary dirs of agents that are gone (this
+// one's: its etcd data, the job's TLS key, its run dir, its control
+// socket), after the processes that might write there are dead. The
+// control socket's dir falls back to /tmp under a long TMPDIR.
+func removeDirs() ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, parent := range slices.Compact([]string{os.TempDir(), "/tmp"}) {
+		r, err := tempdir.RemoveStale(parent, tempdir.Kinds(), time.Now())
+		removed = append(removed, r...)
+		errs = append(errs, err)
+	}
+	return removed, errors.Join(errs...)
 }
 
 func validID(id string) bool {

@@ -13,45 +13,57 @@ import (
 	"sync"
 
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/internal/tempdir"
 )
+
+// Dir is a run's directory.
+type Dir struct {
+	Path string
+	Keep bool // the logs are the user's to keep: never removed
+	tmp  *tempdir.Dir
+}
+
+// Remove removes a directory that is not kept.
+func (d *Dir) Remove() error { return d.tmp.Remove() }
 
 // Make returns the directory for run runID's attempts. With a log dir it
 // is LogDir/<run id> (a fresh one when the id was used before) and kept;
 // with keepLogs (--redirects or --tee, which need files, as in torchrun)
 // it is a kept temporary directory; otherwise it only holds error files
-// and the caller removes it at exit.
-func Make(logDir string, keepLogs bool, runID string) (dir string, keep bool, err error) {
+// and Remove removes it at exit (or the agent's guard, if the agent dies:
+// internal/tempdir).
+func Make(logDir string, keepLogs bool, runID string) (*Dir, error) {
 	switch {
 	case logDir != "":
 		if err := os.MkdirAll(logDir, 0o755); err != nil {
-			return "", false, fmt.Errorf("create log dir: %w", err)
+			return nil, fmt.Errorf("create log dir: %w", err)
 		}
 		// A run id reused across launches gets a fresh directory: nothing is overwritten.
 		for i := 0; ; i++ {
-			dir = filepath.Join(logDir, runID)
+			dir := filepath.Join(logDir, runID)
 			if i > 0 {
 				dir += "_" + strconv.Itoa(i)
 			}
 			err := os.Mkdir(dir, 0o755)
 			if err == nil {
-				return dir, true, nil
+				return &Dir{Path: dir, Keep: true}, nil
 			}
 			if !errors.Is(err, os.ErrExist) {
-				return "", false, fmt.Errorf("create run log dir: %w", err)
+				return nil, fmt.Errorf("create run log dir: %w", err)
 			}
 		}
 	case keepLogs:
-		dir, err = os.MkdirTemp("", "ddp-agent-logs-"+runID+"-")
+		dir, err := os.MkdirTemp("", "ddp-agent-logs-"+runID+"-")
 		if err != nil {
-			return "", false, fmt.Errorf("create log dir: %w", err)
+			return nil, fmt.Errorf("create log dir: %w", err)
 		}
-		return dir, true, nil
+		return &Dir{Path: dir, Keep: true}, nil
 	default:
-		dir, err = os.MkdirTemp("", "ddp-agent-run-")
+		tmp, err := tempdir.Make("", tempdir.Run)
 		if err != nil {
-			return "", false, fmt.Errorf("create run dir: %w", err)
+			return nil, fmt.Errorf("create run dir: %w", err)
 		}
-		return dir, false, nil
+		return &Dir{Path: tmp.Path, tmp: tmp}, nil
 	}
 }
 

@@ -17,6 +17,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/tempdir"
 )
 
 // The job's certificate authority is derived from --rdzv-token alone, so
@@ -140,38 +142,27 @@ func localIPs() []net.IP {
 }
 
 // JobTLS is this agent's job certificates, in a private temporary dir that
-// Close removes (and that the next agent on the host sweeps, like an etcd
-// data dir, if this one is SIGKILLed: stale.go).
+// Close removes (and that the agent's guard sweeps if the agent is
+// SIGKILLed: internal/tempdir).
 type JobTLS struct {
 	Files *TLSFiles
-	dir   string
-	lock  *os.File
+	dir   *tempdir.Dir
 }
 
 // OpenJobTLS writes the job certificates for token (WriteJobTLS) into a
 // fresh private dir.
 func OpenJobTLS(token string) (*JobTLS, error) {
-	dir, err := os.MkdirTemp("", "ddp-agent-etcd-tls-")
+	dir, err := tempdir.Make("", tempdir.Etcd+"tls-")
 	if err != nil {
 		return nil, fmt.Errorf("job TLS dir: %w", err)
 	}
-	lock, err := lockDir(dir)
+	files, err := WriteJobTLS(dir.Path, token)
 	if err != nil {
-		os.RemoveAll(dir)
+		dir.Remove()
 		return nil, err
 	}
-	files, err := WriteJobTLS(dir, token)
-	if err != nil {
-		lock.Close()
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	return &JobTLS{Files: files, dir: dir, lock: lock}, nil
+	return &JobTLS{Files: files, dir: dir}, nil
 }
 
 // Close removes the files.
-func (j *JobTLS) Close() error {
-	err := os.RemoveAll(j.dir)
-	j.lock.Close()
-	return err
-}
+func (j *JobTLS) Close() error { return j.dir.Remove() }

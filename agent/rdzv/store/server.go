@@ -23,6 +23,8 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ddp-agent/ddp-agent/internal/tempdir"
 )
 
 // ErrAddrInUse is returned by Start when the client address is already bound
@@ -81,8 +83,7 @@ type ServerConfig struct {
 type Server struct {
 	etcd     *embed.Etcd
 	endpoint string
-	tempDir  string       // removed by Close; "" when the caller chose Dir
-	lock     *os.File     // holds tempDir's owner lock while this agent lives (stale.go)
+	tempDir  *tempdir.Dir // removed by Close; nil when the caller chose Dir
 	closing  *atomic.Bool // set by Close to quieten etcd's shutdown logs
 
 	closeOnce sync.Once
@@ -160,20 +161,23 @@ func launch(cfg ServerConfig) (_ *Server, err error) {
 		if log == nil {
 			log = slog.New(slog.DiscardHandler)
 		}
-		removeStale(os.TempDir(), time.Now(), log)
-		if dir, err = os.MkdirTemp("", "ddp-agent-etcd-"); err != nil {
+		// Those of agents SIGKILLed before their guard could run, or
+		// without one: tens to hundreds of MiB each.
+		removed, err := tempdir.RemoveStale(os.TempDir(), []string{tempdir.Etcd}, time.Now())
+		if len(removed) > 0 {
+			log.Info("removed etcd data dirs of agents that are gone", "dirs", removed)
+		}
+		if err != nil {
+			log.Warn("remove the etcd data dirs of agents that are gone", "err", err)
+		}
+		if s.tempDir, err = tempdir.Make("", tempdir.Etcd); err != nil {
 			return nil, fmt.Errorf("etcd data dir: %w", err)
 		}
-		s.tempDir = dir
-		if s.lock, err = lockDir(dir); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
+		dir = s.tempDir.Path
 	}
 	defer func() {
-		if err != nil && s.tempDir != "" {
-			os.RemoveAll(s.tempDir)
-			s.lock.Close()
+		if err != nil {
+			s.tempDir.Remove()
 		}
 	}()
 
@@ -369,11 +373,8 @@ func (s *Server) Close() error {
 			s.closing.Store(true)
 			s.etcd.Close()
 		}
-		if s.tempDir != "" {
-			if err := os.RemoveAll(s.tempDir); err != nil {
-				s.closeErr = fmt.Errorf("remove etcd data dir: %w", err)
-			}
-			s.lock.Close()
+		if err := s.tempDir.Remove(); err != nil {
+			s.closeErr = fmt.Errorf("remove etcd data dir: %w", err)
 		}
 	})
 	return s.closeErr

@@ -155,7 +155,7 @@ func TestCloseCleansUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := s.tempDir
+	dir := s.tempDir.Path
 	if _, err := os.Stat(filepath.Join(dir, "member")); err != nil {
 		t.Fatalf("data dir not in use: %v", err)
 	}

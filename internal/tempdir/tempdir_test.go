@@ -1,7 +1,6 @@
-package store
+package tempdir
 
 import (
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,10 +10,11 @@ import (
 	"time"
 )
 
-// TestRemoveStale: of the temp data dirs a store finds, it removes those
-// whose agent was SIGKILLed (the kernel dropped its lock) and those left
+// TestRemoveStale: of the dirs a sweep finds, it removes those whose
+// agent was SIGKILLed (the kernel dropped its lock) and etcd dirs left
 // without a lock file long ago, and keeps a live agent's, a dir being
-// created right now, and anything not its own.
+// created right now, a lockless dir of another kind, and anything not
+// its own.
 func TestRemoveStale(t *testing.T) {
 	if _, err := exec.LookPath("flock"); err != nil {
 		t.Skip("flock(1) not installed")
@@ -36,7 +36,7 @@ func TestRemoveStale(t *testing.T) {
 		return dir
 	}
 	// An agent: a real process holding the dir's lock (flock(1) takes
-	// flock(2) on the file, as lockDir does; --close keeps the lock out of
+	// flock(2) on the file, as Lock does; --close keeps the lock out of
 	// its child, so killing flock releases it).
 	holder := func(dir string) *exec.Cmd {
 		cmd := exec.Command("flock", "--nonblock", "--close", filepath.Join(dir, ownerLock), "sleep", "60")
@@ -52,47 +52,43 @@ func TestRemoveStale(t *testing.T) {
 	young := mk("ddp-agent-etcd-young", false)
 	old := mk("ddp-agent-etcd-old", false)
 	other := mk("not-ours", true)
+	runKilled := mk("ddp-agent-run-killed", true)
+	runAlive := mk("ddp-agent-ctl-alive", true)
+	runOld := mk("ddp-agent-run-old", false)
 	k := holder(killed)
+	k2 := holder(runKilled)
 	holder(alive)
+	holder(runAlive)
 	time.Sleep(300 * time.Millisecond) // both hold their locks
-	if err := k.Process.Kill(); err != nil {
-		t.Fatal(err)
+	for _, h := range []*exec.Cmd{k, k2} {
+		if err := h.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = h.Wait()
 	}
-	_ = k.Wait()
 	past := time.Now().Add(-2 * unlockedGrace)
-	if err := os.Chtimes(old, past, past); err != nil {
-		t.Fatal(err)
+	for _, dir := range []string{old, runOld} {
+		if err := os.Chtimes(dir, past, past); err != nil {
+			t.Fatal(err)
+		}
 	}
 
-	got := removeStale(parent, time.Now(), slog.New(slog.DiscardHandler))
+	got, err := RemoveStale(parent, Kinds(), time.Now())
+	if err != nil {
+		t.Error(err)
+	}
 	slices.Sort(got)
-	if want := []string{killed, old}; !slices.Equal(got, want) {
+	if want := []string{killed, old, runKilled}; !slices.Equal(got, want) {
 		t.Errorf("removed %q, want %q", got, want)
 	}
-	for _, dir := range []string{alive, young, other} {
+	for _, dir := range []string{alive, young, other, runAlive, runOld} {
 		if _, err := os.Stat(dir); err != nil {
 			t.Errorf("%s: %v, want it kept", dir, err)
 		}
 	}
-	for _, dir := range []string{killed, old} {
+	for _, dir := range []string{killed, old, runKilled} {
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("%s still there (%v)", dir, err)
 		}
-	}
-}
-
-// TestStartLocksItsDir: a store's own temp dir is locked while it runs,
-// so another agent's sweep keeps it, and gone after Close.
-func TestStartLocksItsDir(t *testing.T) {
-	srv := startServer(t, ServerConfig{})
-	dir := srv.tempDir
-	if stale, err := staleDir(dir, time.Now().Add(time.Hour)); err != nil || stale {
-		t.Errorf("a running store's dir judged stale (%v, %v)", stale, err)
-	}
-	if err := srv.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Errorf("%s still there after Close (%v)", dir, err)
 	}
 }
