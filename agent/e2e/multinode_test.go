@@ -197,6 +197,11 @@ func workersStartedAt(stderr string, gen int) (time.Time, bool) {
 // members, one per agent: losing any one of them, the first included,
 // loses nothing.
 func lostNode(t *testing.T, what string, victim int, hurt func(a *agentRun)) {
+	lostNodeWithin(t, what, victim, 15*time.Second, hurt)
+}
+
+// lostNodeWithin is lostNode with the bound on re-forming.
+func lostNodeWithin(t *testing.T, what string, victim int, bound time.Duration, hurt func(a *agentRun)) {
 	needTorch(t)
 	j := newJob(t, "1:3", 2, 30, "--sleep-per-step", "0.1")
 	all := []*agentRun{j.startHost(), j.start(), j.start()}
@@ -249,8 +254,8 @@ func lostNode(t *testing.T, what string, victim int, hurt func(a *agentRun)) {
 	if !regexp.MustCompile(`resumed from step (\d+) with world size 4`).MatchString(out) || !strings.Contains(out, "done: steps=30") {
 		t.Fatalf("training did not resume from the checkpoint and finish\n%s\n%s", a.logs(), b.logs())
 	}
-	if recovery > 15*time.Second {
-		t.Errorf("re-forming took %v", recovery)
+	if recovery > bound {
+		t.Errorf("re-forming took %v, want within %v", recovery, bound)
 	}
 }
 
@@ -270,10 +275,15 @@ func TestLostStoreHostSIGKILL(t *testing.T) {
 	})
 }
 
+// TestLostNodeSIGSTOP: a frozen agent's connections stay open, and its
+// store member answers nothing. Its lease TTL is 3 s; re-forming took
+// 11.9-12.3 s while the survivors' watches and keep-alives waited on the
+// frozen member until gRPC's 10 s keepalive, 2.2-2.6 s since they cut it
+// (store/frozen.go) and renew their leases hedged (store/keepalive.go).
 func TestLostNodeSIGSTOP(t *testing.T) {
 	budget(t, 75*time.Second)
 	var frozen *agentRun
-	lostNode(t, "SIGSTOP", 2, func(a *agentRun) {
+	lostNodeWithin(t, "SIGSTOP", 2, 8*time.Second, func(a *agentRun) {
 		frozen = a
 		a.cmd.Process.Signal(syscall.SIGSTOP)
 	})

@@ -8,32 +8,43 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 // nodeLease is one lease of this node: its node entry, its join keys, its
 // round leadership and its stall reports live on it, so they all vanish
-// when the agent dies or is cut off for longer than the TTL. etcd's
-// concurrency.Session keeps it alive and closes Done when it is lost.
+// when the agent dies or is cut off for longer than the TTL.
+// store.KeepAlive keeps it alive (etcd's own keep-alive stream stayed on a
+// frozen member: store/keepalive.go) and closes done when it is lost.
 type nodeLease struct {
-	*concurrency.Session
+	id   clientv3.LeaseID
+	done <-chan struct{}
+	stop context.CancelFunc
 	// ended: this agent stopped the keep-alives itself (Close, or the
 	// store said the lease is gone), so the loss is no news to warn about.
 	ended atomic.Bool
 }
 
-// end stops keeping l alive, which closes its Done channel.
+// Lease is the lease's id.
+func (l *nodeLease) Lease() clientv3.LeaseID { return l.id }
+
+// Done is closed when the lease is lost or no longer kept alive.
+func (l *nodeLease) Done() <-chan struct{} { return l.done }
+
+// end stops keeping l alive, which closes its Done channel; the lease
+// itself lives out its TTL.
 func (l *nodeLease) end() {
 	l.ended.Store(true)
-	l.Orphan()
+	l.stop()
 }
 
 // register puts this node's entry on a fresh lease and keeps it alive.
 //
-// It grants the lease itself and hands it to concurrency.Session only once
-// the node key is on it (WithLease): the node key goes in first, because a
-// lease kept alive without its node key would make a node nobody can see
-// die; if the put fails, the lease is revoked and never kept alive.
+// It grants the lease itself and keeps it alive only once the node key is
+// on it (WithLease): the node key goes in first, because a lease kept
+// alive without its node key would make a node nobody can see die; if the
+// put fails, the lease is revoked and never kept alive.
 func (e *Membership) register(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
@@ -49,11 +60,9 @@ func (e *Membership) register(ctx context.Context) error {
 		return err
 	}
 	// The keep-alives last until Close (e.bg) or end, not just this call.
-	s, err := concurrency.NewSession(e.cli, concurrency.WithLease(g.ID), concurrency.WithTTL(int(ttl)), concurrency.WithContext(e.bg))
-	if err != nil {
-		return fmt.Errorf("rendezvous store at %s: keep lease alive: %w", e.cfg.Endpoint, err)
-	}
-	l := &nodeLease{Session: s}
+	kctx, stop := context.WithCancel(e.bg)
+	l := &nodeLease{id: g.ID, stop: stop,
+		done: store.KeepAlive(kctx, e.cli, g.ID, time.Duration(ttl)*time.Second)}
 	e.mu.Lock()
 	old := e.lease
 	e.lease = l

@@ -62,7 +62,7 @@ func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted bool,
 	deadline := time.Now().Add(o.cfg.JoinTimeout)
 	for {
 		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tlsFiles, Logger: o.log,
-			FailFastAfter: cmp.Or(o.cfg.StoreTimeout, rdzv.DefaultStoreTimeout)})
+			FailFastAfter: cmp.Or(o.cfg.StoreTimeout, rdzv.DefaultStoreTimeout), CutFrozen: true})
 		if err == nil {
 			return cli, nil
 		}

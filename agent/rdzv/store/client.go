@@ -43,6 +43,10 @@ type ClientConfig struct {
 	// FailFastAfter: once no member has been connected for this long,
 	// every request fails at once with ErrUnreachable; 0 = never.
 	FailFastAfter time.Duration
+	// CutFrozen: probe every member and cut the connections to one that
+	// stops answering while another answers (frozen.go). For the agent's
+	// long-lived client; a one-shot command needs no probes.
+	CutFrozen bool
 }
 
 // Client is a connection to the rendezvous store. It is what the agent
@@ -107,6 +111,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 
 	rc := &reach{after: cfg.FailFastAfter}
+	cn := newConns()
 	// clientv3.New does not connect (except to fetch an auth token, bounded
 	// by DialTimeout), so the check below is what proves the store is there.
 	cli, err := clientv3.New(clientv3.Config{
@@ -125,7 +130,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		Logger:               zapLogger(cfg.Logger),
 		// Inside etcd's retrying interceptor (which it installs first), so
 		// that it sees ErrUnreachable and does not retry.
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(rc.intercept)},
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(rc.intercept), grpc.WithContextDialer(cn.dial)},
 	})
 	if err != nil {
 		// With a username, New authenticates, and a dead store shows up
@@ -151,6 +156,14 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	fctx, stop := context.WithCancel(context.Background())
 	go rc.follow(fctx, cli.ActiveConnection())
+	if cfg.CutFrozen {
+		log := cfg.Logger
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		fw := &freezeWatch{cli: cli, conns: cn, log: log, heard: map[string]time.Time{}, cut: map[string]bool{}}
+		go fw.run(fctx)
+	}
 	return &Client{etcd: cli, reach: rc, stop: stop}, nil
 }
 

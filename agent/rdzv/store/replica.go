@@ -209,17 +209,7 @@ func (r *Replicas) ensureLease(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("grant the store members' lease: %w", err)
 	}
-	ka, err := cli.KeepAlive(ctx, g.ID)
-	if err != nil {
-		return fmt.Errorf("keep the store members' lease alive: %w", err)
-	}
-	lost := make(chan struct{})
-	go func() {
-		for range ka {
-		}
-		close(lost)
-	}()
-	r.lease, r.leaseLost = g.ID, lost
+	r.lease, r.leaseLost = g.ID, KeepAlive(ctx, cli, g.ID, time.Duration(g.TTL)*time.Second)
 	return nil
 }
 

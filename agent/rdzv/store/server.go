@@ -23,6 +23,7 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/grpc"
 
 	"github.com/ddp-agent/ddp-agent/internal/tempdir"
 )
@@ -337,6 +338,14 @@ func embedConfig(cfg ServerConfig, dir string, clientURL, peerURL url.URL) *embe
 	ec.QuotaBackendBytes = cfg.QuotaBytes
 	ec.AutoCompactionMode = embed.CompactorModeRevision
 	ec.AutoCompactionRetention = compactionRevisions
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	// Innermost of the server's interceptors: around the handler itself.
+	ec.GRPCAdditionalServerOptions = []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(recoverUnary(log)), grpc.ChainStreamInterceptor(recoverStream(log)),
+	}
 	return ec
 }
 
