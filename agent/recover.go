@@ -187,14 +187,32 @@ const rootSettle = 5 * time.Second
 // first one's shim named.
 func (r *run) workerFailure(ctx context.Context, at *attempt) *WorkerFailedError {
 	deadline := time.Now().Add(min(rootSettle, r.cfg.StopTimeout))
+	checked := false
 	for {
 		now := time.Now()
 		b := rootcause.Decide(at.g.Outcomes(), now)
 		if !b.Local {
 			b.Elsewhere = at.r.Reason() // "" until another node's agent has told the rendezvous
 		}
+		lostPeer := b.NoNotes() && rootcause.LooksLikeLostPeer(b.Exit)
 		left := time.Until(deadline)
 		switch {
+		case lostPeer && !checked && left > 0 && ctx.Err() == nil:
+			// A lost connection, and no note of whose: another node may be
+			// gone. Its agent refusing, the round ends with it lost.
+			checked = true
+			if r.j.rz.CheckPeers(ctx) {
+				t := time.NewTimer(left)
+				select {
+				case <-at.r.Done():
+				case <-ctx.Done():
+				case <-t.C:
+				}
+				t.Stop()
+			}
+			continue
+		case lostPeer && at.r.End().Kind == rdzv.EndNodeLost:
+			return &WorkerFailedError{Blame: b.LostPeer(at.r.Reason()), Decided: now}
 		case b.Root < 0 || b.Exit != nil || b.Elsewhere != "" || left <= 0 || ctx.Err() != nil:
 		case b.Local:
 			r.log.Info("a worker failed only because another failed first: waiting for that one to exit",

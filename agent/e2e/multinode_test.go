@@ -518,3 +518,36 @@ func TestJobFailsEverywhere(t *testing.T) {
 		t.Fatalf("no agent named the reason\n%s\n%s", a.logs(), b.logs())
 	}
 }
+
+// TestLostNodeWithoutHook: workers that do not use the hook leave no note
+// of the peer that failed them. When a node is lost, the survivors'
+// workers fail on their gloo connections to it; the report names the lost
+// node as the root cause and those workers as its victims. Before, the
+// first survivor worker to exit was the root cause, and the lost node
+// was found only after.
+func TestLostNodeWithoutHook(t *testing.T) {
+	budget(t, 45*time.Second)
+	needTorch(t)
+	j := newJob(t, "1:2", 2, 200, "--sleep-per-step", "0.1", "--comm-hook", "none")
+	a, b := j.startHost(), j.start()
+	waitFor(t, 2*time.Minute, func() bool {
+		return strings.Contains(a.stdout.String()+b.stdout.String(), "step 10 loss")
+	}, allLogs(a, b))
+	b.cmd.Process.Signal(syscall.SIGKILL)
+	waitFor(t, 30*time.Second, func() bool {
+		_, ok := workersStartedAt(a.stderr.String(), 1)
+		return ok
+	}, allLogs(a))
+	_, report, ok := strings.Cut(a.stderr.String(), "==== ddp-agent: root cause")
+	if !ok {
+		t.Fatalf("no root cause report\n%s", a.logs())
+	}
+	report, _, _ = strings.Cut(report, "time=")
+	t.Logf("root cause%s", report)
+	for _, want := range []string{"the job moved to a new generation first: node ", " lost: its agent is gone",
+		"failed only because a worker of the lost node dropped its connection"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report does not say %q", want)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,20 +37,62 @@ func (e *Membership) probePending(ctx context.Context, pending []*liveNode) {
 			continue
 		}
 		ln.probed = time.Now()
-		c, err := net.DialTimeout("tcp", ln.Probe, 300*time.Millisecond)
-		if err == nil {
-			c.Close()
-			continue
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			continue
-		}
-		e.log.Warn("node is gone: its agent refuses connections; revoking its lease", "node", ln.Node, "host", ln.Host, "probe", ln.Probe)
-		rctx, cancel := context.WithTimeout(ctx, opTimeout)
-		_, err = e.cli.Revoke(rctx, clientv3.LeaseID(ln.Lease))
-		cancel()
-		if err != nil {
-			e.log.Debug("revoke lease of a dead node", "node", ln.Node, "err", err)
-		}
+		e.revokeIfGone(ctx, ln.NodeInfo)
 	}
+}
+
+// revokeIfGone dials n's liveness port and, when its agent refuses, revokes
+// its lease; it reports whether it did.
+func (e *Membership) revokeIfGone(ctx context.Context, n NodeInfo) bool {
+	c, err := net.DialTimeout("tcp", n.Probe, 300*time.Millisecond)
+	if err == nil {
+		c.Close()
+		return false
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return false
+	}
+	e.log.Warn("node is gone: its agent refuses connections; revoking its lease", "node", n.Node, "host", n.Host, "probe", n.Probe)
+	rctx, cancel := context.WithTimeout(ctx, opTimeout)
+	_, err = e.cli.Revoke(rctx, clientv3.LeaseID(n.Lease))
+	cancel()
+	if err != nil {
+		e.log.Debug("revoke lease of a dead node", "node", n.Node, "err", err)
+	}
+	return true
+}
+
+// maxPeerProbes bounds CheckPeers' dials in flight.
+const maxPeerProbes = 64
+
+// CheckPeers probes the other registered nodes' agents, for a worker of
+// this node that failed on a lost connection without saying to whom (it
+// does not use the hook): when an agent refuses, it is gone, and its
+// lease is revoked, which ends the round with that node lost at once
+// instead of at its TTL. It reports whether one was gone.
+func (e *Membership) CheckPeers(ctx context.Context) bool {
+	gctx, cancel := context.WithTimeout(ctx, time.Second)
+	resp, err := e.cli.Get(gctx, e.key(nodesDir), clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return false
+	}
+	var gone atomic.Bool
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, maxPeerProbes)
+	for _, kv := range resp.Kvs {
+		var n NodeInfo
+		if decode(string(kv.Key), kv.Value, &n) != nil || n.Node == e.node || n.Probe == "" || n.Lease == 0 {
+			continue
+		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if e.revokeIfGone(ctx, n) {
+				gone.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	return gone.Load()
 }

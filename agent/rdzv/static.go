@@ -55,3 +55,6 @@ func (s *Static) Succeed(context.Context, *Round) error { return nil }
 
 // Leave has no one to tell.
 func (s *Static) Leave(string) {}
+
+// CheckPeers finds nothing: a static job has no liveness ports to probe.
+func (s *Static) CheckPeers(context.Context) bool { return false }

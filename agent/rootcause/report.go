@@ -47,7 +47,7 @@ func Format(b Blame, attempt, maxRestarts int, started time.Time, pids map[int]i
 		fmt.Fprintf(&s, "  %v, %s after start\n", e, e.Time.Sub(started).Round(time.Millisecond))
 	} else {
 		fmt.Fprintf(&s, "  %s\n", b.rootLine())
-		if !b.Local {
+		if !b.Local && b.Root >= 0 {
 			s.WriteString("  (its own node's agent reports it)\n")
 		}
 	}

@@ -72,6 +72,15 @@ func Decide(outs []supervisor.Outcome, cutoff time.Time) Blame {
 // Reclassify is Decide with the root cause already decided (the one the
 // attempt's fault named), for the report once the workers have stopped.
 func Reclassify(outs []supervisor.Outcome, cutoff time.Time, decided Blame) Blame {
+	if decided.lostNode() {
+		failed := Blame{At: decided.At}
+		for _, o := range outs { // in rank order
+			if failedBy(o, cutoff) {
+				failed.Others = append(failed.Others, o.Exit)
+			}
+		}
+		return failed.LostPeer(decided.Elsewhere)
+	}
 	b := victims(outs, cutoff).classify(outs, cutoff, decided.Root, decided.At)
 	b.Elsewhere = decided.Elsewhere
 	return b
@@ -238,6 +247,9 @@ func peerDid(kind string) string {
 }
 
 func rankName(r int) string {
+	if r == lostNode {
+		return "a worker of the lost node"
+	}
 	if r < 0 {
 		return "a peer (a rank of a smaller communicator)"
 	}

@@ -306,3 +306,38 @@ func TestBlameAt(t *testing.T) {
 		}
 	}
 }
+
+// TestLostPeer: a failure without notes whose last words say a peer's
+// connection was lost, once the job moved on for a lost node, has that
+// node as root cause and this node's failed workers as its victims, in
+// the decision and again in the report's reclassification.
+func TestLostPeer(t *testing.T) {
+	gloo := exited(0, 1, 10)
+	gloo.Exit.StderrTail = []string{"RuntimeError: [./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:26532"}
+	own := exited(0, 1, 10)
+	own.Exit.StderrTail = []string{"ValueError: bad batch"}
+	if !LooksLikeLostPeer(gloo.Exit) || LooksLikeLostPeer(own.Exit) || LooksLikeLostPeer(running(1).Exit) {
+		t.Fatal("LooksLikeLostPeer: want true for gloo's lost connection only")
+	}
+	outs := []supervisor.Outcome{gloo, exited(1, 1, 20)}
+	b := Decide(outs, at(30))
+	if !b.NoNotes() {
+		t.Fatalf("Decide = %+v, want a local root without notes", b)
+	}
+	const reason = "node n1 (h1, group rank 1) lost: its agent is gone or cut off (lease ended)"
+	lost := b.LostPeer(reason)
+	again := Reclassify(outs, at(30), lost)
+	for _, b := range []Blame{lost, again} {
+		if b.Local || b.Exit != nil || len(b.Victims) != 2 || b.Victims[0].Rank != 0 || b.Victims[1].Rank != 1 {
+			t.Errorf("blame %+v, want ranks 0 and 1 victims of the lost node", b)
+		}
+		want := "the job moved to a new generation first: " + reason + "; ranks 0, 1 failed only because a worker of the lost node dropped its connection"
+		if !strings.HasPrefix(b.Reason(), want) {
+			t.Errorf("Reason() = %q, want it to start %q", b.Reason(), want)
+		}
+	}
+	text := Format(again, 0, 3, t0, map[int]int{0: 100, 1: 101}, hostmon.NewMonitor(slog.New(slog.DiscardHandler)))
+	if strings.Contains(text, "its own node's agent reports it") {
+		t.Errorf("the report says the lost node's agent reports it:\n%s", text)
+	}
+}

@@ -100,6 +100,9 @@ type Rendezvous interface {
 	Succeed(ctx context.Context, r *rdzv.Round) error
 	// Leave takes this node out of the job for good.
 	Leave(reason string)
+	// CheckPeers looks for another node whose agent is gone, and ends the
+	// round with it lost when one is; it reports whether one was.
+	CheckPeers(ctx context.Context) bool
 }
 
 // Joined is an open rendezvous and what goes with it; the caller owns it
