@@ -202,13 +202,7 @@ func (r *run) workerFailure(ctx context.Context, at *attempt) *WorkerFailedError
 			// gone. Its agent refusing, the round ends with it lost.
 			checked = true
 			if r.j.rz.CheckPeers(ctx) {
-				t := time.NewTimer(left)
-				select {
-				case <-at.r.Done():
-				case <-ctx.Done():
-				case <-t.C:
-				}
-				t.Stop()
+				waitRoundEnd(ctx, at.r, left)
 			}
 			continue
 		case lostPeer && at.r.End().Kind == rdzv.EndNodeLost:
@@ -224,17 +218,22 @@ func (r *run) workerFailure(ctx context.Context, at *attempt) *WorkerFailedError
 		default: // another node's worker: give its agent the chance to say so first
 			r.log.Info("a worker failed only because a rank of another node failed first: waiting for its node to report it",
 				"rank", b.Root, "victims", b.VictimRanks(), "wait", left.Round(time.Millisecond))
-			t := time.NewTimer(left)
-			select {
-			case <-at.r.Done():
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+			waitRoundEnd(ctx, at.r, left)
 			deadline = time.Now() // once more with what the workers noted meanwhile, then decide
 			continue
 		}
 		return &WorkerFailedError{Blame: b, Decided: now}
+	}
+}
+
+// waitRoundEnd waits at most d for round rd to end.
+func waitRoundEnd(ctx context.Context, rd *rdzv.Round, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-rd.Done():
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 
