@@ -172,7 +172,10 @@ def check_command_without_torch(agent: pathlib.Path, env: dict, tmp_path: pathli
 WHICH = """
 import os, sys
 import ddp_agent
-print(f"worker python {sys.executable} rank {os.environ['RANK']}", flush=True)  # one write: no interleaving
+# One write(2) of under PIPE_BUF bytes, which no other worker's output
+# splits: print() makes two (the text, then its newline) when stdout is
+# unbuffered, and under torchrun two workers' lines once ran together.
+os.write(1, f"worker python {sys.executable} rank {os.environ['RANK']}\\n".encode())
 """
 
 
