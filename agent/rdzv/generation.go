@@ -12,17 +12,35 @@ import (
 // to a new generation, which counts against --max-restarts. It returns
 // *JobFailedError when no restarts were left. When the job already moved
 // on (another node's fault came first), nothing more is counted.
+//
+// Each try is bounded as Next's requests are (silence.bound), and a try
+// the store leaves unanswered is made again, to whichever member the
+// client picks next, until the store has been silent for the store
+// timeout: one try of 10 s could wait all that time on a frozen member
+// while the others would have answered.
 func (e *Membership) Fail(ctx context.Context, r *Round, reason string) error {
-	asked := time.Now()
-	st, err := e.bump(ctx, r.Generation, faultMove(e.node, e.cfg.Host, r.GroupRank, reason))
-	e.noteAnswer(asked, err)
-	if err != nil {
-		return err
+	silent := e.newSilence()
+	for {
+		asked := time.Now()
+		qctx, cancel := silent.bound(ctx)
+		st, err := e.bump(qctx, r.Generation, faultMove(e.node, e.cfg.Host, r.GroupRank, reason))
+		cancel()
+		e.noteAnswer(asked, err)
+		switch {
+		case err == nil && st.Phase == Failed:
+			return &JobFailedError{Reason: st.Reason}
+		case err == nil:
+			return nil
+		case ctx.Err() != nil || !unanswered(err):
+			return err
+		}
+		if lost := silent.tooLong(err); lost != nil {
+			return lost
+		}
+		if !sleep(ctx, 100*time.Millisecond) { // a member that refuses at once is not asked in a spin
+			return context.Cause(ctx)
+		}
 	}
-	if st.Phase == Failed {
-		return &JobFailedError{Reason: st.Reason}
-	}
-	return nil
 }
 
 // bump makes move mv of the job from running generation gen to the next
