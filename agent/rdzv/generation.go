@@ -35,6 +35,7 @@ func (e *Membership) Fail(ctx context.Context, r *Round, reason string) error {
 			return err
 		}
 		if lost := silent.tooLong(err); lost != nil {
+			e.markStoreLost()
 			return lost
 		}
 		if !sleep(ctx, 100*time.Millisecond) { // a member that refuses at once is not asked in a spin

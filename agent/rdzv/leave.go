@@ -217,7 +217,9 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 
 // Leave takes this node out of the job without closing the rendezvous for
 // the others: it says why, then revokes its lease. The others re-form
-// without it (a scale event, not a fault).
+// without it (a scale event, not a fault). To a store given up as lost it
+// says nothing: without a quorum the write waited its whole 3 s, and the
+// agent's exit with it.
 func (e *Membership) Leave(reason string) {
 	e.mu.Lock()
 	st := e.state
@@ -228,7 +230,11 @@ func (e *Membership) Leave(reason string) {
 	if e.lease != nil {
 		lease = e.lease.Lease()
 	}
+	lost := e.storeLost
 	e.mu.Unlock()
+	if lost {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if st == NodeActive {

@@ -29,9 +29,7 @@ func (e *Membership) Next(ctx context.Context) (*Round, error) {
 			return err
 		}
 		if err := silent.tooLong(err); err != nil {
-			e.mu.Lock()
-			e.storeLost = true
-			e.mu.Unlock()
+			e.markStoreLost()
 			return err
 		}
 		e.log.Warn("rendezvous store request failed; retrying", "err", err)

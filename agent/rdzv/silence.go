@@ -46,6 +46,14 @@ func (e *Membership) newSilence() *silence {
 	return s
 }
 
+// markStoreLost records that the store was given up as lost: the agent's
+// exit then writes nothing more to it (Leave, the handover).
+func (e *Membership) markStoreLost() {
+	e.mu.Lock()
+	e.storeLost = true
+	e.mu.Unlock()
+}
+
 // heard records an answer.
 func (s *silence) heard() { s.answered = time.Now() }
 
