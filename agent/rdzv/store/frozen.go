@@ -124,7 +124,12 @@ func (f *freezeWatch) setHeard(ep string, t time.Time) {
 func (f *freezeWatch) probe(ctx context.Context, ep string) {
 	conn, err := f.cli.Dial(ep)
 	if err != nil {
+		// Unprobed, it is never judged (nor cut): silence it did not
+		// cause must not count against it.
 		f.log.Debug("cannot probe store member", "endpoint", ep, "err", err)
+		f.mu.Lock()
+		delete(f.heard, ep)
+		f.mu.Unlock()
 		return
 	}
 	defer conn.Close()
