@@ -140,7 +140,9 @@ func (f *freezeWatch) probe(ctx context.Context, ep string) {
 		rctx, cancel := context.WithTimeout(ctx, frozenAfter)
 		_, err := hc.Check(rctx, &healthpb.HealthCheckRequest{})
 		cancel()
-		if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded && c != codes.Canceled {
+		// A probe stopped meanwhile (its member left the endpoints) must
+		// not put the member back.
+		if c := status.Code(err); ctx.Err() == nil && c != codes.Unavailable && c != codes.DeadlineExceeded && c != codes.Canceled {
 			f.setHeard(ep, time.Now())
 		}
 		select {
