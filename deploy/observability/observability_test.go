@@ -487,3 +487,34 @@ func checkRules(ctx context.Context, t *testing.T, d deployment) {
 		t.Logf("alert %s: %s %v", r.Name, r.State, r.Alerts)
 	}
 }
+
+// TestMetricTablesAreTheContract: the metric tables of
+// docs/stalls-and-traces.md and of this directory's README list the
+// contract's metrics, no more and no fewer (the README with their types);
+// TestJobInJaegerAndPrometheus checks the contract against a real scrape.
+func TestMetricTablesAreTheContract(t *testing.T) {
+	row := regexp.MustCompile("(?m)^\\| `(ddp_[a-z0-9_]+)` \\| ([^|]+) \\|")
+	for _, doc := range []string{"../../docs/stalls-and-traces.md", "README.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := map[string]bool{}
+		for _, m := range row.FindAllStringSubmatch(string(b), -1) {
+			name, second := m[1], strings.TrimSpace(m[2])
+			listed[name] = true
+			want, ok := contractMetrics[name]
+			switch {
+			case !ok:
+				t.Errorf("%s lists %s, which is not a metric of the contract", doc, name)
+			case doc == "README.md" && !strings.HasPrefix(second, want):
+				t.Errorf("%s gives %s the type %q; it is a %s", doc, name, second, want)
+			}
+		}
+		for name := range contractMetrics {
+			if !listed[name] {
+				t.Errorf("%s's metric table does not list %s", doc, name)
+			}
+		}
+	}
+}
