@@ -18,7 +18,7 @@ type EventKind string
 // The events.
 const (
 	JobStarted    EventKind = "job_started"    // the agent started this node's part of the job
-	WorkerFailed  EventKind = "worker_failed"  // a worker of this node failed; Message is the root-cause report
+	WorkerFailed  EventKind = "worker_failed"  // a worker of this node failed; Details["report"] is the root-cause report
 	Restarted     EventKind = "restarted"      // the job's workers restart (Details: restarts, max_restarts, reason)
 	Straggler     EventKind = "straggler"      // a persistent straggler was named (Rank; Details: cause, evidence)
 	Hang          EventKind = "hang"           // a collective hung (Details: missing ranks, stacks)
@@ -40,7 +40,7 @@ type Event struct {
 	Generation uint64
 	Attempt    int
 	Rank       int    // the rank concerned, -1 for none
-	Message    string // one line, or the root-cause report for worker_failed
+	Message    string // one line (a worker_failed's root-cause report is in Details["report"])
 	// Details are the event's own fields (cause, exit code, the ranks a
 	// hang misses...), each a string.
 	Details map[string]string

@@ -1,4 +1,4 @@
-"""Every environment variable the package reads, named once (the Go side's table is agent/envnames).
+"""Every environment variable the package reads, named once (the Go side's table is internal/envname).
 
 The agent sets the first group in each worker's environment; a user sets the
 second. Modules read them through these names, never through literals, so a
