@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/internal/envname"
@@ -426,14 +427,11 @@ func (r rawFlags) int(name string, min int) (int, error) {
 // seconds parses a duration given as torchrun does (plain seconds) or as a Go
 // duration ("500ms", "1m").
 func (r rawFlags) seconds(name string) (time.Duration, error) {
-	v := r[name]
-	if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 {
-		return time.Duration(f * float64(time.Second)), nil
+	d, err := observe.Seconds(name, r[name])
+	if err != nil {
+		return 0, usagef("%v", err)
 	}
-	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
-		return d, nil
-	}
-	return 0, usagef("--%s must be a duration (seconds, or like 500ms), got %q", name, v)
+	return d, nil
 }
 
 func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
@@ -463,20 +461,17 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.MaxRestarts, err = r.int("max-restarts", 0); err != nil {
 		return err
 	}
-	if r["hang-timeout"] == "auto" {
-		c.HangTimeout, c.HangAuto = time.Minute, true
-	} else if c.HangTimeout, err = r.seconds("hang-timeout"); err != nil {
-		return err
-	}
-	if c.HangTimeout > 0 && c.HangTimeout < time.Second {
-		return usagef("--hang-timeout %v is below a second: healthy collectives would look hung (0 disables it)", c.HangTimeout)
+	// The telemetry options are read by observe's parsers, as the
+	// sidecar's flags are: one meaning for both modes.
+	if c.HangTimeout, c.HangAuto, err = observe.ParseHangTimeout(r["hang-timeout"]); err != nil {
+		return usagef("%v", err)
 	}
 	c.OTelEndpoint, c.MetricsAddr = r["otel-endpoint"], r["metrics-addr"]
 	if c.MetricsLinger, err = r.seconds("metrics-linger"); err != nil {
 		return err
 	}
-	if c.TraceSample, err = strconv.ParseFloat(r["trace-sample"], 64); err != nil || c.TraceSample < 0 || c.TraceSample > 1 {
-		return usagef("--trace-sample must be a number from 0 to 1, got %q", r["trace-sample"])
+	if c.TraceSample, err = observe.ParseTraceSample(r["trace-sample"]); err != nil {
+		return usagef("%v", err)
 	}
 	if err := r.plugins(c); err != nil {
 		return err
@@ -689,8 +684,8 @@ func (r rawFlags) plugins(c *Config) error {
 // --straggler-confirm.
 func (r rawFlags) stragglers(c *Config) error {
 	var err error
-	if c.StragglerCost, err = strconv.ParseFloat(r["straggler-cost"], 64); err != nil || !(c.StragglerCost > 0 && c.StragglerCost < 1) {
-		return usagef("--straggler-cost must be a share of step time between 0 and 1 (exclusive), got %q", r["straggler-cost"])
+	if c.StragglerCost, err = observe.ParseStragglerCost(r["straggler-cost"]); err != nil {
+		return usagef("%v", err)
 	}
 	switch c.StragglerAction = r["straggler-action"]; c.StragglerAction {
 	case "log", "restart", "drain":
