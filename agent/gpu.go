@@ -167,7 +167,7 @@ func (r *run) watchGPUs(ctx context.Context, report func(*Fault)) {
 	for _, i := range g.Plan.Ring {
 		devs = append(devs, health.Device{Index: i, UUID: g.Topology.GPUs[i].UUID})
 	}
-	opts := []health.Option{health.WithLogger(r.log.With("component", "gpu-health")), health.WithRanks(r.ranksOn)}
+	opts := []health.Option{health.WithLogger(r.log.With("subsystem", "gpu-health")), health.WithRanks(r.ranksOn)}
 	observe.WatchGPUs(ctx, g.Watch, devs, opts, func(findings []health.Finding) bool {
 		var serious []health.Finding
 		for _, f := range findings {

@@ -173,6 +173,9 @@ func startAgent(t *testing.T, extraEnv []string, args ...string) *agentRun {
 		if strings.Contains(r.stderr.String(), "WARNING: DATA RACE") {
 			t.Errorf("the agent reported a data race\n%s", r.stderr.String())
 		}
+		if line, key, ok := repeatedKey(r.stderr.String()); ok {
+			t.Errorf("the agent's log gives %s twice in a line:\n%s", key, line)
+		}
 		if os.Getenv("E2E_LOGS") != "" { // where a passing test's time went
 			t.Logf("agent %s:\n%s", strings.Join(r.cmd.Args[1:], " "), r.stderr.String())
 		}

@@ -52,6 +52,9 @@ func startBG(t *testing.T, env []string, args ...string) *bgProc {
 		if strings.Contains(p.stderr.String(), "WARNING: DATA RACE") {
 			t.Errorf("%s reported a data race\n%s", filepath.Base(args[0]), p.stderr.String())
 		}
+		if line, key, ok := repeatedKey(p.stderr.String()); ok {
+			t.Errorf("%s's log gives %s twice in a line:\n%s", filepath.Base(args[0]), key, line)
+		}
 	})
 	return p
 }

@@ -92,6 +92,11 @@ func (h *hclogAdapter) Log(level hclog.Level, msg string, args ...interface{}) {
 		return
 	}
 	all := append(append([]any{"plugin", h.name}, h.args...), args...)
+	for i := 2; i+1 < len(all); i += 2 {
+		if all[i] == "plugin" {
+			all[i] = "plugin_path" // go-plugin's own "plugin" is the executable
+		}
+	}
 	for i, a := range all {
 		if s, isStr := a.(string); isStr && len(s) > lineMax {
 			all[i] = clip(s, lineMax)

@@ -90,7 +90,7 @@ type Host struct {
 func Start(cfg Config, log *slog.Logger) (*Host, error) {
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &Host{cfg: cfg, log: log.With("component", "plugins"), ctx: ctx, cancel: cancel}
+	h := &Host{cfg: cfg, log: log.With("subsystem", "plugins"), ctx: ctx, cancel: cancel}
 	h.verdicts = newVerdicts(h)
 	type started struct {
 		sp    Spec

@@ -24,7 +24,7 @@ func (sc *Sidecar) watchGPUs(ctx context.Context) {
 	for i, d := range g.Topology.GPUs {
 		devs = append(devs, health.Device{Index: i, UUID: d.UUID})
 	}
-	opts := []health.Option{health.WithLogger(sc.log.With("component", "gpu-health"))}
+	opts := []health.Option{health.WithLogger(sc.log.With("subsystem", "gpu-health"))}
 	observe.WatchGPUs(ctx, g.Watch, devs, opts, func(findings []health.Finding) bool {
 		for _, f := range findings {
 			reason := fmt.Sprintf("GPU %d (%s): %s", f.GPU, f.UUID, f.Message)

@@ -63,6 +63,6 @@ func (o *opener) replicate(cli *store.Client, srv *store.Server, sec *storeSecur
 	return store.Replicate(store.ReplicaConfig{
 		Client: cli, Own: srv, Want: storeReplicas, Prefix: prefix + "/_store/members/",
 		TTL: o.cfg.TTL, Host: host, TLS: sec.server, PeerTLS: sec.peer,
-		QuotaBytes: o.cfg.StoreQuota, Logger: o.log.With("component", "etcd"),
+		QuotaBytes: o.cfg.StoreQuota, Logger: o.log.With("subsystem", "etcd"),
 	}), nil
 }

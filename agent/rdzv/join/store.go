@@ -32,7 +32,7 @@ func (o *opener) hostStore(ctx context.Context, sec *storeSecurity, replicated b
 	if err != nil {
 		return nil, nil, err
 	}
-	scfg := store.ServerConfig{ClientAddr: addr, Logger: o.log.With("component", "etcd"), TLS: sec.server, PeerTLS: sec.peer,
+	scfg := store.ServerConfig{ClientAddr: addr, Logger: o.log.With("subsystem", "etcd"), TLS: sec.server, PeerTLS: sec.peer,
 		QuotaBytes: cfg.StoreQuota}
 	if replicated {
 		// Members that join later dial this one's peer URL: a real port

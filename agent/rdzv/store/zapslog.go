@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -76,6 +77,24 @@ func benign(msg string) bool {
 	return false
 }
 
+// benignRejection reports whether etcd's entry is a membership change it
+// refused in a way the replica manager expects and retries: two agents
+// adding a learner at once (etcd admits one at a time), which a job of
+// three nodes does at its start. etcd logs it as an error.
+func benignRejection(msg string, fields []zapcore.Field) bool {
+	if msg != "Validation on configuration change failed" {
+		return false
+	}
+	for _, f := range fields {
+		if f.Key == "error" {
+			if err, ok := f.Interface.(error); ok && strings.Contains(err.Error(), "too many learner members") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // slogCore is a zapcore.Core writing to a slog.Logger.
 type slogCore struct {
 	logger *slog.Logger
@@ -104,7 +123,7 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 	switch {
 	case e.Level >= zapcore.DPanicLevel:
 		level = slog.LevelError // never hidden, even while closing
-	case c.quiet.Load() || benign(e.Message):
+	case c.quiet.Load() || benign(e.Message) || benignRejection(e.Message, fields):
 		level = slog.LevelDebug
 	case e.Level > zapcore.WarnLevel:
 		level = slog.LevelError

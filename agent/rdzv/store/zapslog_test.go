@@ -32,6 +32,18 @@ func TestZapLogger(t *testing.T) {
 		}
 	}
 
+	// Two learners added at once: etcd refuses one and logs an error the
+	// replica manager expects; any other refusal stays an error.
+	buf.Reset()
+	lg.Error("Validation on configuration change failed", zap.Bool("shouldApplyV3", true),
+		zap.Error(errors.New("membership: too many learner members in cluster")))
+	lg.Error("Validation on configuration change failed", zap.Error(errors.New("membership: ID exists")))
+	out = buf.String()
+	if !strings.Contains(out, `level=DEBUG msg="Validation on configuration change failed" logger=raft member=m0 shouldApplyV3=true error="membership: too many learner members in cluster"`) ||
+		!strings.Contains(out, `level=ERROR msg="Validation on configuration change failed" logger=raft member=m0 error="membership: ID exists"`) {
+		t.Errorf("the learners' race is not at debug, or another refusal is not an error:\n%s", out)
+	}
+
 	// nil discards.
 	zapLogger(nil).Error("nowhere")
 }
