@@ -3,7 +3,7 @@
 // watch and the collective watch, then runs attempts of the local worker
 // group. Every fault (a worker's exit, the end of the rendezvous round, a
 // GPU finding, a detector's verdict, a hang, a confirmed straggler)
-// arrives as one Fault with its Severity, through one queue, and is
+// arrives as one fault.Fault with its Severity, through one queue, and is
 // handled in one place: the job restarts while restarts remain, moves to
 // a new generation, or this node drains or fails.
 //
@@ -26,7 +26,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
 
-// JobFailedError is the Err of the *FaultError Run returns when the job
+// JobFailedError is the Err of the *fault.Error Run returns when the job
 // failed and no restarts were left. Cause is the root cause when it was a
 // worker of this node; Reason says what happened otherwise (a fault on
 // another node).
@@ -91,7 +91,7 @@ func New(cfg Config, log *slog.Logger, stdout, stderr *supervisor.Console, baseE
 }
 
 // Run runs the job until every worker has succeeded (nil), a fault ended
-// this node's part (*FaultError: the node drained, or the job failed), or
+// this node's part (*fault.Error: the node drained, or the job failed), or
 // ctx is done: then the workers are stopped within the grace period and
 // context.Cause(ctx) is returned. Only a signal or the caller ends ctx.
 func (a *Agent) Run(ctx context.Context) error {

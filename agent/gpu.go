@@ -2,11 +2,9 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"strings"
-	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
@@ -34,68 +32,6 @@ type GPUs struct {
 	// State, when set, reads a GPU's state now (temperature, clocks,
 	// throttling), for the report of a persistent straggler.
 	State func(uuid string) (nvml.GPUState, error)
-}
-
-// GPUFaultError is a GPU health finding that stops this node's workers:
-// ActionRestartWorkers restarts the job (a fault, counted against
-// --max-restarts); ActionResetGPU and ActionDrainNode make the node leave
-// the job and the agent exit non-zero, so the scheduler replaces it.
-type GPUFaultError struct {
-	Action   health.Action
-	Findings []health.Finding // those that call for Action or less, most severe first
-}
-
-func (e *GPUFaultError) Error() string {
-	switch e.Action {
-	case health.ActionResetGPU:
-		return fmt.Sprintf("%s: the GPU needs a reset (nvidia-smi -r -i %d) or the node a reboot; this node leaves the job", e.finding(), e.Findings[0].GPU)
-	case health.ActionDrainNode:
-		return e.finding() + ": this node must be drained; it leaves the job"
-	}
-	return e.finding() + ": restarting the workers"
-}
-
-// finding is the fault without what the agent does about it: "GPU 1
-// (GPU-...): Xid 31 ...: ranks 1".
-func (e *GPUFaultError) finding() string {
-	f := e.Findings[0]
-	var b strings.Builder
-	fmt.Fprintf(&b, "GPU %d (%s): %s", f.GPU, f.UUID, f.Message)
-	if f.Count > 1 {
-		fmt.Fprintf(&b, " (%d times)", f.Count)
-	}
-	if len(f.Ranks) > 0 {
-		fmt.Fprintf(&b, ", ranks %s", joinInts(f.Ranks))
-	}
-	if n := len(e.Findings) - 1; n > 0 {
-		fmt.Fprintf(&b, ", and %d more finding(s)", n)
-	}
-	return b.String()
-}
-
-// before reports whether every finding of the fault was last seen before t.
-func (e *GPUFaultError) before(t time.Time) bool { return e.last().Before(t) }
-
-// last is when the fault's newest finding was last seen.
-func (e *GPUFaultError) last() time.Time {
-	var last time.Time
-	for _, f := range e.Findings {
-		if f.Last.After(last) {
-			last = f.Last
-		}
-	}
-	return last
-}
-
-// Drains reports whether the fault makes the node leave the job.
-func (e *GPUFaultError) Drains() bool { return e.Action >= health.ActionResetGPU }
-
-func joinInts(v []int) string {
-	s := make([]string, len(v))
-	for i, n := range v {
-		s[i] = fmt.Sprint(n)
-	}
-	return strings.Join(s, ",")
 }
 
 // placer is the supervisor's Spec.Place: nil on a CPU-only node.
@@ -158,7 +94,7 @@ func (r *run) ranksOn(gpu int) []int {
 // (observe.WatchGPUs). Findings that call for a restart of the workers
 // using a GPU, a reset or a drain are reported as one fault, with its
 // severity; after a drain it stops. It returns at once without NVML.
-func (r *run) watchGPUs(ctx context.Context, report func(*Fault)) {
+func (r *run) watchGPUs(ctx context.Context, report func(*fault.Fault)) {
 	g := r.cfg.GPUs
 	if g == nil || g.Watch == nil || g.Plan == nil {
 		return
@@ -188,13 +124,13 @@ func (r *run) watchGPUs(ctx context.Context, report func(*Fault)) {
 		}
 		action := health.Decide(serious)
 		slices.SortStableFunc(serious, func(x, y health.Finding) int { return int(y.Action) - int(x.Action) })
-		fault := &GPUFaultError{Action: action, Findings: serious}
-		if fault.Drains() {
+		gf := &fault.GPUError{Action: action, Findings: serious}
+		if gf.Drains() {
 			r.log.Error("GPU fault: this node leaves the job", "action", action.String(), "gpu", serious[0].GPU,
 				"uuid", serious[0].UUID, "ranks", serious[0].Ranks, "finding", serious[0].Message)
 		}
-		report(gpuFault(fault))
-		return !fault.Drains()
+		report(fault.GPU(gf))
+		return !gf.Drains()
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
@@ -186,7 +187,7 @@ func TestGPUFaultNoRestartsLeft(t *testing.T) {
 }
 
 // TestGPUFaultDrains: XID 79 (fallen off the bus) makes the node leave: Run
-// returns a *GPUFaultError naming the GPU and rank, the workers stopped.
+// returns a *fault.GPUError naming the GPU and rank, the workers stopped.
 func TestGPUFaultDrains(t *testing.T) {
 	j := startGPUJob(t, 3)
 	at := j.inject(t, 0, 79)
@@ -198,9 +199,9 @@ func TestGPUFaultDrains(t *testing.T) {
 	}
 	select {
 	case err := <-j.done:
-		var gf *GPUFaultError
+		var gf *fault.GPUError
 		if !errors.As(err, &gf) || !gf.Drains() || gf.Findings[0].GPU != 0 || gf.Findings[0].XID != 79 {
-			t.Fatalf("Run: got %v, want a draining GPUFaultError for XID 79 on GPU 0", err)
+			t.Fatalf("Run: got %v, want a draining fault.GPUError for XID 79 on GPU 0", err)
 		}
 		if !strings.Contains(err.Error(), j.uuids[0]) || !strings.Contains(err.Error(), "leaves the job") {
 			t.Errorf("error %q: want the UUID and what happens", err)
@@ -250,32 +251,3 @@ func TestGPUEventStorm(t *testing.T) {
 	}
 }
 
-// TestGPUFaultError: what a fault says in each case, and which faults are
-// older than an attempt.
-func TestGPUFaultError(t *testing.T) {
-	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	f := func(action health.Action, last time.Time) health.Finding {
-		return health.Finding{Time: last.Add(-time.Second), Last: last, Count: 3, GPU: 2, UUID: "GPU-2", Ranks: []int{2, 10},
-			XID: 79, Message: "Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: GPU has fallen off the bus", Action: action}
-	}
-	drain := &GPUFaultError{Action: health.ActionDrainNode, Findings: []health.Finding{f(health.ActionDrainNode, t0), f(health.ActionRestartWorkers, t0)}}
-	want := "GPU 2 (GPU-2): Xid 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: GPU has fallen off the bus (3 times), ranks 2,10, and 1 more finding(s): this node must be drained; it leaves the job"
-	if got := drain.Error(); got != want || !drain.Drains() {
-		t.Errorf("drain: got %q (drains %v), want %q", got, drain.Drains(), want)
-	}
-	reset := &GPUFaultError{Action: health.ActionResetGPU, Findings: []health.Finding{f(health.ActionResetGPU, t0)}}
-	if got := reset.Error(); !strings.HasSuffix(got, "needs a reset (nvidia-smi -r -i 2) or the node a reboot; this node leaves the job") || !reset.Drains() {
-		t.Errorf("reset: got %q", got)
-	}
-	restart := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{f(health.ActionRestartWorkers, t0)}}
-	if got := restart.Error(); !strings.HasSuffix(got, ": restarting the workers") || restart.Drains() || strings.Contains(restart.finding(), "restarting") {
-		t.Errorf("restart: got %q, finding %q", got, restart.finding())
-	}
-	if !drain.before(t0.Add(time.Nanosecond)) || drain.before(t0) {
-		t.Error("before: a fault is older than a time after its last finding, and only then")
-	}
-	mixed := &GPUFaultError{Action: health.ActionRestartWorkers, Findings: []health.Finding{f(health.ActionRestartWorkers, t0), f(health.ActionRestartWorkers, t0.Add(time.Minute))}}
-	if mixed.before(t0.Add(time.Second)) {
-		t.Error("before: a fault with one finding after t is not older than t")
-	}
-}

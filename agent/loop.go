@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/backoff"
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
@@ -37,12 +38,12 @@ func (r *run) loop(ctx context.Context) error {
 		if err := r.waitBackoff(ctx, ended); err != nil {
 			return err
 		}
-		if r.faults.drain() != nil { // found during the backoff
+		if r.faults.Drain() != nil { // found during the backoff
 			return r.drainOr(ctx, nil)
 		}
 		r.health.set(phaseRendezvous)
 		waitStart := time.Now()
-		nctx, stop := r.faults.bound(ctx)
+		nctx, stop := r.faults.Bound(ctx)
 		rd, err := r.j.rz.Next(nctx)
 		stop()
 		if err != nil {
@@ -74,14 +75,14 @@ func (r *run) loop(ctx context.Context) error {
 		if done, err := r.recover(ctx, at, f); done {
 			return err
 		}
-		ended = r.backoff().Recent(append(ended, backoff.Attempt{Ran: ran, Fault: f.restartsJob()}))
+		ended = r.backoff().Recent(append(ended, backoff.Attempt{Ran: ran, Fault: f.RestartsJob()}))
 	}
 }
 
 // interrupted ends the run when a signal, or a drain, came while the
 // workers were spawned.
 func (r *run) interrupted(ctx context.Context, at *attempt) error {
-	if f := r.faults.drain(); f != nil && ctx.Err() == nil {
+	if f := r.faults.Drain(); f != nil && ctx.Err() == nil {
 		_, err := r.recover(ctx, at, f)
 		return err
 	}
@@ -94,13 +95,13 @@ func (r *run) noRound(ctx context.Context, n int, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return context.Cause(ctx)
-	case r.faults.drain() != nil: // a drain found while the rendezvous waited for its nodes
+	case r.faults.Drain() != nil: // a drain found while the rendezvous waited for its nodes
 		return r.drainOr(ctx, err)
 	case errors.Is(err, rdzv.ErrJobSucceeded):
 		r.log.Info("the job finished without this node")
 		return nil
 	case errors.As(err, &failed):
-		return &FaultError{Severity: Fail, Err: &JobFailedError{Attempts: n, Reason: failed.Reason}}
+		return &fault.Error{Severity: fault.Fail, Err: &JobFailedError{Attempts: n, Reason: failed.Reason}}
 	}
 	r.leave("gave up: " + err.Error())
 	return err
@@ -119,11 +120,11 @@ func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.T
 	stackDir := filepath.Join(attemptDir, "stacks")
 	spec := r.spec(rd, attemptDir, stackDir)
 	r.setGroup(nil, 0) // the last attempt's workers are gone: no ranks on the GPUs until the next start
-	r.faults.clear()   // what is queued belongs to the last attempt
+	r.faults.Clear()   // what is queued belongs to the last attempt
 	at.started = time.Now()
 	at.g = supervisor.New(spec, r.log)
 	r.setGroup(at.g, rd.RankOffset) // before the first worker runs: it may dial the control socket at once
-	sctx, stop := r.faults.bound(ctx)
+	sctx, stop := r.faults.Bound(ctx)
 	defer stop()
 	if err := at.g.Start(sctx); err != nil {
 		if sctx.Err() != nil {
@@ -184,7 +185,7 @@ func (r *run) spec(rd *rdzv.Round, attemptDir, stackDir string) *supervisor.Spec
 // a fault ended it, or ctx is done (ctx's cause). A worker's failure, the
 // end of the round and every other source reach it through the fault
 // queue.
-func (r *run) wait(ctx context.Context, at *attempt) (*Fault, error) {
+func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 	rctx, end := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	defer func() {
@@ -204,7 +205,7 @@ func (r *run) wait(ctx context.Context, at *attempt) (*Fault, error) {
 		err := at.g.Wait(rctx)
 		var we *supervisor.WorkerExitError
 		if failed = errors.As(err, &we); failed {
-			r.faults.report(workerFault(at.gen, r.workerFailure(ctx, at)))
+			r.faults.Report(fault.Worker(at.gen, r.workerFailure(ctx, at)))
 			return
 		}
 		ended = err
@@ -215,11 +216,11 @@ func (r *run) wait(ctx context.Context, at *attempt) (*Fault, error) {
 		defer close(watched)
 		select {
 		case <-at.r.Done():
-			r.faults.report(roundFault(at.gen, at.r.Reason()))
+			r.faults.Report(fault.Round(at.gen, at.r.Reason()))
 		case <-rctx.Done():
 		}
 	}()
-	var f *Fault
+	var f *fault.Fault
 	for f == nil {
 		select {
 		case <-waited:
@@ -227,8 +228,8 @@ func (r *run) wait(ctx context.Context, at *attempt) (*Fault, error) {
 				return r.groupEnded(ctx, at, ended)
 			}
 			waited = nil // its fault is queued
-		case <-r.faults.ready:
-			f = r.faults.take(at.gen, at.started, r.dropStale)
+		case <-r.faults.Ready():
+			f = r.faults.Take(at.gen, at.started, r.dropStale)
 		case <-tick.C:
 			r.health.ticked()
 		}
@@ -238,12 +239,12 @@ func (r *run) wait(ctx context.Context, at *attempt) (*Fault, error) {
 		<-waited
 	}
 	switch {
-	case f.Source == FromWorker:
+	case f.Source == fault.FromWorker:
 		return f, nil
 	case failed:
 		// A worker that failed before the fault was handled is the
 		// fault: it names a rank and has the report.
-		if wf := r.faults.takeWorker(at.gen); wf != nil {
+		if wf := r.faults.TakeWorker(at.gen); wf != nil {
 			return wf, nil
 		}
 		return f, nil
@@ -257,7 +258,7 @@ func (r *run) wait(ctx context.Context, at *attempt) (*Fault, error) {
 
 // groupEnded is the attempt's outcome when the worker group's Wait ended
 // without a worker's failure.
-func (r *run) groupEnded(ctx context.Context, at *attempt, err error) (*Fault, error) {
+func (r *run) groupEnded(ctx context.Context, at *attempt, err error) (*fault.Fault, error) {
 	switch {
 	case err == nil:
 		return nil, nil
@@ -268,8 +269,8 @@ func (r *run) groupEnded(ctx context.Context, at *attempt, err error) (*Fault, e
 }
 
 // dropStale logs a fault from an earlier attempt that is ignored.
-func (r *run) dropStale(f *Fault) {
-	if f.Source == FromGPU {
+func (r *run) dropStale(f *fault.Fault) {
+	if f.Source == fault.FromGPU {
 		// Stopping workers can itself raise XIDs (43 for a process
 		// killed in a kernel): the last attempt'r.
 		r.log.Warn("GPU fault from before these workers started: ignored", "fault", f.Err.Error())
@@ -329,7 +330,7 @@ func (r *run) waitBackoff(ctx context.Context, hist []backoff.Attempt) error {
 	select {
 	case <-t.C:
 		return nil
-	case <-r.faults.urgent:
+	case <-r.faults.Urgent():
 		return nil
 	case <-ctx.Done():
 		return context.Cause(ctx)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rootcause"
@@ -29,7 +30,7 @@ type event struct {
 	kind eventKind
 	at   *attempt // the attempt it concerns; nil: none
 	// fault is the fault told (evFault) or restarted for (evRestarting).
-	fault *Fault
+	fault *fault.Fault
 	// blame and report are a worker's failure's root cause, as the
 	// report gave it, and the report's block.
 	blame  *rootcause.Blame
@@ -72,10 +73,10 @@ func (ev event) notice() (notifier.Event, bool) {
 			break
 		}
 		reason := "failed"
-		var fe *FaultError
+		var fe *fault.Error
 		var sig *SignalError
 		switch {
-		case errors.As(ev.err, &fe) && fe.Severity == Drain:
+		case errors.As(ev.err, &fe) && fe.Severity == fault.Drain:
 			reason = "drained"
 		case errors.As(ev.err, &sig):
 			reason = "stopped"
@@ -88,30 +89,30 @@ func (ev event) notice() (notifier.Event, bool) {
 }
 
 // faultNotice is an evFault in the plugin protocol.
-func faultNotice(n notifier.Event, f *Fault, ev event) (notifier.Event, bool) {
+func faultNotice(n notifier.Event, f *fault.Fault, ev event) (notifier.Event, bool) {
 	n.Message = f.Reason
 	switch f.Source {
-	case FromRound:
+	case fault.FromRound:
 		n.Kind = roundEventKind(ev.at.r.End())
-	case FromWorker:
-		wf, _ := errorsAs[*WorkerFailedError](f)
+	case fault.FromWorker:
+		wf, _ := fault.As[*fault.WorkerFailedError](f)
 		n.Kind, n.Rank, n.Message = notifier.WorkerFailed, ev.blame.Root, wf.Error()
-		n.Details = map[string]string{"report": ev.report, "victims": joinInts(ev.blame.VictimRanks())}
-	case FromHang:
-		h, _ := errorsAs[*watch.HangError](f)
+		n.Details = map[string]string{"report": ev.report, "victims": fault.JoinInts(ev.blame.VictimRanks())}
+	case fault.FromHang:
+		h, _ := fault.As[*watch.HangError](f)
 		n.Kind, n.Details = notifier.Hang, pluginhost.HangDetails(h.Hang, h.Report)
-	case FromGPU:
+	case fault.FromGPU:
 		n.Kind = notifier.GPUFault
-		if gf, _ := errorsAs[*GPUFaultError](f); f.Severity >= Drain {
+		if gf, _ := fault.As[*fault.GPUError](f); f.Severity >= fault.Drain {
 			n.Details = map[string]string{"action": gf.Action.String()}
 		}
-	case FromStraggler:
-		se, _ := errorsAs[*straggler.Error](f)
-		if f.Severity >= Drain {
+	case fault.FromStraggler:
+		se, _ := fault.As[*straggler.Error](f)
+		if f.Severity >= fault.Drain {
 			return n, false
 		}
 		n.Kind, n.Rank, n.Details = notifier.Straggler, se.Straggler.Rank, map[string]string{"action": string(se.Action)}
-	default: // FromPlugin
+	default: // fault.FromPlugin
 		return n, false
 	}
 	return n, true

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
@@ -42,9 +43,9 @@ func (r *run) newStragglerPolicy(ctx context.Context) *straggler.Policy {
 	cfg := straggler.Config{
 		Log: r.log, Action: tc.StragglerAction, Confirm: tc.StragglerConfirm,
 		MinNodes: r.cfg.Rendezvous.NNodesMin, MaxRestarts: r.cfg.MaxRestarts,
-		Restart: func(gen uint64, seen time.Time, se *straggler.Error) { r.faults.report(stragglerFault(gen, seen, se)) },
+		Restart: func(gen uint64, seen time.Time, se *straggler.Error) { r.faults.Report(fault.Straggler(gen, seen, se)) },
 		Drain: func(se *straggler.Error) {
-			r.faults.report(stragglerFault(0, time.Now(), se))
+			r.faults.Report(fault.Straggler(0, time.Now(), se))
 		},
 		Background: r.goBackground,
 		Owner:      func(rank int) string { return r.watch.Worker(rank).Host },
@@ -73,7 +74,7 @@ func (r *run) startTelemetry(ctx context.Context) (func(), error) {
 		traceDir = r.runDir
 	}
 	policy := observe.Policy{RankOf: r.authorize, ReadGPU: observe.ReadGPU(r.cfg.GPUs.state()),
-		OnHang: func(h *watch.HangError) { r.faults.report(hangFault(h)) }, OnStragglers: r.stragglers.Look}
+		OnHang: func(h *watch.HangError) { r.faults.Report(fault.Hang(h)) }, OnStragglers: r.stragglers.Look}
 	if r.plugins != nil {
 		policy.Notify = r.plugins.Notify
 	}
@@ -93,7 +94,7 @@ func (r *run) startTelemetry(ctx context.Context) (func(), error) {
 // startMonitors starts the GPU health watch, whose findings that call for
 // a restart, a reset or a drain are faults.
 func (r *run) startMonitors(ctx context.Context) {
-	r.goBackground(func() { r.watchGPUs(ctx, r.faults.report) })
+	r.goBackground(func() { r.watchGPUs(ctx, r.faults.Report) })
 }
 
 // eventTally counts the collective timing events that the workers' shims

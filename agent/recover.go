@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rootcause"
@@ -32,13 +33,13 @@ func (a action) String() string {
 // this node is queued behind the fault. A drain wins over everything: a
 // GPU that fell off the bus also kills its worker, and the node must exit
 // as drained even when that worker's failure used up the restarts.
-func decide(sev Severity, restartsLeft, drainPending bool) action {
+func decide(sev fault.Severity, restartsLeft, drainPending bool) action {
 	switch {
-	case sev == Drain || drainPending:
+	case sev == fault.Drain || drainPending:
 		return actDrain
-	case sev >= Fail:
+	case sev >= fault.Fail:
 		return actFail
-	case sev == NewGeneration:
+	case sev == fault.NewGeneration:
 		return actNewGeneration
 	case !restartsLeft:
 		return actFail
@@ -50,15 +51,15 @@ func decide(sev Severity, restartsLeft, drainPending bool) action {
 // the job, a move to the next generation, a drain of this node, or the end
 // of the job. at is nil for a drain found outside an attempt. done: Run
 // returns err.
-func (r *run) recover(ctx context.Context, at *attempt, f *Fault) (done bool, err error) {
+func (r *run) recover(ctx context.Context, at *attempt, f *fault.Fault) (done bool, err error) {
 	restartsLeft, stopped := true, false
-	if f.Severity == Restart {
+	if f.Severity == fault.Restart {
 		r.logFinding(f)
 		restartsLeft = r.failAttempt(ctx, at, f)
 		stopped = true
 	}
-	act := decide(f.Severity, restartsLeft, r.faults.drain() != nil)
-	if f.Severity == Restart && act != actDrain {
+	act := decide(f.Severity, restartsLeft, r.faults.Drain() != nil)
+	if f.Severity == fault.Restart && act != actDrain {
 		// Traced either way, with its reason; counted as a restart only
 		// when the job restarts (no restarts left: the job failed).
 		r.exp.Fault(at.gen, f.Reason, act == actRestart)
@@ -72,13 +73,13 @@ func (r *run) recover(ctx context.Context, at *attempt, f *Fault) (done bool, er
 		r.dropGeneration(at.gen)
 		return false, nil
 	case actDrain:
-		return true, r.drain(at, r.faults.drain(), stopped)
+		return true, r.drain(at, r.faults.Drain(), stopped)
 	case actFail:
 		jf := &JobFailedError{Attempts: at.n + 1, Reason: f.Reason}
-		if wf, ok := errorsAs[*supervisor.WorkerExitError](f); ok {
+		if wf, ok := fault.As[*supervisor.WorkerExitError](f); ok {
 			jf = &JobFailedError{Attempts: at.n + 1, Cause: wf}
 		}
-		return true, &FaultError{Severity: Fail, Err: jf}
+		return true, &fault.Error{Severity: fault.Fail, Err: jf}
 	}
 	if ctx.Err() != nil {
 		return true, context.Cause(ctx)
@@ -91,16 +92,16 @@ func (r *run) recover(ctx context.Context, at *attempt, f *Fault) (done bool, er
 // logFinding logs a GPU's or a plugin's finding that stops the job's
 // workers; a worker's failure and a hang have their own report. Whether
 // they restart is decided after (restarts left?) and logged then.
-func (r *run) logFinding(f *Fault) {
+func (r *run) logFinding(f *fault.Fault) {
 	const what = "stopping the job's workers"
 	switch f.Source {
-	case FromGPU:
-		gf, _ := errorsAs[*GPUFaultError](f)
+	case fault.FromGPU:
+		gf, _ := fault.As[*fault.GPUError](f)
 		fd := gf.Findings[0]
 		r.log.Error("GPU fault: "+what, "gpu", fd.GPU, "uuid", fd.UUID, "ranks", fd.Ranks,
 			"kind", string(fd.Kind), "xid", fd.XID, "finding", fd.Message, "count", fd.Count)
-	case FromPlugin:
-		pf, _ := errorsAs[*PluginFaultError](f)
+	case fault.FromPlugin:
+		pf, _ := fault.As[*fault.PluginError](f)
 		r.log.Error("health check: "+what, "plugin", pf.Finding.Plugin, "subject", pf.Finding.Subject,
 			"finding", pf.Finding.Message)
 	}
@@ -111,8 +112,8 @@ func (r *run) logFinding(f *Fault) {
 // workers are stuck on this node's until their agents restart them),
 // stops the workers, and reports. It reports whether the job has
 // restarts left.
-func (r *run) failAttempt(ctx context.Context, at *attempt, f *Fault) (restartsLeft bool) {
-	if f.Source == FromWorker {
+func (r *run) failAttempt(ctx context.Context, at *attempt, f *fault.Fault) (restartsLeft bool) {
+	if f.Source == fault.FromWorker {
 		r.mon.Sample() // the failed worker is gone; this captures the survivors' state at failure time
 	}
 	r.abort(f.Reason)
@@ -125,7 +126,7 @@ func (r *run) failAttempt(ctx context.Context, at *attempt, f *Fault) (restartsL
 	at.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
 	r.dropGeneration(at.gen)
 	ev := event{kind: evFault, at: at, fault: f}
-	if wf, ok := errorsAs[*WorkerFailedError](f); ok {
+	if wf, ok := fault.As[*fault.WorkerFailedError](f); ok {
 		b, text := r.report(wf, at, r.mon)
 		ev.blame, ev.report = &b, text
 	}
@@ -145,9 +146,9 @@ func (r *run) failAttempt(ctx context.Context, at *attempt, f *Fault) (restartsL
 // workers stopped (unless stopped already) and their communicators
 // aborted, the rendezvous left with the reason, which the other nodes and
 // `ddp-agent status` see. at is nil outside an attempt.
-func (r *run) drain(at *attempt, f *Fault, stopped bool) error {
+func (r *run) drain(at *attempt, f *fault.Fault, stopped bool) error {
 	why := "drained: " + f.Reason
-	if f.Source == FromGPU { // a detector's verdict went to the notifiers when it came
+	if f.Source == fault.FromGPU { // a detector's verdict went to the notifiers when it came
 		r.tell(event{kind: evFault, at: at, fault: f})
 	}
 	if at != nil && !stopped {
@@ -162,12 +163,12 @@ func (r *run) drain(at *attempt, f *Fault, stopped bool) error {
 		at.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
 		r.events.report(r.log, at.gen, r.srv.Conns)
 	}
-	return &FaultError{Severity: Drain, Err: f.Err}
+	return &fault.Error{Severity: fault.Drain, Err: f.Err}
 }
 
 // report writes the root cause of a failed attempt, whose workers have
 // stopped, to the agent's stderr (rootcause.Format) and logs it.
-func (r *run) report(wf *WorkerFailedError, at *attempt, mon *hostmon.Monitor) (rootcause.Blame, string) {
+func (r *run) report(wf *fault.WorkerFailedError, at *attempt, mon *hostmon.Monitor) (rootcause.Blame, string) {
 	b := rootcause.Reclassify(at.g.Outcomes(), wf.Decided, wf.Blame) // the exits and notes of them all, now
 	r.log.Error("worker failed", b.LogAttrs(at.r.Restarts, at.started)...)
 	text := rootcause.Format(b, at.r.Restarts, r.cfg.MaxRestarts, at.started, at.g.PIDs(), mon)
@@ -185,7 +186,7 @@ const rootSettle = 5 * time.Second
 // workerFailure works out the root cause of the attempt, whose first
 // failed worker has just been reaped: it may be another worker, which the
 // first one's shim named.
-func (r *run) workerFailure(ctx context.Context, at *attempt) *WorkerFailedError {
+func (r *run) workerFailure(ctx context.Context, at *attempt) *fault.WorkerFailedError {
 	deadline := time.Now().Add(min(rootSettle, r.cfg.StopTimeout))
 	checked := false
 	for {
@@ -206,7 +207,7 @@ func (r *run) workerFailure(ctx context.Context, at *attempt) *WorkerFailedError
 			}
 			continue
 		case lostPeer && at.r.End().Kind == rdzv.EndNodeLost:
-			return &WorkerFailedError{Blame: b.LostPeer(at.r.Reason()), Decided: now}
+			return &fault.WorkerFailedError{Blame: b.LostPeer(at.r.Reason()), Decided: now}
 		case b.Root < 0 || b.Exit != nil || b.Elsewhere != "" || left <= 0 || ctx.Err() != nil:
 		case b.Local:
 			r.log.Info("a worker failed only because another failed first: waiting for that one to exit",
@@ -222,7 +223,7 @@ func (r *run) workerFailure(ctx context.Context, at *attempt) *WorkerFailedError
 			deadline = time.Now() // once more with what the workers noted meanwhile, then decide
 			continue
 		}
-		return &WorkerFailedError{Blame: b, Decided: now}
+		return &fault.WorkerFailedError{Blame: b, Decided: now}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
@@ -39,7 +40,7 @@ type run struct {
 	events *eventTally
 	watch  *watch.Watch
 	exp    watch.Exporter
-	faults *faults
+	faults *fault.Queue
 	// stragglers acts on confirmed persistent stragglers
 	// (--straggler-action); the watch hands it what it names.
 	stragglers *straggler.Policy
@@ -58,7 +59,7 @@ type run struct {
 }
 
 func newRun(a *Agent, runID string, dir *rundir.Dir) *run {
-	return &run{Agent: a, runID: runID, dir: dir, runDir: dir.Path, keep: dir.Keep, events: newEventTally(), faults: newFaults(),
+	return &run{Agent: a, runID: runID, dir: dir, runDir: dir.Path, keep: dir.Keep, events: newEventTally(), faults: fault.NewQueue(),
 		health: newLoopHealth(time.Now)}
 }
 
@@ -93,7 +94,7 @@ func (r *run) execute(ctx context.Context) (err error) {
 	// A drain finding (a plugin, a GPU) can come while the rendezvous
 	// waits for its nodes: the node must still exit as drained, not with
 	// the cancelled wait's error.
-	jctx, stopJoin := r.faults.bound(ctx)
+	jctx, stopJoin := r.faults.Bound(ctx)
 	r.j, err = r.openRendezvous(jctx)
 	stopJoin()
 	if err != nil {
@@ -125,7 +126,7 @@ func (r *run) execute(ctx context.Context) (err error) {
 // is queued, rather than with err: a drain that came while the rendezvous
 // waited for its nodes ends that wait, and the node must exit as drained.
 func (r *run) drainOr(ctx context.Context, err error) error {
-	if f := r.faults.drain(); f != nil {
+	if f := r.faults.Drain(); f != nil {
 		_, err := r.recover(ctx, nil, f)
 		return err
 	}
@@ -240,7 +241,7 @@ func (r *run) startPlugins() error {
 		return nil
 	}
 	cfg := pluginhost.Config{Specs: p.Specs, Job: r.runID, Dir: pluginhost.BundledDir(p.Dir)}
-	cfg.OnFinding = func(f pluginhost.Finding) { r.faults.report(pluginFault(&PluginFaultError{Finding: f})) }
+	cfg.OnFinding = func(f pluginhost.Finding) { r.faults.Report(fault.Plugin(&fault.PluginError{Finding: f})) }
 	h, err := pluginhost.Start(cfg, r.log)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
@@ -16,8 +17,8 @@ import (
 func TestStragglerFault(t *testing.T) {
 	se := &straggler.Error{Straggler: telemetry.Straggler{Rank: 1, Share: 0.1, Cause: telemetry.CauseCompute,
 		Evidence: "forward and backward take 120ms longer"}, Confirm: 3 * time.Second, Action: straggler.ActionRestart}
-	f := stragglerFault(7, time.Unix(1_700_000_000, 0), se)
-	if got, ok := f.Err.(*straggler.Error); f.Source != FromStraggler || f.Gen != 7 || !f.restartsJob() || !ok || got != se {
+	f := fault.Straggler(7, time.Unix(1_700_000_000, 0), se)
+	if got, ok := f.Err.(*straggler.Error); f.Source != fault.FromStraggler || f.Gen != 7 || !f.RestartsJob() || !ok || got != se {
 		t.Errorf("fault %+v, want one from the straggler, of generation 7, that restarts the job", f)
 	}
 	for _, want := range []string{"rank 1", "cause compute", "forward and backward take 120ms longer"} {
@@ -38,15 +39,15 @@ func TestDrainCause(t *testing.T) {
 		drains bool
 	}{{straggler.ActionDrain, true}, {straggler.ActionRestart, false}} {
 		se := &straggler.Error{Straggler: telemetry.Straggler{Rank: 1, Cause: telemetry.CauseGPU}, Confirm: time.Minute, Action: tc.action}
-		f := stragglerFault(2, time.Now(), se)
+		f := fault.Straggler(2, time.Now(), se)
 		if got := decide(f.Severity, true, false) == actDrain; got != tc.drains {
 			t.Errorf("%s: drains: got %v, want %v", tc.action, got, tc.drains)
 		}
-		if got := decide(Restart, false, f.Severity == Drain); tc.drains && got != actDrain {
+		if got := decide(fault.Restart, false, f.Severity == fault.Drain); tc.drains && got != actDrain {
 			t.Errorf("%s: a failed job with the drain queued: got %v, want %v", tc.action, got, actDrain)
 		}
-		if err := (&FaultError{Severity: f.Severity, Err: f.Err}); tc.drains && !errors.Is(err, se) {
-			t.Errorf("FaultError %v does not wrap the straggler", err)
+		if err := (&fault.Error{Severity: f.Severity, Err: f.Err}); tc.drains && !errors.Is(err, se) {
+			t.Errorf("fault.Error %v does not wrap the straggler", err)
 		}
 	}
 	if got := (&straggler.Error{Straggler: telemetry.Straggler{Rank: 3}, Confirm: 90 * time.Second, Action: straggler.ActionDrain}).Error(); got !=

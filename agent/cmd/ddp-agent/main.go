@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent"
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/guard"
 	"github.com/ddp-agent/ddp-agent/agent/launch"
 	"github.com/ddp-agent/ddp-agent/agent/observe"
@@ -217,7 +218,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	a := agent.New(rc, log, supervisor.NewConsole(stdout), supervisor.NewConsole(stderr), workerBaseEnv(os.Environ()))
 	err = a.Run(ctx)
 	var sigErr *agent.SignalError
-	var ended *agent.FaultError // the fault that ended this node's part, with its severity
+	var ended *fault.Error // the fault that ended this node's part, with its severity
 	var refused *pluginhost.RefusedError
 	switch {
 	case err == nil:
@@ -225,7 +226,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &sigErr):
 		log.Info("agent stopped by signal", "signal", sigErr.Signal.String())
 		return 128 + int(sigErr.Signal)
-	case errors.As(err, &ended) && ended.Severity == agent.Drain:
+	case errors.As(err, &ended) && ended.Severity == fault.Drain:
 		log.Error("node drained", "err", err)
 		return exitDrained
 	case errors.As(err, &refused):
