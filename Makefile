@@ -59,12 +59,12 @@ test: build
 	  $$go run ./scripts/sizes -top 0 && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
 	  DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_TEST_NCCL_LIB=$$nccl \
-	    $$go run ./scripts/testtime -o .cache/test-times.json -- $$go test -json -race -count=1 -timeout 50m ./... && \
+	    $$go run ./scripts/testtime -o .cache/test-times.json -- $$go test -json -race -count=1 -parallel 3 -timeout 50m ./... && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider python/tests && \
 	  echo "== PyTorch $$($$py2 -c 'import torch; print(torch.__version__)') ($$py2)" && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_FRAMEWORKS=1 DDP_AGENT_PYTHON=$$py2 DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
-	    $$go test -race -count=1 -timeout 15m -run '$(TORCH2_E2E)' ./agent/e2e && \
+	    $$go test -race -count=1 -parallel 3 -timeout 15m -run '$(TORCH2_E2E)' ./agent/e2e && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
 	    $$py2 -m pytest -q -p no:cacheprovider python/tests
 

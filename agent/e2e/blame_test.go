@@ -25,7 +25,7 @@ import (
 // went first) must name rank 0 too, as must an exit with a non-zero code
 // (os._exit: no Python teardown, the hook is never closed).
 func TestRootCauseIsFirstFailure(t *testing.T) {
-	budget(t, 45*time.Second)
+	budgetAlongside(t, 45*time.Second)
 	tests := []struct {
 		name     string
 		nproc    int
@@ -74,7 +74,7 @@ func TestRootCauseIsFirstFailure(t *testing.T) {
 // rank 1, which failed on rank 0), waits for rank 0's node to tell the
 // rendezvous and names rank 0 too, with its own workers as victims.
 func TestRootCauseAcrossNodes(t *testing.T) {
-	budget(t, 15*time.Second)
+	budgetAlongside(t, 15*time.Second)
 	for _, nprocs := range [][]int{{1, 1}, {2, 1}} {
 		t.Run(fmt.Sprintf("%d+%d ranks", nprocs[0], nprocs[1]), func(t *testing.T) {
 			needTorch(t)

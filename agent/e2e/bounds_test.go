@@ -88,7 +88,7 @@ func sleepers(marker string) []int {
 // TestCrashLoopBacksOff: a worker that fails at once, restarted 4 times,
 // is restarted at once, then after 1s, 2s and 4s, each wait logged.
 func TestCrashLoopBacksOff(t *testing.T) {
-	budget(t, 10*time.Second)
+	budgetAlongside(t, 10*time.Second)
 	r := startAgent(t, nil, "--max-restarts", "4", "--no-python", "false")
 	code := r.wait(time.Minute)
 	took := time.Since(r.started)

@@ -160,6 +160,7 @@ func startAgent(t *testing.T, extraEnv []string, args ...string) *agentRun {
 	go func() {
 		_ = r.cmd.Wait()
 		r.exited = time.Now()
+		addCPU(t, r.cmd.ProcessState)
 		r.code = r.cmd.ProcessState.ExitCode()
 		if ws, ok := r.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			r.code = 128 + int(ws.Signal())

@@ -74,7 +74,7 @@ func TestPluginNICDrains(t *testing.T) {
 // The disk plugin on a small tmpfs that fills up: a warning, told once,
 // and the job goes on and finishes.
 func TestPluginDiskWarns(t *testing.T) {
-	budget(t, 10*time.Second)
+	budgetAlongside(t, 10*time.Second)
 	needRoot(t, "mounts a small tmpfs", "mount", "umount")
 	dir := t.TempDir()
 	mustRun(t, "mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir)

@@ -144,7 +144,7 @@ func TestPluginRefused(t *testing.T) {
 // Plugins that crash, hang or write garbage before their handshake are
 // logged and restarted; the job runs and finishes as without them.
 func TestPluginFaultsNeverStopTraining(t *testing.T) {
-	budget(t, 15*time.Second)
+	budgetAlongside(t, 15*time.Second)
 	bins := buildMisbehave(t, "crash", "hang", "garbage")
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1",
 		"--plugin", bins["crash"], "--plugin", bins["hang"], "--plugin", bins["garbage"], "timed.py", "9")
@@ -313,7 +313,7 @@ func (h *hookServer) kinds() []string {
 // the worker's failure; a slow and a failing endpoint beside it delay
 // nothing and lose only their own events.
 func TestPluginWebhook(t *testing.T) {
-	budget(t, 10*time.Second)
+	budgetAlongside(t, 10*time.Second)
 	good := newHookServer(t, 0, http.StatusOK)
 	slow := newHookServer(t, time.Minute, http.StatusOK)
 	failing := newHookServer(t, 0, http.StatusInternalServerError)

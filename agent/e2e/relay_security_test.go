@@ -45,7 +45,7 @@ const forgedBucket = 900
 // relay client with the secret (the one the store holds, or the one
 // derived from --rdzv-token) do make stall lines.
 func TestRelayRefusesStrangers(t *testing.T) {
-	budget(t, 45*time.Second)
+	budgetAlongside(t, 45*time.Second)
 	needTorch(t)
 	t.Run("no --rdzv-token", func(t *testing.T) { checkRelay(t, "") })
 	t.Run("--rdzv-token", func(t *testing.T) { checkRelay(t, "s3cret-s3cret-s3cret") })

@@ -44,6 +44,7 @@ func startBG(t *testing.T, env []string, args ...string) *bgProc {
 	go func() {
 		_ = p.cmd.Wait()
 		p.code = p.cmd.ProcessState.ExitCode()
+		addCPU(t, p.cmd.ProcessState)
 		close(p.done)
 	}()
 	t.Cleanup(func() {
@@ -131,7 +132,7 @@ func oneNode(t *testing.T) []string {
 // named, a persistent straggler with its cause, and the job's Perfetto
 // trace is written once its workers are gone.
 func TestSidecarNamesStragglerUnderTorchrun(t *testing.T) {
-	budget(t, 30*time.Second)
+	budgetAlongside(t, 30*time.Second)
 	needTorch(t)
 	sock := sidecarSocket(t, "node")
 	logDir := t.TempDir()
@@ -201,7 +202,7 @@ func hangReportAfter(log string) (float64, bool) {
 // timeout. A second job of the same user on the node, healthy, is not
 // touched. Without the sidecar the same hang waits for the hook's timeout.
 func TestSidecarHangAbortsAndTorchrunRestarts(t *testing.T) {
-	budget(t, 100*time.Second)
+	budgetAlongside(t, 100*time.Second)
 	needTorch(t)
 	sock := sidecarSocket(t, "node")
 	const hangTimeout = 8
@@ -261,7 +262,7 @@ func TestSidecarHangAbortsAndTorchrunRestarts(t *testing.T) {
 // rendezvous), a sidecar each: the sidecar of the node with group rank 0
 // names the straggler, rank 3, which runs on the other node.
 func TestSidecarTwoNodes(t *testing.T) {
-	budget(t, 120*time.Second)
+	budgetAlongside(t, 120*time.Second)
 	needTorch(t)
 	port := strconv.Itoa(freePort(t))
 	var scs [2]*bgProc
@@ -323,7 +324,7 @@ func TestSidecarTwoNodes(t *testing.T) {
 // workers (their communicators redial) and those that register after it,
 // of torchrun's restart after a worker failure.
 func TestSidecarKilledAndStartedLate(t *testing.T) {
-	budget(t, 110*time.Second)
+	budgetAlongside(t, 110*time.Second)
 	needTorch(t)
 	sock := sidecarSocket(t, "node")
 	first := startSidecar(t, sock)
@@ -364,7 +365,7 @@ func TestSidecarKilledAndStartedLate(t *testing.T) {
 // exiting 2) aborts the job's communicators, the workers fail with the
 // finding, and torchrun restarts them.
 func TestSidecarPluginAborts(t *testing.T) {
-	budget(t, 60*time.Second)
+	budgetAlongside(t, 60*time.Second)
 	needTorch(t)
 	trigger := filepath.Join(t.TempDir(), "trigger")
 	script := writeScript(t, "if [ -e "+trigger+" ]; then rm -f "+trigger+"; echo 'fabric port mlx5_0/1 flapped'; exit 2; fi\necho fine\n")

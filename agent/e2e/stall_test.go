@@ -23,7 +23,7 @@ import (
 // 1 as the rank that never arrived with its Python stack (the sleep in
 // train.py), aborts, restarts, and the job finishes.
 func TestHangReportedWithStackAndRestarted(t *testing.T) {
-	budget(t, 90*time.Second)
+	budgetAlongside(t, 90*time.Second)
 	needTorch(t)
 	ckpt := t.TempDir()
 	const hangTimeout = 4 * time.Second
@@ -84,7 +84,7 @@ func TestHangReportedWithStackAndRestarted(t *testing.T) {
 // backward in steps 14-16 (after the buckets have a history); the agent logs a stall naming rank 1 for those
 // steps only, and writes a Perfetto trace file with the collectives.
 func TestStallNamesStraggler(t *testing.T) {
-	budget(t, 60*time.Second)
+	budgetAlongside(t, 60*time.Second)
 	needTorch(t)
 	logDir := t.TempDir()
 	ep := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -161,7 +161,7 @@ func TestStallNamesStraggler(t *testing.T) {
 // span names the straggler in steps 13-15 and in no other, and the
 // all-reduce spans carry their attributes.
 func TestTracesOverOTLP(t *testing.T) {
-	budget(t, 60*time.Second)
+	budgetAlongside(t, 60*time.Second)
 	needTorch(t)
 	rcv := otlptest.Start(t)
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--rdzv-id", "otlp", "--trace-sample", "0",
@@ -223,7 +223,7 @@ func TestTracesOverOTLP(t *testing.T) {
 // the straggler that 3 ranks waited for, and the traces it exports put all
 // four ranks' spans of a step in one trace.
 func TestStallsAcrossNodes(t *testing.T) {
-	budget(t, 90*time.Second)
+	budgetAlongside(t, 90*time.Second)
 	needTorch(t)
 	rcv := otlptest.Start(t)
 	j := newJob(t, "2", 0, 20, "--batch-size", "4", "--slow-rank", "3", "--slow-steps", "14,15,16", "--slow-seconds", "1")
@@ -297,7 +297,7 @@ func TestStallsAcrossNodes(t *testing.T) {
 // leader reports it as the rank that never arrived, with the Python stack
 // its own agent collected, and the job restarts and finishes.
 func TestHangAcrossNodes(t *testing.T) {
-	budget(t, 90*time.Second)
+	budgetAlongside(t, 90*time.Second)
 	needTorch(t)
 	j := newJob(t, "2", 1, 10, "--batch-size", "4", "--hang-rank", "3", "--hang-at-step", "7")
 	j.args = append(j.args, "--hang-timeout", "4s")

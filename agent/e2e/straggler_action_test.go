@@ -61,7 +61,7 @@ func startSlowJob(t *testing.T, flags ...string) *agentRun {
 // cause; the restarted workers (no longer slow) resume from the checkpoint
 // and the job finishes.
 func TestStragglerActionRestart(t *testing.T) {
-	budget(t, 90*time.Second)
+	budgetAlongside(t, 90*time.Second)
 	r := startSlowJob(t, "--straggler-action", "restart", "--straggler-confirm", "3s", "--max-restarts", "2")
 	if code := r.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
@@ -88,7 +88,7 @@ func TestStragglerActionRestart(t *testing.T) {
 // straggler, confirmed, gets one line and nothing is done: the job runs
 // to its end in one attempt.
 func TestStragglerActionLogDefault(t *testing.T) {
-	budget(t, 60*time.Second)
+	budgetAlongside(t, 60*time.Second)
 	r := startSlowJob(t, "--straggler-confirm", "3s", "--max-restarts", "2")
 	if code := r.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
@@ -135,7 +135,7 @@ func startSpareJob(t *testing.T) (member, spare *agentRun) {
 // to take its place). A drain is no fault: the job has no restarts
 // (--max-restarts 0) and finishes all the same.
 func TestStragglerActionDrainToSpare(t *testing.T) {
-	budget(t, 90*time.Second)
+	budgetAlongside(t, 90*time.Second)
 	member, spare := startSpareJob(t)
 	if code := member.wait(time.Minute); code != 3 {
 		t.Fatalf("the drained agent exited %d, want 3\n%s", code, member.logs())
@@ -174,7 +174,7 @@ func TestStragglerActionDrainToSpare(t *testing.T) {
 // and drains itself (exit 3); the leader's node goes on alone, resumes from
 // the checkpoint and finishes.
 func TestStragglerActionDrainAcrossNodes(t *testing.T) {
-	budget(t, 120*time.Second)
+	budgetAlongside(t, 120*time.Second)
 	job := slowJob(t)
 	id := "drain" + strconv.Itoa(freePort(t))
 	endpoint := "127.0.0.1:" + strconv.Itoa(freePort(t))

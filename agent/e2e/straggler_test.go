@@ -52,7 +52,7 @@ func TestBalancedJobIsQuiet(t *testing.T) {
 // with that cause, and rank 0 never is. How fast is the unit tests' and the
 // benchmark's business.
 func TestStragglerNamedWithCause(t *testing.T) {
-	budget(t, 120*time.Second)
+	budgetAlongside(t, 120*time.Second)
 	for _, phase := range []string{"compute", "input"} {
 		t.Run(phase, func(t *testing.T) {
 			needTorch(t)
