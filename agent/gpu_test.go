@@ -250,4 +250,3 @@ func TestGPUEventStorm(t *testing.T) {
 		t.Errorf("%d restarts, want 1 (for GPU 1 only)", n)
 	}
 }
-
