@@ -29,8 +29,8 @@ build:
 	@go=$$(scripts/deps.sh go) && \
 	  $$go build -ldflags "$(LDFLAGS)" -o bin/.ddp-agent.tmp ./agent/cmd/ddp-agent && mv -f bin/.ddp-agent.tmp bin/ddp-agent && \
 	  $$go build -ldflags "$(LDFLAGS)" -o bin/.ddp-agent-plugins.tmp ./plugins/cmd/ddp-agent-plugins && mv -f bin/.ddp-agent-plugins.tmp bin/ddp-agent-plugins && \
-	  CGO_ENABLED=1 $$go build -buildmode=c-shared -o bin/.libddpshim.so.tmp ./ncclshim && mv -f bin/.libddpshim.so.tmp bin/libddpshim.so && \
-	  rm -f bin/.libddpshim.so.h && cp ncclshim/ddpshim.h bin/ && \
+	  CGO_ENABLED=1 $$go build -buildmode=c-shared -o bin/.libddpshim.so.tmp ./shim && mv -f bin/.libddpshim.so.tmp bin/libddpshim.so && \
+	  rm -f bin/.libddpshim.so.h && cp shim/ddpshim.h bin/ && \
 	  for f in libddpshim.so ddp-agent ddp-agent-plugins; do \
 	    cp bin/$$f python/ddp_agent/.$$f.tmp && mv -f python/ddp_agent/.$$f.tmp python/ddp_agent/$$f || exit 1; done
 	@echo "built bin/ddp-agent bin/ddp-agent-plugins bin/libddpshim.so"

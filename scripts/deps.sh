@@ -141,7 +141,7 @@ pip_tools
 command -v ip >/dev/null || [ "$(id -u)" != 0 ] || apt_install "iproute2 (the nic plugin's veth tests)" "iproute2"
 if [ "$what" = all ]; then
 	torch2_venv >/dev/null
-	# The real nccl.h of NCCL 2.18 to the newest, for ncclshim/nccl's layout
+	# The real nccl.h of NCCL 2.18 to the newest, for shim/nccl's layout
 	# test (cached; about 4 GB of wheels fetched the first time, headers kept).
 	PYTHON=$PYTHON scripts/nccl-headers.sh >/dev/null
 fi

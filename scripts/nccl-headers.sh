@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Caches the real nccl.h of several NCCL releases, for the layout test of
-# ncclshim/nccl (layout_test.go): the shim declares NCCL's types itself, and
+# shim/nccl (layout_test.go): the shim declares NCCL's types itself, and
 # the test compiles them side by side with each cached header.
 #
 #   scripts/nccl-headers.sh [VERSION...]    default: the list below

@@ -1,6 +1,6 @@
 // Package wire is the byte format shared by libddpshim.so and ddp-agent, so
 // that each is written once: the control socket's frames and messages (the
-// agent's server is agent/control, the worker's client ncclshim/agentconn),
+// agent's server is agent/control, the worker's client shim/agentconn),
 // and the collective record, which the control protocol's Events message and
 // the telemetry relay's records batch (agent/telemetry/relay) both carry.
 // It does no I/O of its own beyond ReadFrame and WriteFrame.

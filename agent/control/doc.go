@@ -3,7 +3,7 @@
 // each peer's credentials and Hello, serves the job's key-value store (KV)
 // for the shim's bootstrap, receives the workers' collective events and
 // sends Abort. The frames and messages are package wire; the worker's side
-// is ncclshim/agentconn.
+// is shim/agentconn.
 //
 // A worker cannot make the server grow without bound: each rank has a quota
 // of KV bytes per generation and a largest value, each process and each rank

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
+	"github.com/ddp-agent/ddp-agent/shim/agentconn"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 

@@ -56,7 +56,7 @@ func setup(m *testing.M) int {
 	// workers at the libddpshim.so next to its executable, as in bin/.
 	shimLib = filepath.Join(dir, "libddpshim.so")
 	shim := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared",
-		"-o", shimLib, "./ncclshim")
+		"-o", shimLib, "./shim")
 	shim.Dir = repoRoot
 	shim.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := shim.CombinedOutput(); err != nil {

@@ -210,7 +210,7 @@ func TestHookNCCLUniqueIDThroughAgent(t *testing.T) {
 		t.Skip("gcc builds the fake NCCL")
 	}
 	lib := filepath.Join(t.TempDir(), "libnccl.so.2")
-	src := filepath.Join(repoRoot, "ncclshim", "nccl", "testdata", "fakenccl.c")
+	src := filepath.Join(repoRoot, "shim", "nccl", "testdata", "fakenccl.c")
 	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-O2", "-pthread", "-o", lib, src).CombinedOutput(); err != nil {
 		t.Fatalf("gcc fakenccl.c: %v\n%s", err, out)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
+	"github.com/ddp-agent/ddp-agent/shim/agentconn"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 

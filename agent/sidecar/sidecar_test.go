@@ -15,7 +15,7 @@ import (
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/observe"
-	"github.com/ddp-agent/ddp-agent/ncclshim/agentconn"
+	"github.com/ddp-agent/ddp-agent/shim/agentconn"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 

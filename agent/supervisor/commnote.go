@@ -22,7 +22,7 @@ type PeerFailure struct {
 const noteLimit = 64 << 10
 
 // readCommNote reads the note at path that the shim of a worker of a job
-// of worldSize ranks leaves (DDP_AGENT_COMM_NOTE_FILE; ncclshim/comm.Note):
+// of worldSize ranks leaves (DDP_AGENT_COMM_NOTE_FILE; shim/comm.Note):
 // when the worker first closed a communicator (zero: never), and its peer
 // failure (nil: none). A communicator as large as the job holds every rank,
 // in the order of their global ranks (torch sorts a group's ranks), so its

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 try:
-    from ddp_agent import _shim  # the package's ctypes binding of ncclshim/ddpshim.h
+    from ddp_agent import _shim  # the package's ctypes binding of shim/ddpshim.h
 except ImportError:
     sys.path.insert(0, os.path.join(REPO, "python"))
     from ddp_agent import _shim

@@ -1,7 +1,7 @@
 """Per-bucket host cost of the ddp_agent hook (transport "nccl", fake NCCL) against PyTorch's allreduce_hook (gloo).
 
 A regression figure for CI machines without a GPU. It builds the fake NCCL
-of ncclshim/nccl/testdata/fakenccl.c with gcc, as python/tests/test_nccl.py
+of shim/nccl/testdata/fakenccl.c with gcc, as python/tests/test_nccl.py
 does, points the shim at it ($DDP_AGENT_NCCL_LIB), and starts two ranks on
 this machine (gloo on 127.0.0.1, torchrun's environment, no launcher). Each
 rank trains three identical DDP models on the CPU, side by side, one step of
@@ -72,7 +72,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ranks as rankrun  # noqa: E402  (examples/bench/ranks.py)
-FAKE_SOURCE = os.path.join(REPO, "ncclshim", "nccl", "testdata", "fakenccl.c")
+FAKE_SOURCE = os.path.join(REPO, "shim", "nccl", "testdata", "fakenccl.c")
 MODES = ("nccl", "nccl-thread", "gloo", "host")
 NAMES = {
     "nccl": 'ddp_agent hook, transport "nccl" (fake NCCL)',

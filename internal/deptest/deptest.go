@@ -2,7 +2,7 @@
 // tstest/deptest does: List asks the go command for each package's
 // transitive imports (test files excluded: tests may import what they
 // like), and Forbidden picks the ones a rule refuses. The tests that use it
-// (agent, agent/telemetry, ncclshim) say which edges the design forbids.
+// (agent, agent/telemetry, shim) say which edges the design forbids.
 package deptest
 
 import (

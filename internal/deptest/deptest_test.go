@@ -8,17 +8,17 @@ import (
 const module = "github.com/ddp-agent/ddp-agent"
 
 func TestForbidden(t *testing.T) {
-	transports := []string{module + "/ncclshim/host", module + "/ncclshim/nccl"}
+	transports := []string{module + "/shim/host", module + "/shim/nccl"}
 	tests := []struct {
 		name     string
 		deps     []string
 		prefixes []string
 		want     []string
 	}{
-		{"none", []string{"fmt", module + "/ncclshim/failure"}, transports, nil},
-		{"exact", []string{"fmt", module + "/ncclshim/nccl"}, transports, []string{module + "/ncclshim/nccl"}},
-		{"below", []string{module + "/ncclshim/host/shm"}, transports, []string{module + "/ncclshim/host/shm"}},
-		{"a name that only starts alike", []string{module + "/ncclshim/hostile"}, transports, nil},
+		{"none", []string{"fmt", module + "/shim/failure"}, transports, nil},
+		{"exact", []string{"fmt", module + "/shim/nccl"}, transports, []string{module + "/shim/nccl"}},
+		{"below", []string{module + "/shim/host/shm"}, transports, []string{module + "/shim/host/shm"}},
+		{"a name that only starts alike", []string{module + "/shim/hostile"}, transports, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 )
 
 // Check waits up to wait for every goroutine whose stack mentions pkg (a
-// package's import path, such as "ncclshim/host") or one of also (more
+// package's import path, such as "shim/host") or one of also (more
 // import paths, such as "net/http") to end, other than the one running
 // pkg's TestMain, and returns an error listing those still running.
 func Check(pkg string, wait time.Duration, also ...string) error {

@@ -1,4 +1,4 @@
-"""ctypes binding of libddpshim.so, the C ABI in ncclshim/ddpshim.h.
+"""ctypes binding of libddpshim.so, the C ABI in shim/ddpshim.h.
 
 Every function of the header has its ``argtypes`` and ``restype`` declared
 once, in ``PROTOTYPES`` (64-bit handles, pointers and stream handles would

@@ -1,4 +1,4 @@
-"""The hook's NCCL transport, on the CPU, over the fake NCCL (ncclshim/nccl/testdata/fakenccl.c).
+"""The hook's NCCL transport, on the CPU, over the fake NCCL (shim/nccl/testdata/fakenccl.c).
 
 The fake is a libnccl.so.2 that works on host memory, its ranks being
 processes that share a directory; the shim loads it through
@@ -46,7 +46,7 @@ from _ddp_worker import STEPS
 from test_ddp import MLP_PARAMS, assert_bit_identical, assert_close, load
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FAKE_SOURCE = ROOT / "ncclshim" / "nccl" / "testdata" / "fakenccl.c"
+FAKE_SOURCE = ROOT / "shim" / "nccl" / "testdata" / "fakenccl.c"
 
 
 def _shim_has_nccl() -> bool:

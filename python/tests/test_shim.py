@@ -29,7 +29,7 @@ from ddp_agent import hook as hook_mod
 from ddp_agent._bootstrap import Communicators
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-HEADER = ROOT / "ncclshim" / "ddpshim.h"
+HEADER = ROOT / "shim" / "ddpshim.h"
 
 TORCH_DTYPES = {
     DType.INT32: torch.int32,

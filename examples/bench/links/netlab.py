@@ -7,7 +7,7 @@ a cluster, so gloo's full mesh gets no more bandwidth than the ring's
 neighbours. Host i is 10.214.0.(i+1) on its "eth0". A delay, when asked for,
 is sch_netem's (on kernels that have it) under the token bucket.
 
-The same topology as ncclshim/host/netlab_test.go, which the tests use.
+The same topology as shim/host/netlab_test.go, which the tests use.
 """
 
 import os

@@ -14,7 +14,7 @@ gloo) and, with the ranks in step, times per collective, as medians of
   ar+poll     the same, but polling ddpshim_work_test instead of blocking in
               ddpshim_work_wait: no wake-up of the calling thread
 The Go-side layers below the C ABI (host.Comm, shm.Comm alone) are
-BenchmarkAllReduce in ncclshim/host/shm; docs/benchmarks.md puts them together.
+BenchmarkAllReduce in shim/host/shm; docs/benchmarks.md puts them together.
 """
 
 import argparse
