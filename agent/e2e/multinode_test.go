@@ -322,7 +322,7 @@ func TestWorkerFailureRestartsEveryNode(t *testing.T) {
 }
 
 func TestLateNodeRescales(t *testing.T) {
-	budget(t, 90*time.Second)
+	budgetAlongside(t, 90*time.Second)
 	needTorch(t)
 	j := newJob(t, "2:3", 0, 25, "--sleep-per-step", "0.1")
 	a := j.startHost()

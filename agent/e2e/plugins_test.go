@@ -349,7 +349,7 @@ func TestPluginWebhook(t *testing.T) {
 // would wait on forever) is found hung, killed and restarted, and the job
 // ends on time.
 func TestPluginFrozen(t *testing.T) {
-	budget(t, 25*time.Second)
+	budgetAlongside(t, 25*time.Second)
 	bins := buildMisbehave(t, "steady")
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1", "--plugin", bins["steady"], "timed.py", "14")
 	r.workerPIDs(1)
@@ -385,7 +385,7 @@ func TestPluginFrozen(t *testing.T) {
 // The silent ones are waited for at once, not one after the other (each
 // 10 s); what the flood costs the agent's log and CPU is bounded.
 func TestPluginsSilentAndFlooding(t *testing.T) {
-	budget(t, 20*time.Second)
+	budgetAlongside(t, 20*time.Second)
 	bins := buildMisbehave(t, "silent", "silent2", "flood")
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "1",
 		"--plugin", bins["silent"], "--plugin", bins["silent2"], "--plugin", bins["flood"], "timed.py", "5")

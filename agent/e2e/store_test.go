@@ -41,7 +41,7 @@ func allLogs(as ...*agentRun) func() string {
 // a member: the fourth agent takes its place. Kill another (the first
 // agent, which started the store): the job finishes on the two left.
 func TestStoreMembersReplaced(t *testing.T) {
-	budget(t, 90*time.Second)
+	budgetAlongside(t, 90*time.Second)
 	needTorch(t)
 	j := newJob(t, "2:4", 4, 40, "--sleep-per-step", "0.1")
 	j.args[3] = "1" // --nproc-per-node 1: four agents on two cores
