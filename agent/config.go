@@ -22,7 +22,11 @@ type Config struct {
 	// TorchVersion is the workers' PyTorch version, "" when unknown
 	// (supervisor.TorchVersion): it picks torchrun's environment names.
 	TorchVersion string
-	NProcPerNode int
+	// SignalsToHandle is --signals-to-handle as the workers are told it
+	// (TORCHELASTIC_SIGNALS_TO_HANDLE); "" torchrun's default. The command
+	// itself stops the agent on those signals.
+	SignalsToHandle string
+	NProcPerNode    int
 	// VirtualLocalRank: every worker's LOCAL_RANK is 0, and its GPU the
 	// only one it sees (GPUs.Virtual).
 	VirtualLocalRank bool

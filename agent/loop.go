@@ -172,6 +172,7 @@ func (r *run) spec(rd *rdzv.Round, attemptDir, stackDir string) *supervisor.Spec
 		ControlSocket:    r.srv.Path(),
 		Bootstrap:        bootstrap,
 		TorchVersion:     r.cfg.TorchVersion,
+		SignalsToHandle:  r.cfg.SignalsToHandle,
 		AttemptDir:       attemptDir,
 		Place:            r.cfg.GPUs.placer(),
 		Streams:          r.streams(),

@@ -587,6 +587,20 @@ func (r rawFlags) stopTimeout(c *Config, set map[string]bool) error {
 	return err
 }
 
+// SignalsToHandle is --signals-to-handle as the workers are told it
+// (TORCHELASTIC_SIGNALS_TO_HANDLE): the signals' names, comma-separated.
+func (c *Config) SignalsToHandle() string {
+	names := make([]string, len(c.Signals))
+	for i, sig := range c.Signals {
+		for name, s := range handledSignals {
+			if s == sig {
+				names[i] = name
+			}
+		}
+	}
+	return strings.Join(names, ",")
+}
+
 // handledSignals are the signals --signals-to-handle may name: those that
 // can ask a job to stop. SIGKILL and SIGSTOP cannot be caught, and the
 // agent needs SIGCHLD and SIGPIPE for themselves.

@@ -403,3 +403,12 @@ func TestParseStragglerAction(t *testing.T) {
 		}
 	}
 }
+
+// TestSignalsToHandleNamed: the signals parsed from --signals-to-handle
+// are named back, in their order, for the workers' environment.
+func TestSignalsToHandleNamed(t *testing.T) {
+	c := Config{Signals: []syscall.Signal{syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGINT}}
+	if got, want := c.SignalsToHandle(), "SIGTERM,SIGUSR1,SIGINT"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"maps"
 	"slices"
 	"strconv"
@@ -63,11 +64,10 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, pla
 			set[k] = "1"
 		}
 	}
-	// PyTorch 2.x's torchrun tells its workers which signals it forwards
-	// to them (--signals-to-handle, this default); ddp-agent stops workers
-	// on the same four.
+	// PyTorch 2.x's torchrun tells its workers which signals it stops on
+	// and forwards to them (--signals-to-handle; its default when unset).
 	if !have["TORCHELASTIC_SIGNALS_TO_HANDLE"] {
-		set["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+		set["TORCHELASTIC_SIGNALS_TO_HANDLE"] = cmp.Or(s.SignalsToHandle, "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
 	}
 	if s.ControlSocket == "" {
 		delete(set, envname.Socket)

@@ -76,3 +76,19 @@ func TestWorkerEnvSingleProcNoOMP(t *testing.T) {
 		t.Error("DDP_AGENT_SOCKET set without a control socket")
 	}
 }
+
+// TestWorkerEnvSignalsToHandle: the workers are told the signals the
+// launcher stops on, as torch 2.x's torchrun does (its default without
+// --signals-to-handle).
+func TestWorkerEnvSignalsToHandle(t *testing.T) {
+	for _, tc := range []struct{ given, want string }{
+		{"", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
+		{"SIGTERM,SIGUSR1", "SIGTERM,SIGUSR1"},
+	} {
+		spec := &Spec{NProc: 1, WorldSize: 1, NNodes: 1, SignalsToHandle: tc.given}
+		got := envMap(workerEnv(nil, spec, Worker{}, "/tmp/e.json", "/tmp/p.json", nil))["TORCHELASTIC_SIGNALS_TO_HANDLE"]
+		if got != tc.want {
+			t.Errorf("--signals-to-handle %q: TORCHELASTIC_SIGNALS_TO_HANDLE=%q, want %q", tc.given, got, tc.want)
+		}
+	}
+}

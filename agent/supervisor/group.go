@@ -81,6 +81,10 @@ type Spec struct {
 	// TorchVersion is the workers' PyTorch ("2.11.0+cu130"; "" unknown):
 	// it picks the name of the NCCL error-handling variable they read.
 	TorchVersion string
+	// SignalsToHandle is TORCHELASTIC_SIGNALS_TO_HANDLE, the signals the
+	// launcher stops on (--signals-to-handle), as torchrun 2.x tells its
+	// workers; "" is torchrun's default.
+	SignalsToHandle string
 
 	// VirtualLocalRank: every worker's LOCAL_RANK is 0 (torchrun's
 	// --virtual-local-rank; Place gives each its own GPU alone).

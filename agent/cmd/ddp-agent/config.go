@@ -28,6 +28,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 		Command:          cfg.Command(),
 		NProcPerNode:     cfg.NProcPerNode,
 		VirtualLocalRank: cfg.VirtualLocalRank,
+		SignalsToHandle:  cfg.SignalsToHandle(),
 		Role:             cfg.Role,
 		MaxRestarts:      cfg.MaxRestarts,
 		StopTimeout:      cfg.StopTimeout,
