@@ -214,6 +214,28 @@ func TestDocumentedNamesExist(t *testing.T) {
 // (Go, Python, C, shell, Makefile, CI, manifests), joined.
 func sourceText(t *testing.T, root string) string {
 	var b strings.Builder
+	walkRepo(t, root, func(path string, testdata bool) {
+		switch filepath.Ext(path) {
+		case ".go", ".py", ".c", ".h", ".sh", ".yaml", ".yml", ".sbatch", ".toml":
+		default:
+			if name := filepath.Base(path); name != "Makefile" && name != "run" {
+				return
+			}
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	})
+	return b.String()
+}
+
+// walkRepo calls visit with every file of the repository's tree that is
+// its own (not .git, caches, build outputs or the device runs' logs), and
+// whether it lies under a testdata directory.
+func walkRepo(t *testing.T, root string, visit func(path string, testdata bool)) {
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -225,23 +247,10 @@ func sourceText(t *testing.T, root string) string {
 			}
 			return nil
 		}
-		switch filepath.Ext(path) {
-		case ".go", ".py", ".c", ".h", ".sh", ".yaml", ".yml", ".sbatch", ".toml":
-		default:
-			if d.Name() != "Makefile" && d.Name() != "run" {
-				return nil
-			}
-		}
-		src, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		b.Write(src)
-		b.WriteByte('\n')
+		visit(path, strings.Contains(filepath.ToSlash(path), "/testdata/"))
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b.String()
 }

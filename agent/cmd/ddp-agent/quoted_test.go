@@ -4,7 +4,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -65,23 +64,13 @@ func quotedPieces(msg string) []string {
 // files (literals joined by + as one), joined by newlines.
 func goLiterals(t *testing.T, root string) string {
 	var b strings.Builder
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			switch d.Name() {
-			case ".git", ".cache", "node_modules", "testdata", "bin":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
+	walkRepo(t, root, func(path string, testdata bool) {
+		if testdata || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return
 		}
 		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
 			if e, ok := n.(ast.Expr); ok {
@@ -93,11 +82,7 @@ func goLiterals(t *testing.T, root string) string {
 			}
 			return true
 		})
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	return b.String()
 }
 
