@@ -38,6 +38,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 IN, OUT = 256, 10
 
 
+def say(line):
+    """Prints line in one write(2): ranks that share a stdout (srun's, torchrun's, a pipe) then
+    never run two lines together, as print's separate writes of the text and the newline can."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def import_ddp_agent():
     """Imports ddp_agent, from the repository's python/ directory when it is not installed."""
     try:
@@ -151,7 +158,7 @@ def print_step_times(args, step_times):
     if t:
         line += (f" mean_ms={statistics.fmean(t):.3f} median_ms={statistics.median(t):.3f}"
                  f" min_ms={t[0]:.3f} p90_ms={t[min(len(t) - 1, int(0.9 * len(t)))]:.3f} max_ms={t[-1]:.3f}")
-    print(line, flush=True)
+    say(line)
 
 
 @record
@@ -172,8 +179,8 @@ def main():
         torch.cuda.set_device(device)
     else:
         backend, device = "gloo", torch.device("cpu")
-    print(f"rank {rank}/{world_size} local_rank {local_rank} restart_count {restart_count} "
-          f"backend {backend} device {device}", flush=True)
+    say(f"rank {rank}/{world_size} local_rank {local_rank} restart_count {restart_count} "
+          f"backend {backend} device {device}")
     dist.init_process_group(backend, init_method="env://")
 
     torch.manual_seed(args.seed)  # the same initial weights and teacher on every rank
@@ -192,24 +199,24 @@ def main():
         optimizer.load_state_dict(state["optimizer"])
         first, loss_value = state["step"] + 1, state["loss"]
         if rank == 0:
-            print(f"resumed from step {state['step']} with world size {world_size}", flush=True)
+            say(f"resumed from step {state['step']} with world size {world_size}")
 
     ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb)
     hook = None
     if ddp_agent is not None:
         hook = ddp_agent.register(ddp, transport=args.transport)
         if rank == 0:
-            print(f"comm hook: ddp-agent, {ddp_agent.shim_version()}, transport {args.transport}", flush=True)
+            say(f"comm hook: ddp-agent, {ddp_agent.shim_version()}, transport {args.transport}")
     loss_fn = nn.CrossEntropyLoss()
     step_times = []  # seconds: forward, backward (with the gradient all-reduce), optimizer step
     for step in range(first, args.steps + 1):
         if rank == args.fail_rank and step == args.fail_at_step and restart_count < args.fail_attempts:
             msg = f"injected failure on rank {rank} at step {step} (restart_count {restart_count})"
             if args.exit_code is not None:
-                print(f"{msg}: exiting with code {args.exit_code}", flush=True)
+                say(f"{msg}: exiting with code {args.exit_code}")
                 os._exit(args.exit_code)
             if args.fail_signal is not None:
-                print(f"{msg}: sending itself SIG{args.fail_signal}", flush=True)
+                say(f"{msg}: sending itself SIG{args.fail_signal}")
                 os.kill(os.getpid(), getattr(signal, "SIG" + args.fail_signal))
             raise RuntimeError(msg)
 
@@ -223,7 +230,7 @@ def main():
         if slow and args.slow_phase == "compute":
             time.sleep(args.slow_seconds)  # a straggler: the others wait for it in the all-reduce
         if rank == args.hang_rank and step == args.hang_at_step and restart_count == 0:
-            print(f"rank {rank} hangs at step {step} for {args.hang_seconds:g} s", flush=True)
+            say(f"rank {rank} hangs at step {step} for {args.hang_seconds:g} s")
             time.sleep(args.hang_seconds)
         loss.backward()
         optimizer.step()
@@ -235,7 +242,7 @@ def main():
         if step % args.log_every == 0 or step == args.steps or checkpoint:
             loss_value = mean_loss(loss, world_size)
             if rank == 0 and step % args.log_every == 0:
-                print(f"step {step} loss {loss_value:.4f}", flush=True)
+                say(f"step {step} loss {loss_value:.4f}")
         if checkpoint:
             if rank == 0:
                 save_checkpoint(ckpt, model, optimizer, step, loss_value)
@@ -244,9 +251,9 @@ def main():
             time.sleep(args.sleep_per_step)
 
     if rank == 0:
-        print(f"done: steps={args.steps} final_loss={loss_value:.4f} world_size={world_size}", flush=True)
+        say(f"done: steps={args.steps} final_loss={loss_value:.4f} world_size={world_size}")
         print_step_times(args, step_times)
-    print(f"params rank={rank} sha256={params_digest(model)}", flush=True)
+    say(f"params rank={rank} sha256={params_digest(model)}")
     dist.barrier()  # every rank's collectives are over before the hook's communicator closes
     if hook is not None:
         hook.close()  # before destroy_process_group: joins the hook's waiter thread

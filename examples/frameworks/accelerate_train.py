@@ -29,6 +29,13 @@ except ImportError:  # not installed: the checkout's python/ (as a user has it i
     import ddp_agent
 
 
+def say(line):
+    """Prints line in one write(2): ranks that share a stdout (srun's, torchrun's, a pipe) then
+    never run two lines together, as print's separate writes of the text and the newline can."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
@@ -57,8 +64,8 @@ def main():
             raise SystemExit(f"accelerate_train.py: prepare gave a {type(model).__name__}, not DDP: launch 2 processes or more")
         hook = ddp_agent.register(model)  # the one line: on the model prepare returns
     rank = accelerator.process_index
-    print(f"rank {rank}/{accelerator.num_processes} comm hook: {args.comm_hook} "
-          f"restart_count {os.environ.get('TORCHELASTIC_RESTART_COUNT', '?')}", flush=True)
+    say(f"rank {rank}/{accelerator.num_processes} comm hook: {args.comm_hook} "
+          f"restart_count {os.environ.get('TORCHELASTIC_RESTART_COUNT', '?')}")
     step = 0
     while step < args.steps:
         for xb, yb in data:
@@ -77,8 +84,8 @@ def main():
         hook.close()  # before the process group goes
     params = accelerator.unwrap_model(model).parameters()
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in params)).hexdigest()
-    print(f"params rank={rank} sha256={digest}", flush=True)
-    print(f"rank {rank} done: steps={step}", flush=True)
+    say(f"params rank={rank} sha256={digest}")
+    say(f"rank {rank} done: steps={step}")
     accelerator.end_training()
 
 

@@ -31,6 +31,13 @@ except ImportError:  # not installed: the checkout's python/ (as a user has it i
     from ddp_agent.lightning import DDPAgentStrategy
 
 
+def say(line):
+    """Prints line in one write(2): ranks that share a stdout (srun's, torchrun's, a pipe) then
+    never run two lines together, as print's separate writes of the text and the newline can."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
@@ -79,12 +86,12 @@ def main():
                          logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     model = Model(args)
     rank = trainer.global_rank
-    print(f"rank {rank}/{trainer.world_size} comm hook: {args.comm_hook} "
-          f"restart_count {os.environ.get('TORCHELASTIC_RESTART_COUNT', '?')}", flush=True)
+    say(f"rank {rank}/{trainer.world_size} comm hook: {args.comm_hook} "
+          f"restart_count {os.environ.get('TORCHELASTIC_RESTART_COUNT', '?')}")
     trainer.fit(model, data)
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-    print(f"params rank={rank} sha256={digest}", flush=True)
-    print(f"rank {rank} done: steps={trainer.global_step}", flush=True)
+    say(f"params rank={rank} sha256={digest}")
+    say(f"rank {rank} done: steps={trainer.global_step}")
 
 
 if __name__ == "__main__":
