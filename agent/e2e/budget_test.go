@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -47,12 +48,7 @@ func budgetAlongside(t *testing.T, d time.Duration) {
 // process's own and that of the descendants it reaped (an agent reaps its
 // workers): with tests running alongside each other, the rusage of this
 // whole process would mix them.
-var cpuByTest sync.Map // top-level test name → *cpuCount
-
-type cpuCount struct {
-	mu sync.Mutex
-	d  time.Duration
-}
+var cpuByTest sync.Map // top-level test name → *atomic.Int64 (ns)
 
 // addCPU counts the CPU of a process of test t that has been waited for.
 func addCPU(t *testing.T, ps *os.ProcessState) {
@@ -63,11 +59,8 @@ func addCPU(t *testing.T, ps *os.ProcessState) {
 	if !ok {
 		return
 	}
-	v, _ := cpuByTest.LoadOrStore(topTest(t), &cpuCount{})
-	c := v.(*cpuCount)
-	c.mu.Lock()
-	c.d += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	c.mu.Unlock()
+	v, _ := cpuByTest.LoadOrStore(topTest(t), new(atomic.Int64))
+	v.(*atomic.Int64).Add(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // testCPU is the CPU counted so far for t's top-level test.
@@ -76,10 +69,7 @@ func testCPU(t *testing.T) time.Duration {
 	if !ok {
 		return 0
 	}
-	c := v.(*cpuCount)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.d
+	return time.Duration(v.(*atomic.Int64).Load())
 }
 
 func topTest(t *testing.T) string {
