@@ -17,9 +17,16 @@ import (
 // caller is on a locked thread: OnLockedThread), then sleep in
 // FUTEX_WAIT for up to sleepFor at a time, re-checking abort, ctx and the
 // deadline between sleeps.
+//
+// With the single-copy path on, the peers' pids are known to name them in
+// this pid namespace (Negotiate read their memory through them), so a wait
+// also looks every livenessEvery whether the peer it waits on still runs:
+// a peer killed between two collectives is then seen in milliseconds, not
+// at the timeout.
 const (
-	spinFor  = 20 * time.Microsecond
-	sleepFor = 2 * time.Millisecond
+	spinFor       = 20 * time.Microsecond
+	sleepFor      = 2 * time.Millisecond
+	livenessEvery = 25 // sleeps: about 50 ms
 )
 
 // job is one all-reduce in progress.
@@ -293,8 +300,12 @@ func (c *Comm) await(j *job, k, p int, ctr *uint32, want uint32, what string) er
 		}
 	}
 	waiters := c.ctl[p].waiters
-	for {
-		if err := c.check(j, p); err != nil {
+	for sleeps := 1; ; sleeps++ {
+		err := c.check(j, p)
+		if err == nil && c.direct && sleeps%livenessEvery == 0 {
+			err = c.liveness(p)
+		}
+		if err != nil {
 			if reached(atomic.LoadUint32(ctr), want) {
 				return nil
 			}
@@ -312,6 +323,17 @@ func (c *Comm) await(j *job, k, p int, ctr *uint32, want uint32, what string) er
 			return nil
 		}
 	}
+}
+
+// liveness returns a PeerLost error when rank p's process has exited. Only
+// for the single-copy path, whose pids are this namespace's.
+func (c *Comm) liveness(p int) error {
+	pid := int(atomic.LoadUint32(c.ctl[p].pid))
+	if pid == 0 || !gone(pid) {
+		return nil
+	}
+	return &failure.PeerError{Rank: p, Kind: failure.PeerLost,
+		Err: fmt.Errorf("%w: rank %d (pid %d) is gone", failure.ErrPeer, p, pid)}
 }
 
 // check returns why the collective must stop while waiting on rank p (-1:

@@ -3,12 +3,14 @@ package shm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/shim/failure"
 	"github.com/ddp-agent/ddp-agent/shim/reduce"
 )
 
@@ -205,5 +207,45 @@ func TestDirectPeerGone(t *testing.T) {
 	t.Logf("after %v: %v", time.Since(start), err)
 	if time.Since(start) > 5*time.Second {
 		t.Errorf("took %v to notice a dead peer, want well under the 20 s timeout", time.Since(start))
+	}
+}
+
+// TestDirectPeerGoneBetweenCollectives: a peer that dies after one
+// collective and before it publishes its buffer for the next leaves nothing
+// to read: the wait for it sees the process gone, well before the timeout.
+func TestDirectPeerGoneBetweenCollectives(t *testing.T) {
+	const world, timeout = 2, 20 * time.Second
+	path := segPath(t)
+	c, err := Create(path, world, Config{Timeout: timeout, DirectMin: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cmd := startHelper(t, "vanish", path, 1, world, c.slotBytes(), 1<<20, "SHM_ITERS=1", "SHM_NEGOTIATE=1")
+	if on, err := c.Negotiate(context.Background()); err != nil || !on {
+		t.Fatalf("negotiate: %v, %v", on, err)
+	}
+	if err := Unlink(path); err != nil {
+		t.Fatal(err)
+	}
+	buf := inputs(reduce.Float32, 0, 1<<20/4, 0)
+	for range 2 {
+		if err := c.AllReduce(context.Background(), buf, reduce.Float32, reduce.Sum); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+	start := time.Now()
+	err = c.AllReduce(context.Background(), buf, reduce.Float32, reduce.Sum)
+	took := time.Since(start)
+	var pe *failure.PeerError
+	if !errors.As(err, &pe) || pe.Rank != 1 || pe.Kind != failure.PeerLost {
+		t.Fatalf("after %v: %v, want rank 1 lost", took, err)
+	}
+	t.Logf("after %v: %v", took, err)
+	if took > timeout/4 {
+		t.Errorf("took %v to notice a peer gone, want well under the %v timeout", took, timeout)
 	}
 }

@@ -36,9 +36,11 @@
 // left the collective (gate.go).
 //
 // Every wait, and every step of a collective that does not wait, checks
-// Abort, ctx, the deadline and the peers' abort flag. A dead peer is seen
-// only through the timeout: the caller's TCP connections detect it sooner
-// and call Abort.
+// Abort, ctx, the deadline and the peers' abort flag. On the staged path a
+// dead peer is seen only through the timeout (the caller's TCP connections
+// detect it sooner and call Abort); on the single-copy path, whose peers'
+// pids are known to be this namespace's, a wait also looks whether the
+// peer still runs.
 package shm
 
 import (

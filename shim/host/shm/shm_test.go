@@ -89,6 +89,13 @@ func helper(mode string) int {
 		for i := env("SHM_ITERS"); i >= 0 && err == nil; i-- {
 			err = c.AllReduce(context.Background(), bufs[i%len(bufs)], reduce.Float32, reduce.Sum)
 		}
+	case "vanish": // SHM_ITERS all-reduces after one, then exit without closing, as a SIGKILL between collectives
+		for i := env("SHM_ITERS"); i >= 0 && err == nil; i-- {
+			err = c.AllReduce(context.Background(), buf, reduce.Float32, reduce.Sum)
+		}
+		if err == nil {
+			os.Exit(0)
+		}
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
