@@ -48,9 +48,11 @@ wheel: build
 # The README's test command: vet, then every Go test (unit and end-to-end,
 # with real Python workers under ddp-agent and torchrun) under the race
 # detector, through scripts/testtime, which ends with the slowest tests and
-# packages (every time in .cache/test-times.json), then the Python suite (real DDP with gloo against the shim), on
-# $(PYTHON) (Debian's PyTorch 1.13); then on PyTorch 2.x ($(TORCH2_PYTHON)) the
-# TORCH2_E2E end-to-end tests and the Python suite again.
+# packages (every time in .cache/test-times.json), then, at the same time
+# (scripts/together.sh: their tests mostly wait), the Python suite (real DDP
+# with gloo against the shim) on $(PYTHON) (Debian's PyTorch 1.13), and on
+# PyTorch 2.x ($(TORCH2_PYTHON)) the TORCH2_E2E end-to-end tests and the
+# Python suite again.
 test: build
 	@go=$$(scripts/deps.sh all) && py2="$(TORCH2_PYTHON)" && { [ -n "$$py2" ] || py2=$$(scripts/deps.sh torch2); } && \
 	  nccl=$$($$py2 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))') && \
@@ -60,13 +62,13 @@ test: build
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
 	  DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_TEST_NCCL_LIB=$$nccl \
 	    $$go run ./scripts/testtime -o .cache/test-times.json -- $$go test -json -race -count=1 -parallel 3 -timeout 50m ./... && \
-	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
-	    $(PYTHON) -m pytest -q -p no:cacheprovider python/tests && \
 	  echo "== PyTorch $$($$py2 -c 'import torch; print(torch.__version__)') ($$py2)" && \
-	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_FRAMEWORKS=1 DDP_AGENT_PYTHON=$$py2 DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
-	    $$go test -race -count=1 -parallel 3 -timeout 15m -run '$(TORCH2_E2E)' ./agent/e2e && \
-	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2 \
-	    $$py2 -m pytest -q -p no:cacheprovider python/tests
+	  pytest="DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_SHIM=$(CURDIR)/bin/libddpshim.so DDP_AGENT_TORCH2_PYTHON=$$py2" && \
+	  scripts/together.sh .cache/test-logs \
+	    pytest "$$pytest $(PYTHON) -m pytest -q -p no:cacheprovider python/tests" \
+	    e2e-torch2 "DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_FRAMEWORKS=1 DDP_AGENT_PYTHON=$$py2 DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
+	      $$go test -race -count=1 -parallel 3 -timeout 15m -run '$(TORCH2_E2E)' ./agent/e2e" \
+	    pytest-torch2 "$$pytest $$py2 -m pytest -q -p no:cacheprovider python/tests"
 
 # The inner loop while working (docs/testing.md): every Go unit test without
 # the race detector, a smoke subset of the end-to-end tests (QUICK_E2E: a job

@@ -27,6 +27,8 @@ def _torch2_python() -> str:
 def _pythons() -> List[pytest.param]:
     out = [pytest.param(sys.executable, id="this-python")]
     t2 = _torch2_python()
+    if os.path.abspath(t2) == os.path.abspath(sys.executable):
+        return out  # the torch 2 pass: this-python is the venv
     out.append(pytest.param(t2, id="torch2-venv", marks=pytest.mark.skipif(
         not os.access(t2, os.X_OK), reason=f"no torch 2 venv at {t2} (set DDP_AGENT_TORCH2_PYTHON)")))
     return out
