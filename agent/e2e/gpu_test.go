@@ -104,7 +104,7 @@ func TestCPUOnlyNode(t *testing.T) {
 // `ddp-agent status` shows the node's GPUs. This host has none of the
 // DGX's CPUs, so binding is skipped with a warning, not an error.
 func TestDGXPlacement(t *testing.T) {
-	budget(t, 10*time.Second)
+	budgetAlongside(t, 10*time.Second)
 	topo, err := nvml.Discover(t.Context(), nvmltest.Lib(nvmltest.DGXA100(true)), nvml.WithSysFS(nvmltest.DGXSysFS()))
 	if err != nil {
 		t.Fatal(err)
@@ -201,7 +201,7 @@ func TestDGXPlacement(t *testing.T) {
 // TestNUMABinding: two GPUs on this host's NUMA node 0; the workers' CPU
 // sets and memory policy, as the kernel reports them, are the plan's.
 func TestNUMABinding(t *testing.T) {
-	budget(t, 10*time.Second)
+	budgetAlongside(t, 10*time.Second)
 	host, err := nvml.DiscoverHost(t.Context())
 	if err != nil || len(host.NUMANodes) == 0 {
 		t.Skipf("no NUMA layout: %v", err)

@@ -60,7 +60,7 @@ func TestHealthEndpoints(t *testing.T) {
 // restart, since none happened. Before, the endpoint vanished with the
 // job and no scrape saw ddp_hangs_total 1.
 func TestLastMetricsReachAScraper(t *testing.T) {
-	budget(t, 40*time.Second)
+	budgetAlongside(t, 40*time.Second)
 	needTorch(t)
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "--hang-timeout", "3s",
 		"--metrics-addr", "127.0.0.1:0", filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--log-every", "5",

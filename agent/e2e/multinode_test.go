@@ -292,7 +292,7 @@ func TestLostNodeSIGSTOP(t *testing.T) {
 }
 
 func TestWorkerFailureRestartsEveryNode(t *testing.T) {
-	budget(t, 45*time.Second)
+	budgetAlongside(t, 45*time.Second)
 	needTorch(t)
 	j := newJob(t, "2", 1, 16, "--fail-rank", "3", "--fail-at-step", "12")
 	a := j.startHost()
@@ -344,7 +344,7 @@ func TestLateNodeRescales(t *testing.T) {
 // TestExternalEtcdCluster runs the job against a 3-member etcd cluster
 // that no agent hosts, and stops one member mid-training.
 func TestExternalEtcdCluster(t *testing.T) {
-	budget(t, 65*time.Second)
+	budgetAlongside(t, 65*time.Second)
 	needTorch(t)
 	cl, err := store.StartCluster(t.Context(), 3, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -375,7 +375,7 @@ func TestExternalEtcdCluster(t *testing.T) {
 // TestExternalEtcdTLS runs the job against an etcd that requires TLS with
 // client certificates, given through --rdzv-conf.
 func TestExternalEtcdTLS(t *testing.T) {
-	budget(t, 50*time.Second)
+	budgetAlongside(t, 50*time.Second)
 	needTorch(t)
 	pki, err := storetest.NewPKI(t.TempDir())
 	if err != nil {
@@ -406,7 +406,7 @@ func TestExternalEtcdTLS(t *testing.T) {
 }
 
 func TestRefusedAgents(t *testing.T) {
-	budget(t, 85*time.Second)
+	budgetAlongside(t, 85*time.Second)
 	needTorch(t)
 	j := newJob(t, "2", 0, 20, "--sleep-per-step", "0.1")
 	j.args = append(j.args, "--rdzv-token", "s3cret-s3cret-s3cret")
@@ -480,7 +480,7 @@ func TestRefusedAgents(t *testing.T) {
 // TestStaticMultiNode runs two nodes with fixed ranks and no store, as
 // torchrun's static backend does; the hook bootstraps through torch's store.
 func TestStaticMultiNode(t *testing.T) {
-	budget(t, 45*time.Second)
+	budgetAlongside(t, 45*time.Second)
 	needTorch(t)
 	ckpt := t.TempDir()
 	port := freePort(t)
@@ -501,7 +501,7 @@ func TestStaticMultiNode(t *testing.T) {
 // TestJobFailsEverywhere: a fault with no restarts left fails the job on
 // every node at once, whichever node hosts the store.
 func TestJobFailsEverywhere(t *testing.T) {
-	budget(t, 30*time.Second)
+	budgetAlongside(t, 30*time.Second)
 	needTorch(t)
 	j := newJob(t, "2", 0, 20, "--fail-rank", "1", "--fail-at-step", "3", "--sleep-per-step", "0.1")
 	a := j.startHost()
@@ -526,7 +526,7 @@ func TestJobFailsEverywhere(t *testing.T) {
 // first survivor worker to exit was the root cause, and the lost node
 // was found only after.
 func TestLostNodeWithoutHook(t *testing.T) {
-	budget(t, 45*time.Second)
+	budgetAlongside(t, 45*time.Second)
 	needTorch(t)
 	j := newJob(t, "1:2", 2, 200, "--sleep-per-step", "0.1", "--comm-hook", "none")
 	a, b := j.startHost(), j.start()

@@ -167,7 +167,7 @@ func TestRestartPolicy(t *testing.T) {
 // restarted, resumes from the step 10 checkpoint and finishes; the report
 // carries the Python exception from TORCHELASTIC_ERROR_FILE.
 func TestTrainFaultResume(t *testing.T) {
-	budget(t, 30*time.Second)
+	budgetAlongside(t, 30*time.Second)
 	needTorch(t)
 	ckpt := t.TempDir()
 	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
@@ -318,7 +318,7 @@ func TestSpammingWorker(t *testing.T) {
 }
 
 func TestCommandLine(t *testing.T) {
-	budget(t, 10*time.Second)
+	budgetAlongside(t, 10*time.Second)
 	tests := []struct {
 		name     string
 		args     []string

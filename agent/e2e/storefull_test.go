@@ -69,7 +69,7 @@ func fillJob(t *testing.T, quotaMiB, values, gens int) *agentRun {
 // the agents run under the race detector here, where etcd takes seconds
 // per 10 MB.)
 func TestStoreBoundedOverGenerations(t *testing.T) {
-	budget(t, 15*time.Second)
+	budgetAlongside(t, 15*time.Second)
 	r := fillJob(t, 48, 3, 3)
 	if code := r.wait(90 * time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
