@@ -310,11 +310,15 @@ func TestWorkerFailureRestartsEveryNode(t *testing.T) {
 			t.Fatalf("agent %d's workers were not restarted\n%s", i, ag.logs())
 		}
 	}
-	// the healthy node learned it from the rendezvous, not from its own workers
-	// (the reason names rank 3, the one that failed first, even when rank 2,
-	// whose all-reduce with the dying rank 3 failed, exited before it)
-	if !regexp.MustCompile(`stopping workers: the job is moving to a new generation.*reason=".*group rank \d\): worker rank 3 `).MatchString(other.stderr.String()) {
-		t.Fatalf("the healthy node did not stop its workers for the new generation\n%s", other.logs())
+	// The healthy node names rank 3, the one that failed first, as the
+	// reason, learned from the rendezvous: either it stopped its workers for
+	// the new generation, or (on a loaded machine) its workers' all-reduce
+	// with the dying rank failed first, and its root cause still names the
+	// other node's rank 3, not its own victims.
+	learned := regexp.MustCompile(`stopping workers: the job is moving to a new generation.*reason=".*group rank \d\): worker rank 3 ` +
+		`|the job moved to a new generation first: node .*group rank \d\): worker rank 3 `)
+	if !learned.MatchString(other.stderr.String()) {
+		t.Fatalf("the healthy node did not name rank 3 from the rendezvous\n%s", other.logs())
 	}
 	if !strings.Contains(a.stdout.String()+b.stdout.String(), "resumed from step 10 with world size 4") {
 		t.Fatalf("no resume\n%s\n%s", a.logs(), b.logs())
