@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -57,12 +58,24 @@ type Client struct {
 	etcd  *clientv3.Client
 	reach *reach
 	stop  context.CancelFunc
+	// eps is held to change the endpoints and to dial one: etcd's
+	// Client.Dial reads them without the client's own lock (client/v3
+	// v3.7.3, client.go dial), and the freeze watch dials while the replica
+	// manager changes them (a data race the race detector caught in CI).
+	eps *sync.Mutex
 }
 
 // NewClient wraps an etcd client made elsewhere, such as one of a store
 // that is not there (Dial refuses to make that).
 func NewClient(cli *clientv3.Client) *Client {
-	return &Client{etcd: cli, reach: &reach{}, stop: func() {}}
+	return &Client{etcd: cli, reach: &reach{}, stop: func() {}, eps: &sync.Mutex{}}
+}
+
+// SetEndpoints points the client at eps (under the lock its dials take).
+func (c *Client) SetEndpoints(eps ...string) {
+	c.eps.Lock()
+	defer c.eps.Unlock()
+	c.etcd.SetEndpoints(eps...)
 }
 
 // DownFor is how long no member of the store has been connected; 0 while
@@ -156,15 +169,16 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	fctx, stop := context.WithCancel(context.Background())
 	go rc.follow(fctx, cli.ActiveConnection())
+	epsMu := &sync.Mutex{}
 	if cfg.CutFrozen {
 		log := cfg.Logger
 		if log == nil {
 			log = slog.New(slog.DiscardHandler)
 		}
-		fw := &freezeWatch{cli: cli, conns: cn, log: log, heard: map[string]time.Time{}, cut: map[string]bool{}}
+		fw := &freezeWatch{cli: cli, dialMu: epsMu, conns: cn, log: log, heard: map[string]time.Time{}, cut: map[string]bool{}}
 		go fw.run(fctx)
 	}
-	return &Client{etcd: cli, reach: rc, stop: stop}, nil
+	return &Client{etcd: cli, reach: rc, stop: stop, eps: epsMu}, nil
 }
 
 // checkReachable asks the store for its members, which needs a quorum (the

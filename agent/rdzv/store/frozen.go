@@ -57,9 +57,10 @@ func frozenMembers(heard map[string]time.Time, now time.Time, limit, fresh time.
 
 // freezeWatch probes the client's members and cuts frozen ones.
 type freezeWatch struct {
-	cli   *clientv3.Client
-	conns *conns
-	log   *slog.Logger
+	cli    *clientv3.Client
+	dialMu *sync.Mutex // the Client's eps: Dial reads the endpoints SetEndpoints writes
+	conns  *conns
+	log    *slog.Logger
 
 	mu    sync.Mutex
 	heard map[string]time.Time // by endpoint, from the probes
@@ -122,7 +123,9 @@ func (f *freezeWatch) setHeard(ep string, t time.Time) {
 // and records each answer. Any answer counts, "not serving" or a refusal
 // included: it shows the member's process is running.
 func (f *freezeWatch) probe(ctx context.Context, ep string) {
+	f.dialMu.Lock()
 	conn, err := f.cli.Dial(ep)
+	f.dialMu.Unlock()
 	if err != nil {
 		// Unprobed, it is never judged (nor cut): silence it did not
 		// cause must not count against it.

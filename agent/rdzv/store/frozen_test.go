@@ -171,3 +171,33 @@ func TestFrozenMemberCut(t *testing.T) {
 		t.Errorf("the lease expired: its keep-alives stayed on the frozen member")
 	}
 }
+
+// TestSetEndpointsWhileProbing: the replica manager changes the client's
+// endpoints while the freeze watch dials the new ones. etcd's Client.Dial
+// reads the endpoints without the client's lock; under -race, changing
+// them with the etcd client's own SetEndpoints here was a data race (seen
+// in CI in a 3-node job), and Client.SetEndpoints must not be.
+func TestSetEndpointsWhileProbing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	c, err := StartCluster(ctx, 3, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	eps := c.Endpoints()
+	cli, err := Dial(ctx, ClientConfig{Endpoints: eps[:1], CutFrozen: true, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	// Changes every 25 ms for four of the watch's ticks: at each tick it
+	// dials the members it has no probe of, and a change follows at once.
+	for i := range int(4 * probeEvery / (25 * time.Millisecond)) {
+		cli.SetEndpoints(eps[i%3:]...)
+		time.Sleep(25 * time.Millisecond)
+	}
+	if _, err := cli.Etcd().Get(ctx, "k"); err != nil {
+		t.Fatalf("get after the changes: %v", err)
+	}
+}

@@ -298,7 +298,7 @@ func (r *Replicas) syncEndpoints(byID map[uint64]*memberInfo) {
 		return
 	}
 	r.endpoints = eps
-	r.cfg.Client.etcd.SetEndpoints(eps...)
+	r.cfg.Client.SetEndpoints(eps...)
 }
 
 func (r *Replicas) removeDead(ctx context.Context, id uint64, m *memberInfo) error {
@@ -514,7 +514,7 @@ func (r *Replicas) handOver(ctx context.Context, id uint64) error {
 		}
 	}
 	if len(others) > 0 {
-		cli.SetEndpoints(others...)
+		r.cfg.Client.SetEndpoints(others...)
 	}
 	if _, err := cli.MemberRemove(rctx, id); err != nil {
 		return fmt.Errorf("hand over store member %x: %w", id, err)
