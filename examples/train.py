@@ -17,12 +17,20 @@ gradient all-reduce, optimizer step; after --warmup-steps), for benchmarks:
 
     step_time comm_hook=ddp-agent steps=50 warmup=10 mean_ms=41.202 median_ms=40.871 ...
 
+With --in-process a failed step is retried in the same processes
+(ddp_agent.InProcess, docs/in-process.md) instead of by a restart:
+
+    ddp-agent run --standalone --nproc-per-node 2 examples/train.py --in-process \
+        --fail-rank 1 --fail-at-step 30      # re-forms in process, retries step 30
+
 Works on PyTorch 1.13 (CPU, gloo) and 2.x (CUDA, nccl).
 """
 
 import argparse
 import atexit
+import contextlib
 import hashlib
+import json
 import os
 import signal
 import statistics
@@ -43,6 +51,22 @@ def say(line):
     never run two lines together, as print's separate writes of the text and the newline can."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def step_log(event, rank, step, attempt):
+    """Appends a line to $TRAIN_STEP_LOG, when set: a step completed or a fault injected, with the wall time.
+
+    One write of a line opened with O_APPEND: the ranks share the file
+    (examples/bench/inprocess_recovery.py reads it).
+    """
+    path = os.environ.get("TRAIN_STEP_LOG")
+    if path:
+        line = json.dumps({"event": event, "rank": rank, "step": step, "attempt": attempt, "t": time.time()}) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
 def import_ddp_agent():
@@ -98,6 +122,8 @@ def parse_args():
     p.add_argument("--exit-delay", type=float, default=0.0,
                    help="seconds --fail-rank lingers at interpreter exit after its raise, once its comm hook "
                         "has closed: a slow teardown, so that the peers it failed may exit before it does")
+    p.add_argument("--in-process", action="store_true",
+                   help="retry a failed step in the same processes (ddp_agent.InProcess; needs --comm-hook ddp-agent)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds")
     p.add_argument("--slow-rank", type=int, default=-1, help="rank made slow before its backward (default: none)")
     p.add_argument("--slow-steps", default="", help="comma-separated steps at which --slow-rank is slow")
@@ -108,7 +134,10 @@ def parse_args():
     p.add_argument("--hang-rank", type=int, default=-1, help="rank that hangs before its backward (default: none)")
     p.add_argument("--hang-at-step", type=int, default=-1, help="step at which --hang-rank hangs (first attempt only)")
     p.add_argument("--hang-seconds", type=float, default=3600.0, help="how long --hang-rank hangs")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.in_process and args.comm_hook != "ddp-agent":
+        p.error("--in-process needs --comm-hook ddp-agent: its abort is what stops the other ranks' all-reduce")
+    return args
 
 
 def make_model(hidden):
@@ -201,61 +230,78 @@ def main():
         if rank == 0:
             say(f"resumed from step {state['step']} with world size {world_size}")
 
-    ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb)
-    hook = None
-    if ddp_agent is not None:
-        hook = ddp_agent.register(ddp, transport=args.transport)
-        if rank == 0:
-            say(f"comm hook: ddp-agent, {ddp_agent.shim_version()}, transport {args.transport}")
+    def wrap(model):  # at the start, and after each re-formation in process
+        ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb)
+        return ddp, ddp_agent.register(ddp, transport=args.transport) if ddp_agent is not None else None
+
+    if args.in_process:
+        # A step that raises on any rank is retried, in these processes,
+        # from the last step every rank completed (docs/in-process.md).
+        loop = ddp_agent.InProcess(model, optimizer, wrap)
+        steps, step_context = loop.steps(first, args.steps + 1), loop.step
+    else:
+        loop = None
+        ddp, hook = wrap(model)
+        steps, step_context = range(first, args.steps + 1), lambda step: contextlib.nullcontext(ddp)
+    if ddp_agent is not None and rank == 0:
+        say(f"comm hook: ddp-agent, {ddp_agent.shim_version()}, transport {args.transport}")
     loss_fn = nn.CrossEntropyLoss()
     step_times = []  # seconds: forward, backward (with the gradient all-reduce), optimizer step
-    for step in range(first, args.steps + 1):
-        if rank == args.fail_rank and step == args.fail_at_step and restart_count < args.fail_attempts:
-            msg = f"injected failure on rank {rank} at step {step} (restart_count {restart_count})"
-            if args.exit_code is not None:
-                say(f"{msg}: exiting with code {args.exit_code}")
-                os._exit(args.exit_code)
-            if args.fail_signal is not None:
-                say(f"{msg}: sending itself SIG{args.fail_signal}")
-                os.kill(os.getpid(), getattr(signal, "SIG" + args.fail_signal))
-            raise RuntimeError(msg)
+    for step in steps:
+        with step_context(step) as ddp:
+            # The injected faults fire in the first attempt(s): a restart or
+            # a re-formation in process counts as one.
+            attempt = restart_count + (loop.generation if loop is not None else 0)
+            if rank == args.fail_rank and step == args.fail_at_step and attempt < args.fail_attempts:
+                msg = f"injected failure on rank {rank} at step {step} (restart_count {restart_count})"
+                step_log("fault", rank, step, attempt)
+                if args.exit_code is not None:
+                    say(f"{msg}: exiting with code {args.exit_code}")
+                    os._exit(args.exit_code)
+                if args.fail_signal is not None:
+                    say(f"{msg}: sending itself SIG{args.fail_signal}")
+                    os.kill(os.getpid(), getattr(signal, "SIG" + args.fail_signal))
+                raise RuntimeError(msg)
 
-        slow = rank == args.slow_rank and str(step) in args.slow_steps.split(",")
-        if slow and args.slow_phase == "input":
-            time.sleep(args.slow_seconds)  # a slow input pipeline: the others wait for it in the all-reduce
-        x, y = batch(args, teacher, step, rank, device)
-        t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(x), y)
-        if slow and args.slow_phase == "compute":
-            time.sleep(args.slow_seconds)  # a straggler: the others wait for it in the all-reduce
-        if rank == args.hang_rank and step == args.hang_at_step and restart_count == 0:
-            say(f"rank {rank} hangs at step {step} for {args.hang_seconds:g} s")
-            time.sleep(args.hang_seconds)
-        loss.backward()
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        step_times.append(time.perf_counter() - t0)
+            slow = rank == args.slow_rank and str(step) in args.slow_steps.split(",")
+            if slow and args.slow_phase == "input":
+                time.sleep(args.slow_seconds)  # a slow input pipeline: the others wait for it in the all-reduce
+            x, y = batch(args, teacher, step, rank, device)
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(ddp(x), y)
+            if slow and args.slow_phase == "compute":
+                time.sleep(args.slow_seconds)  # a straggler: the others wait for it in the all-reduce
+            if rank == args.hang_rank and step == args.hang_at_step and attempt == 0:
+                say(f"rank {rank} hangs at step {step} for {args.hang_seconds:g} s")
+                time.sleep(args.hang_seconds)
+            loss.backward()
+            optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            step_times.append(time.perf_counter() - t0)
 
-        checkpoint = args.ckpt_every > 0 and step % args.ckpt_every == 0
-        if step % args.log_every == 0 or step == args.steps or checkpoint:
-            loss_value = mean_loss(loss, world_size)
-            if rank == 0 and step % args.log_every == 0:
-                say(f"step {step} loss {loss_value:.4f}")
-        if checkpoint:
-            if rank == 0:
-                save_checkpoint(ckpt, model, optimizer, step, loss_value)
-            dist.barrier()  # no rank runs ahead to a failure before the file is complete
-        if args.sleep_per_step > 0:
-            time.sleep(args.sleep_per_step)
+            checkpoint = args.ckpt_every > 0 and step % args.ckpt_every == 0
+            if step % args.log_every == 0 or step == args.steps or checkpoint:
+                loss_value = mean_loss(loss, world_size)
+                if rank == 0 and step % args.log_every == 0:
+                    say(f"step {step} loss {loss_value:.4f}")
+            if checkpoint:
+                if rank == 0:
+                    save_checkpoint(ckpt, model, optimizer, step, loss_value)
+                dist.barrier()  # no rank runs ahead to a failure before the file is complete
+            if args.sleep_per_step > 0:
+                time.sleep(args.sleep_per_step)
+            step_log("step", rank, step, attempt)
 
     if rank == 0:
         say(f"done: steps={args.steps} final_loss={loss_value:.4f} world_size={world_size}")
         print_step_times(args, step_times)
     say(f"params rank={rank} sha256={params_digest(model)}")
     dist.barrier()  # every rank's collectives are over before the hook's communicator closes
-    if hook is not None:
+    if loop is not None:
+        loop.close()
+    elif hook is not None:
         hook.close()  # before destroy_process_group: joins the hook's waiter thread
     dist.destroy_process_group()
     # Leave without tearing down the DDP model. On PyTorch 1.13, freeing it

@@ -30,6 +30,7 @@ _LAZY = {
     "BucketInfo": ("._buckets", "BucketInfo"),
     "DType": ("._shim", "DType"),
     "Hook": (".hook", "Hook"),
+    "InProcess": (".inprocess", "InProcess"),
     "Op": ("._shim", "Op"),
     "ShimError": ("._shim", "ShimError"),
     "Status": ("._shim", "Status"),

@@ -1,0 +1,109 @@
+"""A worker's exception, recovered three ways side by side: in process, by ddp-agent's restart, by torchrun's.
+
+    /usr/bin/python3 examples/bench/inprocess_recovery.py --agent bin/ddp-agent \\
+        --torchrun-compat scripts/torchrun_compat.py --runs 5
+
+Each run trains examples/train.py (2 ranks, gloo, the ddp_agent hook on the
+shim's host transport, --hidden 512, a checkpoint every 5 steps) and has
+rank 1 raise at step 13, under:
+
+  in-process  ddp-agent run ... train.py --in-process: ddp_agent.InProcess
+              re-forms the process group and the hook in the same processes
+              and takes the state from a healthy peer
+  ddp-agent   ddp-agent run --max-restarts 1: every worker restarted,
+              resuming from the step-10 checkpoint
+  torchrun    torchrun --max-restarts 1 (scripts/torchrun_compat.py on
+              PyTorch 1.13), the same resume
+
+The three launchers take turns run by run, so drift in the machine's load
+hits them alike. Every rank logs, through $TRAIN_STEP_LOG, the wall clock
+time at which it completed each step and at which the fault was raised; a
+run's figures are:
+
+  recovery    from the raise to the moment every rank has completed its
+              first step of the next attempt (the restarted workers, or the
+              generation re-formed in process)
+  lost steps  steps completed before the fault and again after it: 0 in
+              process (only the step in progress is done again), 2 for the
+              restarts (steps 11 and 12, after the checkpoint at step 10)
+
+It prints a Markdown table of the medians, minimums and maximums.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "examples", "train.py")
+FAIL_STEP, STEPS, CKPT_EVERY = 13, 20, 5
+
+
+def command(kind: str, args, workdir: str):
+    train = [TRAIN, "--steps", str(STEPS), "--hidden", "512", "--log-every", "100", "--ckpt-every", str(CKPT_EVERY),
+             "--ckpt-dir", os.path.join(workdir, "ckpt"), "--fail-rank", "1", "--fail-at-step", str(FAIL_STEP),
+             "--warmup-steps", "0"]
+    if kind == "in-process":
+        return [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "--python",
+                args.python, "--log-dir", os.path.join(workdir, "logs"), *train, "--in-process"]
+    if kind == "ddp-agent":
+        return [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--python",
+                args.python, "--log-dir", os.path.join(workdir, "logs"), *train]
+    return [args.python, args.torchrun_compat, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
+            *train]
+
+
+def measure(kind: str, args) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"inprocess-bench-{kind}-") as workdir:
+        log = os.path.join(workdir, "steps.jsonl")
+        env = dict(os.environ, TRAIN_STEP_LOG=log, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
+        env.pop("DDP_AGENT_SOCKET", None)
+        r = subprocess.run(command(kind, args, workdir), env=env, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            sys.exit(f"{kind}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        events = [json.loads(line) for line in open(log)]
+    fault = min(e["t"] for e in events if e["event"] == "fault")
+    # The attempt after the fault: the restarted workers, or the
+    # generation re-formed in process (train.py's attempt counts both).
+    first = {}
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e["event"] == "step" and e["attempt"] > 0 and e["rank"] not in first:
+            first[e["rank"]] = e["t"]
+    before = {e["step"] for e in events if e["event"] == "step" and e["attempt"] == 0}
+    again = {e["step"] for e in events if e["event"] == "step" and e["attempt"] > 0}
+    return {"recovery_s": max(first.values()) - fault, "lost_steps": len(before & again)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--agent", default=os.path.join(ROOT, "bin", "ddp-agent"))
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--torchrun-compat", default=os.path.join(ROOT, "scripts", "torchrun_compat.py"))
+    p.add_argument("--runs", type=int, default=5)
+    args = p.parse_args()
+    kinds = ["in-process", "ddp-agent", "torchrun"]
+    results = {k: [] for k in kinds}
+    start = time.time()
+    for i in range(args.runs):
+        for k in kinds[i % 3:] + kinds[:i % 3]:
+            results[k].append(measure(k, args))
+            print(f"run {i + 1} {k}: {results[k][-1]}", file=sys.stderr)
+    print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 2 ranks, gloo, train.py --hidden 512, "
+          f"rank 1 raises at step {FAIL_STEP}, checkpoint every {CKPT_EVERY} steps\n")
+    print("| path | fault → every rank completed its first step of the next attempt (median, min-max) | completed steps done again | against in process |")
+    print("|---|---|---|---|")
+    base = statistics.median(r["recovery_s"] for r in results["in-process"])
+    for k in kinds:
+        rec = sorted(r["recovery_s"] for r in results[k])
+        lost = sorted({r["lost_steps"] for r in results[k]})
+        print(f"| {k} | {statistics.median(rec):.3f} s ({rec[0]:.3f}-{rec[-1]:.3f}) | {', '.join(map(str, lost))} | "
+              f"{statistics.median(rec) / base:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""Recovery in process: a step that raises on any rank is retried without restarting anyone.
+
+    def wrap(model):                                  # at the start and after each re-formation
+        ddp = DistributedDataParallel(model)
+        return ddp, ddp_agent.register(ddp)
+
+    loop = ddp_agent.InProcess(model, optimizer, wrap)
+    for step in loop.steps(first, last + 1):          # the step to run; after a fault, that step again
+        with loop.step(step) as ddp:
+            x, y = batch(step, rank)                  # the data of a step depends on the step only
+            loss_fn(ddp(x), y).backward()
+            optimizer.step()
+    loop.close()                                      # before dist.destroy_process_group()
+
+An exception inside ``with loop.step(...)`` on one rank (its own error, or
+the shim's error on a rank whose peer failed) starts a re-formation on
+every rank, in the processes they have:
+
+1. **abort**: the rank closes its hook's communicators without waiting, so
+   a peer blocked in the gradient all-reduce fails at once (and a peer
+   still computing fails at its first bucket);
+2. **rendezvous**: each rank writes the last step it completed to torch's
+   store and waits for every rank's, bounded by ``timeout``;
+3. **process group**: torch's default process group is destroyed and made
+   again, on the same store under the new generation's prefix;
+4. **state**: the lowest rank that completed the most steps broadcasts the
+   model's and the optimizer's state to the others (a rank that failed in
+   its optimizer step holds half-updated weights; it takes the healthy
+   peer's), then ``wrap`` makes the DDP model and the hook again;
+5. the loop yields the first step not completed everywhere: at most the one
+   step in progress is lost, and with data that is a function of the step,
+   the result is the same as an uninterrupted run's.
+
+What it cannot do in process, it leaves to the process restart that
+``ddp-agent run`` (or torchrun) does today: after ``max_reforms``
+re-formations, when a rank does not reach the rendezvous within
+``timeout`` (it died, or is stuck in a collective outside the shim, such
+as a gloo all-reduce of the loss), or on ``BaseException`` that is not an
+``Exception`` (KeyboardInterrupt, SystemExit), the error is raised and the
+process exits as it would without this loop. A rank that dies (SIGKILL,
+OOM) therefore still costs a restart of every rank; keeping the survivors
+then, with a warm spare, is the next step (docs/in-process.md).
+"""
+
+import logging
+import pickle
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("ddp_agent")
+
+_PREFIX = "ddp_agent/inprocess"
+
+Wrap = Callable[[torch.nn.Module], Tuple[torch.nn.Module, Any]]
+
+
+class ReformError(RuntimeError):
+    """A re-formation in process could not complete; the original error is its cause."""
+
+
+class InProcess:
+    """Runs a DDP training loop whose failed steps are retried in the same processes.
+
+    Args:
+        model: the module that ``wrap`` wraps, the same object for the whole run.
+        optimizer: its optimizer; its state moves with the model's.
+        wrap: ``wrap(model) -> (ddp_model, hook)``: makes the DDP model and
+            registers the hook (``ddp_agent.register``; the hook may be None).
+            Called once here and after each re-formation, on every rank.
+        timeout: seconds a rank waits for the others at a re-formation.
+        max_reforms: re-formations after which a fault is raised instead.
+
+    Attributes:
+        generation: re-formations so far (0 before the first).
+        ddp: the current DDP model; ``hook``: its hook.
+        reforms: one dict per re-formation: the step retried, the ranks that
+            failed, the source of the state and each phase's milliseconds.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, wrap: Wrap, *, timeout: float = 60.0,
+                 max_reforms: int = 3) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("ddp_agent.InProcess: torch.distributed is not initialized (init_process_group)")
+        self.model = model
+        self.optimizer = optimizer
+        self.timeout = float(timeout)
+        self.max_reforms = max_reforms
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.backend = dist.get_backend()
+        # The store the job started on outlives every process group made
+        # on it: rank 0's TCPStore server lives as long as this reference.
+        self._store = dist.distributed_c10d._get_default_store()
+        self._wrap = wrap
+        self.generation = 0
+        self.reforms: List[Dict[str, Any]] = []
+        self._completed = 0  # the last step this rank completed
+        self._next: Optional[int] = None
+        self._fault_at: Optional[float] = None
+        self.ddp, self.hook = self._wrapped()
+
+    def steps(self, first: int, stop: int) -> Iterator[int]:
+        """Yields the steps first..stop-1; after a re-formation, the step to retry and on from there."""
+        self._completed = first - 1
+        step = first
+        while step < stop:
+            self._next = None
+            yield step
+            step = self._next if self._next is not None else step + 1
+
+    def step(self, step: int) -> "_Step":
+        """The context of one step: on an exception in it, re-forms and has :meth:`steps` retry."""
+        return _Step(self, step)
+
+    def close(self) -> None:
+        """Closes the current hook (before ``dist.destroy_process_group()``)."""
+        if self.hook is not None:
+            self.hook.close()
+
+    # The re-formation, in its phases.
+
+    def _reform(self, step: int, err: BaseException) -> None:
+        t0 = self._fault_at or time.monotonic()
+        gen = self.generation + 1
+        if gen > self.max_reforms:
+            raise ReformError(f"rank {self.rank}: step {step} failed after {self.max_reforms} re-formations in process") from err
+        phases: Dict[str, float] = {}
+        self._abort(err)
+        phases["abort_ms"] = _ms(t0)
+        t = time.monotonic()
+        completed = self._rendezvous(gen, step, err)
+        phases["rendezvous_ms"] = _ms(t)
+        t = time.monotonic()
+        self._new_group(gen)
+        phases["process_group_ms"] = _ms(t)
+        t = time.monotonic()
+        best = max(completed)
+        src = completed.index(best)
+        self._broadcast_state(gen, src)
+        self.ddp, self.hook = self._wrapped()
+        phases["state_ms"] = _ms(t)
+        self.generation = gen
+        self._completed = best
+        self._next = best + 1
+        info = {"generation": gen, "step": step, "retry": best + 1, "source": src, "completed": completed, "fault_at": t0,
+                "error": _first_line(err), **phases, "total_ms": _ms(t0)}
+        self.reforms.append(info)
+        log.warning("ddp_agent: re-formed in process, generation %d: rank %d's step %d failed (%s); "
+                    "resuming at step %d with rank %d's state; abort %.1f ms, rendezvous %.1f ms, "
+                    "process group %.1f ms, state %.1f ms", gen, self.rank, step, info["error"], best + 1, src,
+                    phases["abort_ms"], phases["rendezvous_ms"], phases["process_group_ms"], phases["state_ms"])
+
+    def _wrapped(self) -> Tuple[torch.nn.Module, Any]:
+        """Calls wrap, and opens the hook's host communicator now rather than at the first bucket.
+
+        Open on every rank, the communicator carries a fault at once: a rank
+        that fails before its first backward aborts it, and its peers, in
+        their first all-reduce, fail instead of waiting out the bootstrap's
+        timeout for a rank that will never open it. (CUDA buckets open their
+        NCCL communicator at the first bucket, as without this loop.)
+        """
+        ddp, hook = self._wrap(self.model)
+        on_cpu = all(p.device.type == "cpu" for p in self.model.parameters())
+        if hook is not None and on_cpu and getattr(hook, "transport", None) in ("auto", "host"):
+            hook._comms.open("host")
+        return ddp, hook
+
+    def _abort(self, err: BaseException) -> None:
+        """Aborts this rank's communicators (no goodbye: the peers fail at once) and drops the DDP model."""
+        if self.hook is not None:
+            try:
+                for transport in ("host", "nccl"):
+                    self.hook._comms.abort(transport, f"rank {self.rank} re-forms in process after: {err}"[:200])
+                self.hook._close(at_exit=True)
+            except Exception as e:  # the hook may be half-broken already
+                log.warning("ddp_agent: closing the failed hook: %s", e)
+        self.hook = None
+        self.ddp = None
+
+    def _rendezvous(self, gen: int, step: int, err: BaseException) -> List[int]:
+        """Writes this rank's last completed step; returns every rank's, in rank order."""
+        prefix = f"{_PREFIX}/{gen}"
+        store = self._store
+        store.set(f"{prefix}/rank{self.rank}", str(self._completed))
+        keys = [f"{prefix}/rank{r}" for r in range(self.world_size)]
+        try:
+            store.wait(keys, _timedelta(self.timeout))
+        except Exception as e:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            raise ReformError(
+                f"rank {self.rank}: re-formation {gen} after step {step} failed: ranks {missing} did not arrive "
+                f"within {self.timeout:g} s ({e}); falling back to a process restart") from err
+        return [int(store.get(k)) for k in keys]
+
+    def _new_group(self, gen: int) -> None:
+        dist.destroy_process_group()
+        store = dist.PrefixStore(f"{_PREFIX}/{gen}/pg", self._store)
+        dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=_timedelta(max(self.timeout, 60.0)))
+
+    def _broadcast_state(self, gen: int, src: int) -> None:
+        """Makes every rank's model and optimizer state the source's.
+
+        The optimizer's state can differ in shape between ranks (a rank that
+        failed before its first optimizer step has no momentum yet), so the
+        source publishes its layout and its non-tensor entries through the
+        store, the others make their state match it, and then every tensor
+        is broadcast in the layout's order.
+        """
+        key = f"{_PREFIX}/{gen}/optimizer"
+        if self.rank == src:
+            layout = _optimizer_layout(self.optimizer)
+            self._store.set(key, pickle.dumps(layout))
+        else:
+            self._store.wait([key], _timedelta(self.timeout))
+            layout = pickle.loads(self._store.get(key))
+            _apply_layout(self.optimizer, layout)
+        tensors = [t for t in self.model.state_dict().values() if isinstance(t, torch.Tensor)]
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        tensors += [self.optimizer.state[params[i]][k] for i, k, _, _ in layout["tensors"]]
+        for t in tensors:
+            dist.broadcast(t, src)
+
+
+class _Step:
+    def __init__(self, loop: InProcess, step: int) -> None:
+        self.loop = loop
+        self.n = step
+
+    def __enter__(self) -> torch.nn.Module:
+        return self.loop.ddp
+
+    def __exit__(self, kind, err, tb) -> bool:
+        loop = self.loop
+        if err is None:
+            loop._completed = self.n
+            return False
+        if not isinstance(err, Exception):
+            return False  # KeyboardInterrupt, SystemExit: leave
+        loop._fault_at = time.monotonic()
+        try:
+            loop._reform(self.n, err)
+        finally:
+            loop._fault_at = None
+        return True
+
+
+def _optimizer_layout(optimizer: Any) -> Dict[str, Any]:
+    """The optimizer's state as the source has it: which tensors, and every other value."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    tensors, values = [], []
+    for i, p in enumerate(params):
+        for k, v in sorted(optimizer.state.get(p, {}).items()):
+            if isinstance(v, torch.Tensor):
+                tensors.append((i, k, tuple(v.shape), v.dtype))
+            else:
+                values.append((i, k, v))
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    return {"tensors": tensors, "values": values, "groups": groups}
+
+
+def _apply_layout(optimizer: Any, layout: Dict[str, Any]) -> None:
+    """Gives this rank's optimizer the source's layout: the tensors to receive into, the other values."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for g, saved in zip(optimizer.param_groups, layout["groups"]):
+        g.update(saved)
+    state: Dict[Any, Dict[str, Any]] = {}
+    for i, k, shape, dtype in layout["tensors"]:
+        old = optimizer.state.get(params[i], {}).get(k)
+        ok = isinstance(old, torch.Tensor) and tuple(old.shape) == shape and old.dtype == dtype
+        state.setdefault(params[i], {})[k] = old if ok else torch.empty(shape, dtype=dtype, device=params[i].device)
+    for i, k, v in layout["values"]:
+        state.setdefault(params[i], {})[k] = v
+    optimizer.state.clear()
+    optimizer.state.update(state)
+
+
+def _first_line(err: BaseException) -> str:
+    """The error's type and the first line of its message (torch appends a traceback to a callback's)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _ms(t0: float) -> float:
+    return round((time.monotonic() - t0) * 1e3, 1)
+
+
+def _timedelta(seconds: float):
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)

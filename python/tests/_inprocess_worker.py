@@ -1,0 +1,102 @@
+"""One rank of a test world training under ddp_agent.InProcess, with faults injected on some ranks.
+
+    python _inprocess_worker.py --out DIR [--faults STEP:RANK:HOW,...] [--steps N] [--max-reforms N]
+
+The i-th fault fires in generation i only (after i re-formations), so each
+is retried once. HOW is where rank RANK's step STEP raises:
+    forward    before its backward: the others are blocked in the all-reduce or reach it
+    optimizer  after its optimizer step: the others have completed the step, it has not
+    corrupt    its weights are scribbled on, then it raises: its state must come from a peer
+    always     before its backward, in every generation: past --max-reforms the error is raised
+
+Writes DIR/rank<RANK>.pt: the parameters' digest, the re-formations and the
+pid at the start and the end (the same: nobody restarted).
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddp_agent
+
+IN, HIDDEN, OUT, BATCH = 64, 256, 10, 16
+
+
+def batch(step: int, rank: int):
+    g = torch.Generator().manual_seed(step * 1009 + rank)
+    x = torch.randn(BATCH, IN, generator=g)
+    return x, (x[:, :OUT] * 3).argmax(dim=1)
+
+
+def digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class Injected(RuntimeError):
+    pass
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--faults", default="", help="STEP:RANK:HOW,... (see above)")
+    p.add_argument("--max-reforms", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=30)
+    args = p.parse_args()
+    faults = [(int(a), int(b), how) for a, b, how in (f.split(":") for f in args.faults.split(",") if f)]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def wrap(m):
+        ddp = DDP(m, bucket_cap_mb=0.05)  # several buckets
+        return ddp, ddp_agent.register(ddp, timeout=args.timeout)
+
+    loop = ddp_agent.InProcess(model, opt, wrap, timeout=args.timeout, max_reforms=args.max_reforms)
+    out = {"pid_start": os.getpid(), "error": None, "completed_at": {}}
+    loss_fn = nn.CrossEntropyLoss()
+    try:
+        for step in loop.steps(1, args.steps + 1):
+            with loop.step(step) as ddp:
+                how = next((h for i, (st, r, h) in enumerate(faults) if st == step and r == rank
+                            and (i == loop.generation or h == "always")), None)
+                x, y = batch(step, rank)
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(ddp(x), y)
+                if how in ("forward", "always"):
+                    raise Injected(f"rank {rank} fails at step {step} before its backward")
+                loss.backward()
+                opt.step()
+                if how == "corrupt":
+                    with torch.no_grad():
+                        for q in model.parameters():
+                            q.add_(1.0)
+                if how is not None:
+                    raise Injected(f"rank {rank} fails at step {step} after its optimizer step")
+            out["completed_at"][step] = time.monotonic()
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    out.update(digest=digest(model), reforms=loop.reforms, generation=loop.generation, pid_end=os.getpid())
+    torch.save(out, os.path.join(args.out, f"rank{rank}.pt"))
+    if out["error"] is None:
+        dist.barrier()
+        loop.close()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

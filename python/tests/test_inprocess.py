@@ -1,0 +1,68 @@
+"""ddp_agent.InProcess: a rank's failed step is retried in the same processes, with the same result.
+
+Real worlds of three gloo ranks (torchrun's environment, torch's store),
+each with the hook on the shim's host transport. The reference is the same
+run with no fault: every faulted run must end with its parameters, bit for
+bit, having lost at most the step in progress, with every process the one
+it started as.
+"""
+
+import pathlib
+
+import pytest
+import torch
+
+import _world
+
+WORKER = _world.TESTS_DIR / "_inprocess_worker.py"
+WORLD = 2
+
+
+def run(tmp_path: pathlib.Path, *args: str):
+    results = _world.run_world(tmp_path, WORLD, ["--out", str(tmp_path), *args], script=WORKER, timeout=120)
+    _world.check_ok(results)
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)], results
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    res, _ = run(tmp_path_factory.mktemp("reference"))
+    assert all(r["error"] is None and r["generation"] == 0 for r in res), res
+    assert len({r["digest"] for r in res}) == 1, res
+    return res[0]["digest"]
+
+
+FAULTS = [(3, 0, "forward"), (6, 1, "corrupt"), (9, 1, "optimizer"), (11, 0, "optimizer")]
+
+
+def test_faults_retried_in_process(tmp_path, reference):
+    """Four faults in one run, each re-formed in process: rank 0 and rank 1, before the backward and after the optimizer step."""
+    res, results = run(tmp_path, "--faults", ",".join(f"{s}:{r}:{h}" for s, r, h in FAULTS),
+                       "--max-reforms", str(len(FAULTS)))
+    text = _world.describe(results)
+    for r in res:
+        assert r["error"] is None, text
+        assert r["pid_start"] == r["pid_end"], text
+        assert r["generation"] == len(FAULTS) and len(r["reforms"]) == len(FAULTS), r["reforms"]
+    for i, (step, rank, how) in enumerate(FAULTS):
+        info = res[0]["reforms"][i]
+        # At most the step in progress is lost: the retry is that step, or
+        # the next when the others had completed it (a fault after the
+        # optimizer step).
+        assert info["retry"] == (step if how == "forward" else step + 1), info
+        if how == "corrupt":  # its own state is garbage: a peer's is taken
+            assert info["source"] != rank and info["completed"][rank] == step - 1, info
+        # Fault to the retried step completed on every rank.
+        fault = min(r["reforms"][i]["fault_at"] for r in res)
+        took = max(r["completed_at"][info["retry"]] for r in res) - fault
+        phases = {k: v for k, v in res[rank]["reforms"][i].items() if k.endswith("_ms")}
+        print(f"rank {rank} {how} at step {step}: fault to the retried step done everywhere {took * 1e3:.0f} ms; {phases}")
+        assert took < 10, (took, res[rank]["reforms"][i])
+    assert [r["digest"] for r in res] == [reference] * WORLD, text
+
+
+def test_gives_up_after_max_reforms(tmp_path):
+    res, results = run(tmp_path, "--faults", "3:1:always", "--max-reforms", "2")
+    for r in res:
+        assert r["error"] is not None and r["generation"] == 2, _world.describe(results)
+    assert "ReformError" in res[1]["error"] and "after 2 re-formations" in res[1]["error"], res[1]["error"]
