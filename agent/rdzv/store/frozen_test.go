@@ -120,7 +120,12 @@ func TestFrozenMemberCut(t *testing.T) {
 	proxied := fr.ln.Addr().String()
 
 	// Everything this client opens goes through the freezer first.
-	cli := dial(t, ClientConfig{Endpoints: []string{proxied}, CutFrozen: true})
+	wrapped, err := Dial(t.Context(), ClientConfig{Endpoints: []string{proxied}, CutFrozen: true, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { wrapped.Close() })
+	cli := wrapped.Etcd()
 	lease, err := cli.Grant(ctx, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -134,8 +139,8 @@ func TestFrozenMemberCut(t *testing.T) {
 		t.Fatalf("watch: %+v", ev)
 	}
 	// Then the others too; the open streams stay where they are.
-	cli.SetEndpoints("http://"+proxied, "http://"+eps[1], "http://"+eps[2])
-	time.Sleep(2 * probeEvery) // a probe of each member answered
+	wrapped.SetEndpoints("http://"+proxied, "http://"+eps[1], "http://"+eps[2]) // under the lock the watch dials with
+	time.Sleep(2 * probeEvery)                                                  // a probe of each member answered
 
 	other := dial(t, ClientConfig{Endpoints: eps[1:]})
 	fr.freeze()
