@@ -138,9 +138,10 @@ func TestFrozenMemberCut(t *testing.T) {
 	if ev := <-wch; len(ev.Events) != 1 {
 		t.Fatalf("watch: %+v", ev)
 	}
-	// Then the others too; the open streams stay where they are.
-	wrapped.SetEndpoints("http://"+proxied, "http://"+eps[1], "http://"+eps[2]) // under the lock the watch dials with
-	time.Sleep(2 * probeEvery)                                                  // a probe of each member answered
+	// Then the others too (under the lock the watch dials with); the open
+	// streams stay where they are.
+	wrapped.SetEndpoints("http://"+proxied, "http://"+eps[1], "http://"+eps[2])
+	time.Sleep(2 * probeEvery) // a probe of each member answered
 
 	other := dial(t, ClientConfig{Endpoints: eps[1:]})
 	fr.freeze()
