@@ -38,9 +38,11 @@ func (e *Membership) Succeed(ctx context.Context, r *Round) error {
 		next.Phase = Succeeded
 		next.Reason = fmt.Sprintf("all %d nodes' workers finished", r.NNodes)
 		next.Since = time.Now()
-		if _, err := e.swapState(octx, r.stateMod, &next); err != nil {
+		mctx, cancel := context.WithTimeout(ctx, markTimeout)
+		if _, err := e.swapState(mctx, r.stateMod, &next); err != nil {
 			e.log.Warn("mark the job succeeded", "err", err)
 		}
+		cancel()
 	} else {
 		// The nodes of a job finish within moments of each other: wait a
 		// little for the last, as torchrun's exit barrier does (shorter),
@@ -55,6 +57,15 @@ func (e *Membership) Succeed(ctx context.Context, r *Round) error {
 	}
 	return nil
 }
+
+// markTimeout bounds the write that marks the job succeeded. The other
+// nodes, seeing every node done, stop their store members at once; with
+// the store hosted by the agents that can take its quorum before the write
+// lands, and the write then waited out etcd's request timeout (6 s after
+// the workers succeeded, in a loaded CI run of a 3-node job). The mark
+// only matters to a store that outlives the agents (an external etcd),
+// which keeps its quorum and answers in milliseconds.
+const markTimeout = time.Second
 
 // exitBarrier bounds how long Succeed waits for the other nodes' workers
 // to finish too. Past it the agent leaves as a node leaving a running job
