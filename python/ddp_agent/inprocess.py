@@ -42,7 +42,9 @@ OOM) therefore still costs a restart of every rank; keeping the survivors
 then, with a warm spare, is the next step (docs/in-process.md).
 """
 
+import datetime
 import logging
+import os
 import pickle
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -52,7 +54,17 @@ import torch.distributed as dist
 
 log = logging.getLogger("ddp_agent")
 
-_PREFIX = "ddp_agent/inprocess"
+
+def _prefix() -> str:
+    """The store namespace of this attempt's re-formations.
+
+    torchrun 2.x keeps the workers' store in its agent, across restarts:
+    the restart count (and ddp-agent's generation) keep a later attempt
+    from reading an earlier one's keys.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    generation = os.environ.get("DDP_AGENT_GENERATION", "0")
+    return f"ddp_agent/inprocess/restart_{restart}/generation_{generation}"
 
 Wrap = Callable[[torch.nn.Module], Tuple[torch.nn.Module, Any]]
 
@@ -76,8 +88,9 @@ class InProcess:
     Attributes:
         generation: re-formations so far (0 before the first).
         ddp: the current DDP model; ``hook``: its hook.
-        reforms: one dict per re-formation: the step retried, the ranks that
-            failed, the source of the state and each phase's milliseconds.
+        reforms: one dict per re-formation: the step that failed and the one
+            retried, each rank's last completed step, the source of the
+            state, the error's first line and each phase's milliseconds.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, wrap: Wrap, *, timeout: float = 60.0,
@@ -94,6 +107,7 @@ class InProcess:
         # The store the job started on outlives every process group made
         # on it: rank 0's TCPStore server lives as long as this reference.
         self._store = dist.distributed_c10d._get_default_store()
+        self._prefix = _prefix()
         self._wrap = wrap
         self.generation = 0
         self.reforms: List[Dict[str, Any]] = []
@@ -182,7 +196,7 @@ class InProcess:
 
     def _rendezvous(self, gen: int, step: int, err: BaseException) -> List[int]:
         """Writes this rank's last completed step; returns every rank's, in rank order."""
-        prefix = f"{_PREFIX}/{gen}"
+        prefix = f"{self._prefix}/{gen}"
         store = self._store
         store.set(f"{prefix}/rank{self.rank}", str(self._completed))
         keys = [f"{prefix}/rank{r}" for r in range(self.world_size)]
@@ -197,7 +211,7 @@ class InProcess:
 
     def _new_group(self, gen: int) -> None:
         dist.destroy_process_group()
-        store = dist.PrefixStore(f"{_PREFIX}/{gen}/pg", self._store)
+        store = dist.PrefixStore(f"{self._prefix}/{gen}/pg", self._store)
         dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
                                 timeout=_timedelta(max(self.timeout, 60.0)))
 
@@ -210,7 +224,7 @@ class InProcess:
         store, the others make their state match it, and then every tensor
         is broadcast in the layout's order.
         """
-        key = f"{_PREFIX}/{gen}/optimizer"
+        key = f"{self._prefix}/{gen}/optimizer"
         if self.rank == src:
             layout = _optimizer_layout(self.optimizer)
             self._store.set(key, pickle.dumps(layout))
@@ -288,7 +302,5 @@ def _ms(t0: float) -> float:
     return round((time.monotonic() - t0) * 1e3, 1)
 
 
-def _timedelta(seconds: float):
-    import datetime
-
+def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
