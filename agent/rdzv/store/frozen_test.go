@@ -108,23 +108,14 @@ func (f *freezer) freeze() { close(f.frozen) }
 func TestFrozenMemberCut(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	c, err := StartCluster(ctx, 3, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Closed after the freezer's connections (cleanups run last first),
 	// which would hold a member's graceful stop.
-	t.Cleanup(func() { c.Close() })
-	eps := c.Endpoints()
+	eps := testCluster(t, 3).Endpoints()
 	fr := startFreezer(t, eps[0])
 	proxied := fr.ln.Addr().String()
 
 	// Everything this client opens goes through the freezer first.
-	wrapped, err := Dial(t.Context(), ClientConfig{Endpoints: []string{proxied}, CutFrozen: true, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatalf("Dial: %v", err)
-	}
-	t.Cleanup(func() { wrapped.Close() })
+	wrapped := dialClient(t, ClientConfig{Endpoints: []string{proxied}, CutFrozen: true})
 	cli := wrapped.Etcd()
 	lease, err := cli.Grant(ctx, 3)
 	if err != nil {
@@ -184,26 +175,15 @@ func TestFrozenMemberCut(t *testing.T) {
 // them with the etcd client's own SetEndpoints here was a data race (seen
 // in CI in a 3-node job), and Client.SetEndpoints must not be.
 func TestSetEndpointsWhileProbing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	c, err := StartCluster(ctx, 3, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	eps := c.Endpoints()
-	cli, err := Dial(ctx, ClientConfig{Endpoints: eps[:1], CutFrozen: true, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	eps := testCluster(t, 3).Endpoints()
+	cli := dialClient(t, ClientConfig{Endpoints: eps[:1], CutFrozen: true})
 	// Changes every 25 ms for four of the watch's ticks: at each tick it
 	// dials the members it has no probe of, and a change follows at once.
 	for i := range int(4 * probeEvery / (25 * time.Millisecond)) {
 		cli.SetEndpoints(eps[i%3:]...)
 		time.Sleep(25 * time.Millisecond)
 	}
-	if _, err := cli.Etcd().Get(ctx, "k"); err != nil {
+	if _, err := cli.Etcd().Get(t.Context(), "k"); err != nil {
 		t.Fatalf("get after the changes: %v", err)
 	}
 }

@@ -45,6 +45,12 @@ func startServer(t *testing.T, cfg ServerConfig) *Server {
 // the etcd client underneath, for the tests to drive the store directly.
 func dial(t *testing.T, cfg ClientConfig) *clientv3.Client {
 	t.Helper()
+	return dialClient(t, cfg).Etcd()
+}
+
+// dialClient is dial returning the store's Client itself.
+func dialClient(t *testing.T, cfg ClientConfig) *Client {
+	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
 	}
@@ -53,7 +59,21 @@ func dial(t *testing.T, cfg ClientConfig) *clientv3.Client {
 		t.Fatalf("Dial: %v", err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	return cli.Etcd()
+	return cli
+}
+
+// testCluster starts an n-member cluster, closed when the test ends,
+// after the cleanups registered later (they run first).
+func testCluster(t *testing.T, n int) *Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	c, err := StartCluster(ctx, n, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // deadAddr returns a loopback address nobody listens on.
