@@ -52,6 +52,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from . import _env
+
 log = logging.getLogger("ddp_agent")
 
 
@@ -63,7 +65,7 @@ def _prefix() -> str:
     from reading an earlier one's keys.
     """
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    generation = os.environ.get("DDP_AGENT_GENERATION", "0")
+    generation = os.environ.get(_env.GENERATION, "0")
     return f"ddp_agent/inprocess/restart_{restart}/generation_{generation}"
 
 Wrap = Callable[[torch.nn.Module], Tuple[torch.nn.Module, Any]]
