@@ -115,7 +115,6 @@ class InProcess:
         self.reforms: List[Dict[str, Any]] = []
         self._completed = 0  # the last step this rank completed
         self._next: Optional[int] = None
-        self._fault_at: Optional[float] = None
         self.ddp, self.hook = self._wrapped()
 
     def steps(self, first: int, stop: int) -> Iterator[int]:
@@ -138,8 +137,7 @@ class InProcess:
 
     # The re-formation, in its phases.
 
-    def _reform(self, step: int, err: BaseException) -> None:
-        t0 = self._fault_at or time.monotonic()
+    def _reform(self, step: int, err: BaseException, t0: float) -> None:
         gen = self.generation + 1
         if gen > self.max_reforms:
             raise ReformError(f"rank {self.rank}: step {step} failed after {self.max_reforms} re-formations in process") from err
@@ -256,11 +254,7 @@ class _Step:
             return False
         if not isinstance(err, Exception):
             return False  # KeyboardInterrupt, SystemExit: leave
-        loop._fault_at = time.monotonic()
-        try:
-            loop._reform(self.n, err)
-        finally:
-            loop._fault_at = None
+        loop._reform(self.n, err, time.monotonic())
         return True
 
 
