@@ -69,8 +69,18 @@ func (r *run) recover(ctx context.Context, at *attempt, f *fault.Fault) (done bo
 		r.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
 		r.tell(event{kind: evFault, at: at, fault: f})
 		r.abort("job moving to a new generation: " + f.Reason)
+		cutoff := time.Now()
 		at.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
 		r.dropGeneration(at.gen)
+		if at.r.End().Kind == rdzv.EndNodeLost {
+			// Workers without the hook may have failed on their
+			// connections to the lost node before its lease ran out, and
+			// not been reaped yet: without a report the first of them
+			// would be all a person sees of it.
+			if b, ok := rootcause.LostNodeVictims(at.g.Outcomes(), cutoff, f.Reason); ok {
+				r.report(b, at, r.mon)
+			}
+		}
 		return false, nil
 	case actDrain:
 		return true, r.drain(at, r.faults.Drain(), stopped)
@@ -127,7 +137,8 @@ func (r *run) failAttempt(ctx context.Context, at *attempt, f *fault.Fault) (res
 	r.dropGeneration(at.gen)
 	ev := event{kind: evFault, at: at, fault: f}
 	if wf, ok := fault.As[*fault.WorkerFailedError](f); ok {
-		b, text := r.report(wf, at, r.mon)
+		b := rootcause.Reclassify(at.g.Outcomes(), wf.Decided, wf.Blame) // the exits and notes of them all, now
+		text := r.report(b, at, r.mon)
 		ev.blame, ev.report = &b, text
 	}
 	r.tell(ev)
@@ -168,12 +179,11 @@ func (r *run) drain(at *attempt, f *fault.Fault, stopped bool) error {
 
 // report writes the root cause of a failed attempt, whose workers have
 // stopped, to the agent's stderr (rootcause.Format) and logs it.
-func (r *run) report(wf *fault.WorkerFailedError, at *attempt, mon *hostmon.Monitor) (rootcause.Blame, string) {
-	b := rootcause.Reclassify(at.g.Outcomes(), wf.Decided, wf.Blame) // the exits and notes of them all, now
+func (r *run) report(b rootcause.Blame, at *attempt, mon *hostmon.Monitor) string {
 	r.log.Error("worker failed", b.LogAttrs(at.r.Restarts, at.started)...)
 	text := rootcause.Format(b, at.r.Restarts, r.cfg.MaxRestarts, at.started, at.g.PIDs(), mon)
 	r.stderr.Write([]byte(text))
-	return b, text
+	return text
 }
 
 // rootSettle bounds how long a failed attempt waits for its root cause to

@@ -2,6 +2,7 @@ package rootcause
 
 import (
 	"strings"
+	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 )
@@ -73,4 +74,21 @@ func (b Blame) LostPeer(reason string) Blame {
 			Note: supervisor.PeerFailure{Peer: lostNode, Kind: "lost", Time: e.Time, Message: e.Error()}})
 	}
 	return out
+}
+
+// LostNodeVictims is the blame of an attempt that the job left because
+// another node was lost (reason, the new generation's) before this node's
+// agent had decided a failure of its own workers: the node's lease ran
+// out while they were still raising on their connections to it. The
+// workers that failed by cutoff, or after it on a lost connection (they
+// raised before the stop and were still tearing down: a stopped worker
+// dies by the signal), are that node's victims. ok: there are any.
+func LostNodeVictims(outs []supervisor.Outcome, cutoff time.Time, reason string) (b Blame, ok bool) {
+	failed := Blame{At: cutoff}
+	for _, o := range outs { // in rank order
+		if failedBy(o, cutoff) || LooksLikeLostPeer(o.Exit) {
+			failed.Others = append(failed.Others, o.Exit)
+		}
+	}
+	return failed.LostPeer(reason), len(failed.Others) > 0
 }

@@ -341,3 +341,25 @@ func TestLostPeer(t *testing.T) {
 		t.Errorf("the report says the lost node's agent reports it:\n%s", text)
 	}
 }
+
+// TestLostNodeVictims: when the job moved on for a lost node before this
+// node decided a failure of its own, its workers that failed by then, or
+// after on a lost connection, are that node's victims; a worker the stop
+// killed is not, and with no failure there is nothing to report.
+func TestLostNodeVictims(t *testing.T) {
+	const reason = "node n1 (h1, group rank 1) lost: its agent is gone or cut off (lease ended)"
+	lostLate := exited(1, 1, 80) // raised before the stop, exited after it
+	lostLate.Exit.StderrTail = []string{"RuntimeError: [./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:26532"}
+	stopped := exited(2, -15, 90)
+	b, ok := LostNodeVictims([]supervisor.Outcome{exited(0, 1, 10), lostLate, stopped}, at(50), reason)
+	if !ok || b.Local || b.Exit != nil || len(b.Victims) != 2 || b.Victims[0].Rank != 0 || b.Victims[1].Rank != 1 {
+		t.Fatalf("blame %+v, want ranks 0 and 1 victims of the lost node", b)
+	}
+	want := "the job moved to a new generation first: " + reason + "; ranks 0, 1 failed only because a worker of the lost node dropped its connection"
+	if !strings.HasPrefix(b.Reason(), want) {
+		t.Errorf("Reason() = %q, want it to start %q", b.Reason(), want)
+	}
+	if b, ok := LostNodeVictims([]supervisor.Outcome{stopped, running(3)}, at(50), reason); ok {
+		t.Errorf("workers the stop ended: blame %+v, want none", b)
+	}
+}
