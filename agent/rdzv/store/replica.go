@@ -121,8 +121,20 @@ func (r *Replicas) run(ctx context.Context) {
 	defer close(r.done)
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
+	var failing failStreak
 	for {
-		if err := r.step(ctx); err != nil && ctx.Err() == nil {
+		err := r.step(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		switch failing.see(err, time.Now()) {
+		case streakLong:
+			r.log.Warn("the rendezvous store's members are not looked after: the replica manager's requests keep failing",
+				"for", failing.For(time.Now()).Round(time.Millisecond), "err", err)
+		case streakOver:
+			r.log.Info("the replica manager's requests succeed again")
+		}
+		if err != nil {
 			r.log.Debug("store replicas", "err", err)
 		}
 		select {

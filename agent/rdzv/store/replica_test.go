@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -63,6 +64,9 @@ func startReplicated(t *testing.T, n int, token string) ([]*replicaAgent, *TLSFi
 		agents = append(agents, &replicaAgent{cli: cli, rep: Replicate(cfg)})
 	}
 	t.Cleanup(func() {
+		if t.Failed() {
+			logManagers(t)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		for _, a := range agents {
@@ -73,6 +77,18 @@ func startReplicated(t *testing.T, n int, token string) ([]*replicaAgent, *TLSFi
 		}
 	})
 	return agents, tlsFiles
+}
+
+// logManagers logs where each replica manager's goroutine is, for a
+// failure in which one did not act: stuck in a request, or idle.
+func logManagers(t *testing.T) {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "store.(*Replicas).run") {
+			t.Logf("a replica manager:\n%s", g)
+		}
+	}
 }
 
 func startServerNoCleanup(t *testing.T, cfg ServerConfig) *Server {
