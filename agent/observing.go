@@ -83,7 +83,7 @@ func (r *run) startTelemetry(ctx context.Context) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	r.watch, r.exp, r.mon = o.Watch, o.Exp, o.Mon
+	r.obs, r.watch, r.exp, r.mon = o, o.Watch, o.Exp, o.Mon
 	if pub, ok := r.j.rz.(watch.Publisher); ok {
 		r.goBackground(func() { r.watch.Publish(ctx, pub) })
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/hostmon"
+	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/join"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
@@ -38,6 +39,7 @@ type run struct {
 	srvCtx context.Context  // the control socket's: it outlives the run's ctx
 	mon    *hostmon.Monitor // the observer's
 	events *eventTally
+	obs    *observe.Observer // the watch, exporter and host monitor below
 	watch  *watch.Watch
 	exp    watch.Exporter
 	faults *fault.Queue
@@ -211,7 +213,7 @@ func (r *run) openRendezvous(ctx context.Context) (*joined, error) {
 // returned func stops it.
 func (r *run) startControl(ctx context.Context) (func(), error) {
 	srv, err := control.Listen(control.Config{JobID: r.runID, Logger: r.log, KV: r.j.kv},
-		control.PIDAdmission{Authorize: r.authorize, OnEvents: r.onEvents})
+		control.PIDAdmission{Authorize: r.authorize, OnEvents: r.onEvents, OnReformed: r.obs.Reformed})
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}

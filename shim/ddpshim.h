@@ -191,6 +191,18 @@ int ddpshim_work_free(int64_t work);
  * (unknown handle), DDPSHIM_ERR_CLOSED. */
 int ddpshim_abort(int64_t comm, const char *reason);
 
+/* ddpshim_reformed tells ddp-agent (or the sidecar) that watches comm's
+ * rank that the job re-formed in process (ddp_agent.InProcess) rather than
+ * restarting: report is a JSON object with reform (its number in the
+ * attempt, from 1), step (the step that failed), resume (the step every
+ * rank resumed at), source (the rank whose state the others took), error
+ * (the fault's first line) and phases (an array of {"name", "ms"}, in
+ * order). It never blocks for long (a slow agent: about 100 ms) and does
+ * nothing without ddp-agent. Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID
+ * (unknown handle, null or malformed report), DDPSHIM_ERR_CLOSED,
+ * DDPSHIM_ERR_UNAVAILABLE (the agent's connection is lost). */
+int ddpshim_reformed(int64_t comm, const char *report);
+
 /* ddpshim_close aborts comm if work is pending, releases its sockets,
  * shared memory and agent connection, and invalidates the handle. Work
  * handles of comm stay valid (their waits return DDPSHIM_ERR_CLOSED or their

@@ -169,6 +169,23 @@ func ddpshim_abort(comm C.int64_t, reason *C.char) (rc C.int) {
 	return status.OK
 }
 
+//export ddpshim_reformed
+func ddpshim_reformed(handle C.int64_t, report *C.char) (rc C.int) {
+	defer guard("ddpshim_reformed", &rc)
+	c, err := lib.comm(int64(handle))
+	if err != nil {
+		return fail(err)
+	}
+	if report == nil {
+		return fail(status.Errorf(status.Invalid, "ddpshim_reformed: report must not be NULL"))
+	}
+	m, err := comm.ParseReformed(C.GoString(report))
+	if err != nil {
+		return fail(err)
+	}
+	return result(c.Reformed(m))
+}
+
 //export ddpshim_close
 func ddpshim_close(comm C.int64_t) (rc C.int) {
 	defer guard("ddpshim_close", &rc)

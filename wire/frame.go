@@ -10,7 +10,7 @@
 //	magic uint16 (0xDA7A) | version uint8 (1) | type uint8 | id uint32 | length uint32
 //
 // Requests carry a non-zero id that the reply echoes; unsolicited frames
-// (Events, Abort) use id 0. Payload fields are fixed-size little-endian
+// (Events, Reformed, Abort) use id 0. Payload fields are fixed-size little-endian
 // integers, strings and byte slices are a uint32 length followed by the bytes,
 // lists are a uint32 count followed by the items. A payload must be consumed
 // exactly; anything malformed is rejected with an error, never a panic.
@@ -59,17 +59,18 @@ const (
 	TypeEvents
 	TypeAbort
 	TypeError
+	TypeReformed
 )
 
 func (t MsgType) String() string {
-	names := [...]string{"", "Hello", "Welcome", "KVSet", "KVGet", "KVValue", "OK", "Events", "Abort", "Error"}
+	names := [...]string{"", "Hello", "Welcome", "KVSet", "KVGet", "KVValue", "OK", "Events", "Abort", "Error", "Reformed"}
 	if t.valid() {
 		return names[t]
 	}
 	return fmt.Sprintf("MsgType(%d)", uint8(t))
 }
 
-func (t MsgType) valid() bool { return t >= TypeHello && t <= TypeError }
+func (t MsgType) valid() bool { return t >= TypeHello && t <= TypeReformed }
 
 // Frame is one undecoded frame as read from the wire.
 type Frame struct {
@@ -181,6 +182,8 @@ func Decode(f Frame) (Message, error) {
 		m = Abort{Reason: d.str()}
 	case TypeError:
 		m = Error{Code: ErrorCode(d.u16()), Message: d.str()}
+	case TypeReformed:
+		m = decodeReformed(d)
 	default:
 		return nil, fmt.Errorf("decode frame: %w: unknown message type %d", ErrMalformed, uint8(f.Type))
 	}

@@ -36,6 +36,9 @@ func sampleMessages() []struct {
 		{"events_empty", Events{}},
 		{"abort", Abort{Reason: "rank 5 hung in allreduce"}},
 		{"error", Error{Code: CodeTimeout, Message: "kv get \"x\": timeout"}},
+		{"reformed", Reformed{Reform: 1, Step: 12, Resume: 12, Source: 1, Error: "RuntimeError: injected fault",
+			Phases: []Phase{{"abort", 310}, {"rendezvous", 41_000}, {"process_group", 9_500}, {"state", 2_100}, {"first_step", 30_000}}}},
+		{"reformed_empty", Reformed{}},
 	}
 }
 
@@ -142,6 +145,9 @@ func TestReject(t *testing.T) {
 			uint32(1), uint32(65), strings.Repeat("k", 65), uint32(0))), 0, ErrMalformed},
 		{"hello of 33 job keys", withPayload(TypeHello, append(payload(uint32(0), uint32(0), uint32(0), uint64(0), uint32(0), uint32(33)), make([]byte, 33*8)...)), 0, ErrMalformed},
 		{"huge event count", withPayload(TypeEvents, payload(uint64(0), uint32(1<<31), strings.Repeat("x", 45))), 0, ErrMalformed},
+		{"reformed of 17 phases", withPayload(TypeReformed, append(payload(uint32(0), uint64(0), uint64(0), uint32(0), uint32(0), uint32(17)), make([]byte, 17*12)...)), 0, ErrMalformed},
+		{"reformed phase name of 65 bytes", withPayload(TypeReformed, payload(uint32(0), uint64(0), uint64(0), uint32(0), uint32(0),
+			uint32(1), uint32(65), strings.Repeat("p", 65), uint64(0))), 0, ErrMalformed},
 		{"huge map count", withPayload(TypeWelcome, payload(uint32(0), uint64(0), uint32(0), uint32(0), uint32(1<<30))), 0, ErrMalformed},
 		{"duplicate map key", withPayload(TypeWelcome, payload(uint32(0), uint64(0), uint32(0), uint32(0), uint32(2),
 			uint32(1), "k", uint32(0), uint32(1), "k", uint32(0))), 0, ErrMalformed},

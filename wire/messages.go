@@ -3,7 +3,7 @@ package wire
 import "time"
 
 // Message is one of the protocol messages: Hello, Welcome, KVSet, KVGet,
-// KVValue, OK, Events, Abort or Error. The set is closed; values are
+// KVValue, OK, Events, Reformed, Abort or Error. The set is closed; values are
 // immutable once sent and safe to share between goroutines.
 type Message interface {
 	Type() MsgType
@@ -90,15 +90,16 @@ type Error struct {
 	Message string
 }
 
-func (Hello) Type() MsgType   { return TypeHello }
-func (Welcome) Type() MsgType { return TypeWelcome }
-func (KVSet) Type() MsgType   { return TypeKVSet }
-func (KVGet) Type() MsgType   { return TypeKVGet }
-func (KVValue) Type() MsgType { return TypeKVValue }
-func (OK) Type() MsgType      { return TypeOK }
-func (Events) Type() MsgType  { return TypeEvents }
-func (Abort) Type() MsgType   { return TypeAbort }
-func (Error) Type() MsgType   { return TypeError }
+func (Hello) Type() MsgType    { return TypeHello }
+func (Welcome) Type() MsgType  { return TypeWelcome }
+func (KVSet) Type() MsgType    { return TypeKVSet }
+func (KVGet) Type() MsgType    { return TypeKVGet }
+func (KVValue) Type() MsgType  { return TypeKVValue }
+func (OK) Type() MsgType       { return TypeOK }
+func (Events) Type() MsgType   { return TypeEvents }
+func (Abort) Type() MsgType    { return TypeAbort }
+func (Error) Type() MsgType    { return TypeError }
+func (Reformed) Type() MsgType { return TypeReformed }
 
 func (m Hello) encode(e *encoder) {
 	e.i32(m.Rank)

@@ -21,6 +21,9 @@ type admitter interface {
 	handshake(c *serverConn, pid int) error
 	// events takes an admitted connection's events.
 	events(c *serverConn, ev wire.Events)
+	// reformed takes an admitted connection's report of an in-process
+	// re-formation.
+	reformed(c *serverConn, m wire.Reformed)
 	// refuseKV is the refusal of every KV request, "" when the server's KV
 	// serves them.
 	refuseKV() string
@@ -46,6 +49,10 @@ type PIDAdmission struct {
 	// retained). It is called from the connection goroutine and must not
 	// block long: the worker's other requests wait meanwhile.
 	OnEvents func(rank int, ev wire.Events)
+	// OnReformed, if not nil, receives a worker's report that the job's
+	// ranks re-formed in process, with the generation of its Hello. It is
+	// called as OnEvents is.
+	OnReformed func(rank int, gen uint64, m wire.Reformed)
 }
 
 // pidAdmitter is run mode's admitter.
@@ -97,6 +104,12 @@ func (a *pidAdmitter) handshake(c *serverConn, pid int) error {
 func (a *pidAdmitter) events(c *serverConn, ev wire.Events) {
 	if a.OnEvents != nil {
 		a.OnEvents(c.rank, ev)
+	}
+}
+
+func (a *pidAdmitter) reformed(c *serverConn, m wire.Reformed) {
+	if a.OnReformed != nil {
+		a.OnReformed(c.rank, c.gen, m)
 	}
 }
 

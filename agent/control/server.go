@@ -269,7 +269,8 @@ func (c *serverConn) serve(ctx context.Context) {
 
 // readLoop reads and dispatches the worker's frames until the connection
 // ends: Events synchronously, KV requests each in a goroutine (at most
-// maxInflight at once), since a KVGet may wait for minutes.
+// maxInflight at once), since a KVGet may wait for minutes. Reformed, like
+// Events, synchronously.
 func (c *serverConn) readLoop(ctx context.Context) {
 	fr := &frameReader{nc: c.nc, timeout: c.s.cfg.FrameTimeout}
 	sem := make(chan struct{}, maxInflight)
@@ -287,6 +288,8 @@ func (c *serverConn) readLoop(ctx context.Context) {
 		switch m := m.(type) {
 		case wire.Events:
 			c.s.adm.events(c, m)
+		case wire.Reformed:
+			c.s.adm.reformed(c, m)
 		case wire.KVSet, wire.KVGet:
 			if refusal := c.s.adm.refuseKV(); refusal != "" {
 				c.send(f.ID, wire.Error{Code: wire.CodeDenied, Message: refusal})

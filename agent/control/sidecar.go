@@ -36,6 +36,9 @@ type Sidecar interface {
 	// Events receives the events of an admitted peer (as
 	// PIDAdmission.OnEvents).
 	Events(p Peer, ev wire.Events)
+	// Reformed receives an admitted peer's report that its job's ranks
+	// re-formed in process.
+	Reformed(p Peer, m wire.Reformed)
 	// Left is called once when an admitted peer's connection ends.
 	Left(p Peer)
 }
@@ -95,6 +98,8 @@ func (a *helloAdmitter) handshake(c *serverConn, pid int) error {
 }
 
 func (a *helloAdmitter) events(c *serverConn, ev wire.Events) { a.sc.Events(c.peer, ev) }
+
+func (a *helloAdmitter) reformed(c *serverConn, m wire.Reformed) { a.sc.Reformed(c.peer, m) }
 
 func (a *helloAdmitter) refuseKV() string {
 	return "a sidecar keeps no store: bootstrap through torch's store"

@@ -16,10 +16,11 @@ import (
 
 // recordingSidecar admits job "good" and refuses the others.
 type recordingSidecar struct {
-	mu     sync.Mutex
-	peers  []Peer
-	events map[string]int
-	left   []Peer
+	mu       sync.Mutex
+	peers    []Peer
+	events   map[string]int
+	reformed []wire.Reformed
+	left     []Peer
 }
 
 func (r *recordingSidecar) Admit(p Peer) (wire.Welcome, error) {
@@ -39,6 +40,12 @@ func (r *recordingSidecar) Events(p Peer, ev wire.Events) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.events[p.Hello.Job[wire.HelloJob]] += len(ev.Events)
+}
+
+func (r *recordingSidecar) Reformed(p Peer, m wire.Reformed) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reformed = append(r.reformed, m)
 }
 
 func (r *recordingSidecar) Left(p Peer) {

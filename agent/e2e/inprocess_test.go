@@ -14,6 +14,8 @@ import (
 // raises: the agent starts its workers once and restarts nobody, the ranks
 // re-form the process group and the hook's communicator in place, the
 // failed step is retried, and the parameters end as an uninterrupted run's.
+// Each rank tells the agent once its resumed step completed, and the
+// agent logs it with the phases' times.
 func TestInProcessRecovery(t *testing.T) {
 	budgetAlongside(t, 40*time.Second)
 	needTorch(t)
@@ -28,6 +30,7 @@ func TestInProcessRecovery(t *testing.T) {
 	}
 	want := checkSameDigests(t, train("uninterrupted").stdout.String(), "")[0]
 	reformed := regexp.MustCompile(`re-formed in process, generation 1: rank \d's step 9 failed .*; resuming at step 9 with rank (\d)'s state`)
+	told := regexp.MustCompile(`msg="re-formed in process: the workers kept their processes" component=ddp-agent rank=(\d) generation=0 reform=1 step=9 resume=9 source=\d lost_steps=1 took=\S+ abort=\S+ rendezvous=\S+ process_group=\S+ state=\S+ first_step=\S+ error=`)
 	for _, rank := range []int{0, 1} {
 		r := train(fmt.Sprintf("rank%d", rank), "--fail-rank", fmt.Sprint(rank), "--fail-at-step", "9")
 		out, logs := r.stdout.String()+r.stderr.String(), r.logs()
@@ -39,6 +42,9 @@ func TestInProcessRecovery(t *testing.T) {
 		}
 		if n := strings.Count(r.stderr.String(), `msg="workers started"`); n != 1 || strings.Contains(r.stderr.String(), "restarting worker group") {
 			t.Fatalf("rank %d: workers started %d times, want once and no restart\n%s", rank, n, logs)
+		}
+		if m := told.FindAllStringSubmatch(r.stderr.String(), -1); len(m) != 2 || m[0][1] == m[1][1] {
+			t.Fatalf("rank %d: the agent logged %d reports of the re-formation, want one of each rank\n%s", rank, len(m), logs)
 		}
 		if got := checkSameDigests(t, out, logs)[0]; got != want {
 			t.Fatalf("rank %d: params %s after the re-formation, %s uninterrupted: want equal\n%s", rank, got, want, logs)

@@ -96,19 +96,21 @@ type Policy struct {
 // monitor of its workers. Open makes it; Run runs the watch and the
 // monitor; Close flushes and closes.
 type Observer struct {
-	Watch  *watch.Watch
-	Exp    *export.Exporter
-	Mon    *hostmon.Monitor
-	log    *slog.Logger
-	linger time.Duration              // Config.MetricsLinger
-	named  pluginhost.NamedStragglers // the stragglers the notifiers were told of
+	Watch   *watch.Watch
+	Exp     *export.Exporter
+	Mon     *hostmon.Monitor
+	log     *slog.Logger
+	linger  time.Duration              // Config.MetricsLinger
+	named   pluginhost.NamedStragglers // the stragglers the notifiers were told of
+	notify  func(notifier.Event)       // Policy.Notify
+	reforms reforms                    // the in-process re-formations told
 }
 
 // Open starts observing job: the watch, with policy's hands, and its
 // exporter, as cfg and the OTEL_* variables say. ctx is the exporter's
 // (the job's life on this node).
 func Open(ctx context.Context, cfg Config, job Job, policy Policy) (*Observer, error) {
-	o := &Observer{Mon: hostmon.NewMonitor(job.Log), log: job.Log, linger: cfg.MetricsLinger}
+	o := &Observer{Mon: hostmon.NewMonitor(job.Log), log: job.Log, linger: cfg.MetricsLinger, notify: policy.Notify}
 	onStragglers := func(named []telemetry.Straggler) {
 		o.notice(named, policy.Notify)
 		if policy.OnStragglers != nil {

@@ -221,6 +221,13 @@ func (sc *Sidecar) Events(p control.Peer, ev wire.Events) {
 	}
 }
 
+// Reformed is control.Sidecar's.
+func (sc *Sidecar) Reformed(p control.Peer, m wire.Reformed) {
+	if j := sc.lookup(p.Hello.Job[wire.HelloJob]); j != nil {
+		j.obs.Reformed(int(p.Hello.Rank), p.Hello.Generation, m)
+	}
+}
+
 // Left is control.Sidecar's.
 func (sc *Sidecar) Left(p control.Peer) {
 	if j := sc.lookup(p.Hello.Job[wire.HelloJob]); j != nil {

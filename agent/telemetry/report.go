@@ -24,6 +24,9 @@ type Report struct {
 	Stalls     []string            `json:"stalls"`
 	Stragglers []ReportedStraggler `json:"stragglers"`     // persistent stragglers, at most MaxStragglers
 	Hang       string              `json:"hang,omitempty"` // the first line of the last hang report, if any
+	// Reformed is the last in-process re-formation of the job's ranks
+	// (ddp_agent.InProcess) on this node, one line, if any.
+	Reformed string `json:"reformed,omitempty"`
 }
 
 // ReportedStraggler is a persistent straggler as a Report carries it: a
@@ -102,7 +105,8 @@ func DecodeReport(b []byte) (Report, error) {
 // limit returns r within the limits above, sharing no slice with it; now
 // stands in for a zero Updated.
 func (r Report) limit(now time.Time) (Report, error) {
-	out := Report{Updated: r.Updated, Stalls: []string{}, Stragglers: []ReportedStraggler{}, Hang: oneLine(r.Hang, MaxStallLineBytes)}
+	out := Report{Updated: r.Updated, Stalls: []string{}, Stragglers: []ReportedStraggler{}, Hang: oneLine(r.Hang, MaxStallLineBytes),
+		Reformed: oneLine(r.Reformed, MaxStallLineBytes)}
 	if out.Updated.IsZero() {
 		out.Updated = now
 	}

@@ -25,6 +25,7 @@ const (
 	GPUFault      EventKind = "gpu_fault"      // an NVML health finding that stops workers
 	NodeLost      EventKind = "node_lost"      // the job moved to a new generation without a node
 	NodeJoined    EventKind = "node_joined"    // the job moved to a new generation with a new node
+	Reformed      EventKind = "reformed"       // the job's ranks re-formed in process after a fault, without a restart (Details: step, resume, source, phases)
 	HealthFinding EventKind = "health_finding" // a detector plugin's finding that is not healthy
 	PluginFailed  EventKind = "plugin_failed"  // a plugin crashed, hung or was refused
 	JobFinished   EventKind = "job_finished"   // every worker of this node succeeded

@@ -160,6 +160,7 @@ PROTOTYPES: Dict[str, Tuple[Any, Tuple[Any, ...]]] = {
     "ddpshim_work_test": (ctypes.c_int, (ctypes.c_int64, _c_int_p)),
     "ddpshim_work_free": (ctypes.c_int, (ctypes.c_int64,)),
     "ddpshim_abort": (ctypes.c_int, (ctypes.c_int64, ctypes.c_char_p)),
+    "ddpshim_reformed": (ctypes.c_int, (ctypes.c_int64, ctypes.c_char_p)),
     "ddpshim_close": (ctypes.c_int, (ctypes.c_int64,)),
     "ddpshim_comm_info": (ctypes.c_int, (ctypes.c_int64, _c_char_buf, ctypes.c_size_t)),
     "ddpshim_nccl_info": (ctypes.c_int, (_c_char_buf, ctypes.c_size_t)),
@@ -452,6 +453,16 @@ class Comm:
         lib = _library()
         arg = reason.encode("utf-8") if reason is not None else None
         _check(lib, lib.ddpshim_abort(self.handle, arg), "ddpshim_abort")
+
+    def reformed(self, report: Mapping[str, Any]) -> None:
+        """Tells ddp-agent that the job re-formed in process (ddpshim_reformed); nothing without it.
+
+        report: reform, step, resume, source, error, and phases, a list of
+        {"name", "ms"}. Raises ShimError (UNAVAILABLE) when the agent's
+        connection is lost.
+        """
+        lib = _library()
+        _check(lib, lib.ddpshim_reformed(self.handle, json.dumps(report).encode("utf-8")), "ddpshim_reformed")
 
     def close(self) -> None:
         """Closes the communicator (aborting pending work) and invalidates the handle.

@@ -115,6 +115,10 @@ class InProcess:
         self.reforms: List[Dict[str, Any]] = []
         self._completed = 0  # the last step this rank completed
         self._next: Optional[int] = None
+        # The last re-formation, until the step it resumed at completes
+        # and ddp-agent is told (_report), and when it ended.
+        self._unreported: Optional[Dict[str, Any]] = None
+        self._reformed_at = 0.0
         self.ddp, self.hook = self._wrapped()
 
     def steps(self, first: int, stop: int) -> Iterator[int]:
@@ -138,6 +142,7 @@ class InProcess:
     # The re-formation, in its phases.
 
     def _reform(self, step: int, err: BaseException, t0: float) -> None:
+        self._report()  # a re-formation whose resumed step failed too
         gen = self.generation + 1
         if gen > self.max_reforms:
             raise ReformError(f"rank {self.rank}: step {step} failed after {self.max_reforms} re-formations in process") from err
@@ -162,10 +167,38 @@ class InProcess:
         info = {"generation": gen, "step": step, "retry": best + 1, "source": src, "completed": completed, "fault_at": t0,
                 "error": _first_line(err), **phases, "total_ms": _ms(t0)}
         self.reforms.append(info)
+        self._unreported, self._reformed_at = info, time.monotonic()
         log.warning("ddp_agent: re-formed in process, generation %d: rank %d's step %d failed (%s); "
                     "resuming at step %d with rank %d's state; abort %.1f ms, rendezvous %.1f ms, "
                     "process group %.1f ms, state %.1f ms", gen, self.rank, step, info["error"], best + 1, src,
                     phases["abort_ms"], phases["rendezvous_ms"], phases["process_group_ms"], phases["state_ms"])
+
+    def _report(self) -> None:
+        """Tells ddp-agent of the last re-formation, through the hook's communicator, once.
+
+        Called when the step it resumed at completed (its time is the phase
+        "first_step": fault to that step's end is what the job lost), or,
+        without that phase, when that step failed too. Without ddp-agent
+        (torchrun alone) the shim has no one to tell; a report that cannot
+        be sent is logged, never raised: it is not worth a training step.
+        """
+        info, self._unreported = self._unreported, None
+        if info is None:
+            return
+        phases = [{"name": name, "ms": info[f"{name}_ms"]} for name in ("abort", "rendezvous", "process_group", "state")]
+        if self._completed >= info["retry"]:
+            info["first_step_ms"] = _ms(self._reformed_at)
+            phases.append({"name": "first_step", "ms": info["first_step_ms"]})
+        comms = getattr(self.hook, "_comms", None)  # a hook of ddp_agent.register; None without one
+        comm = None if comms is None else comms.get("host") or comms.get("nccl")
+        if comm is None:
+            return
+        report = {"reform": info["generation"], "step": info["step"], "resume": info["retry"], "source": info["source"],
+                  "error": info["error"], "phases": phases}
+        try:
+            comm.reformed(report)
+        except Exception as e:
+            log.warning("ddp_agent: telling ddp-agent of re-formation %d: %s", info["generation"], e)
 
     def _wrapped(self) -> Tuple[torch.nn.Module, Any]:
         """Calls wrap, and opens the hook's host communicator now rather than at the first bucket.
@@ -251,6 +284,8 @@ class _Step:
         loop = self.loop
         if err is None:
             loop._completed = self.n
+            if loop._unreported is not None:
+                loop._report()
             return False
         if not isinstance(err, Exception):
             return False  # KeyboardInterrupt, SystemExit: leave

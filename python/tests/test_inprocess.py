@@ -55,6 +55,8 @@ def test_faults_retried_in_process(tmp_path, reference):
         # Fault to the retried step completed on every rank.
         fault = min(r["reforms"][i]["fault_at"] for r in res)
         took = max(r["completed_at"][info["retry"]] for r in res) - fault
+        # Each rank timed its resumed step, the phase ddp-agent is told last.
+        assert all(r["reforms"][i]["first_step_ms"] > 0 for r in res), [r["reforms"][i] for r in res]
         phases = {k: v for k, v in res[rank]["reforms"][i].items() if k.endswith("_ms")}
         print(f"rank {rank} {how} at step {step}: fault to the retried step done everywhere {took * 1e3:.0f} ms; {phases}")
         assert took < 10, (took, res[rank]["reforms"][i])

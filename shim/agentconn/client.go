@@ -242,6 +242,16 @@ func (c *Client) SendEvents(ev wire.Events) error {
 	return nil
 }
 
+// SendReformed tells the agent of an in-process re-formation, without
+// waiting for a reply; like SendEvents it never blocks longer than
+// EventsWriteTimeout.
+func (c *Client) SendReformed(m wire.Reformed) error {
+	if err := c.write(nil, time.Now().Add(EventsWriteTimeout), 0, m); err != nil {
+		return fmt.Errorf("send reformed: %w", err)
+	}
+	return nil
+}
+
 // roundTrip sends the request m and returns its reply, which must be a T.
 func roundTrip[T wire.Message](ctx context.Context, c *Client, m wire.Message) (T, error) {
 	var want T

@@ -83,6 +83,17 @@ func (l *sidecarLink) SendEvents(ev wire.Events) error {
 	return cl.SendEvents(ev)
 }
 
+// SendReformed tells the current sidecar, if any, of a re-formation.
+func (l *sidecarLink) SendReformed(m wire.Reformed) error {
+	l.mu.Lock()
+	cl := l.cl
+	l.mu.Unlock()
+	if cl == nil {
+		return errNoSidecar
+	}
+	return cl.SendReformed(m)
+}
+
 // run keeps the link until ctx is done: the sidecar's Abort aborts the
 // communicator; a lost connection is redialed with backoff.
 func (l *sidecarLink) run(ctx context.Context) {

@@ -18,9 +18,10 @@ import (
 
 // fakeSidecar admits every Hello and counts them and the events.
 type fakeSidecar struct {
-	mu     sync.Mutex
-	hellos int
-	events int
+	mu       sync.Mutex
+	hellos   int
+	events   int
+	reformed []wire.Reformed
 }
 
 func (f *fakeSidecar) Admit(p control.Peer) (wire.Welcome, error) {
@@ -34,6 +35,12 @@ func (f *fakeSidecar) Events(_ control.Peer, ev wire.Events) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.events += len(ev.Events)
+}
+
+func (f *fakeSidecar) Reformed(_ control.Peer, m wire.Reformed) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reformed = append(f.reformed, m)
 }
 
 func (f *fakeSidecar) Left(control.Peer) {}

@@ -433,7 +433,8 @@ func renderGPUs(w io.Writer, st *rdzv.Status) {
 const stallLines = 3
 
 // renderStalls lists, per node whose agent saw any, its persistent
-// stragglers, its last stall reports and its last hang.
+// stragglers, its last stall reports, its last hang and its last
+// in-process re-formation.
 func renderStalls(w io.Writer, st *rdzv.Status, now time.Time) {
 	header := false
 	for _, n := range st.Nodes {
@@ -441,7 +442,7 @@ func renderStalls(w io.Writer, st *rdzv.Status, now time.Time) {
 			continue
 		}
 		s, err := telemetry.DecodeReport(n.Stalls)
-		if err == nil && len(s.Stalls) == 0 && len(s.Stragglers) == 0 && s.Hang == "" {
+		if err == nil && len(s.Stalls) == 0 && len(s.Stragglers) == 0 && s.Hang == "" && s.Reformed == "" {
 			continue
 		}
 		if !header {
@@ -484,6 +485,9 @@ func renderStalls(w io.Writer, st *rdzv.Status, now time.Time) {
 		}
 		if s.Hang != "" {
 			fmt.Fprintf(w, "  hang: %s\n", s.Hang)
+		}
+		if s.Reformed != "" {
+			fmt.Fprintf(w, "  re-formed in process: %s\n", s.Reformed)
 		}
 	}
 }

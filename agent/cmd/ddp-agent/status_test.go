@@ -449,7 +449,8 @@ func TestRenderStatus(t *testing.T) {
 		},
 		Stragglers: []telemetry.ReportedStraggler{{Rank: 5, Host: "vm3", GPU: "GPU-5c1e6b2a-9f1d-4c3e-8a2b-0d7e6f5a4b3c", Last: 15, Steps: 20, LateMS: 212, Share: 0.104,
 			Cause: "gpu", Evidence: "forward and backward take 210ms longer and its GPU is slowed: throttled: hw thermal slowdown"}, {Rank: 4, Last: 6, Steps: 20}},
-		Hang: "step 813 bucket 0 (generation 3) has not finished 30.00 s after the first rank arrived; waiting: rank 4; never arrived: rank 5 (vm3, GPU 1, pid 4411). Aborting the communicators.",
+		Hang:     "step 813 bucket 0 (generation 3) has not finished 30.00 s after the first rank arrived; waiting: rank 4; never arrived: rank 5 (vm3, GPU 1, pid 4411). Aborting the communicators.",
+		Reformed: "re-formation 1 of generation 3: step 807 failed (RuntimeError: CUDA error); every rank resumed at step 807 with rank 0's state, 412.0 ms after the fault (abort 1.0 ms, rendezvous 200.0 ms, process_group 60.0 ms, state 51.0 ms, first_step 100.0 ms)",
 	})
 	var b strings.Builder
 	renderStatus(&b, st, "127.0.0.1:29400", now)
@@ -476,6 +477,7 @@ vm3-12-ffee01  updated 10:17:01 (12s)
   stall: step 811 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.28 s after the others; 1 rank waited 2.3 GPU-seconds
   stall: step 812 bucket 3: rank 5 (vm3, GPU 1, pid 4411) arrived 2.31 s after the others; 1 rank waited 2.3 GPU-seconds
   hang: step 813 bucket 0 (generation 3) has not finished 30.00 s after the first rank arrived; waiting: rank 4; never arrived: rank 5 (vm3, GPU 1, pid 4411). Aborting the communicators.
+  re-formed in process: re-formation 1 of generation 3: step 807 failed (RuntimeError: CUDA error); every rank resumed at step 807 with rank 0's state, 412.0 ms after the fault (abort 1.0 ms, rendezvous 200.0 ms, process_group 60.0 ms, state 51.0 ms, first_step 100.0 ms)
 `
 	if b.String() != want {
 		t.Fatalf("got\n%s\nwant\n%s", b.String(), want)

@@ -505,6 +505,30 @@ func TestRestartSpan(t *testing.T) {
 	}
 }
 
+// TestReformSpan: an in-process re-formation is a trace of its own: a
+// span from the fault to the end of the resumed step, with one child per
+// phase, back to back.
+func TestReformSpan(t *testing.T) {
+	cleanEnv(t)
+	rcv := otlptest.Start(t)
+	e := start(t, config(rcv.Addr(), 0)) // whatever the sampling
+	e.Reformed(telemetry.Reform{Gen: 2, N: 1, Rank: 3, Step: 12, Resume: 12, Source: 1, Error: "RuntimeError: boom",
+		Phases: []telemetry.ReformPhase{{Name: "abort", Took: time.Millisecond}, {Name: "rendezvous", Took: 40 * time.Millisecond}}})
+	shutdown(t, e)
+	spans := rcv.Spans()
+	root := named(spans, "re-formed in process")
+	if len(root) != 1 || root[0].Attr("ddp.reform.source") != int64(1) || root[0].Attr("ddp.reform.lost_steps") != int64(1) ||
+		root[0].Attr("ddp.generation") != int64(2) || root[0].EndTimeUnixNano-root[0].StartTimeUnixNano != uint64(41*time.Millisecond) {
+		t.Fatalf("re-formation spans %v", root)
+	}
+	abort, rdzv := named(spans, "abort"), named(spans, "rendezvous")
+	if len(abort) != 1 || len(rdzv) != 1 || string(abort[0].ParentSpanId) != string(root[0].SpanId) ||
+		abort[0].StartTimeUnixNano != root[0].StartTimeUnixNano || abort[0].EndTimeUnixNano != rdzv[0].StartTimeUnixNano ||
+		rdzv[0].EndTimeUnixNano != root[0].EndTimeUnixNano {
+		t.Errorf("phase spans %v and %v under %v, want back to back", abort, rdzv, root[0])
+	}
+}
+
 func TestPrometheus(t *testing.T) {
 	cleanEnv(t)
 	cfg := config("", 1)

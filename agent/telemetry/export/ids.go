@@ -24,6 +24,7 @@ const (
 	kindStep      byte = 0
 	kindRestart   byte = 1 // exportFault's, which hashes the generation alone
 	kindStraggler byte = 2
+	kindReform    byte = 3 // an in-process re-formation: generation and number
 )
 
 // digest is sha256(job || kind || a || b), a and b as 8-byte big-endian

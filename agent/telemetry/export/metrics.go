@@ -20,12 +20,14 @@ type instruments struct {
 	waited      metric.Float64Counter   // ddp.stall.waited, GPU-seconds
 	hangs       metric.Int64Counter     // ddp.hangs
 	restarts    metric.Int64Counter     // ddp.restarts
+	reforms     metric.Int64Counter     // ddp.reforms
+	reformTime  metric.Float64Histogram // ddp.reform.duration, s
 	stragglers  metric.Int64Gauge       // ddp.stragglers, by rank and cause
 }
 
 func newInstruments(m metric.Meter) (instruments, error) {
 	var in instruments
-	var errs [8]error
+	var errs [10]error
 	in.duration, errs[0] = m.Float64Histogram("ddp.allreduce.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time of a gradient all-reduce: the longest any rank spent in it, the early ranks waiting inside."),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
@@ -47,6 +49,11 @@ func newInstruments(m metric.Meter) (instruments, error) {
 		metric.WithDescription("Restarts of the worker group."))
 	in.stragglers, errs[7] = m.Int64Gauge("ddp.stragglers", metric.WithUnit("{rank}"),
 		metric.WithDescription("1 while the rank is named a persistent straggler, with its cause (input, compute, gpu, host, network, unknown); 0 after."))
+	in.reforms, errs[8] = m.Int64Counter("ddp.reforms", metric.WithUnit("{reform}"),
+		metric.WithDescription("In-process re-formations of the job's ranks (ddp_agent.InProcess): a fault recovered without restarting the workers."))
+	in.reformTime, errs[9] = m.Float64Histogram("ddp.reform.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time from a fault to the completion of the step the ranks resumed at, in an in-process re-formation."),
+		metric.WithExplicitBucketBoundaries(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 	for _, err := range errs {
 		if err != nil {
 			return instruments{}, fmt.Errorf("metric instruments: %w", err)
@@ -68,6 +75,7 @@ func (in instruments) zero(ctx context.Context) {
 	in.waited.Add(ctx, 0)
 	in.hangs.Add(ctx, 0)
 	in.restarts.Add(ctx, 0)
+	in.reforms.Add(ctx, 0)
 }
 
 // measure records c.

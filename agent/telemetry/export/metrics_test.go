@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"regexp"
 	"testing"
+	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
@@ -28,6 +29,7 @@ func TestPromtoolCheckMetrics(t *testing.T) {
 	e.Hang(telemetry.Hang{Key: telemetry.Key{Step: 10}, Missing: []int{1}}, nil)
 	e.Fault(0, "test", true)
 	e.Stragglers(0, []telemetry.Straggler{{Rank: 2, Cause: telemetry.CauseInput}})
+	e.Reformed(telemetry.Reform{N: 1, Phases: []telemetry.ReformPhase{{Name: "abort", Took: time.Millisecond}}})
 	resp, err := http.Get(e.MetricsURL())
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +38,8 @@ func TestPromtoolCheckMetrics(t *testing.T) {
 	resp.Body.Close()
 	for _, name := range []string{`ddp_allreduce_duration_seconds_bucket\{`, `ddp_allreduce_busbw_bytes_per_second_bucket\{`,
 		`ddp_collectives_total\{`, `ddp_stalls_total\{.*ddp_straggler_rank="2"`, `ddp_stall_waited_seconds_total\{`,
-		`ddp_hangs_total\{`, `ddp_restarts_total\{`, `ddp_stragglers\{ddp_cause="input",.*ddp_rank="2"`} {
+		`ddp_hangs_total\{`, `ddp_restarts_total\{`, `ddp_stragglers\{ddp_cause="input",.*ddp_rank="2"`,
+		`ddp_reforms_total\{`, `ddp_reform_duration_seconds_bucket\{`} {
 		if !regexp.MustCompile(`(?m)^` + name).Match(body) {
 			t.Errorf("no series %s in the scrape", name)
 		}

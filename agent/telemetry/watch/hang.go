@@ -76,7 +76,7 @@ func (s *Watch) checkHang(ctx context.Context, now time.Time) {
 	report := hangReport(at, *h, now, stacks)
 	s.logHang(*h, report)
 	s.mu.Lock()
-	s.lastHang, s.dirty = "hang: "+report, true
+	s.lastHang, s.dirty = report, true // status prints it after "hang: "
 	s.mu.Unlock()
 	if s.exp != nil {
 		s.exp.Hang(*h, stacks)

@@ -14,6 +14,14 @@ type Publisher interface {
 	PublishStalls(ctx context.Context, report []byte) error
 }
 
+// Reformed keeps line, an in-process re-formation of the job's ranks, as
+// the last one for `ddp-agent status`.
+func (s *Watch) Reformed(line string) {
+	s.mu.Lock()
+	s.reformed, s.dirty = line, true
+	s.mu.Unlock()
+}
+
 // Publish puts what status shows into the store every 2 s while there is
 // something new, until ctx ends; it never holds up the analysis.
 func (s *Watch) Publish(ctx context.Context, pub Publisher) {
@@ -32,7 +40,7 @@ func (s *Watch) Publish(ctx context.Context, pub Publisher) {
 			continue
 		}
 		s.dirty = false
-		r := telemetry.Report{Stalls: slices.Clone(s.stalls), Hang: s.lastHang}
+		r := telemetry.Report{Stalls: slices.Clone(s.stalls), Hang: s.lastHang, Reformed: s.reformed}
 		s.mu.Unlock()
 		for _, st := range stragglers {
 			r.Stragglers = append(r.Stragglers, telemetry.ReportStraggler(st, s.Worker(st.Rank)))

@@ -121,6 +121,7 @@ type Watch struct {
 	last     *attempt // the latest attempt, kept past its End for Worker
 	stalls   []string // this node's report: the last stall lines,
 	lastHang string   // the last hang report,
+	reformed string   // the last in-process re-formation,
 	dirty    bool     // and whether it changed since it was published
 }
 

@@ -109,7 +109,7 @@ func (*ConfigureResponse) Descriptor() ([]byte, []int) {
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// What happened: job_started, worker_failed, restarted, straggler, hang,
-	// gpu_fault, node_lost, node_joined, health_finding, plugin_failed,
+	// gpu_fault, node_lost, node_joined, reformed, health_finding, plugin_failed,
 	// job_finished, job_failed (notifier.EventKind). New kinds may be added
 	// within a protocol version: a notifier passes on a kind it does not know.
 	Kind          string            `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
