@@ -110,11 +110,17 @@ demo: build
 
 # The same job with rank 1 crashing at step 30 on the first attempt: the
 # root-cause report, the group restart, and the resume from the checkpoint.
+# Then the same fault under ddp_agent.InProcess (train.py --in-process):
+# the ranks re-form in their processes, retry step 30, and the agent logs
+# the re-formation with its phases; no restart.
 demo-fault: build
 	@scripts/deps.sh >/dev/null
 	@rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR)
 	bin/ddp-agent run --standalone --nproc-per-node 2 --max-restarts 1 --python $(PYTHON) \
 	  examples/train.py --steps 60 --ckpt-dir $(DEMO_DIR)/ckpt --fail-rank 1 --fail-at-step 30
+	@echo "==== the same fault in process (train.py --in-process): the workers keep their processes"
+	bin/ddp-agent run --standalone --nproc-per-node 2 --max-restarts 1 --python $(PYTHON) \
+	  examples/train.py --steps 60 --ckpt-dir $(DEMO_DIR)/ckpt-in-process --fail-rank 1 --fail-at-step 30 --in-process
 
 # Side by side in one run (figures in the README): ddp-agent against
 # torchrun (start-up, restart, and recovery after a lost node against

@@ -26,6 +26,8 @@ var contractMetrics = map[string]string{
 	"ddp_hangs_total":                      "counter",
 	"ddp_restarts_total":                   "counter",
 	"ddp_stragglers":                       "gauge",
+	"ddp_reforms_total":                    "counter",
+	"ddp_reform_duration_seconds":          "histogram",
 }
 
 // contractLabels are the labels of those metrics that start with ddp_.
@@ -400,7 +402,9 @@ func checkMetrics(t *testing.T, tl tools, scrape string) {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 	for name, typ := range contractMetrics {
-		if !strings.Contains(scrape, "# TYPE "+name+" "+typ) && name != "ddp_stragglers" { // a gauge only once a straggler is named
+		// The straggler gauge only once a straggler is named, the
+		// re-formations' histogram once a job re-formed in process.
+		if !strings.Contains(scrape, "# TYPE "+name+" "+typ) && name != "ddp_stragglers" && name != "ddp_reform_duration_seconds" {
 			t.Errorf("the scrape has no %s %s", typ, name)
 		}
 	}
@@ -443,7 +447,8 @@ func checkPrometheus(ctx context.Context, t *testing.T, d deployment) {
 
 // checkDashboardQueries evaluates every expression of the dashboard in
 // Prometheus (Grafana's variables replaced); all but the persistent
-// straggler table (empty unless one is named) must answer with data.
+// straggler table (empty unless one is named) and the re-formations'
+// times (empty unless the job re-formed in process) must answer with data.
 func checkDashboardQueries(ctx context.Context, t *testing.T, d deployment) {
 	r := strings.NewReplacer("$job", ".*", "$__rate_interval", "1m", "$__range", "5m")
 	for _, e := range dashboardExprs(t) {
@@ -455,7 +460,7 @@ func checkDashboardQueries(ctx context.Context, t *testing.T, d deployment) {
 		switch {
 		case err != nil:
 			t.Errorf("%v", err)
-		case len(v) == 0 && !strings.Contains(q, "ddp_stragglers"):
+		case len(v) == 0 && !strings.Contains(q, "ddp_stragglers") && !strings.Contains(q, "ddp_reform_duration_seconds"):
 			t.Errorf("no data: %s", q)
 		default:
 			t.Logf("%d series: %s", len(v), q)
