@@ -235,19 +235,18 @@ func (c *Client) KVGet(ctx context.Context, key string, timeout time.Duration) (
 
 // SendEvents sends ev without waiting for a reply. It never blocks longer
 // than EventsWriteTimeout and returns an error instead.
-func (c *Client) SendEvents(ev wire.Events) error {
-	if err := c.write(nil, time.Now().Add(EventsWriteTimeout), 0, ev); err != nil {
-		return fmt.Errorf("send events: %w", err)
-	}
-	return nil
-}
+func (c *Client) SendEvents(ev wire.Events) error { return c.sendUnanswered("events", ev) }
 
 // SendReformed tells the agent of an in-process re-formation, without
 // waiting for a reply; like SendEvents it never blocks longer than
 // EventsWriteTimeout.
-func (c *Client) SendReformed(m wire.Reformed) error {
+func (c *Client) SendReformed(m wire.Reformed) error { return c.sendUnanswered("reformed", m) }
+
+// sendUnanswered sends m, a message no reply answers, with id 0, bounded
+// by EventsWriteTimeout.
+func (c *Client) sendUnanswered(what string, m wire.Message) error {
 	if err := c.write(nil, time.Now().Add(EventsWriteTimeout), 0, m); err != nil {
-		return fmt.Errorf("send reformed: %w", err)
+		return fmt.Errorf("send %s: %w", what, err)
 	}
 	return nil
 }

@@ -72,24 +72,30 @@ func (l *sidecarLink) dial(ctx context.Context) (*agentconn.Client, wire.Welcome
 	return agentconn.Dial(ctx, l.c.cfg.Sidecar, l.hello)
 }
 
+// current is the link's connection, or errNoSidecar while there is none.
+func (l *sidecarLink) current() (*agentconn.Client, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cl == nil {
+		return nil, errNoSidecar
+	}
+	return l.cl, nil
+}
+
 // SendEvents is the shipper's sink: the current connection, if any.
 func (l *sidecarLink) SendEvents(ev wire.Events) error {
-	l.mu.Lock()
-	cl := l.cl
-	l.mu.Unlock()
-	if cl == nil {
-		return errNoSidecar
+	cl, err := l.current()
+	if err != nil {
+		return err
 	}
 	return cl.SendEvents(ev)
 }
 
 // SendReformed tells the current sidecar, if any, of a re-formation.
 func (l *sidecarLink) SendReformed(m wire.Reformed) error {
-	l.mu.Lock()
-	cl := l.cl
-	l.mu.Unlock()
-	if cl == nil {
-		return errNoSidecar
+	cl, err := l.current()
+	if err != nil {
+		return err
 	}
 	return cl.SendReformed(m)
 }
