@@ -19,13 +19,17 @@
 #
 #   deploy/observability/testdeps.sh
 #   DDP_AGENT_DEPLOY_TESTS=1 go test ./deploy/observability/
+#
+#   deploy/observability/testdeps.sh jaeger   only the Jaeger build, no apt
+#     (.ci/run builds it while make test downloads, and runs apt itself)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cache=${DDP_AGENT_DEPLOY_CACHE:-$root/.cache/deploy}
 say() { echo "testdeps: $*" >&2; }
+only=${1:-}
 
-if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+if [ "$only" != jaeger ] && { ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; }; then
 	if [ "$(id -u)" != 0 ]; then
 		say "promtool or prometheus missing; run as root, or: sudo apt-get install -y prometheus"
 		exit 1
