@@ -41,8 +41,8 @@ func (r *reforms) first(gen uint64, n int32) bool {
 	return true
 }
 
-// Reform is m, reported by rank in generation gen, as telemetry has it.
-func Reform(gen uint64, rank int, m wire.Reformed) telemetry.Reform {
+// reform is m, reported by rank in generation gen, as telemetry has it.
+func reform(gen uint64, rank int, m wire.Reformed) telemetry.Reform {
 	rf := telemetry.Reform{Gen: gen, N: int(m.Reform), Rank: rank, Step: m.Step, Resume: m.Resume, Source: int(m.Source), Error: m.Error}
 	for _, p := range m.Phases {
 		rf.Phases = append(rf.Phases, telemetry.ReformPhase{Name: p.Name, Took: time.Duration(p.Micros) * time.Microsecond})
@@ -52,7 +52,7 @@ func Reform(gen uint64, rank int, m wire.Reformed) telemetry.Reform {
 
 // Reformed takes rank's report m, sent in generation gen (control.PIDAdmission.OnReformed).
 func (o *Observer) Reformed(rank int, gen uint64, m wire.Reformed) {
-	rf := Reform(gen, rank, m)
+	rf := reform(gen, rank, m)
 	attrs := []any{"rank", rank, "generation", gen, "reform", rf.N, "step", rf.Step, "resume", rf.Resume,
 		"source", rf.Source, "lost_steps", rf.Lost(), "took", rf.Took().Round(100 * time.Microsecond)}
 	for _, p := range rf.Phases {
