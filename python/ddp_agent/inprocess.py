@@ -92,7 +92,9 @@ class InProcess:
         ddp: the current DDP model; ``hook``: its hook.
         reforms: one dict per re-formation: the step that failed and the one
             retried, each rank's last completed step, the source of the
-            state, the error's first line and each phase's milliseconds.
+            state, the error's first line and each phase's milliseconds,
+            with first_step_ms once the retried step completed (ddp-agent
+            is told then).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, wrap: Wrap, *, timeout: float = 60.0,
