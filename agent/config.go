@@ -32,6 +32,13 @@ type Config struct {
 	VirtualLocalRank bool
 	Role             string
 	MaxRestarts      int           // restarts of the whole job after a fault
+	// Spares is how many warm spares this node keeps (--spares), started
+	// with SpareCommand and SpareEnv added to the workers' environment: a
+	// spare takes the rank of a worker that died, and the others keep
+	// their processes (spare.go).
+	Spares       int
+	SpareCommand []string
+	SpareEnv     []string
 	StopTimeout      time.Duration // grace between SIGTERM and SIGKILL
 
 	// LogDir keeps each run's worker logs, error files and Perfetto
@@ -87,6 +94,8 @@ func (c *Config) check() error {
 		return errors.New("agent config: no worker command")
 	case c.NProcPerNode < 1:
 		return errors.New("agent config: NProcPerNode must be at least 1")
+	case c.Spares < 0 || (c.Spares > 0 && len(c.SpareCommand) == 0):
+		return errors.New("agent config: Spares needs a SpareCommand, and must not be negative")
 	case r.NNodesMin < 1 || r.NNodesMax < r.NNodesMin:
 		return errors.New("agent config: want 1 <= NNodesMin <= NNodesMax")
 	case r.Backend.UsesStore() && len(r.Endpoints) == 0:

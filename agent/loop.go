@@ -179,6 +179,9 @@ func (r *run) spec(rd *rdzv.Round, attemptDir, stackDir string) *supervisor.Spec
 		Stdout:           r.stdout,
 		Stderr:           r.stderr,
 		OnLogLoss:        r.losses.Add,
+		Spares:           r.cfg.Spares,
+		SpareArgv:        r.cfg.SpareCommand,
+		SpareEnv:         r.cfg.SpareEnv,
 	}
 }
 
@@ -203,13 +206,20 @@ func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 	)
 	go func() {
 		defer close(waited)
-		err := at.g.Wait(rctx)
-		var we *supervisor.WorkerExitError
-		if failed = errors.As(err, &we); failed {
+		for {
+			err := at.g.Wait(rctx)
+			var we *supervisor.WorkerExitError
+			if !errors.As(err, &we) {
+				ended = err
+				return
+			}
+			if r.replace(at, we) { // a warm spare took its rank: wait on
+				continue
+			}
+			failed = true
 			r.faults.Report(fault.Worker(at.gen, r.workerFailure(ctx, at)))
 			return
 		}
-		ended = err
 	}()
 	tick := time.NewTicker(healthTick) // the liveness probe's sign that this loop still turns
 	defer tick.Stop()

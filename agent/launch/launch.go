@@ -117,6 +117,7 @@ type Config struct {
 	MasterPort int // 0: pick a free port for every attempt
 
 	MaxRestarts     int
+	Spares          int // warm spare workers (SpareCommand)
 	MonitorInterval time.Duration // accepted for torchrun compatibility; exits are noticed without polling
 	StopTimeout     time.Duration // grace between SIGTERM and SIGKILL
 	StartMethod     string
@@ -190,6 +191,17 @@ func (c *Config) Command() []string {
 	return append(argv, c.ScriptArgs...)
 }
 
+// SpareCommand is the argv of a warm spare: the interpreter runs
+// ddp_agent's spare, which imports what the script imports and waits to
+// run it as a worker (python/ddp_agent/_spare.py).
+func (c *Config) SpareCommand() []string {
+	argv := []string{c.Python, "-u", "-m", "ddp_agent._spare"}
+	if c.Module {
+		argv = append(argv, "-m")
+	}
+	return append(append(argv, c.Script), c.ScriptArgs...)
+}
+
 // Host is what Parse needs to know about this machine to resolve
 // --nproc-per-node auto|cpu|gpu.
 type Host struct {
@@ -244,6 +256,7 @@ var flagSpecs = []flagSpec{
 	{name: "master-addr", help: "address of the rank 0 node, static rendezvous (default 127.0.0.1)"},
 	{name: "master-port", help: "port for the workers' store (default: a free port for each attempt; 29500 for a static multi-node job)"},
 	{name: "max-restarts", def: "0", help: "restarts of the job after faults (worker failures, lost nodes) before it fails; scale events do not count"},
+	{name: "spares", def: "0", help: "warm spare workers on this node for scripts that use ddp_agent.InProcess: each imports torch and the script's modules, then waits; when a worker dies (a signal: SIGKILL, the OOM killer), a spare takes its rank and the other workers keep their processes (docs/in-process.md); not for rank 0, nor with --no-python"},
 	{name: "monitor-interval", def: "5", help: "accepted for torchrun compatibility; worker exits are noticed at once"},
 	{name: "stop-timeout", def: "10s", help: "grace period between SIGTERM and SIGKILL when stopping workers"},
 	{name: "shutdown-timeout", help: "torchrun 2.x's name for --stop-timeout (seconds)"},
@@ -460,6 +473,12 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	}
 	if c.MaxRestarts, err = r.int("max-restarts", 0); err != nil {
 		return err
+	}
+	if c.Spares, err = r.int("spares", 0); err != nil {
+		return err
+	}
+	if c.Spares > 0 && c.NoPython {
+		return usagef("--spares needs a Python script: a spare imports it, and --no-python runs a program")
 	}
 	// The telemetry options are read by observe's parsers, as the
 	// sidecar's flags are: one meaning for both modes.

@@ -105,6 +105,14 @@ type Spec struct {
 	// because writes to it failed, once the worker's stream has ended;
 	// the first failure is logged at once either way.
 	OnLogLoss func(LogLoss)
+
+	// Spares is how many warm spares run beside the workers (spare.go):
+	// processes of SpareArgv that start, import what they can, and wait
+	// on their fd 3 to take a dead worker's rank (Replace). SpareEnv is
+	// added to their environment.
+	Spares    int
+	SpareArgv []string
+	SpareEnv  []string
 }
 
 // Placement is where one worker runs.
@@ -150,6 +158,7 @@ type worker struct {
 	done        chan struct{} // closed when the process has been reaped
 	state       *os.ProcessState
 	exitedAt    time.Time // when it was reaped; set before done is closed
+	spare       *spare    // set for a warm spare, assigned or not
 
 	exitOnce sync.Once
 	exitErr  *WorkerExitError // its exit, once reaped (exitError)
@@ -168,7 +177,11 @@ type Group struct {
 
 	mu      sync.Mutex
 	state   State
-	workers []*worker // appended by Start only
+	workers []*worker // one per local rank, appended by Start; Replace swaps one for a spare
+	// spares wait to be assigned; replaced are the dead workers whose
+	// ranks spares took, in order (spare.go).
+	spares, replaced []*worker
+	spareSeq         int // spares started so far: the next one's number
 
 	// signal is how Stop signals a process group; a field so tests can
 	// simulate a process that ignores even SIGKILL (uninterruptible sleep).
@@ -186,7 +199,7 @@ func New(spec *Spec, log *slog.Logger) *Group {
 	return &Group{
 		spec:       spec,
 		log:        log,
-		exits:      make(chan exit, spec.NProc),
+		exits:      make(chan exit, spec.NProc+maxReplacements), // never blocks a wait goroutine
 		state:      StateInit,
 		signal:     func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) },
 		reapWait:   3 * time.Second,
@@ -221,24 +234,75 @@ func (g *Group) Start(ctx context.Context) error {
 		g.mu.Unlock()
 	}
 	g.setState(StateHealthy)
+	for range g.spec.Spares {
+		g.startSpare()
+	}
 	return nil
+}
+
+// exited routes a reaped process: a worker's exit (a spare's, once it
+// took a rank) to Wait; an idle spare's is dropped here.
+func (g *Group) exited(w *worker) {
+	g.mu.Lock()
+	idle := w.spare != nil && !w.spare.assigned
+	if idle {
+		g.spares = slices.DeleteFunc(g.spares, func(s *worker) bool { return s == w })
+	}
+	st := g.state
+	g.mu.Unlock()
+	if !idle {
+		g.exits <- exit{w}
+		return
+	}
+	if st == StateHealthy {
+		waitTimeout(&w.streamsDone, time.Second) // its last words, as a worker's report has them
+		g.log.Warn("warm spare exited before it was needed", "spare", w.spare.n, "pid", w.pid, "exit", w.state.String(),
+			"stderr", w.stderr.lastLines())
+	}
 }
 
 func (g *Group) startWorker(id Worker) (*worker, error) {
 	spec := g.spec
-	dir := filepath.Join(spec.AttemptDir, strconv.Itoa(id.LocalRank))
+	var streams Streams
+	if spec.Streams != nil {
+		streams = spec.Streams(id.LocalRank)
+	}
+	var place Placement
+	if spec.Place != nil {
+		place = spec.Place(id.LocalRank)
+	}
+	return g.spawn(launch{id: id, dir: strconv.Itoa(id.LocalRank), streams: streams,
+		prefix: RenderPrefix(streams.Prefix, spec.Role, id), argv: spec.Argv, place: place,
+		env: func(errorFile, noteFile string) []string {
+			return workerEnv(spec.BaseEnv, spec, id, errorFile, noteFile, place.Env)
+		}})
+}
+
+// launch is how spawn starts one process of the group: a worker, or a
+// warm spare (spare.go).
+type launch struct {
+	id      Worker
+	dir     string // under AttemptDir: its error file, note file and logs
+	streams Streams
+	prefix  string // of its console lines
+	argv    []string
+	place   Placement
+	env     func(errorFile, noteFile string) []string
+	assign  *os.File // the read end of a spare's assignment pipe (its fd 3); nil for a worker
+}
+
+func (g *Group) spawn(l launch) (*worker, error) {
+	spec := g.spec
+	id, streams := l.id, l.streams
+	dir := filepath.Join(spec.AttemptDir, l.dir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create worker dir: %w", err)
 	}
 	w := &worker{Worker: id, errorFile: filepath.Join(dir, "error.json"), noteFile: filepath.Join(dir, "comm_note.json"),
 		done: make(chan struct{})}
-	var streams Streams
-	if spec.Streams != nil {
-		streams = spec.Streams(id.LocalRank)
-	}
-	prefix := []byte(RenderPrefix(streams.Prefix, spec.Role, id))
-	w.stdout = &stream{prefix: prefix}
-	w.stderr = &stream{prefix: prefix, keepTail: true} // its last lines go into the failure report
+	prefix := []byte(l.prefix)
+	w.stdout = newStream(prefix, false)
+	w.stderr = newStream(prefix, true) // its last lines go into the failure report
 	if streams.ConsoleOut {
 		w.stdout.console = spec.Stdout
 	}
@@ -281,11 +345,7 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 		outW.Close()
 		return nil, fmt.Errorf("stderr pipe: %w", err)
 	}
-	var place Placement
-	if spec.Place != nil {
-		place = spec.Place(id.LocalRank)
-	}
-	argv := spec.Argv
+	place, argv := l.place, l.argv
 	if len(place.Prefix) > 0 {
 		// The prefix execs the command later, in the child: a command that
 		// does not exist must still fail here, as it does without one.
@@ -300,8 +360,11 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 		argv = append(slices.Clone(place.Prefix), argv...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = workerEnv(spec.BaseEnv, spec, id, w.errorFile, w.noteFile, place.Env)
+	cmd.Env = l.env(w.errorFile, w.noteFile)
 	cmd.Stdout, cmd.Stderr = outW, errW
+	if l.assign != nil {
+		cmd.ExtraFiles = []*os.File{l.assign} // fd 3
+	}
 	// Pdeathsig fires when the thread that forked the child exits; the Go
 	// runtime only ends threads whose goroutine locked them and exited, and
 	// the agent never spawns from such a goroutine.
@@ -329,7 +392,7 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 		// the kernel keeps a pid while any process uses it as a group id.
 		_ = syscall.Kill(-w.pid, syscall.SIGKILL)
 		close(w.done)
-		g.exits <- exit{w}
+		g.exited(w)
 	}()
 	g.log.Debug("worker started", "rank", id.Rank, "local_rank", id.LocalRank, "pid", w.pid)
 	return w, nil
@@ -385,7 +448,9 @@ func (g *Group) setState(s State) {
 // (a *WorkerExitError, returned at once, with the others still running), or
 // ctx is done (ctx's error). Call Stop after a non-nil result.
 func (g *Group) Wait(ctx context.Context) error {
-	n := len(g.list())
+	g.mu.Lock()
+	n := len(g.workers) + len(g.replaced) // a replaced worker was reaped, and counted, before its Replace
+	g.mu.Unlock()
 	// Once a worker has succeeded, the others should follow within moments;
 	// one that does not is usually stuck at exit (a destructor, a thread
 	// join), and nobody else will say so.
@@ -414,6 +479,7 @@ func (g *Group) Wait(ctx context.Context) error {
 		}
 	}
 	g.setState(StateSucceeded)
+	g.releaseSpares()
 	g.drainStreams(time.Second)
 	return nil
 }
@@ -508,21 +574,22 @@ func (g *Group) Stop(sig syscall.Signal, grace time.Duration) (abandoned []int) 
 	} else if st == StateUnhealthy {
 		g.setState(StateFailed)
 	}
-	alive := g.alive()
+	g.releaseSpares()
+	alive := g.aliveAll()
 	for _, w := range alive {
 		if err := g.signal(w.pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 			g.log.Warn("signal worker", "signal", sig, "rank", w.Rank, "pid", w.pid, "err", err)
 		}
 	}
 	if !g.waitAll(alive, grace) {
-		for _, w := range g.alive() {
+		for _, w := range g.aliveAll() {
 			g.log.Warn("worker did not stop within the grace period; sending SIGKILL", "rank", w.Rank, "pid", w.pid, "grace", grace)
 			if err := g.signal(w.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 				g.log.Warn("SIGKILL worker", "rank", w.Rank, "pid", w.pid, "err", err)
 			}
 		}
 		if !g.waitAll(alive, g.reapWait) {
-			for _, w := range g.alive() {
+			for _, w := range g.aliveAll() {
 				g.log.Error("worker survived SIGKILL (uninterruptible sleep?); abandoning it", "rank", w.Rank, "pid", w.pid, "state", procState(w.pid))
 				abandoned = append(abandoned, w.pid)
 			}
@@ -539,9 +606,22 @@ func (g *Group) list() []*worker {
 	return g.workers[:len(g.workers):len(g.workers)]
 }
 
-func (g *Group) alive() []*worker {
+// processes returns every process the group started: its workers, the
+// ones they replaced, and its idle spares.
+func (g *Group) processes() []*worker {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Concat(g.workers, g.replaced, g.spares)
+}
+
+// aliveAll returns the processes not reaped yet, spares included.
+func (g *Group) aliveAll() []*worker { return running(g.processes()) }
+
+func (g *Group) alive() []*worker { return running(g.list()) }
+
+func running(ws []*worker) []*worker {
 	var out []*worker
-	for _, w := range g.list() {
+	for _, w := range ws {
 		select {
 		case <-w.done:
 		default:
@@ -568,7 +648,7 @@ func (g *Group) waitAll(ws []*worker, d time.Duration) bool {
 // pipes: a grandchild holding a pipe open must not keep a reader forever.
 func (g *Group) drainStreams(d time.Duration) {
 	deadline := time.Now().Add(d)
-	workers := g.list()
+	workers := g.processes()
 	for _, w := range workers {
 		waitTimeout(&w.streamsDone, time.Until(deadline))
 		for _, r := range w.readers {

@@ -92,8 +92,9 @@ func TestStreamFileLossKeepsConsole(t *testing.T) {
 	disk := &fullDisk{room: 100}
 	var losses []LogLoss
 	var console buffer
-	s := &stream{prefix: []byte("[rank0]:"), console: NewConsole(&console),
-		file: newLogFile(disk, "stdout.log", 0, quiet(), func(l LogLoss) { losses = append(losses, l) })}
+	s := newStream([]byte("[rank0]:"), false)
+	s.console = NewConsole(&console)
+	s.file = newLogFile(disk, "stdout.log", 0, quiet(), func(l LogLoss) { losses = append(losses, l) })
 	in := strings.Repeat(strings.Repeat("z", 99)+"\n", 50)
 	s.copy(strings.NewReader(in))
 	if got := strings.Count(console.String(), "[rank0]:"); got != 50 {

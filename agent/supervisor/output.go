@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Console is where prefixed worker output goes. Each Write holds whole
@@ -42,7 +43,9 @@ const (
 // last lines (for the failure report). It never blocks the agent's own
 // goroutines: only the goroutine running copy waits on a slow console.
 type stream struct {
-	prefix   []byte
+	// prefix is set at the start, and again when a warm spare takes a
+	// rank (setPrefix), while copy reads it.
+	prefix   atomic.Pointer[[]byte]
 	console  *Console // nil: not shown
 	file     *logFile // nil: not logged
 	keepTail bool     // remember the last lines (stderr only: nothing reads stdout's)
@@ -55,6 +58,14 @@ type stream struct {
 	tail [][]byte
 	next int
 }
+
+func newStream(prefix []byte, keepTail bool) *stream {
+	s := &stream{keepTail: keepTail}
+	s.prefix.Store(&prefix)
+	return s
+}
+
+func (s *stream) setPrefix(prefix []byte) { s.prefix.Store(&prefix) }
 
 func (s *stream) copy(r io.Reader) {
 	buf := make([]byte, readChunk)
@@ -113,20 +124,21 @@ func (s *stream) copy(r io.Reader) {
 }
 
 func (s *stream) line(out *bytes.Buffer, line []byte) {
+	prefix := *s.prefix.Load()
 	if s.keepTail {
 		s.remember(line)
 	}
 	if s.dup != nil && holdsAny(line, s.filters) {
 		// One write per line on a file opened for appending: the ranks'
 		// lines do not interleave.
-		if _, err := s.dup.Write(slices.Concat(s.prefix, line, []byte{'\n'})); err != nil {
+		if _, err := s.dup.Write(slices.Concat(prefix, line, []byte{'\n'})); err != nil {
 			s.remember([]byte("[ddp-agent: writing " + s.dup.Name() + ": " + err.Error() + "; no more lines go there]"))
 			s.dup.Close()
 			s.dup = nil
 		}
 	}
 	if s.console != nil {
-		out.Write(s.prefix)
+		out.Write(prefix)
 		out.Write(line)
 		out.WriteByte('\n')
 	}

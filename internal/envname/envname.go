@@ -27,6 +27,9 @@ const (
 	// these are. An agent's guard kills every process that carries its
 	// id once the agent is gone (agent/guard).
 	Instance = "DDP_AGENT_INSTANCE"
+	// SpareFD is set only for a warm spare (--spares): the descriptor
+	// from which it reads the rank it takes.
+	SpareFD = "DDP_AGENT_SPARE_FD"
 )
 
 // Set by a user (or a launcher) for the agent, the shim or the plugins.

@@ -264,6 +264,13 @@ def _comm_hook(state: Hook, bucket: dist.GradBucket) -> torch.futures.Future[tor
 
 _registrations = 0
 _registrations_lock = threading.Lock()
+
+
+def _continue_registrations(n: int) -> None:
+    """Makes the next registration this process's n-th: for a warm spare whose peers registered n before it came."""
+    global _registrations
+    with _registrations_lock:
+        _registrations = max(_registrations, n)
 _live: Set[Hook] = set()
 
 

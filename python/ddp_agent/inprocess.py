@@ -37,9 +37,15 @@ re-formations, when a rank does not reach the rendezvous within
 ``timeout`` (it died, or is stuck in a collective outside the shim, such
 as a gloo all-reduce of the loss), or on ``BaseException`` that is not an
 ``Exception`` (KeyboardInterrupt, SystemExit), the error is raised and the
-process exits as it would without this loop. A rank that dies (SIGKILL,
-OOM) therefore still costs a restart of every rank; keeping the survivors
-then, with a warm spare, is the next step (docs/in-process.md).
+process exits as it would without this loop.
+
+A rank that dies (SIGKILL, OOM) keeps the survivors too when ``ddp-agent
+run --spares N`` keeps warm spares: the agent gives the dead rank to a
+spare (``_spare``), whose ``init_process_group`` joins the survivors'
+re-formation instead of starting a job, and whose ``InProcess`` takes the
+state from a healthy peer and starts at the step the others retry. Without
+a spare, the survivors wait ``timeout`` for the dead rank, then raise, and
+the agent restarts every worker (docs/in-process.md).
 """
 
 import datetime
@@ -53,6 +59,7 @@ import torch
 import torch.distributed as dist
 
 from . import _env
+from . import hook as hook_module
 
 log = logging.getLogger("ddp_agent")
 
@@ -69,6 +76,80 @@ def _prefix() -> str:
     return f"ddp_agent/inprocess/restart_{restart}/generation_{generation}"
 
 Wrap = Callable[[torch.nn.Module], Tuple[torch.nn.Module, Any]]
+
+
+def _job_store(timeout: float) -> Any:
+    """The store the re-formations agree through.
+
+    Under ``ddp-agent run``, a client of the job's TCPStore (rank 0's, at
+    MASTER_ADDR:MASTER_PORT) without torch's prefixes: a warm spare that
+    takes a dead rank reaches the same keys from a process that never
+    joined the first process group. Elsewhere (torchrun), torch's default
+    store, whose prefix every rank shares.
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if os.environ.get(_env.GENERATION) is None or not addr or not port:
+        return dist.distributed_c10d._get_default_store()
+    return dist.TCPStore(addr, int(port), None, False, _timedelta(timeout))
+
+
+class _Joined:
+    """What a warm spare's ``init_process_group`` found: the re-formation it joined."""
+
+    def __init__(self, store: Any, gen: int, completed: List[int], since: float) -> None:
+        self.store, self.gen, self.completed, self.since = store, gen, completed, since
+
+
+# Set by the init_process_group of a warm spare (_expect_join), taken by the
+# InProcess that the script then makes: the one fact that crosses from
+# torch's API into this loop, once per process.
+_joined: Optional[_Joined] = None
+
+
+def _expect_join(timeout: float = 60.0) -> None:
+    """Makes the next ``torch.distributed.init_process_group`` join the survivors' re-formation.
+
+    For a warm spare that has taken a dead rank (``_spare``): instead of
+    starting a job's process group, it finds the re-formation that waits
+    for its rank (the first whose key of that rank is unset), writes that
+    it has completed no step, waits for the others, and makes the
+    re-formation's process group with them. Later calls go to torch's.
+    """
+    original = dist.init_process_group
+    used = False
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        nonlocal used
+        dist.init_process_group = original
+        if used:  # a module that bound this function before the script ran
+            original(*args, **kwargs)
+            return
+        used = True
+        global _joined
+        _joined = _join(original, args[0] if args else kwargs.get("backend"), timeout)
+
+    dist.init_process_group = init_process_group
+
+
+def _join(init: Callable[..., None], backend: Any, timeout: float) -> _Joined:
+    t0 = time.monotonic()
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store, prefix = _job_store(timeout), _prefix()
+    gen = 1
+    while _arrived(store, f"{prefix}/{gen}", rank):  # this rank's earlier re-formations
+        gen += 1
+    _arrive(store, f"{prefix}/{gen}", rank, -1)  # completed nothing: its state comes from a peer
+    keys = [f"{prefix}/{gen}/rank{r}" for r in range(world_size)]
+    try:
+        store.wait(keys, _timedelta(timeout))
+    except Exception as e:
+        missing = [r for r in range(world_size) if not _arrived(store, f"{prefix}/{gen}", r)]
+        raise ReformError(f"rank {rank}: a warm spare found no re-formation to join: ranks {missing} did not "
+                          f"arrive at re-formation {gen} within {timeout:g} s ({e})") from e
+    completed = [int(store.get(k)) for k in keys]
+    init(backend, store=dist.PrefixStore(f"{prefix}/{gen}/pg", store), rank=rank, world_size=world_size,
+         timeout=_timedelta(max(timeout, 60.0)))
+    return _Joined(store, gen, completed, t0)
 
 
 class ReformError(RuntimeError):
@@ -110,23 +191,33 @@ class InProcess:
         self.backend = dist.get_backend()
         # The store the job started on outlives every process group made
         # on it: rank 0's TCPStore server lives as long as this reference.
-        self._store = dist.distributed_c10d._get_default_store()
+        self._keep = dist.distributed_c10d._get_default_store()
         self._prefix = _prefix()
         self._wrap = wrap
         self.generation = 0
         self.reforms: List[Dict[str, Any]] = []
+        self.joined: Optional[Dict[str, Any]] = None
         self._completed = 0  # the last step this rank completed
         self._next: Optional[int] = None
+        self._resume: Optional[int] = None  # a joined spare's first step
         # The last re-formation, until the step it resumed at completes
         # and ddp-agent is told (_report), and when it ended.
         self._unreported: Optional[Dict[str, Any]] = None
         self._reformed_at = 0.0
-        self.ddp, self.hook = self._wrapped()
+        global _joined
+        joined, _joined = _joined, None
+        if joined is not None:
+            self._store = joined.store
+            self._join(joined)
+        else:
+            self._store = _job_store(self.timeout)
+            self.ddp, self.hook = self._wrapped()
 
     def steps(self, first: int, stop: int) -> Iterator[int]:
         """Yields the steps first..stop-1; after a re-formation, the step to retry and on from there."""
-        self._completed = first - 1
-        step = first
+        step = first if self._resume is None else max(first, self._resume)
+        self._resume = None
+        self._completed = step - 1
         while step < stop:
             self._next = None
             yield step
@@ -140,6 +231,27 @@ class InProcess:
         """Closes the current hook (before ``dist.destroy_process_group()``)."""
         if self.hook is not None:
             self.hook.close()
+
+    def _join(self, j: _Joined) -> None:
+        """A warm spare's part of the re-formation it joined: the state from the source, the hook, the step."""
+        best = max(j.completed)
+        src = j.completed.index(best)
+        t = time.monotonic()
+        key = f"{self._prefix}/{j.gen}/registrations"
+        self._store.wait([key], _timedelta(self.timeout))
+        # The survivors' new hooks are named by how many they registered
+        # before: this process's must have the same names.
+        hook_module._continue_registrations(int(self._store.get(key)))
+        self._broadcast_state(j.gen, src)
+        self.ddp, self.hook = self._wrapped()
+        self.generation = j.gen
+        self._completed = best
+        self._resume = best + 1
+        self.joined = {"generation": j.gen, "retry": best + 1, "source": src, "completed": j.completed,
+                       "rendezvous_ms": round((t - j.since) * 1e3, 1), "state_ms": _ms(t), "total_ms": _ms(j.since)}
+        log.warning("ddp_agent: rank %d joined re-formation %d in process as a warm spare: resuming at step %d with "
+                    "rank %d's state; rendezvous and process group %.1f ms, state %.1f ms", self.rank, j.gen, best + 1,
+                    src, self.joined["rendezvous_ms"], self.joined["state_ms"])
 
     # The re-formation, in its phases.
 
@@ -233,12 +345,15 @@ class InProcess:
         """Writes this rank's last completed step; returns every rank's, in rank order."""
         prefix = f"{self._prefix}/{gen}"
         store = self._store
-        store.set(f"{prefix}/rank{self.rank}", str(self._completed))
+        # For a warm spare that takes a dead rank (_join): the name of the
+        # next hook. Every rank has registered as many.
+        store.set(f"{prefix}/registrations", str(hook_module._registrations))
+        _arrive(store, prefix, self.rank, self._completed)
         keys = [f"{prefix}/rank{r}" for r in range(self.world_size)]
         try:
             store.wait(keys, _timedelta(self.timeout))
         except Exception as e:
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            missing = [r for r in range(self.world_size) if not _arrived(store, prefix, r)]
             raise ReformError(
                 f"rank {self.rank}: re-formation {gen} after step {step} failed: ranks {missing} did not arrive "
                 f"within {self.timeout:g} s ({e}); falling back to a process restart") from err
@@ -323,6 +438,21 @@ def _apply_layout(optimizer: Any, layout: Dict[str, Any]) -> None:
         state.setdefault(params[i], {})[k] = v
     optimizer.state.clear()
     optimizer.state.update(state)
+
+
+def _arrive(store: Any, prefix: str, rank: int, completed: int) -> None:
+    """Writes a rank's last completed step at a re-formation, and counts its arrival.
+
+    The count is how a rank's arrival is looked up (_arrived) on every
+    torch: 1.13's TCPStore has no check(), and a wait that times out
+    breaks its connection.
+    """
+    store.set(f"{prefix}/rank{rank}", str(completed))
+    store.add(f"{prefix}/in{rank}", 1)
+
+
+def _arrived(store: Any, prefix: str, rank: int) -> bool:
+    return store.add(f"{prefix}/in{rank}", 0) > 0
 
 
 def _first_line(err: BaseException) -> str:

@@ -31,6 +31,8 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 		SignalsToHandle:  cfg.SignalsToHandle(),
 		Role:             cfg.Role,
 		MaxRestarts:      cfg.MaxRestarts,
+		Spares:           cfg.Spares,
+		SpareCommand:     spareCommand(cfg),
 		StopTimeout:      cfg.StopTimeout,
 		LogDir:           cfg.LogDir,
 		KeepLogs:         cfg.KeepLogs(),
@@ -70,6 +72,14 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 			StragglerConfirm: cfg.StragglerConfirm,
 		},
 	}
+}
+
+// spareCommand is a warm spare's argv, nil without --spares.
+func spareCommand(cfg *launch.Config) []string {
+	if cfg.Spares == 0 {
+		return nil
+	}
+	return cfg.SpareCommand()
 }
 
 // rdzvBackend is the one place the flags choose the rendezvous backend:

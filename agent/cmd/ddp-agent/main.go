@@ -211,6 +211,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	rc := runConfig(cfg, os.Getenv)
 	rc.TorchVersion = <-torchVersion
 	rc.GPUs = gpus
+	if rc.Spares > 0 {
+		rc.SpareEnv = spareEnv(os.Getenv("PYTHONPATH"))
+	}
 	if f, ok := stderr.(*os.File); ok { // a hang's stacks, readable on a terminal
 		rc.Telemetry.Console = observe.Terminal(f)
 	}
@@ -270,6 +273,28 @@ func startGuard(log *slog.Logger) func() {
 // finding made this node leave the job:
 // the node needs attention before it runs another one.
 const exitDrained = 3
+
+// spareEnv is what a warm spare needs beyond a worker's environment: the
+// ddp_agent package on PYTHONPATH (after the user's own) when it lies
+// beside this executable, as in the wheel (the binary inside the package)
+// or the repository (bin/ and python/), since the spare's first import is
+// the package, before the script could add it to sys.path itself.
+func spareEnv(pythonPath string) []string {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil
+	}
+	if real, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = real
+	}
+	dir := filepath.Dir(exe)
+	for _, root := range []string{filepath.Dir(dir), filepath.Join(filepath.Dir(dir), "python")} {
+		if _, err := os.Stat(filepath.Join(root, "ddp_agent", "__init__.py")); err == nil {
+			return []string{"PYTHONPATH=" + strings.Trim(pythonPath+string(os.PathListSeparator)+root, string(os.PathListSeparator))}
+		}
+	}
+	return nil
+}
 
 // workerBaseEnv is the agent's environment plus DDP_AGENT_SHIM, the
 // libddpshim.so next to the ddp-agent executable (as make build lays them

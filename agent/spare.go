@@ -1,0 +1,54 @@
+package agent
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+)
+
+// replaceable is whether a warm spare may take the rank of the worker
+// whose exit is e, with idle spares waiting, and why not: pure. A spare
+// keeps the survivors only where they can re-form in process with it
+// (ddp_agent.InProcess), so it takes a worker that died (a signal: SIGKILL,
+// the OOM killer, a crash), not one that exited on its own: a script that
+// raised outside InProcess's step, or gave up re-forming, exits with a
+// code, and running it again in a spare would meet the same.
+func replaceable(e *supervisor.WorkerExitError, idle int) (bool, string) {
+	switch {
+	case e.Signal == 0:
+		return false, fmt.Sprintf("it exited with code %d, not killed by a signal", e.Code)
+	case e.Rank == 0:
+		// TORCHELASTIC_USE_AGENT_STORE=False: rank 0's process serves
+		// the workers' TCPStore, through which the survivors re-form.
+		return false, "rank 0's process served the job's store (MASTER_PORT), which died with it"
+	case idle == 0:
+		return false, "no warm spare is idle"
+	}
+	return true, ""
+}
+
+// replace gives the rank of the failed worker e to a warm spare, when the
+// run keeps spares and replaceable says so, and reports whether it did:
+// then the attempt goes on with the survivors' processes, and no fault is
+// raised. It runs on the goroutine that waits for the attempt's workers.
+func (r *run) replace(at *attempt, e *supervisor.WorkerExitError) bool {
+	if r.cfg.Spares == 0 {
+		return false
+	}
+	ok, why := replaceable(e, at.g.Spares())
+	if !ok {
+		r.log.Warn("worker failed: no warm spare takes its rank, "+why, "rank", e.Rank, "pid", e.PID)
+		return false
+	}
+	pid, err := at.g.Replace(e.Rank)
+	if err != nil {
+		r.log.Warn("worker failed: no warm spare takes its rank", "rank", e.Rank, "pid", e.PID, "err", err)
+		return false
+	}
+	r.log.Warn("worker died: a warm spare takes its rank, the other workers keep their processes and re-form in process",
+		"rank", e.Rank, "local_rank", e.LocalRank, "pid", e.PID, "signal", e.Signal.String(), "spare_pid", pid,
+		"after", e.Time.Sub(at.started).Round(time.Millisecond), "spares_idle", at.g.Spares())
+	r.mon.SetWorkers(at.g.PIDs())
+	return true
+}

@@ -1,0 +1,184 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/ddp-agent/ddp-agent/internal/envname"
+)
+
+// A warm spare is a process started beside the workers (Spec.Spares) that
+// has paid what a new worker pays before it can train (the interpreter,
+// importing torch and the script's modules) and then waits on its fd 3.
+// When a worker dies, Replace gives the spare that worker's rank: one JSON
+// line on the pipe, the variables that make it that rank. The survivors
+// keep their processes; ddp_agent.InProcess has them re-form with the
+// spare, which takes the model's state from a healthy peer
+// (docs/in-process.md). Closing the pipe without a line tells an idle
+// spare it is not needed, and it exits 0.
+
+// maxReplacements bounds the spares one attempt gives ranks to: past it a
+// worker's death restarts the job, as without spares (the survivors'
+// InProcess gives up on its own after its max_reforms).
+const maxReplacements = 16
+
+// ErrNoSpare is Replace's error when no warm spare is idle.
+var ErrNoSpare = errors.New("no warm spare is idle")
+
+// spare is what a warm spare has beyond a worker.
+type spare struct {
+	n        int      // its number in the attempt: spare0, spare1, ...
+	pipe     *os.File // the write end of its assignment pipe; nil once written or released
+	assigned bool     // it took a rank (under Group.mu)
+}
+
+// Assignment is the line a spare reads when it takes a rank: the
+// variables to set before the training script runs.
+type Assignment struct {
+	Rank      int               `json:"rank"`
+	LocalRank int               `json:"local_rank"`
+	Env       map[string]string `json:"env"`
+}
+
+// startSpare starts one more warm spare; a spare that cannot start is
+// logged, not fatal: the job runs on without it.
+func (g *Group) startSpare() {
+	g.mu.Lock()
+	n := g.spareSeq
+	g.spareSeq++
+	g.mu.Unlock()
+	r, wp, err := os.Pipe()
+	if err != nil {
+		g.log.Warn("warm spare not started", "spare", n, "err", err)
+		return
+	}
+	spec := g.spec
+	var streams Streams
+	if spec.Streams != nil {
+		streams = spec.Streams(0) // where the job's output goes; it is no rank's yet
+	}
+	w, err := g.spawn(launch{id: Worker{LocalRank: -1, Rank: -1}, dir: "spare_" + strconv.Itoa(n), streams: streams,
+		prefix: "[spare" + strconv.Itoa(n) + "]:", argv: spec.SpareArgv, assign: r,
+		env: func(errorFile, noteFile string) []string { return spareEnv(spec, errorFile, noteFile) }})
+	r.Close() // the child has its copy
+	if err != nil {
+		wp.Close()
+		g.log.Warn("warm spare not started", "spare", n, "err", err)
+		return
+	}
+	w.spare = &spare{n: n, pipe: wp}
+	g.mu.Lock()
+	g.spares = append(g.spares, w)
+	g.mu.Unlock()
+	g.log.Info("warm spare started", "spare", n, "pid", w.pid)
+}
+
+// spareEnv is a spare's environment: a worker's without the variables of
+// a rank (the assignment brings them), with the pipe's fd and SpareEnv.
+func spareEnv(s *Spec, errorFile, noteFile string) []string {
+	env := workerEnv(s.BaseEnv, s, Worker{}, errorFile, noteFile, nil)
+	out := env[:0]
+	for _, kv := range env {
+		switch k, _, _ := strings.Cut(kv, "="); k {
+		case "RANK", "LOCAL_RANK", "ROLE_RANK":
+		default:
+			out = append(out, kv)
+		}
+	}
+	return append(append(out, envname.SpareFD+"=3"), s.SpareEnv...)
+}
+
+// Replace gives the rank of the worker that Wait just reported failed to
+// an idle warm spare, and starts another spare in its place. It returns
+// the spare's pid. The dead worker's outcome is kept out of Outcomes and
+// PIDs from now on. Call it from Wait's goroutine, between Waits.
+func (g *Group) Replace(rank int) (int, error) {
+	g.mu.Lock()
+	i := slices.IndexFunc(g.workers, func(w *worker) bool { return w.Rank == rank })
+	switch {
+	case i < 0:
+		g.mu.Unlock()
+		return 0, fmt.Errorf("replace rank %d: not a worker of this group", rank)
+	case g.state != StateUnhealthy:
+		g.mu.Unlock()
+		return 0, fmt.Errorf("replace rank %d: the group is %v", rank, g.state)
+	case len(g.replaced) >= maxReplacements:
+		g.mu.Unlock()
+		return 0, fmt.Errorf("replace rank %d: %d workers replaced already", rank, len(g.replaced))
+	case len(g.spares) == 0:
+		g.mu.Unlock()
+		return 0, ErrNoSpare
+	}
+	dead, sp := g.workers[i], g.spares[0]
+	select {
+	case <-dead.done:
+	default:
+		g.mu.Unlock()
+		return 0, fmt.Errorf("replace rank %d: its worker (pid %d) is still running", rank, dead.pid)
+	}
+	a := Assignment{Rank: dead.Rank, LocalRank: dead.LocalRank, Env: map[string]string{
+		"RANK": strconv.Itoa(dead.Rank), "LOCAL_RANK": strconv.Itoa(dead.LocalRank), "ROLE_RANK": strconv.Itoa(dead.Rank)}}
+	if g.spec.VirtualLocalRank {
+		a.Env["LOCAL_RANK"] = "0"
+	}
+	if g.spec.Place != nil {
+		// Its GPU's variables; a binding prefix cannot bind a process
+		// that runs already, so a spare keeps the CPUs it started on.
+		maps.Copy(a.Env, g.spec.Place(dead.LocalRank).Env)
+	}
+	line, _ := json.Marshal(a) // a map of strings and ints: cannot fail
+	_, err := sp.spare.pipe.Write(append(line, '\n'))
+	sp.spare.pipe.Close()
+	sp.spare.pipe = nil
+	g.spares = g.spares[1:]
+	if err != nil { // it died meanwhile; its exit is dropped as an idle spare's
+		g.mu.Unlock()
+		return 0, fmt.Errorf("replace rank %d: assign spare %d (pid %d): %w", rank, sp.spare.n, sp.pid, err)
+	}
+	sp.Worker = dead.Worker
+	sp.spare.assigned = true
+	g.workers[i] = sp
+	g.replaced = append(g.replaced, dead)
+	g.state = StateHealthy
+	g.mu.Unlock()
+	var streams Streams
+	if g.spec.Streams != nil {
+		streams = g.spec.Streams(dead.LocalRank)
+	}
+	prefix := []byte(RenderPrefix(streams.Prefix, g.spec.Role, dead.Worker))
+	sp.stdout.setPrefix(prefix)
+	sp.stderr.setPrefix(prefix)
+	g.startSpare()
+	return sp.pid, nil
+}
+
+// releaseSpares ends the idle spares: the attempt is over. Each has its
+// pipe closed (which alone would end it, once its imports are done) and
+// is killed with its children: it holds no state worth a grace period.
+func (g *Group) releaseSpares() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, w := range g.spares {
+		if w.spare.pipe != nil {
+			w.spare.pipe.Close()
+			w.spare.pipe = nil
+		}
+		if err := g.signal(w.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			g.log.Warn("stop warm spare", "spare", w.spare.n, "pid", w.pid, "err", err)
+		}
+	}
+}
+
+// Spares returns how many warm spares are idle.
+func (g *Group) Spares() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.spares)
+}

@@ -1,0 +1,113 @@
+"""A warm spare: a process ddp-agent keeps beside the workers to take a dead rank's place.
+
+``ddp-agent run --spares N`` starts ``python -u -m ddp_agent._spare
+SCRIPT ARGS...`` (``-m MODULE ARGS...`` for a module) on each node, N times,
+with a worker's environment less the variables of a rank. It pays now what
+a new worker would pay after a fault: the interpreter, torch, this package,
+and the modules the script imports at its top level (the script itself does
+not run). Then it waits on the pipe named by ``$DDP_AGENT_SPARE_FD``.
+
+When a worker dies, the agent writes one JSON line there: the rank and the
+variables that make it that rank. The spare sets them, arranges for the
+script's ``init_process_group`` to join the survivors' re-formation
+(``inprocess._expect_join``) and runs the script as ``__main__``, which
+reaches ``ddp_agent.InProcess`` and trains from the step the others retry.
+The end of the pipe without a line means the spare is not needed: it exits 0.
+"""
+
+import ast
+import importlib
+import importlib.util
+import json
+import os
+import runpy
+import sys
+import time
+from typing import List, Optional, Tuple
+
+from . import _env
+
+
+def _target(argv: List[str]) -> Tuple[bool, str, List[str]]:
+    """(is a module, script or module name, its arguments) from the spare's argv."""
+    if not argv or argv == ["-m"]:
+        raise SystemExit("ddp_agent._spare: usage: python -m ddp_agent._spare SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    if argv[0] == "-m":
+        return True, argv[1], argv[2:]
+    return False, argv[0], argv[1:]
+
+
+def _source(module: bool, target: str) -> Optional[str]:
+    """The file of the script or module, None when it has none (a namespace, a missing one)."""
+    if not module:
+        return target
+    try:
+        spec = importlib.util.find_spec(target)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
+
+
+def _imports(path: str) -> List[str]:
+    """The modules a script imports at its top level (in ``try`` blocks too), in order."""
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: List[str] = []
+    body = list(tree.body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Try):
+            body[:0] = node.body
+    return names
+
+
+def _warm(path: Optional[str]) -> int:
+    """Imports what the script imports; returns how many modules it could. A failing one fails later, in the script."""
+    n = 0
+    for name in _imports(path) if path else []:
+        try:
+            importlib.import_module(name)
+            n += 1
+        except Exception:  # the script meets it again, with its own handling
+            pass
+    return n
+
+
+def main(argv: List[str]) -> None:
+    t0 = time.monotonic()
+    fd = int(os.environ.pop(_env.SPARE_FD))  # not for the script's own children
+    module, target, args = _target(argv)
+    import torch  # the cost a new worker pays after a fault; this process pays it before
+
+    from . import hook, inprocess  # noqa: F401
+
+    if not module:
+        sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python SCRIPT` has it
+    n = _warm(_source(module, target))
+    print(f"ddp_agent: warm spare ready (pid {os.getpid()}): torch {torch.__version__} and {n} modules of "
+          f"{target} imported in {time.monotonic() - t0:.2f} s", file=sys.stderr, flush=True)
+    with os.fdopen(fd, "rb") as f:
+        line = f.readline()
+    if not line:
+        return  # the attempt ended without needing this spare
+    assignment = json.loads(line)
+    os.environ.update({str(k): str(v) for k, v in assignment["env"].items()})
+    print(f"ddp_agent: warm spare (pid {os.getpid()}) takes rank {assignment['rank']} "
+          f"(local rank {assignment['local_rank']})", file=sys.stderr, flush=True)
+    inprocess._expect_join()
+    sys.argv = [target, *args]
+    if module:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
