@@ -182,6 +182,22 @@ var torchrunLines = []torchrunLine{
 		},
 	},
 	{
+		name:    "warm spares",
+		args:    "--spares 2 train.py --lr 0.1",
+		command: []string{"python3", "-u", "train.py", "--lr", "0.1"},
+		check: func(c *Config) string {
+			want := []string{"python3", "-u", "-m", "ddp_agent._spare", "train.py", "--lr", "0.1"}
+			if c.Spares != 2 || !reflect.DeepEqual(c.SpareCommand(), want) {
+				return "2 spares running python3 -u -m ddp_agent._spare train.py --lr 0.1"
+			}
+			c.Module = true
+			if got := c.SpareCommand(); !reflect.DeepEqual(got[:6], []string{"python3", "-u", "-m", "ddp_agent._spare", "-m", "train.py"}) {
+				return "a module's spare: -m ddp_agent._spare -m MODULE"
+			}
+			return ""
+		},
+	},
+	{
 		name: "defaults",
 		args: "train.py",
 		check: func(c *Config) string {
@@ -225,6 +241,8 @@ func TestParseErrors(t *testing.T) {
 	}{
 		{"unknown flag", "--nprocs 2 train.py", "unknown flag --nprocs"},
 		{"module and no-python", "-m --no-python pkg", "contradict"},
+		{"spares without python", "--spares 1 --no-python ./train", "--spares needs a Python script"},
+		{"negative spares", "--spares -1 train.py", "--spares must be an integer >= 0"},
 		{"zero procs", "--nproc-per-node 0 train.py", "--nproc-per-node must be"},
 		{"bad procs", "--nproc-per-node lots train.py", "--nproc-per-node must be"},
 		{"gpu without GPUs", "--nproc-per-node gpu train.py", "no GPU found"},

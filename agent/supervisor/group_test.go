@@ -110,6 +110,12 @@ func helper(mode string) {
 		fmt.Printf("%s=%s args=%q\n", arg, os.Getenv(arg), os.Args[1:])
 	case "selfkill":
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	case "selfkillif": // selfkillif:RANK: that rank kills itself, the others exit 0 at once
+		if arg == strconv.Itoa(rank) {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+	case "spare": // a warm spare: reads its assignment on fd 3 and says what it got
+		spareHelper()
 	}
 }
 

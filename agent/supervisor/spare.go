@@ -133,6 +133,14 @@ func (g *Group) Replace(rank int) (int, error) {
 		// that runs already, so a spare keeps the CPUs it started on.
 		maps.Copy(a.Env, g.spec.Place(dead.LocalRank).Env)
 	}
+	var streams Streams
+	if g.spec.Streams != nil {
+		streams = g.spec.Streams(dead.LocalRank)
+	}
+	// Before the line: what it prints as the rank shows as the rank's.
+	prefix := []byte(RenderPrefix(streams.Prefix, g.spec.Role, dead.Worker))
+	sp.stdout.setPrefix(prefix)
+	sp.stderr.setPrefix(prefix)
 	line, _ := json.Marshal(a) // a map of strings and ints: cannot fail
 	_, err := sp.spare.pipe.Write(append(line, '\n'))
 	sp.spare.pipe.Close()
@@ -148,13 +156,6 @@ func (g *Group) Replace(rank int) (int, error) {
 	g.replaced = append(g.replaced, dead)
 	g.state = StateHealthy
 	g.mu.Unlock()
-	var streams Streams
-	if g.spec.Streams != nil {
-		streams = g.spec.Streams(dead.LocalRank)
-	}
-	prefix := []byte(RenderPrefix(streams.Prefix, g.spec.Role, dead.Worker))
-	sp.stdout.setPrefix(prefix)
-	sp.stderr.setPrefix(prefix)
 	g.startSpare()
 	return sp.pid, nil
 }

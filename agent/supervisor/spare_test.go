@@ -1,0 +1,153 @@
+package supervisor
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/envname"
+)
+
+// spareHelper is the test binary as a warm spare: it says it is ready
+// (with the rank variables it has: none), then reads its fd 3 as
+// ddp_agent._spare does and says what it was given, or that it was let go.
+func spareHelper() {
+	fmt.Printf("spare ready fd=%s RANK=%q LOCAL_RANK=%q\n", os.Getenv(envname.SpareFD), os.Getenv("RANK"), os.Getenv("LOCAL_RANK"))
+	line, err := bufio.NewReader(os.NewFile(3, "assignment")).ReadString('\n')
+	if err != nil {
+		fmt.Println("spare released")
+		return
+	}
+	var a Assignment
+	if err := json.Unmarshal([]byte(line), &a); err != nil {
+		fmt.Println("bad assignment:", err)
+		os.Exit(4)
+	}
+	fmt.Printf("spare assigned rank %d local rank %d RANK=%s LOCAL_RANK=%s GPU=%s\n", a.Rank, a.LocalRank, a.Env["RANK"],
+		a.Env["LOCAL_RANK"], a.Env["CUDA_VISIBLE_DEVICES"])
+}
+
+func spareSpec(t *testing.T, mode string, nproc, spares int) (*Spec, *buffer) {
+	spec, out, _ := testSpec(t, mode, nproc, consoleOnly)
+	spec.Spares, spec.SpareArgv, spec.SpareEnv = spares, []string{os.Args[0]}, []string{"SUPERVISOR_HELPER=spare"}
+	spec.Place = func(lr int) Placement { return Placement{Env: map[string]string{"CUDA_VISIBLE_DEVICES": fmt.Sprint(lr)}} }
+	return spec, out
+}
+
+// TestSpareTakesDeadRank: a worker killed by a signal is reported by Wait
+// as before; Replace gives its rank to the idle spare, which reads the
+// rank's variables (its GPU's too) on its fd 3, prints under the rank's
+// prefix, counts as the rank (PIDs, RankOf), and is itself replaced by a
+// new spare. Wait then waits for it as for any worker.
+func TestSpareTakesDeadRank(t *testing.T) {
+	spec, out := spareSpec(t, "selfkillif:1", 2, 1)
+	g := start(t, spec)
+	waitFor(t, func() bool { return strings.Contains(out.String(), "[spare0]:spare ready fd=3") })
+	if !strings.Contains(out.String(), `RANK="" LOCAL_RANK=""`) {
+		t.Errorf("a spare has a rank's variables before it takes one:\n%s", out)
+	}
+	var e *WorkerExitError
+	if err := g.Wait(context.Background()); !errors.As(err, &e) || e.Rank != 1 || e.Signal != syscall.SIGKILL {
+		t.Fatalf("Wait: got %v, want rank 1 killed", err)
+	}
+	dead := e.PID
+	pid, err := g.Replace(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Wait(context.Background()); err != nil {
+		t.Fatalf("Wait after Replace: %v\n%s", err, out)
+	}
+	if want := "[rank1]:spare assigned rank 1 local rank 1 RANK=1 LOCAL_RANK=1 GPU=1"; !strings.Contains(out.String(), want) {
+		t.Errorf("console: want %q\n%s", want, out)
+	}
+	if got := g.PIDs()[1]; got != pid || got == dead {
+		t.Errorf("PIDs()[1] = %d, want the spare's %d", got, pid)
+	}
+	if r, err := g.RankOf(pid); err != nil || r != 1 {
+		t.Errorf("RankOf(spare) = %d, %v; want 1", r, err)
+	}
+	if _, err := g.RankOf(dead); err == nil {
+		t.Errorf("RankOf(dead worker %d) admitted it", dead)
+	}
+	for _, o := range g.Outcomes() {
+		if o.PID == dead {
+			t.Errorf("Outcomes has the replaced worker: %+v", o)
+		}
+	}
+	if g.State() != StateSucceeded {
+		t.Errorf("state %v, want succeeded", g.State())
+	}
+	// The new spare was started, and ended with the attempt.
+	waitFor(t, func() bool { return len(g.aliveAll()) == 0 })
+}
+
+// TestReplaceRefuses: no spare, a worker still running, a rank that is
+// not the group's: Replace says so and changes nothing.
+func TestReplaceRefuses(t *testing.T) {
+	spec, _ := spareSpec(t, "selfkillif:1", 2, 0)
+	g := start(t, spec)
+	if err := g.Wait(context.Background()); err == nil {
+		t.Fatal("Wait: want rank 1's failure")
+	}
+	if _, err := g.Replace(1); !errors.Is(err, ErrNoSpare) {
+		t.Errorf("Replace without spares: got %v, want ErrNoSpare", err)
+	}
+
+	spec, _ = spareSpec(t, "sleepif:0", 2, 1)
+	g = start(t, spec)
+	if _, err := g.Replace(0); err == nil || !strings.Contains(err.Error(), "the group is healthy") {
+		t.Errorf("Replace of a running worker: got %v", err)
+	}
+	if _, err := g.Replace(7); err == nil || !strings.Contains(err.Error(), "not a worker") {
+		t.Errorf("Replace of rank 7: got %v", err)
+	}
+	if g.Spares() != 1 {
+		t.Errorf("idle spares %d, want 1", g.Spares())
+	}
+}
+
+// TestSparesEndWithTheAttempt: when every worker succeeds, or the group
+// is stopped, the idle spares are killed at once (no grace: they hold no
+// state); a spare that exits on its own is dropped, with a warning that
+// has its last words, and the group runs on.
+func TestSparesEndWithTheAttempt(t *testing.T) {
+	spec, _ := spareSpec(t, "exit:0", 1, 2)
+	g := start(t, spec)
+	if err := g.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(g.aliveAll()) == 0 })
+
+	spec, _ = spareSpec(t, "sleep", 1, 1)
+	spec.SpareArgv = []string{"/bin/sh", "-c", "echo no module named ddp_agent >&2; exit 5"}
+	var logs buffer
+	g = New(spec, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err := g.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "warm spare exited before it was needed") })
+	if !strings.Contains(logs.String(), "no module named ddp_agent") || g.Spares() != 0 || g.State() != StateHealthy {
+		t.Errorf("want the spare's stderr in the warning, no spare left and a healthy group; got %d spares, %v\n%s",
+			g.Spares(), g.State(), logs.String())
+	}
+	g.Stop(syscall.SIGTERM, time.Second)
+
+	spec, out := spareSpec(t, "sleep", 1, 1)
+	g = start(t, spec)
+	waitFor(t, func() bool { return strings.Contains(out.String(), "spare ready") })
+	began := time.Now()
+	g.Stop(syscall.SIGTERM, 5*time.Second)
+	if n := len(g.aliveAll()); n != 0 {
+		t.Errorf("Stop left %d processes", n)
+	}
+	t.Logf("Stop of a worker and a spare took %v", time.Since(began))
+}
