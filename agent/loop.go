@@ -240,7 +240,9 @@ func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 			}
 			waited = nil // its fault is queued
 		case <-r.faults.Ready():
-			f = r.faults.Take(at.gen, at.started, r.dropStale)
+			if f = r.faults.Take(at.gen, at.started, r.dropStale); f != nil && r.replaceHung(at, f) {
+				f = nil // the hung ranks were killed for spares: the Wait above sees their deaths
+			}
 		case <-tick.C:
 			r.health.ticked()
 		}

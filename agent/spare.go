@@ -2,9 +2,12 @@ package agent
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/ddp-agent/ddp-agent/agent/fault"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 )
 
 // replaceable is whether a warm spare may take the rank of the worker
@@ -50,5 +53,51 @@ func (r *run) replace(at *attempt, e *supervisor.WorkerExitError) bool {
 		"rank", e.Rank, "local_rank", e.LocalRank, "pid", e.PID, "signal", e.Signal.String(), "spare_pid", pid,
 		"after", e.Time.Sub(at.started).Round(time.Millisecond), "spares_idle", at.g.Spares())
 	r.mon.SetWorkers(at.g.PIDs())
+	return true
+}
+
+// hungReplaceable is whether warm spares may take the ranks that never
+// arrived at a hung collective, and why not: pure. Every one must be a
+// worker of this node (first..first+nproc-1), none rank 0 (see
+// replaceable), and a spare idle for each. The hung ranks are killed;
+// their deaths then go the way of any worker's that died.
+func hungReplaceable(missing []int, first, nproc, idle int) (bool, string) {
+	switch {
+	case len(missing) == 0:
+		return false, "no rank is named"
+	case slices.ContainsFunc(missing, func(r int) bool { return r < first || r >= first+nproc }):
+		return false, "a hung rank runs on another node"
+	case slices.Contains(missing, 0):
+		return false, "rank 0's process serves the job's store (MASTER_PORT)"
+	case len(missing) > idle:
+		return false, fmt.Sprintf("%d ranks hung, %d warm spares idle", len(missing), idle)
+	}
+	return true, ""
+}
+
+// replaceHung deals with a hang in place when the run keeps spares and
+// hungReplaceable says so: the ranks that never arrived are killed (their
+// stacks are in the hang's report already), the watch looks for the next
+// hang, and the attempt goes on. It reports whether it did; otherwise the
+// hang restarts the job as without spares.
+func (r *run) replaceHung(at *attempt, f *fault.Fault) bool {
+	he, ok := fault.As[*watch.HangError](f)
+	if r.cfg.Spares == 0 || !ok {
+		return false
+	}
+	missing := he.Hang.Missing
+	if ok, why := hungReplaceable(missing, at.r.RankOffset, r.cfg.NProcPerNode, at.g.Spares()); !ok {
+		r.log.Warn("hang: no warm spare takes the hung ranks, "+why, "ranks", missing)
+		return false
+	}
+	r.log.Warn("hang: killing the ranks that never arrived, for warm spares to take; the others keep their processes",
+		"ranks", missing, "step", he.Hang.Step, "bucket", he.Hang.Bucket)
+	for _, rank := range missing {
+		if err := at.g.Kill(rank); err != nil {
+			r.log.Warn("hang: kill a hung rank", "rank", rank, "err", err)
+			return false
+		}
+	}
+	r.watch.HangReplaced()
 	return true
 }

@@ -28,3 +28,25 @@ func TestReplaceable(t *testing.T) {
 		}
 	}
 }
+
+func TestHungReplaceable(t *testing.T) {
+	tests := []struct {
+		name               string
+		missing            []int
+		first, nproc, idle int
+		want               string
+	}{
+		{"local", []int{5}, 4, 4, 1, ""},
+		{"two local", []int{5, 6}, 4, 4, 2, ""},
+		{"elsewhere", []int{9}, 4, 4, 1, "another node"},
+		{"rank 0", []int{0}, 0, 4, 1, "rank 0's process"},
+		{"too few spares", []int{5, 6}, 4, 4, 1, "2 ranks hung, 1 warm spares idle"},
+		{"none named", nil, 0, 4, 1, "no rank"},
+	}
+	for _, tc := range tests {
+		ok, why := hungReplaceable(tc.missing, tc.first, tc.nproc, tc.idle)
+		if ok != (tc.want == "") || !strings.Contains(why, tc.want) {
+			t.Errorf("%s: got %v %q, want %q", tc.name, ok, why, tc.want)
+		}
+	}
+}

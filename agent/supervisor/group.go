@@ -599,6 +599,21 @@ func (g *Group) Stop(sig syscall.Signal, grace time.Duration) (abandoned []int) 
 	return abandoned
 }
 
+// Kill sends SIGKILL to the process group of rank's worker, whose exit
+// Wait then reports as any other (the agent kills a hung rank for a warm
+// spare to take).
+func (g *Group) Kill(rank int) error {
+	for _, w := range g.list() {
+		if w.Rank == rank {
+			if err := g.signal(w.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("kill rank %d (pid %d): %w", rank, w.pid, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("kill rank %d: not a worker of this group", rank)
+}
+
 // list returns the workers started so far.
 func (g *Group) list() []*worker {
 	g.mu.Lock()

@@ -96,8 +96,8 @@ def _job_store(timeout: float) -> Any:
 class _Joined:
     """What a warm spare's ``init_process_group`` found: the re-formation it joined."""
 
-    def __init__(self, store: Any, gen: int, completed: List[int], since: float) -> None:
-        self.store, self.gen, self.completed, self.since = store, gen, completed, since
+    def __init__(self, store: Any, gen: int, completed: List[int], hook_steps: List[int], since: float) -> None:
+        self.store, self.gen, self.completed, self.hook_steps, self.since = store, gen, completed, hook_steps, since
 
 
 # Set by the init_process_group of a warm spare (_expect_join), taken by the
@@ -138,7 +138,7 @@ def _join(init: Callable[..., None], backend: Any, timeout: float) -> _Joined:
     gen = 1
     while _arrived(store, f"{prefix}/{gen}", rank):  # this rank's earlier re-formations
         gen += 1
-    _arrive(store, f"{prefix}/{gen}", rank, -1)  # completed nothing: its state comes from a peer
+    _arrive(store, f"{prefix}/{gen}", rank, -1, -1)  # completed nothing: its state comes from a peer
     keys = [f"{prefix}/{gen}/rank{r}" for r in range(world_size)]
     try:
         store.wait(keys, _timedelta(timeout))
@@ -146,10 +146,10 @@ def _join(init: Callable[..., None], backend: Any, timeout: float) -> _Joined:
         missing = [r for r in range(world_size) if not _arrived(store, f"{prefix}/{gen}", r)]
         raise ReformError(f"rank {rank}: a warm spare found no re-formation to join: ranks {missing} did not "
                           f"arrive at re-formation {gen} within {timeout:g} s ({e})") from e
-    completed = [int(store.get(k)) for k in keys]
+    completed, hook_steps = _arrivals(store, keys)
     init(backend, store=dist.PrefixStore(f"{prefix}/{gen}/pg", store), rank=rank, world_size=world_size,
          timeout=_timedelta(max(timeout, 60.0)))
-    return _Joined(store, gen, completed, t0)
+    return _Joined(store, gen, completed, hook_steps, t0)
 
 
 class ReformError(RuntimeError):
@@ -244,6 +244,7 @@ class InProcess:
         hook_module._continue_registrations(int(self._store.get(key)))
         self._broadcast_state(j.gen, src)
         self.ddp, self.hook = self._wrapped()
+        _continue_steps(self.hook, max(j.hook_steps) + 1)
         self.generation = j.gen
         self._completed = best
         self._resume = best + 1
@@ -261,10 +262,11 @@ class InProcess:
         if gen > self.max_reforms:
             raise ReformError(f"rank {self.rank}: step {step} failed after {self.max_reforms} re-formations in process") from err
         phases: Dict[str, float] = {}
+        hook_step = getattr(getattr(self.hook, "_schedule", None), "step", 0)
         self._abort(err)
         phases["abort_ms"] = _ms(t0)
         t = time.monotonic()
-        completed = self._rendezvous(gen, step, err)
+        completed, hook_steps = self._rendezvous(gen, step, err, hook_step)
         phases["rendezvous_ms"] = _ms(t)
         t = time.monotonic()
         self._new_group(gen)
@@ -274,6 +276,7 @@ class InProcess:
         src = completed.index(best)
         self._broadcast_state(gen, src)
         self.ddp, self.hook = self._wrapped()
+        _continue_steps(self.hook, max(hook_steps) + 1)
         phases["state_ms"] = _ms(t)
         self.generation = gen
         self._completed = best
@@ -341,14 +344,14 @@ class InProcess:
         self.hook = None
         self.ddp = None
 
-    def _rendezvous(self, gen: int, step: int, err: BaseException) -> List[int]:
-        """Writes this rank's last completed step; returns every rank's, in rank order."""
+    def _rendezvous(self, gen: int, step: int, err: BaseException, hook_step: int) -> Tuple[List[int], List[int]]:
+        """Writes this rank's last completed step and its hook's; returns every rank's, in rank order."""
         prefix = f"{self._prefix}/{gen}"
         store = self._store
         # For a warm spare that takes a dead rank (_join): the name of the
         # next hook. Every rank has registered as many.
         store.set(f"{prefix}/registrations", str(hook_module._registrations))
-        _arrive(store, prefix, self.rank, self._completed)
+        _arrive(store, prefix, self.rank, self._completed, hook_step)
         keys = [f"{prefix}/rank{r}" for r in range(self.world_size)]
         try:
             store.wait(keys, _timedelta(self.timeout))
@@ -357,7 +360,7 @@ class InProcess:
             raise ReformError(
                 f"rank {self.rank}: re-formation {gen} after step {step} failed: ranks {missing} did not arrive "
                 f"within {self.timeout:g} s ({e}); falling back to a process restart") from err
-        return [int(store.get(k)) for k in keys]
+        return _arrivals(store, keys)
 
     def _new_group(self, gen: int) -> None:
         dist.destroy_process_group()
@@ -440,15 +443,33 @@ def _apply_layout(optimizer: Any, layout: Dict[str, Any]) -> None:
     optimizer.state.update(state)
 
 
-def _arrive(store: Any, prefix: str, rank: int, completed: int) -> None:
-    """Writes a rank's last completed step at a re-formation, and counts its arrival.
+def _arrive(store: Any, prefix: str, rank: int, completed: int, hook_step: int) -> None:
+    """Writes a rank's last completed step and its hook's step count at a re-formation, and counts its arrival.
 
     The count is how a rank's arrival is looked up (_arrived) on every
     torch: 1.13's TCPStore has no check(), and a wait that times out
     breaks its connection.
     """
-    store.set(f"{prefix}/rank{rank}", str(completed))
+    store.set(f"{prefix}/rank{rank}", f"{completed} {hook_step}")
     store.add(f"{prefix}/in{rank}", 1)
+
+
+def _arrivals(store: Any, keys: List[str]) -> Tuple[List[int], List[int]]:
+    """Every rank's last completed step, and its hook's step count, in rank order."""
+    pairs = [bytes(store.get(k)).decode().split() for k in keys]
+    return [int(p[0]) for p in pairs], [int(p[1]) for p in pairs]
+
+
+def _continue_steps(hook: Any, step: int) -> None:
+    """Numbers a new hook's steps on from the old hooks' (the same on every rank).
+
+    The steps number the hook's collectives in ddp-agent's telemetry: a new
+    hook counting from 0 again would give its collectives the keys of the
+    old hook's, which the agent has seen complete (or hang) already.
+    """
+    schedule = getattr(hook, "_schedule", None)
+    if schedule is not None:
+        schedule.step = step
 
 
 def _arrived(store: Any, prefix: str, rank: int) -> bool:

@@ -245,6 +245,19 @@ func (a *Analyzer) resetLocked(gen uint64) {
 	a.clear()
 }
 
+// Abandon drops the incomplete collectives, as done, keeping the
+// generation and its history: their ranks re-formed in process around the
+// one that never arrived, and their late records are stale. The new
+// communicators number their steps on from the old ones'.
+func (a *Analyzer) Abandon() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k := range a.pending {
+		a.done.add(k)
+	}
+	clear(a.pending)
+}
+
 // Add takes one record, in any order relative to the others, and returns
 // the collective it completed, if any: at most one, with its records in
 // rank order and Stall set when it was slow. An in-flight record only

@@ -755,3 +755,28 @@ func BenchmarkAdd(b *testing.B) {
 		b.Errorf("stats: got %+v, want at most %d pending, no stalls", st, buckets)
 	}
 }
+
+// TestAbandon: after the ranks re-formed around a hung one, its collective
+// is no hang any more, its late records are ignored, and the new
+// communicator's collectives (steps numbered on) complete as before.
+func TestAbandon(t *testing.T) {
+	a := newAnalyzer(t, Config{WorldSize: 2})
+	add(a, collective(1, 6, 0, t0, 10*time.Millisecond, 0, 0)...)
+	since := t0.Add(time.Second)
+	add(a, telemetry.Record{Gen: 1, Step: 7, Bucket: 0, Rank: 0, Status: telemetry.StatusInFlight, Arrive: since})
+	if h := a.Hang(since.Add(time.Hour), time.Minute); h == nil || !slices.Equal(h.Missing, []int{1}) {
+		t.Fatalf("Hang: got %+v, want rank 1 missing", h)
+	}
+	a.Abandon()
+	if h := a.Hang(since.Add(time.Hour), time.Minute); h != nil {
+		t.Fatalf("Hang after Abandon: got %+v, want nil", h)
+	}
+	stale := a.Stats().Stale
+	add(a, telemetry.Record{Gen: 1, Step: 7, Bucket: 0, Rank: 0, Status: 3, Arrive: since, Start: since, End: since.Add(time.Second)})
+	if a.Stats().Stale != stale+1 {
+		t.Errorf("a late record of the abandoned collective was not ignored: %+v", a.Stats())
+	}
+	if got := add(a, collective(1, 8, 0, since.Add(2*time.Second), 10*time.Millisecond, 0, 0)...); len(got) != 1 {
+		t.Errorf("the next step's collective: got %d completed, want 1", len(got))
+	}
+}

@@ -183,6 +183,17 @@ func (at *attempt) timeout(flag time.Duration, auto bool) time.Duration {
 	return max(flag, 10*at.steps.median())
 }
 
+// rearm abandons the attempt's incomplete collectives and lets a hang be
+// found again, timed from now (Watch.HangReplaced).
+func (at *attempt) rearm() {
+	if at.an != nil {
+		at.an.Abandon()
+	}
+	at.mu.Lock()
+	defer at.mu.Unlock()
+	at.hung, at.progress = false, time.Now()
+}
+
 // hangVerdict is what a look for a hang found: nothing (Hang nil), a hang
 // to report, or a collective unfinished past the timeout whose missing
 // ranks this node cannot judge (Unjudged, and Why; Log the first time

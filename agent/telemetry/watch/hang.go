@@ -46,6 +46,16 @@ func (s *Watch) Run(ctx context.Context) {
 	}
 }
 
+// HangReplaced tells the watch that the attempt's hang was dealt with in
+// place: the ranks that never arrived were killed for warm spares to take,
+// and the others re-form in process. The hung collectives are abandoned,
+// and the next hang is looked for from now, reported as the first was.
+func (s *Watch) HangReplaced() {
+	if at := s.current(); at != nil {
+		at.rearm()
+	}
+}
+
 // timeout is at's hang timeout now (Config.HangTimeout, HangAuto).
 func (s *Watch) timeout(at *attempt) time.Duration {
 	return at.timeout(s.cfg.HangTimeout, s.cfg.HangAuto)
