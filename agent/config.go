@@ -32,6 +32,7 @@ type Config struct {
 	VirtualLocalRank bool
 	Role             string
 	MaxRestarts      int           // restarts of the whole job after a fault
+	StopTimeout      time.Duration // grace between SIGTERM and SIGKILL
 	// Spares is how many warm spares this node keeps (--spares), started
 	// with SpareCommand and SpareEnv added to the workers' environment: a
 	// spare takes the rank of a worker that died, and the others keep
@@ -39,7 +40,6 @@ type Config struct {
 	Spares       int
 	SpareCommand []string
 	SpareEnv     []string
-	StopTimeout      time.Duration // grace between SIGTERM and SIGKILL
 
 	// LogDir keeps each run's worker logs, error files and Perfetto
 	// traces in LogDir/<run id>. Without it, KeepLogs keeps them in a

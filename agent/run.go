@@ -19,6 +19,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
+	"github.com/ddp-agent/ddp-agent/wire"
 )
 
 // run is one run of the job by an Agent: what lives for the run (the
@@ -50,6 +51,9 @@ type run struct {
 	plugins *pluginhost.Host
 	health  *loopHealth   // the loop's phase, for /healthz and /readyz
 	losses  rundir.Losses // worker log files that miss output, for the exit summary
+	// reformed gets a value (dropped when one waits already) when a
+	// worker reports a re-formation in process (refill waits for it).
+	reformed chan struct{}
 
 	bg   sync.WaitGroup // the background parts, waited for at the end of the run
 	left bool           // this node left the rendezvous (or needs not)
@@ -62,7 +66,7 @@ type run struct {
 
 func newRun(a *Agent, runID string, dir *rundir.Dir) *run {
 	return &run{Agent: a, runID: runID, dir: dir, runDir: dir.Path, keep: dir.Keep, events: newEventTally(), faults: fault.NewQueue(),
-		health: newLoopHealth(time.Now)}
+		health: newLoopHealth(time.Now), reformed: make(chan struct{}, 1)}
 }
 
 // execute sets the run up, runs the loop, and tears the run down in the
@@ -160,6 +164,15 @@ func (r *run) goBackground(f func()) {
 	}()
 }
 
+// onReformed takes a worker's report of a re-formation in process.
+func (r *run) onReformed(rank int, gen uint64, m wire.Reformed) {
+	r.obs.Reformed(rank, gen, m)
+	select {
+	case r.reformed <- struct{}{}:
+	default:
+	}
+}
+
 func (r *run) setGroup(g *supervisor.Group, rankOffset int) {
 	r.mu.Lock()
 	r.group, r.rankOffset = g, rankOffset
@@ -213,7 +226,7 @@ func (r *run) openRendezvous(ctx context.Context) (*joined, error) {
 // returned func stops it.
 func (r *run) startControl(ctx context.Context) (func(), error) {
 	srv, err := control.Listen(control.Config{JobID: r.runID, Logger: r.log, KV: r.j.kv},
-		control.PIDAdmission{Authorize: r.authorize, OnEvents: r.onEvents, OnReformed: r.obs.Reformed})
+		control.PIDAdmission{Authorize: r.authorize, OnEvents: r.onEvents, OnReformed: r.onReformed})
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}

@@ -53,7 +53,35 @@ func (r *run) replace(at *attempt, e *supervisor.WorkerExitError) bool {
 		"rank", e.Rank, "local_rank", e.LocalRank, "pid", e.PID, "signal", e.Signal.String(), "spare_pid", pid,
 		"after", e.Time.Sub(at.started).Round(time.Millisecond), "spares_idle", at.g.Spares())
 	r.mon.SetWorkers(at.g.PIDs())
+	r.refill(at)
 	return true
+}
+
+// spareRefillWait bounds how long the spare that replaces one given a
+// rank waits for the re-formation it joined to be reported.
+const spareRefillWait = 10 * time.Second
+
+// refill starts a spare in place of the one just given a rank, once a
+// worker of this node has reported the re-formation (the retried step
+// completed), or after spareRefillWait. Started at once, its torch import
+// took a core from the re-forming workers: on the 2-core VM the state
+// moved at two thirds of the speed, and the first step took 590-640 ms
+// instead of 390 ms.
+func (r *run) refill(at *attempt) {
+	for len(r.reformed) > 0 { // a report of an earlier re-formation
+		<-r.reformed
+	}
+	r.goBackground(func() {
+		t := time.NewTimer(spareRefillWait)
+		defer t.Stop()
+		select {
+		case <-r.reformed:
+		case <-t.C:
+		case <-at.g.Closed():
+			return
+		}
+		at.g.AddSpare()
+	})
 }
 
 // hungReplaceable is whether warm spares may take the ranks that never

@@ -117,7 +117,7 @@ type Config struct {
 	MasterPort int // 0: pick a free port for every attempt
 
 	MaxRestarts     int
-	Spares          int // warm spare workers (SpareCommand)
+	Spares          int           // warm spare workers (SpareCommand)
 	MonitorInterval time.Duration // accepted for torchrun compatibility; exits are noticed without polling
 	StopTimeout     time.Duration // grace between SIGTERM and SIGKILL
 	StartMethod     string

@@ -183,6 +183,12 @@ type Group struct {
 	spares, replaced []*worker
 	spareSeq         int // spares started so far: the next one's number
 
+	// spawnMu orders starting a spare against the attempt's end: once
+	// closed (releaseSpares), no spare starts, and closedCh is closed.
+	spawnMu  sync.Mutex
+	closed   bool
+	closedCh chan struct{}
+
 	// signal is how Stop signals a process group; a field so tests can
 	// simulate a process that ignores even SIGKILL (uninterruptible sleep).
 	signal func(pgid int, sig syscall.Signal) error
@@ -200,6 +206,7 @@ func New(spec *Spec, log *slog.Logger) *Group {
 		spec:       spec,
 		log:        log,
 		exits:      make(chan exit, spec.NProc+maxReplacements), // never blocks a wait goroutine
+		closedCh:   make(chan struct{}),
 		state:      StateInit,
 		signal:     func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) },
 		reapWait:   3 * time.Second,
@@ -235,7 +242,7 @@ func (g *Group) Start(ctx context.Context) error {
 	}
 	g.setState(StateHealthy)
 	for range g.spec.Spares {
-		g.startSpare()
+		g.AddSpare()
 	}
 	return nil
 }
@@ -289,6 +296,7 @@ type launch struct {
 	place   Placement
 	env     func(errorFile, noteFile string) []string
 	assign  *os.File // the read end of a spare's assignment pipe (its fd 3); nil for a worker
+	spare   *spare   // a spare's, set before its exit can be routed (exited)
 }
 
 func (g *Group) spawn(l launch) (*worker, error) {
@@ -299,7 +307,7 @@ func (g *Group) spawn(l launch) (*worker, error) {
 		return nil, fmt.Errorf("create worker dir: %w", err)
 	}
 	w := &worker{Worker: id, errorFile: filepath.Join(dir, "error.json"), noteFile: filepath.Join(dir, "comm_note.json"),
-		done: make(chan struct{})}
+		done: make(chan struct{}), spare: l.spare}
 	prefix := []byte(l.prefix)
 	w.stdout = newStream(prefix, false)
 	w.stderr = newStream(prefix, true) // its last lines go into the failure report

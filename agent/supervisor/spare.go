@@ -47,8 +47,20 @@ type Assignment struct {
 	Env       map[string]string `json:"env"`
 }
 
-// startSpare starts one more warm spare; a spare that cannot start is
-// logged, not fatal: the job runs on without it.
+// AddSpare starts one more warm spare, unless the attempt is over (its
+// workers all succeeded, or Stop). A spare that cannot start is logged,
+// not fatal: the job runs on without it. Safe to call from any goroutine.
+func (g *Group) AddSpare() {
+	g.spawnMu.Lock()
+	defer g.spawnMu.Unlock()
+	if !g.closed {
+		g.startSpare()
+	}
+}
+
+// Closed is closed when the attempt is over for spares.
+func (g *Group) Closed() <-chan struct{} { return g.closedCh }
+
 func (g *Group) startSpare() {
 	g.mu.Lock()
 	n := g.spareSeq
@@ -65,7 +77,7 @@ func (g *Group) startSpare() {
 		streams = spec.Streams(0) // where the job's output goes; it is no rank's yet
 	}
 	w, err := g.spawn(launch{id: Worker{LocalRank: -1, Rank: -1}, dir: "spare_" + strconv.Itoa(n), streams: streams,
-		prefix: "[spare" + strconv.Itoa(n) + "]:", argv: spec.SpareArgv, assign: r,
+		prefix: "[spare" + strconv.Itoa(n) + "]:", argv: spec.SpareArgv, assign: r, spare: &spare{n: n, pipe: wp},
 		env: func(errorFile, noteFile string) []string { return spareEnv(spec, errorFile, noteFile) }})
 	r.Close() // the child has its copy
 	if err != nil {
@@ -73,10 +85,15 @@ func (g *Group) startSpare() {
 		g.log.Warn("warm spare not started", "spare", n, "err", err)
 		return
 	}
-	w.spare = &spare{n: n, pipe: wp}
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-w.done: // gone already: exited said so
+		wp.Close()
+		return
+	default:
+	}
 	g.spares = append(g.spares, w)
-	g.mu.Unlock()
 	g.log.Info("warm spare started", "spare", n, "pid", w.pid)
 }
 
@@ -96,7 +113,8 @@ func spareEnv(s *Spec, errorFile, noteFile string) []string {
 }
 
 // Replace gives the rank of the worker that Wait just reported failed to
-// an idle warm spare, and starts another spare in its place. It returns
+// an idle warm spare (AddSpare starts another, when the caller sees fit:
+// a spare importing torch beside the re-forming workers slows them). It returns
 // the spare's pid. The dead worker's outcome is kept out of Outcomes and
 // PIDs from now on. Call it from Wait's goroutine, between Waits.
 func (g *Group) Replace(rank int) (int, error) {
@@ -156,7 +174,6 @@ func (g *Group) Replace(rank int) (int, error) {
 	g.replaced = append(g.replaced, dead)
 	g.state = StateHealthy
 	g.mu.Unlock()
-	g.startSpare()
 	return sp.pid, nil
 }
 
@@ -164,6 +181,12 @@ func (g *Group) Replace(rank int) (int, error) {
 // pipe closed (which alone would end it, once its imports are done) and
 // is killed with its children: it holds no state worth a grace period.
 func (g *Group) releaseSpares() {
+	g.spawnMu.Lock()
+	defer g.spawnMu.Unlock()
+	if !g.closed {
+		g.closed = true
+		close(g.closedCh)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, w := range g.spares {

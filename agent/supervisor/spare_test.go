@@ -38,15 +38,17 @@ func spareHelper() {
 func spareSpec(t *testing.T, mode string, nproc, spares int) (*Spec, *buffer) {
 	spec, out, _ := testSpec(t, mode, nproc, consoleOnly)
 	spec.Spares, spec.SpareArgv, spec.SpareEnv = spares, []string{os.Args[0]}, []string{"SUPERVISOR_HELPER=spare"}
-	spec.Place = func(lr int) Placement { return Placement{Env: map[string]string{"CUDA_VISIBLE_DEVICES": fmt.Sprint(lr)}} }
+	spec.Place = func(lr int) Placement {
+		return Placement{Env: map[string]string{"CUDA_VISIBLE_DEVICES": fmt.Sprint(lr)}}
+	}
 	return spec, out
 }
 
 // TestSpareTakesDeadRank: a worker killed by a signal is reported by Wait
 // as before; Replace gives its rank to the idle spare, which reads the
 // rank's variables (its GPU's too) on its fd 3, prints under the rank's
-// prefix, counts as the rank (PIDs, RankOf), and is itself replaced by a
-// new spare. Wait then waits for it as for any worker.
+// prefix, counts as the rank (PIDs, RankOf). Wait then waits for it as
+// for any worker. AddSpare starts another spare, until the attempt ends.
 func TestSpareTakesDeadRank(t *testing.T) {
 	spec, out := spareSpec(t, "selfkillif:1", 2, 1)
 	g := start(t, spec)
@@ -62,6 +64,13 @@ func TestSpareTakesDeadRank(t *testing.T) {
 	pid, err := g.Replace(1)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if g.Spares() != 0 {
+		t.Errorf("idle spares after Replace: %d, want 0", g.Spares())
+	}
+	g.AddSpare()
+	if g.Spares() != 1 {
+		t.Errorf("idle spares after AddSpare: %d, want 1", g.Spares())
 	}
 	if err := g.Wait(context.Background()); err != nil {
 		t.Fatalf("Wait after Replace: %v\n%s", err, out)
@@ -86,8 +95,17 @@ func TestSpareTakesDeadRank(t *testing.T) {
 	if g.State() != StateSucceeded {
 		t.Errorf("state %v, want succeeded", g.State())
 	}
-	// The new spare was started, and ended with the attempt.
-	waitFor(t, func() bool { return len(g.aliveAll()) == 0 })
+	// The new spare ended with the attempt, and none starts after it.
+	select {
+	case <-g.Closed():
+	default:
+		t.Error("Closed() is open after the workers succeeded")
+	}
+	waitFor(t, func() bool { return len(g.aliveAll()) == 0 && g.Spares() == 0 })
+	g.AddSpare()
+	if g.Spares() != 0 || len(g.aliveAll()) != 0 {
+		t.Errorf("AddSpare after the attempt's end started a spare")
+	}
 }
 
 // TestReplaceRefuses: no spare, a worker still running, a rank that is

@@ -1,15 +1,17 @@
-"""A worker's exception, recovered three ways side by side: in process, by ddp-agent's restart, by torchrun's.
+"""A worker's fault, recovered three ways side by side: in process, by ddp-agent's restart, by torchrun's.
 
     /usr/bin/python3 examples/bench/inprocess_recovery.py --agent bin/ddp-agent \\
-        --torchrun-compat scripts/torchrun_compat.py --runs 5
+        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill]
 
 Each run trains examples/train.py (2 ranks, gloo, the ddp_agent hook on the
 shim's host transport, --hidden 512, a checkpoint every 5 steps) and has
-rank 1 raise at step 13, under:
+rank 1 fail at step 13: it raises (--fault raise), or it is killed with
+SIGKILL (--fault kill), under:
 
   in-process  ddp-agent run ... train.py --in-process: ddp_agent.InProcess
               re-forms the process group and the hook in the same processes
-              and takes the state from a healthy peer
+              and takes the state from a healthy peer; for a kill, with
+              --spares 1: a warm spare takes the dead rank
   ddp-agent   ddp-agent run --max-restarts 1: every worker restarted,
               resuming from the step-10 checkpoint
   torchrun    torchrun --max-restarts 1 (scripts/torchrun_compat.py on
@@ -27,12 +29,16 @@ run's figures are:
               process (only the step in progress is done again), 2 for the
               restarts (steps 11 and 12, after the checkpoint at step 10)
 
-It prints a Markdown table of the medians, minimums and maximums.
+It prints a Markdown table of the medians, minimums and maximums. With
+--fault kill it also compares how fast the spare took the model's state (the
+"bytes moved in" of its log line) with the shim's all-reduce bus bandwidth
+for that size, measured by examples/bench/allreduce.py right after.
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -48,8 +54,11 @@ def command(kind: str, args, workdir: str):
     train = [TRAIN, "--steps", str(STEPS), "--hidden", "512", "--log-every", "100", "--ckpt-every", str(CKPT_EVERY),
              "--ckpt-dir", os.path.join(workdir, "ckpt"), "--fail-rank", "1", "--fail-at-step", str(FAIL_STEP),
              "--warmup-steps", "0"]
+    if args.fault == "kill":
+        train += ["--fail-signal", "KILL"]
     if kind == "in-process":
-        return [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "--python",
+        spares = ["--spares", "1"] if args.fault == "kill" else []
+        return [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", *spares, "--python",
                 args.python, "--log-dir", os.path.join(workdir, "logs"), *train, "--in-process"]
     if kind == "ddp-agent":
         return [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--python",
@@ -67,6 +76,7 @@ def measure(kind: str, args) -> dict:
         if r.returncode != 0:
             sys.exit(f"{kind}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
         events = [json.loads(line) for line in open(log)]
+        moved = STATE_RE.search(r.stdout + r.stderr)
     fault = min(e["t"] for e in events if e["event"] == "fault")
     # The attempt after the fault: the restarted workers, or the
     # generation re-formed in process (train.py's attempt counts both).
@@ -76,7 +86,28 @@ def measure(kind: str, args) -> dict:
             first[e["rank"]] = e["t"]
     before = {e["step"] for e in events if e["event"] == "step" and e["attempt"] == 0}
     again = {e["step"] for e in events if e["event"] == "step" and e["attempt"] > 0}
-    return {"recovery_s": max(first.values()) - fault, "lost_steps": len(before & again)}
+    out = {"recovery_s": max(first.values()) - fault, "lost_steps": len(before & again)}
+    if moved:
+        out["state_bytes"], out["state_ms"] = int(moved.group(1)), float(moved.group(2))
+    return out
+
+
+STATE_RE = re.compile(r"joined re-formation .* \((\d+) bytes moved in ([\d.]+) ms\)")
+
+
+def shim_busbw(args, nbytes: int) -> float:
+    """The shim's all-reduce bus bandwidth (GB/s) for nbytes on 2 ranks, by examples/bench/allreduce.py."""
+    with tempfile.TemporaryDirectory(prefix="inprocess-bench-allreduce-") as workdir:
+        out = os.path.join(workdir, "allreduce.json")
+        size = nbytes // 4 * 4
+        cmd = [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--python", args.python,
+               os.path.join(ROOT, "examples", "bench", "allreduce.py"), "--min-bytes", str(size), "--max-bytes", str(size),
+               "--rounds", "3", "--json", out]
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            sys.exit(f"allreduce.py: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        return json.load(open(out))["rows"][0]["shim"]["busbw"]
 
 
 def main() -> None:
@@ -85,6 +116,8 @@ def main() -> None:
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--torchrun-compat", default=os.path.join(ROOT, "scripts", "torchrun_compat.py"))
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--fault", choices=["raise", "kill"], default="raise",
+                   help="rank 1 raises, or is killed with SIGKILL (in process: a warm spare takes its rank)")
     args = p.parse_args()
     kinds = ["in-process", "ddp-agent", "torchrun"]
     results = {k: [] for k in kinds}
@@ -94,7 +127,8 @@ def main() -> None:
             results[k].append(measure(k, args))
             print(f"run {i + 1} {k}: {results[k][-1]}", file=sys.stderr)
     print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 2 ranks, gloo, train.py --hidden 512, "
-          f"rank 1 raises at step {FAIL_STEP}, checkpoint every {CKPT_EVERY} steps\n")
+          f"rank 1 {'raises' if args.fault == 'raise' else 'is SIGKILLed'} at step {FAIL_STEP}, "
+          f"checkpoint every {CKPT_EVERY} steps\n")
     print("| path | fault → every rank completed its first step of the next attempt (median, min-max) | completed steps done again | against in process |")
     print("|---|---|---|---|")
     base = statistics.median(r["recovery_s"] for r in results["in-process"])
@@ -103,6 +137,14 @@ def main() -> None:
         lost = sorted({r["lost_steps"] for r in results[k]})
         print(f"| {k} | {statistics.median(rec):.3f} s ({rec[0]:.3f}-{rec[-1]:.3f}) | {', '.join(map(str, lost))} | "
               f"{statistics.median(rec) / base:.1f}x |")
+    moved = [r for r in results["in-process"] if "state_bytes" in r]
+    if moved:
+        nbytes = moved[0]["state_bytes"]
+        rates = sorted(r["state_bytes"] / r["state_ms"] / 1e6 for r in moved)  # GB/s
+        bus = shim_busbw(args, nbytes)
+        med = statistics.median(rates)
+        print(f"\nThe spare took {nbytes / 1e6:.1f} MB of state at {med:.2f} GB/s (median; {rates[0]:.2f}-{rates[-1]:.2f}); "
+              f"the shim's all-reduce of that size, right after: bus bandwidth {bus:.2f} GB/s; ratio {med / bus:.2f}")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _env
+from . import _env, _state
 from . import hook as hook_module
 
 log = logging.getLogger("ddp_agent")
@@ -242,17 +242,17 @@ class InProcess:
         # The survivors' new hooks are named by how many they registered
         # before: this process's must have the same names.
         hook_module._continue_registrations(int(self._store.get(key)))
-        self._broadcast_state(j.gen, src)
-        self.ddp, self.hook = self._wrapped()
-        _continue_steps(self.hook, max(j.hook_steps) + 1)
+        state_bytes, move_ms = self._take_state(j.gen, src, j.hook_steps)
         self.generation = j.gen
         self._completed = best
         self._resume = best + 1
         self.joined = {"generation": j.gen, "retry": best + 1, "source": src, "completed": j.completed,
-                       "rendezvous_ms": round((t - j.since) * 1e3, 1), "state_ms": _ms(t), "total_ms": _ms(j.since)}
+                       "rendezvous_ms": round((t - j.since) * 1e3, 1), "state_ms": _ms(t), "state_bytes": state_bytes,
+                       "move_ms": move_ms, "total_ms": _ms(j.since)}
         log.warning("ddp_agent: rank %d joined re-formation %d in process as a warm spare: resuming at step %d with "
-                    "rank %d's state; rendezvous and process group %.1f ms, state %.1f ms", self.rank, j.gen, best + 1,
-                    src, self.joined["rendezvous_ms"], self.joined["state_ms"])
+                    "rank %d's state; rendezvous and process group %.1f ms, state %.1f ms (%d bytes moved in "
+                    "%.1f ms)", self.rank, j.gen, best + 1, src, self.joined["rendezvous_ms"], self.joined["state_ms"],
+                    state_bytes, move_ms)
 
     # The re-formation, in its phases.
 
@@ -274,9 +274,7 @@ class InProcess:
         t = time.monotonic()
         best = max(completed)
         src = completed.index(best)
-        self._broadcast_state(gen, src)
-        self.ddp, self.hook = self._wrapped()
-        _continue_steps(self.hook, max(hook_steps) + 1)
+        phases["state_bytes"], phases["move_ms"] = self._take_state(gen, src, hook_steps)
         phases["state_ms"] = _ms(t)
         self.generation = gen
         self._completed = best
@@ -368,28 +366,40 @@ class InProcess:
         dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
                                 timeout=_timedelta(max(self.timeout, 60.0)))
 
-    def _broadcast_state(self, gen: int, src: int) -> None:
-        """Makes every rank's model and optimizer state the source's.
+    def _match_state(self, gen: int, src: int) -> List[torch.Tensor]:
+        """Gives this rank the source's optimizer layout; returns the state's tensors, in the same order on every rank.
 
         The optimizer's state can differ in shape between ranks (a rank that
-        failed before its first optimizer step has no momentum yet), so the
-        source publishes its layout and its non-tensor entries through the
-        store, the others make their state match it, and then every tensor
-        is broadcast in the layout's order.
+        failed before its first optimizer step has no momentum yet; a spare
+        has none), so the source publishes its layout and its non-tensor
+        entries through the store, and the others make their state match it.
         """
         key = f"{self._prefix}/{gen}/optimizer"
         if self.rank == src:
-            layout = _optimizer_layout(self.optimizer)
+            layout = _state.optimizer_layout(self.optimizer)
             self._store.set(key, pickle.dumps(layout))
         else:
             self._store.wait([key], _timedelta(self.timeout))
             layout = pickle.loads(self._store.get(key))
-            _apply_layout(self.optimizer, layout)
+            _state.apply_layout(self.optimizer, layout)
         tensors = [t for t in self.model.state_dict().values() if isinstance(t, torch.Tensor)]
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        tensors += [self.optimizer.state[params[i]][k] for i, k, _, _ in layout["tensors"]]
-        for t in tensors:
-            dist.broadcast(t, src)
+        return tensors + [self.optimizer.state[params[i]][k] for i, k, _, _ in layout["tensors"]]
+
+    def _take_state(self, gen: int, src: int, hook_steps: List[int]) -> Tuple[int, float]:
+        """Makes every rank's model and optimizer state the source's, and the DDP model and hook anew.
+
+        The hook comes first: its host communicator carries the state, at
+        the shim's all-reduce bandwidth (docs/in-process.md). Returns the
+        bytes moved and the milliseconds it took.
+        """
+        tensors = self._match_state(gen, src)
+        self.ddp, self.hook = self._wrapped()
+        base = max(hook_steps) + 1
+        _continue_steps(self.hook, base)
+        comms = getattr(self.hook, "_comms", None)
+        comm = comms.get("host") if comms is not None else None
+        return _state.move(tensors, src, self.rank, comm, label_step=base - 1)
 
 
 class _Step:
@@ -411,36 +421,6 @@ class _Step:
             return False  # KeyboardInterrupt, SystemExit: leave
         loop._reform(self.n, err, time.monotonic())
         return True
-
-
-def _optimizer_layout(optimizer: Any) -> Dict[str, Any]:
-    """The optimizer's state as the source has it: which tensors, and every other value."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    tensors, values = [], []
-    for i, p in enumerate(params):
-        for k, v in sorted(optimizer.state.get(p, {}).items()):
-            if isinstance(v, torch.Tensor):
-                tensors.append((i, k, tuple(v.shape), v.dtype))
-            else:
-                values.append((i, k, v))
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    return {"tensors": tensors, "values": values, "groups": groups}
-
-
-def _apply_layout(optimizer: Any, layout: Dict[str, Any]) -> None:
-    """Gives this rank's optimizer the source's layout: the tensors to receive into, the other values."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for g, saved in zip(optimizer.param_groups, layout["groups"]):
-        g.update(saved)
-    state: Dict[Any, Dict[str, Any]] = {}
-    for i, k, shape, dtype in layout["tensors"]:
-        old = optimizer.state.get(params[i], {}).get(k)
-        ok = isinstance(old, torch.Tensor) and tuple(old.shape) == shape and old.dtype == dtype
-        state.setdefault(params[i], {})[k] = old if ok else torch.empty(shape, dtype=dtype, device=params[i].device)
-    for i, k, v in layout["values"]:
-        state.setdefault(params[i], {})[k] = v
-    optimizer.state.clear()
-    optimizer.state.update(state)
 
 
 def _arrive(store: Any, prefix: str, rank: int, completed: int, hook_step: int) -> None:

@@ -1,0 +1,97 @@
+"""Moving the model's and optimizer's state from a healthy rank to the others, for a re-formation in process.
+
+The state goes through the new hook's host communicator when there is one
+(CPU tensors, the shim's host transport): each tensor all-reduced in
+place with SUM, the source's values against the others' negative zeros. A sum whose other terms are all -0.0 is the source's
+value bit for bit (-0.0 is the identity of IEEE addition, where +0.0 would
+turn a -0.0 into +0.0), so this is a broadcast at the shim's all-reduce
+bandwidth: 6.7 times gloo's broadcasts, tensor by tensor, for
+examples/train.py's 42 MB on the 2-core VM (docs/in-process.md). Without
+that communicator (CUDA tensors, a hook-less wrap), torch.distributed's
+broadcast does it.
+"""
+
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import _shim
+from ._buckets import DTYPES
+
+# The bucket that labels the state's all-reduces in ddp-agent's telemetry:
+# no DDP bucket has that index, so they never take a gradient
+# collective's key.
+STATE_BUCKET = 2**31 - 1
+
+
+def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.Comm], *,
+         label_step: int) -> Tuple[int, float]:
+    """Makes every rank's tensors the source's; returns the bytes moved and the milliseconds it took.
+
+    Every rank passes its tensors in the same order, shapes and dtypes
+    (the layout the source published). label_step is the step the
+    all-reduces carry in the agent's telemetry.
+    """
+    if comm is not None:
+        # Every rank here before the clock starts, and the communicator's
+        # first collective (its setup) paid: the time is the move's.
+        one = torch.zeros(1)
+        work = comm.allreduce(one.data_ptr(), 1, _shim.DType.FLOAT32, _shim.Op.SUM, step=label_step, bucket=STATE_BUCKET)
+        try:
+            work.wait()
+        finally:
+            work.free()
+    t0 = time.monotonic()
+    works, rest = [], []
+    for t in tensors:
+        if comm is None or t.device.type != "cpu" or t.dtype not in DTYPES or t.is_complex() or not t.is_contiguous():
+            rest.append(t)
+            continue
+        if rank != src:
+            t.fill_(-0.0 if t.dtype.is_floating_point else 0)
+        shim_dtype, per_element = DTYPES[t.dtype]
+        # In place, all queued before the first wait: the host transport
+        # runs them back to back.
+        works.append(comm.allreduce(t.data_ptr(), t.numel() * per_element, shim_dtype, _shim.Op.SUM, step=label_step,
+                                    bucket=STATE_BUCKET))
+    try:
+        for w in works:
+            w.wait()
+    finally:
+        for w in works:
+            w.free()
+    for t in rest:
+        dist.broadcast(t, src)
+    return sum(t.numel() * t.element_size() for t in tensors), round((time.monotonic() - t0) * 1e3, 1)
+
+
+def optimizer_layout(optimizer: Any) -> Dict[str, Any]:
+    """The optimizer's state as the source has it: which tensors, and every other value."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    tensors, values = [], []
+    for i, p in enumerate(params):
+        for k, v in sorted(optimizer.state.get(p, {}).items()):
+            if isinstance(v, torch.Tensor):
+                tensors.append((i, k, tuple(v.shape), v.dtype))
+            else:
+                values.append((i, k, v))
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    return {"tensors": tensors, "values": values, "groups": groups}
+
+
+def apply_layout(optimizer: Any, layout: Dict[str, Any]) -> None:
+    """Gives this rank's optimizer the source's layout: the tensors to receive into, the other values."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for g, saved in zip(optimizer.param_groups, layout["groups"]):
+        g.update(saved)
+    state: Dict[Any, Dict[str, Any]] = {}
+    for i, k, shape, dtype in layout["tensors"]:
+        old = optimizer.state.get(params[i], {}).get(k)
+        ok = isinstance(old, torch.Tensor) and tuple(old.shape) == shape and old.dtype == dtype
+        state.setdefault(params[i], {})[k] = old if ok else torch.empty(shape, dtype=dtype, device=params[i].device)
+    for i, k, v in layout["values"]:
+        state.setdefault(params[i], {})[k] = v
+    optimizer.state.clear()
+    optimizer.state.update(state)

@@ -1,0 +1,84 @@
+"""ddp_agent._spare, the warm spare: what it imports before it is needed, and how it takes a rank.
+
+The agent's side (starting spares, writing the assignment) is tested in
+agent/supervisor; a spare joining a real re-formation in agent/e2e
+(TestWarmSpare, on torch 1.13 and 2.x). Here a real spare process reads a
+real pipe, as under ``ddp-agent run --spares``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from ddp_agent import _env, _spare
+
+from conftest import PYTHON_DIR
+
+
+def test_imports_are_the_scripts_top_level_ones(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, json as j
+        from collections import OrderedDict
+        from . import sibling
+        try:
+            import yaml
+        except ImportError:
+            yaml = None
+        def main():
+            import only_when_called
+    """))
+    assert _spare._imports(str(script)) == ["os", "json", "collections", "yaml"]
+    script.write_text("def broken(:\n")
+    assert _spare._imports(str(script)) == []
+    assert _spare._imports(str(tmp_path / "missing.py")) == []
+
+
+def test_target():
+    assert _spare._target(["train.py", "--lr", "1"]) == (False, "train.py", ["--lr", "1"])
+    assert _spare._target(["-m", "pkg.train", "--lr", "1"]) == (True, "pkg.train", ["--lr", "1"])
+
+
+SCRIPT = """
+import os, sys
+import torch.distributed as dist
+print("script ran as", __name__, "argv", sys.argv[1:], "RANK", os.environ.get("RANK"),
+      "LOCAL_RANK", os.environ.get("LOCAL_RANK"), "fd", os.environ.get("{fd}"),
+      "init", dist.init_process_group.__qualname__, flush=True)
+"""
+
+
+def _spare_process(tmp_path, line):
+    """Runs a spare of a script that prints what it was given; writes line (or nothing) to its pipe."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(fd=_env.SPARE_FD))
+    r, w = os.pipe()
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), **{_env.SPARE_FD: str(r)})
+    env.pop("RANK", None)
+    p = subprocess.Popen([sys.executable, "-u", "-m", "ddp_agent._spare", str(script), "--lr", "0.5"], env=env,
+                         pass_fds=(r,), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(r)
+    with os.fdopen(w, "w") as f:
+        f.write(line)
+    out, err = p.communicate(timeout=120)
+    return p.returncode, out, err
+
+
+def test_released_spare_exits_without_running_the_script(tmp_path):
+    code, out, err = _spare_process(tmp_path, "")
+    assert code == 0, err
+    assert "warm spare ready" in err and "modules of" in err
+    assert "script ran" not in out
+
+
+def test_assigned_spare_runs_the_script_as_the_rank(tmp_path):
+    line = json.dumps({"rank": 3, "local_rank": 1, "env": {"RANK": "3", "LOCAL_RANK": "1", "ROLE_RANK": "3"}}) + "\n"
+    code, out, err = _spare_process(tmp_path, line)
+    assert code == 0, err
+    assert "takes rank 3 (local rank 1)" in err
+    # As __main__, with its arguments and the rank's variables; the pipe's
+    # variable is gone; init_process_group will join the re-formation.
+    assert ("script ran as __main__ argv ['--lr', '0.5'] RANK 3 LOCAL_RANK 1 fd None "
+            "init _expect_join.<locals>.init_process_group") in out, out + err
