@@ -121,6 +121,10 @@ demo-fault: build
 	@echo "==== the same fault in process (train.py --in-process): the workers keep their processes"
 	bin/ddp-agent run --standalone --nproc-per-node 2 --max-restarts 1 --python $(PYTHON) \
 	  examples/train.py --steps 60 --ckpt-dir $(DEMO_DIR)/ckpt-in-process --fail-rank 1 --fail-at-step 30 --in-process
+	@echo "==== rank 1 SIGKILLed instead, with a warm spare (--spares 1): it takes the rank, rank 0 keeps its process"
+	bin/ddp-agent run --standalone --nproc-per-node 2 --max-restarts 1 --spares 1 --python $(PYTHON) \
+	  examples/train.py --steps 60 --ckpt-dir $(DEMO_DIR)/ckpt-spare --fail-rank 1 --fail-at-step 30 --in-process \
+	  --fail-signal KILL
 
 # Side by side in one run (figures in the README): ddp-agent against
 # torchrun (start-up, restart, and recovery after a lost node against

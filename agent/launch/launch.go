@@ -437,6 +437,15 @@ func (r rawFlags) int(name string, min int) (int, error) {
 	return n, nil
 }
 
+// spares is --spares, for a Python script only: a spare imports it.
+func (r rawFlags) spares(noPython bool) (int, error) {
+	n, err := r.int("spares", 0)
+	if err == nil && n > 0 && noPython {
+		return 0, usagef("--spares needs a Python script: a spare imports it, and --no-python runs a program")
+	}
+	return n, err
+}
+
 // seconds parses a duration given as torchrun does (plain seconds) or as a Go
 // duration ("500ms", "1m").
 func (r rawFlags) seconds(name string) (time.Duration, error) {
@@ -474,11 +483,8 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.MaxRestarts, err = r.int("max-restarts", 0); err != nil {
 		return err
 	}
-	if c.Spares, err = r.int("spares", 0); err != nil {
+	if c.Spares, err = r.spares(c.NoPython); err != nil {
 		return err
-	}
-	if c.Spares > 0 && c.NoPython {
-		return usagef("--spares needs a Python script: a spare imports it, and --no-python runs a program")
 	}
 	// The telemetry options are read by observe's parsers, as the
 	// sidecar's flags are: one meaning for both modes.
