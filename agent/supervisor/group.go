@@ -626,7 +626,7 @@ func (g *Group) Kill(rank int) error {
 func (g *Group) list() []*worker {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.workers[:len(g.workers):len(g.workers)]
+	return slices.Clone(g.workers) // Replace writes an element in place
 }
 
 // processes returns every process the group started: its workers, the
