@@ -2,13 +2,14 @@
 
 The state goes through the new hook's host communicator when there is one
 (CPU tensors, the shim's host transport): each tensor all-reduced in
-place with SUM, the source's values against the others' negative zeros. A sum whose other terms are all -0.0 is the source's
-value bit for bit (-0.0 is the identity of IEEE addition, where +0.0 would
-turn a -0.0 into +0.0), so this is a broadcast at the shim's all-reduce
-bandwidth: 6.7 times gloo's broadcasts, tensor by tensor, for
-examples/train.py's 42 MB on the 2-core VM (docs/in-process.md). Without
-that communicator (CUDA tensors, a hook-less wrap), torch.distributed's
-broadcast does it.
+place with SUM, the source's values against the others' negative zeros.
+A sum whose other terms are all -0.0 is the source's value bit for bit
+(-0.0 is the identity of IEEE addition, where +0.0 would turn a -0.0 into
++0.0), so this is a broadcast through the shim. On the 2-core VM the
+survivors' state phase took 75-85 ms this way, 87-120 ms through gloo's
+broadcasts, tensor by tensor (docs/in-process.md). Without that
+communicator (CUDA tensors, a hook-less wrap), and for dtypes the shim
+does not reduce, torch.distributed's broadcast does it.
 """
 
 import time
@@ -44,8 +45,16 @@ def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.
         finally:
             work.free()
     t0 = time.monotonic()
-    works, rest = [], []
+    works, rest, moved = [], [], []
+    seen = set()
     for t in tensors:
+        alias = (t.data_ptr(), t.numel(), t.dtype)
+        if alias in seen:
+            # A tied weight, twice in the state dict: summed twice, it would
+            # double on the receivers.
+            continue
+        seen.add(alias)
+        moved.append(t)
         if comm is None or t.device.type != "cpu" or t.dtype not in DTYPES or t.is_complex() or not t.is_contiguous():
             rest.append(t)
             continue
@@ -63,8 +72,19 @@ def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.
         for w in works:
             w.free()
     for t in rest:
+        _broadcast(t, src)
+    return sum(t.numel() * t.element_size() for t in moved), round((time.monotonic() - t0) * 1e3, 1)
+
+
+def _broadcast(t: torch.Tensor, src: int) -> None:
+    """torch.distributed's broadcast of t, a bool tensor's too (gloo has no bool: its bytes go)."""
+    if t.dtype != torch.bool:
         dist.broadcast(t, src)
-    return sum(t.numel() * t.element_size() for t in tensors), round((time.monotonic() - t0) * 1e3, 1)
+        return
+    raw = t.contiguous().view(torch.uint8)
+    dist.broadcast(raw, src)
+    if raw.data_ptr() != t.data_ptr():
+        t.copy_(raw.view(torch.bool))
 
 
 def optimizer_layout(optimizer: Any) -> Dict[str, Any]:
