@@ -134,12 +134,7 @@ func create(path string, geo geometry, directMin int64) (mem []byte, err error) 
 	if err := syscall.Ftruncate(fd, int64(geo.size)); err != nil {
 		return nil, &os.PathError{Op: "truncate", Path: path, Err: err}
 	}
-	// Populated now, at the communicator's open: faulted in by the first
-	// collective instead, the segment (world x 2 MiB) made a 42 MB
-	// all-reduce on a new communicator take 40 ms against 22 ms later, on
-	// the 2-core VM; a re-formation in process moves its state through a
-	// new one (python/ddp_agent/_state.py).
-	mem, err = syscall.Mmap(fd, 0, geo.size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
+	mem, err = syscall.Mmap(fd, 0, geo.size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, &os.PathError{Op: "mmap", Path: path, Err: err}
 	}
@@ -194,7 +189,7 @@ func open(path string, world int) ([]byte, geometry, error) {
 	if size := le.Uint64(hdr[offSize:]); size != uint64(geo.size) || st.Size != int64(geo.size) {
 		return nil, geometry{}, fmt.Errorf("%s: %d bytes (header says %d), want %d: %w", path, st.Size, size, geo.size, errBadSegment)
 	}
-	mem, err := syscall.Mmap(fd, 0, geo.size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE) // as in create
+	mem, err := syscall.Mmap(fd, 0, geo.size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, geometry{}, &os.PathError{Op: "mmap", Path: path, Err: err}
 	}
