@@ -68,8 +68,9 @@ const spareRefillWait = 10 * time.Second
 // moved at two thirds of the speed, and the first step took 590-640 ms
 // instead of 390 ms.
 func (r *run) refill(at *attempt) {
-	for len(r.reformed) > 0 { // a report of an earlier re-formation
-		<-r.reformed
+	select { // a report of an earlier re-formation
+	case <-r.reformed:
+	default:
 	}
 	r.goBackground(func() {
 		t := time.NewTimer(spareRefillWait)

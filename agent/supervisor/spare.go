@@ -119,26 +119,22 @@ func spareEnv(s *Spec, errorFile, noteFile string) []string {
 // PIDs from now on. Call it from Wait's goroutine, between Waits.
 func (g *Group) Replace(rank int) (int, error) {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	i := slices.IndexFunc(g.workers, func(w *worker) bool { return w.Rank == rank })
 	switch {
 	case i < 0:
-		g.mu.Unlock()
 		return 0, fmt.Errorf("replace rank %d: not a worker of this group", rank)
 	case g.state != StateUnhealthy:
-		g.mu.Unlock()
 		return 0, fmt.Errorf("replace rank %d: the group is %v", rank, g.state)
 	case len(g.replaced) >= maxReplacements:
-		g.mu.Unlock()
 		return 0, fmt.Errorf("replace rank %d: %d workers replaced already", rank, len(g.replaced))
 	case len(g.spares) == 0:
-		g.mu.Unlock()
 		return 0, ErrNoSpare
 	}
 	dead, sp := g.workers[i], g.spares[0]
 	select {
 	case <-dead.done:
 	default:
-		g.mu.Unlock()
 		return 0, fmt.Errorf("replace rank %d: its worker (pid %d) is still running", rank, dead.pid)
 	}
 	a := Assignment{Rank: dead.Rank, LocalRank: dead.LocalRank, Env: map[string]string{
@@ -165,7 +161,6 @@ func (g *Group) Replace(rank int) (int, error) {
 	sp.spare.pipe = nil
 	g.spares = g.spares[1:]
 	if err != nil { // it died meanwhile; its exit is dropped as an idle spare's
-		g.mu.Unlock()
 		return 0, fmt.Errorf("replace rank %d: assign spare %d (pid %d): %w", rank, sp.spare.n, sp.pid, err)
 	}
 	sp.Worker = dead.Worker
@@ -173,7 +168,6 @@ func (g *Group) Replace(rank int) (int, error) {
 	g.workers[i] = sp
 	g.replaced = append(g.replaced, dead)
 	g.state = StateHealthy
-	g.mu.Unlock()
 	return sp.pid, nil
 }
 
