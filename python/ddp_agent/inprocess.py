@@ -23,10 +23,11 @@ every rank, in the processes they have:
    store and waits for every rank's, bounded by ``timeout``;
 3. **process group**: torch's default process group is destroyed and made
    again, on the same store under the new generation's prefix;
-4. **state**: the lowest rank that completed the most steps broadcasts the
-   model's and the optimizer's state to the others (a rank that failed in
-   its optimizer step holds half-updated weights; it takes the healthy
-   peer's), then ``wrap`` makes the DDP model and the hook again;
+4. **state**: ``wrap`` makes the DDP model and the hook again, and the
+   lowest rank that completed the most steps gives the model's and the
+   optimizer's state to the others through the hook's communicator
+   (``_state``; a rank that failed in its optimizer step holds half-updated
+   weights: it takes the healthy peer's);
 5. the loop yields the first step not completed everywhere: at most the one
    step in progress is lost, and with data that is a function of the step,
    the result is the same as an uninterrupted run's.
