@@ -139,16 +139,11 @@ def _join(init: Callable[..., None], backend: Any, timeout: float) -> _Joined:
     gen = 1
     while _arrived(store, f"{prefix}/{gen}", rank):  # this rank's earlier re-formations
         gen += 1
-    _arrive(store, f"{prefix}/{gen}", rank, -1, -1)  # completed nothing: its state comes from a peer
-    keys = [f"{prefix}/{gen}/rank{r}" for r in range(world_size)]
-    try:
-        store.wait(keys, _timedelta(timeout))
-    except Exception as e:
-        missing = [r for r in range(world_size) if not _arrived(store, f"{prefix}/{gen}", r)]
-        raise ReformError(f"rank {rank}: a warm spare found no re-formation to join: ranks {missing} did not "
-                          f"arrive at re-formation {gen} within {timeout:g} s ({e})") from e
-    completed, hook_steps = _arrivals(store, keys)
-    init(backend, store=dist.PrefixStore(f"{prefix}/{gen}/pg", store), rank=rank, world_size=world_size,
+    try:  # completed nothing: its state comes from a peer
+        completed, hook_steps = _meet(store, f"{prefix}/{gen}", rank, world_size, -1, -1, timeout)
+    except ReformError as e:
+        raise ReformError(f"rank {rank}: a warm spare found no re-formation to join (re-formation {gen}): {e}") from e
+    init(backend, store=_group_store(store, prefix, gen), rank=rank, world_size=world_size,
          timeout=_timedelta(max(timeout, 60.0)))
     return _Joined(store, gen, completed, hook_steps, t0)
 
@@ -350,21 +345,16 @@ class InProcess:
         # For a warm spare that takes a dead rank (_join): the name of the
         # next hook. Every rank has registered as many.
         store.set(f"{prefix}/registrations", str(hook_module._registrations))
-        _arrive(store, prefix, self.rank, self._completed, hook_step)
-        keys = [f"{prefix}/rank{r}" for r in range(self.world_size)]
         try:
-            store.wait(keys, _timedelta(self.timeout))
-        except Exception as e:
-            missing = [r for r in range(self.world_size) if not _arrived(store, prefix, r)]
-            raise ReformError(
-                f"rank {self.rank}: re-formation {gen} after step {step} failed: ranks {missing} did not arrive "
-                f"within {self.timeout:g} s ({e}); falling back to a process restart") from err
-        return _arrivals(store, keys)
+            return _meet(store, prefix, self.rank, self.world_size, self._completed, hook_step, self.timeout)
+        except ReformError as e:
+            raise ReformError(f"rank {self.rank}: re-formation {gen} after step {step} failed: {e}; "
+                              "falling back to a process restart") from err
 
     def _new_group(self, gen: int) -> None:
         dist.destroy_process_group()
-        store = dist.PrefixStore(f"{self._prefix}/{gen}/pg", self._store)
-        dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
+        dist.init_process_group(self.backend, store=_group_store(self._store, self._prefix, gen), rank=self.rank,
+                                world_size=self.world_size,
                                 timeout=_timedelta(max(self.timeout, 60.0)))
 
     def _match_state(self, gen: int, src: int) -> List[torch.Tensor]:
@@ -435,10 +425,24 @@ def _arrive(store: Any, prefix: str, rank: int, completed: int, hook_step: int) 
     store.add(f"{prefix}/in{rank}", 1)
 
 
-def _arrivals(store: Any, keys: List[str]) -> Tuple[List[int], List[int]]:
-    """Every rank's last completed step, and its hook's step count, in rank order."""
+def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, hook_step: int,
+          timeout: float) -> Tuple[List[int], List[int]]:
+    """Arrives at re-formation prefix and waits for every rank: returns each one's last completed step and its
+    hook's step count, in rank order. Raises ReformError naming the ranks that did not arrive within timeout."""
+    _arrive(store, prefix, rank, completed, hook_step)
+    keys = [f"{prefix}/rank{r}" for r in range(world_size)]
+    try:
+        store.wait(keys, _timedelta(timeout))
+    except Exception as e:
+        missing = [r for r in range(world_size) if not _arrived(store, prefix, r)]
+        raise ReformError(f"ranks {missing} did not arrive within {timeout:g} s ({e})") from e
     pairs = [bytes(store.get(k)).decode().split() for k in keys]
     return [int(p[0]) for p in pairs], [int(p[1]) for p in pairs]
+
+
+def _group_store(store: Any, prefix: str, gen: int) -> Any:
+    """The store of re-formation gen's process group: the same on the survivors and a joining spare."""
+    return dist.PrefixStore(f"{prefix}/{gen}/pg", store)
 
 
 def _continue_steps(hook: Any, step: int) -> None:

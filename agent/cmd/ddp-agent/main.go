@@ -280,14 +280,10 @@ const exitDrained = 3
 // or the repository (bin/ and python/), since the spare's first import is
 // the package, before the script could add it to sys.path itself.
 func spareEnv(pythonPath string) []string {
-	exe, err := os.Executable()
+	dir, err := exeDir()
 	if err != nil {
 		return nil
 	}
-	if real, err := filepath.EvalSymlinks(exe); err == nil {
-		exe = real
-	}
-	dir := filepath.Dir(exe)
 	for _, root := range []string{filepath.Dir(dir), filepath.Join(filepath.Dir(dir), "python")} {
 		if _, err := os.Stat(filepath.Join(root, "ddp_agent", "__init__.py")); err == nil {
 			return []string{"PYTHONPATH=" + strings.Trim(pythonPath+string(os.PathListSeparator)+root, string(os.PathListSeparator))}
@@ -306,16 +302,26 @@ func workerBaseEnv(env []string) []string {
 			return env
 		}
 	}
-	exe, err := os.Executable()
+	dir, err := exeDir()
 	if err != nil {
 		return env
 	}
-	if real, err := filepath.EvalSymlinks(exe); err == nil {
-		exe = real
-	}
-	so := filepath.Join(filepath.Dir(exe), "libddpshim.so")
+	so := filepath.Join(dir, "libddpshim.so")
 	if _, err := os.Stat(so); err != nil {
 		return env
 	}
 	return append(env, envname.Shim+"="+so)
+}
+
+// exeDir is the directory of this executable, symlinks resolved: where
+// make build and the wheel put the shim and the ddp_agent package.
+func exeDir() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	if real, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = real
+	}
+	return filepath.Dir(exe), nil
 }
