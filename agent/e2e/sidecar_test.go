@@ -86,13 +86,16 @@ func (p *bgProc) logs() string {
 	return "command: " + strings.Join(p.args, " ") + "\nstdout:\n" + tail(p.stdout.String()) + "\nstderr:\n" + tail(p.stderr.String())
 }
 
-// startSidecar runs ddp-agent sidecar on sock and waits for its socket.
+// startSidecar runs ddp-agent sidecar on sock and waits until it serves:
+// its socket, and its "sidecar serving" line, which comes after the
+// listen. The socket file alone appears at bind, a moment before: a dial
+// then was refused (TestSidecarIdleFlood, once in CI).
 func startSidecar(t *testing.T, sock string, args ...string) *bgProc {
 	t.Helper()
 	p := startBG(t, nil, append([]string{agentBin, "sidecar", "--socket", sock, "--log-level", "debug"}, args...)...)
 	waitFor(t, 10*time.Second, func() bool {
 		fi, err := os.Stat(sock)
-		return err == nil && fi.Mode()&os.ModeSocket != 0
+		return err == nil && fi.Mode()&os.ModeSocket != 0 && strings.Contains(p.stderr.String(), `msg="sidecar serving"`)
 	}, p.logs)
 	return p
 }
