@@ -357,8 +357,10 @@ class InProcess:
                                 world_size=self.world_size,
                                 timeout=_timedelta(max(self.timeout, 60.0)))
 
-    def _match_state(self, gen: int, src: int) -> List[torch.Tensor]:
-        """Gives this rank the source's optimizer layout; returns the state's tensors, in the same order on every rank.
+    def _match_state(self, gen: int, src: int) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+        """Gives this rank the source's optimizer layout; returns the model's and the optimizer's tensors.
+
+        Both lists are in the same order on every rank.
 
         The optimizer's state can differ in shape between ranks (a rank that
         failed before its first optimizer step has no momentum yet; a spare
@@ -375,7 +377,7 @@ class InProcess:
             _state.apply_layout(self.optimizer, layout)
         tensors = [t for t in self.model.state_dict().values() if isinstance(t, torch.Tensor)]
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        return tensors + [self.optimizer.state[params[i]][k] for i, k, _, _ in layout["tensors"]]
+        return tensors, [self.optimizer.state[params[i]][k] for i, k, _, _ in layout["tensors"]]
 
     def _take_state(self, gen: int, src: int, hook_steps: List[int]) -> Tuple[int, float]:
         """Makes every rank's model and optimizer state the source's, and the DDP model and hook anew.
@@ -384,13 +386,23 @@ class InProcess:
         the shim's all-reduce bandwidth (docs/in-process.md). Returns the
         bytes moved and the milliseconds it took.
         """
-        tensors = self._match_state(gen, src)
-        self.ddp, self.hook = self._wrapped()
+        model, optim = self._match_state(gen, src)
         base = max(hook_steps) + 1
+        before = (0, 0.0)
+        if src != 0:
+            # DDP's constructor broadcasts rank 0's parameters and buffers
+            # to every rank. Where rank 0 is not the source (a warm spare
+            # in its place, or a rank 0 that failed after its optimizer
+            # step), wrap would overwrite the source's model with rank 0's:
+            # the model goes first, through torch.distributed.
+            before = _state.move(model, src, self.rank, None, label_step=base - 1)
+            model = []
+        self.ddp, self.hook = self._wrapped()
         _continue_steps(self.hook, base)
         comms = getattr(self.hook, "_comms", None)
         comm = comms.get("host") if comms is not None else None
-        return _state.move(tensors, src, self.rank, comm, label_step=base - 1)
+        moved, ms = _state.move(model + optim, src, self.rank, comm, label_step=base - 1)
+        return before[0] + moved, round(before[1] + ms, 1)
 
 
 class _Step:
