@@ -40,6 +40,11 @@ type Config struct {
 	Spares       int
 	SpareCommand []string
 	SpareEnv     []string
+	// StoreCommand, when set, serves the workers' store in a process of
+	// its own while this node is group rank 0, so that rank 0's worker
+	// can die and a spare take its place (supervisor/store.go); SpareEnv
+	// is added to its environment. Set with Spares.
+	StoreCommand []string
 
 	// LogDir keeps each run's worker logs, error files and Perfetto
 	// traces in LogDir/<run id>. Without it, KeepLogs keeps them in a

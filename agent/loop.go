@@ -182,6 +182,8 @@ func (r *run) spec(rd *rdzv.Round, attemptDir, stackDir string) *supervisor.Spec
 		Spares:           r.cfg.Spares,
 		SpareArgv:        r.cfg.SpareCommand,
 		SpareEnv:         r.cfg.SpareEnv,
+		AgentStore:       rd.AgentStore,
+		StoreArgv:        r.cfg.StoreCommand,
 	}
 }
 
@@ -208,6 +210,11 @@ func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 		defer close(waited)
 		for {
 			err := at.g.Wait(rctx)
+			if se, ok := errors.AsType[*supervisor.StoreExitError](err); ok {
+				failed = true
+				r.faults.Report(fault.Store(at.gen, se))
+				return
+			}
 			var we *supervisor.WorkerExitError
 			if !errors.As(err, &we) {
 				ended = err

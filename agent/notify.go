@@ -112,7 +112,7 @@ func faultNotice(n notifier.Event, f *fault.Fault, ev event) (notifier.Event, bo
 			return n, false
 		}
 		n.Kind, n.Rank, n.Details = notifier.Straggler, se.Straggler.Rank, map[string]string{"action": string(se.Action)}
-	default: // fault.FromPlugin
+	default: // fault.FromPlugin, fault.FromStore: the restart that follows is told
 		return n, false
 	}
 	return n, true

@@ -110,6 +110,9 @@ func (r *run) logFinding(f *fault.Fault) {
 		fd := gf.Findings[0]
 		r.log.Error("GPU fault: "+what, "gpu", fd.GPU, "uuid", fd.UUID, "ranks", fd.Ranks,
 			"kind", string(fd.Kind), "xid", fd.XID, "finding", fd.Message, "count", fd.Count)
+	case fault.FromStore:
+		se, _ := fault.As[*supervisor.StoreExitError](f)
+		r.log.Error("the workers' store exited: "+what, "pid", se.PID, "exit", se.Exit, "stderr", se.StderrTail)
 	case fault.FromPlugin:
 		pf, _ := fault.As[*fault.PluginError](f)
 		r.log.Error("health check: "+what, "plugin", pf.Finding.Plugin, "subject", pf.Finding.Subject,

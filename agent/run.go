@@ -211,7 +211,8 @@ type joined struct {
 // (join.Open).
 func (r *run) openRendezvous(ctx context.Context) (*joined, error) {
 	j, err := join.Open(ctx, r.cfg.Rendezvous,
-		join.Node{JobID: r.runID, NProc: r.cfg.NProcPerNode, MaxRestarts: r.cfg.MaxRestarts, GPUs: r.cfg.GPUs.node()}, r.log)
+		join.Node{JobID: r.runID, NProc: r.cfg.NProcPerNode, MaxRestarts: r.cfg.MaxRestarts, GPUs: r.cfg.GPUs.node(),
+			AgentStore: len(r.cfg.StoreCommand) > 0}, r.log)
 	if err != nil {
 		return nil, err
 	}

@@ -16,14 +16,15 @@ import (
 // (ddp_agent.InProcess), so it takes a worker that died (a signal: SIGKILL,
 // the OOM killer, a crash), not one that exited on its own: a script that
 // raised outside InProcess's step, or gave up re-forming, exits with a
-// code, and running it again in a spare would meet the same.
-func replaceable(e *supervisor.WorkerExitError, idle int) (bool, string) {
+// code, and running it again in a spare would meet the same. agentStore:
+// the workers' store has a process of its own (the round's AgentStore);
+// otherwise rank 0's worker served it, and the survivors have nothing to
+// re-form through.
+func replaceable(e *supervisor.WorkerExitError, idle int, agentStore bool) (bool, string) {
 	switch {
 	case e.Signal == 0:
 		return false, fmt.Sprintf("it exited with code %d, not killed by a signal", e.Code)
-	case e.Rank == 0:
-		// TORCHELASTIC_USE_AGENT_STORE=False: rank 0's process serves
-		// the workers' TCPStore, through which the survivors re-form.
+	case e.Rank == 0 && !agentStore:
 		return false, "rank 0's process served the job's store (MASTER_PORT), which died with it"
 	case idle == 0:
 		return false, "no warm spare is idle"
@@ -39,7 +40,7 @@ func (r *run) replace(at *attempt, e *supervisor.WorkerExitError) bool {
 	if r.cfg.Spares == 0 {
 		return false
 	}
-	ok, why := replaceable(e, at.g.Spares())
+	ok, why := replaceable(e, at.g.Spares(), at.r.AgentStore)
 	if !ok {
 		r.log.Warn("worker failed: no warm spare takes its rank, "+why, "rank", e.Rank, "pid", e.PID)
 		return false
@@ -87,16 +88,17 @@ func (r *run) refill(at *attempt) {
 
 // hungReplaceable is whether warm spares may take the ranks that never
 // arrived at a hung collective, and why not: pure. Every one must be a
-// worker of this node (first..first+nproc-1), none rank 0 (see
-// replaceable), and a spare idle for each. The hung ranks are killed;
-// their deaths then go the way of any worker's that died.
-func hungReplaceable(missing []int, first, nproc, idle int) (bool, string) {
+// worker of this node (first..first+nproc-1), none rank 0 unless the
+// store has a process of its own (see replaceable), and a spare idle for
+// each. The hung ranks are killed; their deaths then go the way of any
+// worker's that died.
+func hungReplaceable(missing []int, first, nproc, idle int, agentStore bool) (bool, string) {
 	switch {
 	case len(missing) == 0:
 		return false, "no rank is named"
 	case slices.ContainsFunc(missing, func(r int) bool { return r < first || r >= first+nproc }):
 		return false, "a hung rank runs on another node"
-	case slices.Contains(missing, 0):
+	case slices.Contains(missing, 0) && !agentStore:
 		return false, "rank 0's process serves the job's store (MASTER_PORT)"
 	case len(missing) > idle:
 		return false, fmt.Sprintf("%d ranks hung, %d warm spares idle", len(missing), idle)
@@ -115,7 +117,7 @@ func (r *run) replaceHung(at *attempt, f *fault.Fault) bool {
 		return false
 	}
 	missing := he.Hang.Missing
-	if ok, why := hungReplaceable(missing, at.r.RankOffset, r.cfg.NProcPerNode, at.g.Spares()); !ok {
+	if ok, why := hungReplaceable(missing, at.r.RankOffset, r.cfg.NProcPerNode, at.g.Spares(), at.r.AgentStore); !ok {
 		r.log.Warn("hang: no warm spare takes the hung ranks, "+why, "ranks", missing)
 		return false
 	}

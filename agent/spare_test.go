@@ -10,19 +10,22 @@ import (
 
 func TestReplaceable(t *testing.T) {
 	tests := []struct {
-		name string
-		exit supervisor.WorkerExitError
-		idle int
-		want string // "" when a spare takes the rank
+		name       string
+		exit       supervisor.WorkerExitError
+		idle       int
+		agentStore bool
+		want       string // "" when a spare takes the rank
 	}{
-		{"killed", supervisor.WorkerExitError{Rank: 3, Code: -1, Signal: syscall.SIGKILL}, 1, ""},
-		{"crashed", supervisor.WorkerExitError{Rank: 1, Code: -1, Signal: syscall.SIGSEGV}, 2, ""},
-		{"exited", supervisor.WorkerExitError{Rank: 1, Code: 1}, 1, "exited with code 1"},
-		{"rank 0", supervisor.WorkerExitError{Rank: 0, Code: -1, Signal: syscall.SIGKILL}, 1, "rank 0's process served the job's store"},
-		{"no spare", supervisor.WorkerExitError{Rank: 2, Code: -1, Signal: syscall.SIGKILL}, 0, "no warm spare is idle"},
+		{"killed", supervisor.WorkerExitError{Rank: 3, Code: -1, Signal: syscall.SIGKILL}, 1, true, ""},
+		{"crashed", supervisor.WorkerExitError{Rank: 1, Code: -1, Signal: syscall.SIGSEGV}, 2, true, ""},
+		{"exited", supervisor.WorkerExitError{Rank: 1, Code: 1}, 1, true, "exited with code 1"},
+		{"rank 0, its own store", supervisor.WorkerExitError{Rank: 0, Code: -1, Signal: syscall.SIGKILL}, 1, false,
+			"rank 0's process served the job's store"},
+		{"rank 0, the agent's store", supervisor.WorkerExitError{Rank: 0, Code: -1, Signal: syscall.SIGKILL}, 1, true, ""},
+		{"no spare", supervisor.WorkerExitError{Rank: 2, Code: -1, Signal: syscall.SIGKILL}, 0, true, "no warm spare is idle"},
 	}
 	for _, tc := range tests {
-		ok, why := replaceable(&tc.exit, tc.idle)
+		ok, why := replaceable(&tc.exit, tc.idle, tc.agentStore)
 		if ok != (tc.want == "") || !strings.Contains(why, tc.want) {
 			t.Errorf("%s: got %v %q, want %q", tc.name, ok, why, tc.want)
 		}
@@ -34,17 +37,19 @@ func TestHungReplaceable(t *testing.T) {
 		name               string
 		missing            []int
 		first, nproc, idle int
+		agentStore         bool
 		want               string
 	}{
-		{"local", []int{5}, 4, 4, 1, ""},
-		{"two local", []int{5, 6}, 4, 4, 2, ""},
-		{"elsewhere", []int{9}, 4, 4, 1, "another node"},
-		{"rank 0", []int{0}, 0, 4, 1, "rank 0's process"},
-		{"too few spares", []int{5, 6}, 4, 4, 1, "2 ranks hung, 1 warm spares idle"},
-		{"none named", nil, 0, 4, 1, "no rank"},
+		{"local", []int{5}, 4, 4, 1, true, ""},
+		{"two local", []int{5, 6}, 4, 4, 2, true, ""},
+		{"elsewhere", []int{9}, 4, 4, 1, true, "another node"},
+		{"rank 0, its own store", []int{0}, 0, 4, 1, false, "rank 0's process"},
+		{"rank 0, the agent's store", []int{0, 1}, 0, 4, 2, true, ""},
+		{"too few spares", []int{5, 6}, 4, 4, 1, true, "2 ranks hung, 1 warm spares idle"},
+		{"none named", nil, 0, 4, 1, true, "no rank"},
 	}
 	for _, tc := range tests {
-		ok, why := hungReplaceable(tc.missing, tc.first, tc.nproc, tc.idle)
+		ok, why := hungReplaceable(tc.missing, tc.first, tc.nproc, tc.idle, tc.agentStore)
 		if ok != (tc.want == "") || !strings.Contains(why, tc.want) {
 			t.Errorf("%s: got %v %q, want %q", tc.name, ok, why, tc.want)
 		}

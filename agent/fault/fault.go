@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 )
 
@@ -66,8 +67,8 @@ type Fault struct {
 	Seen     time.Time // when it was observed; a fault from before the attempt started is stale
 	Reason   string    // one line, for the rendezvous, the log and the trace
 	// Err is the source's own error: *WorkerFailedError, *GPUError,
-	// *watch.HangError, *straggler.Error, *PluginError or
-	// *RoundEndedError.
+	// *watch.HangError, *straggler.Error, *PluginError,
+	// *supervisor.StoreExitError or *RoundEndedError.
 	Err error
 }
 
@@ -82,6 +83,7 @@ const (
 	FromHang                    // a collective hung
 	FromStraggler               // a persistent straggler confirmed under --straggler-action restart or drain
 	FromPlugin                  // a detector plugin's verdict
+	FromStore                   // the process serving the workers' store exited
 )
 
 // Error is what agent.Run returns when a fault ended this node's part of
@@ -118,6 +120,12 @@ func (f *Fault) Stale(gen uint64, started time.Time) bool {
 
 func Worker(gen uint64, e *WorkerFailedError) *Fault {
 	return &Fault{Source: FromWorker, Severity: Restart, Gen: gen, Seen: e.Decided, Reason: e.Error(), Err: e}
+}
+
+// Store is the workers' store's process exiting under the attempt of
+// generation gen: every worker's next use of the store fails.
+func Store(gen uint64, se *supervisor.StoreExitError) *Fault {
+	return &Fault{Source: FromStore, Severity: Restart, Gen: gen, Seen: se.Time, Reason: se.Error(), Err: se}
 }
 
 func Round(gen uint64, reason string) *Fault {

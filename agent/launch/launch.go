@@ -202,6 +202,13 @@ func (c *Config) SpareCommand() []string {
 	return append(append(argv, c.Script), c.ScriptArgs...)
 }
 
+// StoreCommand is the argv of the process that serves the workers'
+// store under --spares: torch's own TCPStore, in the workers' interpreter
+// (python/ddp_agent/_store.py).
+func (c *Config) StoreCommand() []string {
+	return []string{c.Python, "-u", "-m", "ddp_agent._store"}
+}
+
 // Host is what Parse needs to know about this machine to resolve
 // --nproc-per-node auto|cpu|gpu.
 type Host struct {

@@ -190,6 +190,9 @@ var torchrunLines = []torchrunLine{
 			if c.Spares != 2 || !reflect.DeepEqual(c.SpareCommand(), want) {
 				return "2 spares running python3 -u -m ddp_agent._spare train.py --lr 0.1"
 			}
+			if got := c.StoreCommand(); !reflect.DeepEqual(got, []string{"python3", "-u", "-m", "ddp_agent._store"}) {
+				return "the workers' store served by python3 -u -m ddp_agent._store"
+			}
 			c.Module = true
 			if got := c.SpareCommand(); !reflect.DeepEqual(got[:6], []string{"python3", "-u", "-m", "ddp_agent._spare", "-m", "train.py"}) {
 				return "a module's spare: -m ddp_agent._spare -m MODULE"

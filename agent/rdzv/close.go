@@ -94,25 +94,25 @@ func decideClose(v roundView, rule closeRule) closeDecision {
 }
 
 // closedRound picks the members of a closing round and their group ranks
-// (see assign), and the workers' store port: the one group rank 0 offered
-// when it joined.
-func closedRound(prev []Member, joiners []joiner, max int) (members []Member, masterPort int) {
+// (see assign), and group rank 0's join: the workers' store is the one it
+// offered (its port, and whether its agent serves it).
+func closedRound(prev []Member, joiners []joiner, max int) (members []Member, master JoinInfo) {
 	list := make([]joiner, len(joiners))
 	copy(list, joiners)
 	sort.Slice(list, func(a, b int) bool { return list[a].rev < list[b].rev })
 	members = assign(prev, list, max)
 	for _, j := range list {
 		if j.Node == members[0].Node {
-			masterPort = j.MasterPort
+			master = j.JoinInfo
 		}
 	}
-	return members, masterPort
+	return members, master
 }
 
 // runningState is the state that closes the round of st with members:
 // the member list itself lives at membersKey and one key per member under
 // assignPrefix, which the closer writes first.
-func runningState(st State, members []Member, masterPort int, membersKey, assignPrefix string, now time.Time) State {
+func runningState(st State, members []Member, master JoinInfo, membersKey, assignPrefix string, now time.Time) State {
 	next := st
 	next.Phase = Running
 	next.Since = now
@@ -123,6 +123,7 @@ func runningState(st State, members []Member, masterPort int, membersKey, assign
 	last := members[len(members)-1]
 	next.WorldSize = last.RankOffset + last.NProc
 	next.MasterAddr = members[0].Addr
-	next.MasterPort = masterPort
+	next.MasterPort = master.MasterPort
+	next.AgentStore = master.AgentStore
 	return next
 }

@@ -22,7 +22,7 @@ func (e *Membership) joinRound(ctx context.Context, st *State, rev, read int64, 
 		}
 	}
 	prefix := RoundPrefix(e.cfg.Prefix, st.Generation)
-	me := JoinInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, NProc: e.cfg.NProc, MasterPort: port, Joined: time.Now()}
+	me := JoinInfo{Node: e.node, Host: e.cfg.Host, Addr: e.cfg.Addr, NProc: e.cfg.NProc, MasterPort: port, AgentStore: e.cfg.AgentStore, Joined: time.Now()}
 	octx, cancel := context.WithTimeout(ctx, opTimeout)
 	// A plain put: it keeps the join order (the create revision) of a key
 	// already there, and moves it to the current lease.

@@ -44,3 +44,25 @@ func TestManyAgents(t *testing.T) {
 	t.Logf("%d agents formed a round in %v", n, time.Since(begin))
 	checkRounds(t, rounds)
 }
+
+// TestAgentStoreIsGroupRankZeros: whether the agent serves the workers'
+// store is group rank 0's choice (its --spares), and every node's round
+// says so, the other node's own choice aside: torch 1.13's workers
+// prefix the store's keys only when they are told the agent serves it.
+func TestAgentStoreIsGroupRankZeros(t *testing.T) {
+	dial := testStore(t)
+	cfgs := []Config{testConfig(t, 2, 2), testConfig(t, 2, 2)}
+	cfgs[0].Host, cfgs[0].AgentStore = "a", true
+	cfgs[1].Host = "b"
+	rounds := nextAll(t, open(t, dial(), cfgs[0]), open(t, dial(), cfgs[1]))
+	checkRounds(t, rounds)
+	want := cfgs[0].AgentStore
+	if rounds[1].GroupRank == 0 {
+		want = cfgs[1].AgentStore
+	}
+	for i, r := range rounds {
+		if r.AgentStore != want {
+			t.Fatalf("node %s (group rank %d): agent store %v, want group rank 0's %v", cfgs[i].Host, r.GroupRank, r.AgentStore, want)
+		}
+	}
+}

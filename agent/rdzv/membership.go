@@ -47,6 +47,7 @@ type Config struct {
 	LastCall    time.Duration // after NNodesMin joined, how long to wait for more
 	TTL         time.Duration // lease TTL; keep-alives go every TTL/3
 	MasterPort  int           // fixed workers' store port; 0 = a free one per round
+	AgentStore  bool          // this agent serves the workers' store if it becomes group rank 0
 
 	Logger *slog.Logger
 }

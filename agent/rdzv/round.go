@@ -14,6 +14,9 @@ type Round struct {
 	WorldSize  int
 	MasterAddr string
 	MasterPort int
+	// AgentStore: the agent of group rank 0 serves the workers' store at
+	// MasterAddr:MasterPort, not rank 0's worker.
+	AgentStore bool
 	Restarts   int // faults so far: TORCHELASTIC_RESTART_COUNT
 
 	once   sync.Once
@@ -28,7 +31,7 @@ type Round struct {
 func newRound(st *State, m Member) *Round {
 	return &Round{
 		Generation: st.Generation, GroupRank: m.GroupRank, NNodes: st.Nodes(), RankOffset: m.RankOffset, NProc: m.NProc,
-		WorldSize: st.WorldSize, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort, Restarts: st.Failures,
+		WorldSize: st.WorldSize, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort, AgentStore: st.AgentStore, Restarts: st.Failures,
 		done: make(chan struct{}),
 	}
 }

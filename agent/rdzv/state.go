@@ -139,6 +139,9 @@ type State struct {
 	WorldSize  int      `json:"world_size,omitempty"`
 	MasterAddr string   `json:"master_addr,omitempty"`
 	MasterPort int      `json:"master_port,omitempty"`
+	// AgentStore: group rank 0's agent serves the workers' store, not
+	// rank 0's worker (its --spares; TORCHELASTIC_USE_AGENT_STORE).
+	AgentStore bool `json:"agent_store,omitempty"`
 }
 
 // Nodes is how many nodes the generation has.
@@ -204,7 +207,8 @@ type JoinInfo struct {
 	Host       string    `json:"host"`
 	Addr       string    `json:"addr"`
 	NProc      int       `json:"nproc"`
-	MasterPort int       `json:"master_port"` // the workers' store port, if it becomes group rank 0
+	MasterPort int       `json:"master_port"`           // the workers' store port, if it becomes group rank 0
+	AgentStore bool      `json:"agent_store,omitempty"` // and whether its agent would serve it
 	Joined     time.Time `json:"joined"`
 }
 

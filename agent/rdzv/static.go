@@ -13,6 +13,9 @@ type Static struct {
 	MaxRestarts             int
 	MasterAddr              string
 	MasterPort              int // 0: a free port on MasterAddr for every round (one node only)
+	// AgentStore: node rank 0's agent serves the workers' store; with no
+	// one to agree with, every node must be told the same.
+	AgentStore bool
 
 	gen      uint64
 	failures int
@@ -34,7 +37,7 @@ func (s *Static) Next(ctx context.Context) (*Round, error) {
 	}
 	r := &Round{
 		Generation: s.gen, GroupRank: s.NodeRank, NNodes: s.NNodes, RankOffset: s.NodeRank * s.NProc, NProc: s.NProc,
-		WorldSize: s.NNodes * s.NProc, MasterAddr: s.MasterAddr, MasterPort: port, Restarts: s.failures,
+		WorldSize: s.NNodes * s.NProc, MasterAddr: s.MasterAddr, MasterPort: port, AgentStore: s.AgentStore, Restarts: s.failures,
 		done: make(chan struct{}),
 	}
 	s.gen++

@@ -38,8 +38,9 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, pla
 		"TORCHELASTIC_MAX_RESTARTS":  strconv.Itoa(s.MaxRestarts),
 		"TORCHELASTIC_RUN_ID":        s.RunID,
 		// torchrun hosts the workers' TCPStore in the agent and says so with True;
-		// ddp-agent does not, so rank 0's worker hosts it, as with plain env:// init.
-		"TORCHELASTIC_USE_AGENT_STORE": "False",
+		// ddp-agent does with AgentStore (store.go), and otherwise rank 0's
+		// worker hosts it, as with plain env:// init.
+		"TORCHELASTIC_USE_AGENT_STORE": pyBool(s.AgentStore),
 		"TORCHELASTIC_ERROR_FILE":      errorFile,
 		envname.Socket:                 s.ControlSocket,
 		envname.Generation:             strconv.FormatUint(s.Generation, 10),
@@ -108,4 +109,12 @@ var envOrder = []string{
 	"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 	"OMP_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 	envname.Socket, envname.Generation, envname.Bootstrap, envname.CommNoteFile,
+}
+
+// pyBool is b as Python writes it, which torch compares the variable to.
+func pyBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
 }

@@ -113,6 +113,13 @@ type Spec struct {
 	Spares    int
 	SpareArgv []string
 	SpareEnv  []string
+
+	// AgentStore: the job's store is served by a process of its own
+	// (store.go), StoreArgv, which the group of node rank 0 starts; every
+	// worker is its client. False: rank 0's worker serves it. SpareEnv is
+	// added to the store's environment too.
+	AgentStore bool
+	StoreArgv  []string
 }
 
 // Placement is where one worker runs.
@@ -159,6 +166,7 @@ type worker struct {
 	state       *os.ProcessState
 	exitedAt    time.Time // when it was reaped; set before done is closed
 	spare       *spare    // set for a warm spare, assigned or not
+	store       bool      // the job's store's process (store.go)
 
 	exitOnce sync.Once
 	exitErr  *WorkerExitError // its exit, once reaped (exitError)
@@ -181,7 +189,8 @@ type Group struct {
 	// spares wait to be assigned; replaced are the dead workers whose
 	// ranks spares took, in order (spare.go).
 	spares, replaced []*worker
-	spareSeq         int // spares started so far: the next one's number
+	spareSeq         int     // spares started so far: the next one's number
+	store            *worker // the job's store's process, when this group hosts it
 
 	// spawnMu orders starting a spare against the attempt's end: once
 	// closed (releaseSpares), no spare starts, and closedCh is closed.
@@ -205,7 +214,7 @@ func New(spec *Spec, log *slog.Logger) *Group {
 	return &Group{
 		spec:       spec,
 		log:        log,
-		exits:      make(chan exit, spec.NProc+maxReplacements), // never blocks a wait goroutine
+		exits:      make(chan exit, spec.NProc+maxReplacements+1), // never blocks a wait goroutine (+1: the store)
 		closedCh:   make(chan struct{}),
 		state:      StateInit,
 		signal:     func(pgid int, sig syscall.Signal) error { return syscall.Kill(-pgid, sig) },
@@ -224,6 +233,11 @@ func New(spec *Spec, log *slog.Logger) *Group {
 // with the workers started so far still running, for the caller to stop
 // as it stops a running group (its signal, its grace period).
 func (g *Group) Start(ctx context.Context) error {
+	if g.spec.hostsStore() {
+		if err := g.startStore(); err != nil {
+			return err
+		}
+	}
 	for lr := 0; lr < g.spec.NProc; lr++ {
 		if ctx.Err() != nil {
 			cause := context.Cause(ctx)
@@ -250,6 +264,10 @@ func (g *Group) Start(ctx context.Context) error {
 // exited routes a reaped process: a worker's exit (a spare's, once it
 // took a rank) to Wait; an idle spare's is dropped here.
 func (g *Group) exited(w *worker) {
+	if w.store {
+		g.storeExited(w)
+		return
+	}
 	g.mu.Lock()
 	idle := w.spare != nil && !w.spare.assigned
 	if idle {
@@ -297,6 +315,7 @@ type launch struct {
 	env     func(errorFile, noteFile string) []string
 	assign  *os.File // the read end of a spare's assignment pipe (its fd 3); nil for a worker
 	spare   *spare   // a spare's, set before its exit can be routed (exited)
+	store   bool     // the job's store's process
 }
 
 func (g *Group) spawn(l launch) (*worker, error) {
@@ -307,7 +326,7 @@ func (g *Group) spawn(l launch) (*worker, error) {
 		return nil, fmt.Errorf("create worker dir: %w", err)
 	}
 	w := &worker{Worker: id, errorFile: filepath.Join(dir, "error.json"), noteFile: filepath.Join(dir, "comm_note.json"),
-		done: make(chan struct{}), spare: l.spare}
+		done: make(chan struct{}), spare: l.spare, store: l.store}
 	prefix := []byte(l.prefix)
 	w.stdout = newStream(prefix, false)
 	w.stderr = newStream(prefix, true) // its last lines go into the failure report
@@ -474,6 +493,10 @@ func (g *Group) Wait(ctx context.Context) error {
 			}
 			linger = time.After(2 * g.lingerWarn)
 		case e := <-g.exits:
+			if e.w.store {
+				g.setState(StateUnhealthy)
+				return g.storeExitError(e.w)
+			}
 			g.reaped++
 			if e.w.state != nil && e.w.state.Success() {
 				g.log.Debug("worker succeeded", "rank", e.w.Rank, "pid", e.w.pid)
@@ -488,6 +511,7 @@ func (g *Group) Wait(ctx context.Context) error {
 	}
 	g.setState(StateSucceeded)
 	g.releaseSpares()
+	g.stopStore()
 	g.drainStreams(time.Second)
 	return nil
 }
@@ -634,7 +658,11 @@ func (g *Group) list() []*worker {
 func (g *Group) processes() []*worker {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return slices.Concat(g.workers, g.replaced, g.spares)
+	ps := slices.Concat(g.workers, g.replaced, g.spares)
+	if g.store != nil {
+		ps = append(ps, g.store)
+	}
+	return ps
 }
 
 // aliveAll returns the processes not reaped yet, spares included.

@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/ddp-agent/ddp-agent/internal/envname"
@@ -100,16 +99,8 @@ func (g *Group) startSpare() {
 // spareEnv is a spare's environment: a worker's without the variables of
 // a rank (the assignment brings them), with the pipe's fd and SpareEnv.
 func spareEnv(s *Spec, errorFile, noteFile string) []string {
-	env := workerEnv(s.BaseEnv, s, Worker{}, errorFile, noteFile, nil)
-	out := env[:0]
-	for _, kv := range env {
-		switch k, _, _ := strings.Cut(kv, "="); k {
-		case "RANK", "LOCAL_RANK", "ROLE_RANK":
-		default:
-			out = append(out, kv)
-		}
-	}
-	return append(append(out, envname.SpareFD+"=3"), s.SpareEnv...)
+	env := rankless(workerEnv(s.BaseEnv, s, Worker{}, errorFile, noteFile, nil))
+	return append(append(env, envname.SpareFD+"=3"), s.SpareEnv...)
 }
 
 // Replace gives the rank of the worker that Wait just reported failed to

@@ -33,6 +33,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 		MaxRestarts:      cfg.MaxRestarts,
 		Spares:           cfg.Spares,
 		SpareCommand:     spareCommand(cfg),
+		StoreCommand:     storeCommand(cfg),
 		StopTimeout:      cfg.StopTimeout,
 		LogDir:           cfg.LogDir,
 		KeepLogs:         cfg.KeepLogs(),
@@ -80,6 +81,16 @@ func spareCommand(cfg *launch.Config) []string {
 		return nil
 	}
 	return cfg.SpareCommand()
+}
+
+// storeCommand is the argv of the workers' store's own process, nil
+// without --spares: then rank 0's worker serves the store, as torchrun's
+// rank 0 does under plain env://.
+func storeCommand(cfg *launch.Config) []string {
+	if cfg.Spares == 0 {
+		return nil
+	}
+	return cfg.StoreCommand()
 }
 
 // rdzvBackend is the one place the flags choose the rendezvous backend:

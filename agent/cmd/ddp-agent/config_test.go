@@ -117,3 +117,23 @@ func TestOTLPProtocol(t *testing.T) {
 		})
 	}
 }
+
+// TestSparesServeTheStore: --spares gives the agent the spares' command
+// and the store's, whose process outlives rank 0; without it rank 0
+// serves the store, as under torchrun's plain env://.
+func TestSparesServeTheStore(t *testing.T) {
+	none := func(string) string { return "" }
+	for _, tc := range []struct {
+		args   []string
+		spares bool
+	}{{[]string{"--standalone", "train.py"}, false}, {[]string{"--standalone", "--spares", "1", "train.py"}, true}} {
+		cfg, err := launch.Parse(tc.args, none, launch.Host{CPUs: runtime.NumCPU()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := runConfig(cfg, none)
+		if (len(got.SpareCommand) > 0) != tc.spares || (len(got.StoreCommand) > 0) != tc.spares {
+			t.Errorf("%v: spare command %q, store command %q; want both set: %v", tc.args, got.SpareCommand, got.StoreCommand, tc.spares)
+		}
+	}
+}

@@ -87,6 +87,9 @@ type Node struct {
 	NProc       int    // workers on this node
 	MaxRestarts int
 	GPUs        *rdzv.NodeGPUs // for the node's entry; nil without NVML
+	// AgentStore: this agent serves the workers' store when its node is
+	// group rank 0 (--spares); group rank 0's choice holds for the job.
+	AgentStore bool
 }
 
 // Rendezvous is what a joined backend does: *rdzv.Static or *rdzv.Membership.
@@ -139,7 +142,8 @@ func Open(ctx context.Context, cfg Config, node Node, log *slog.Logger) (*Joined
 	case Static, Standalone:
 		return &Joined{
 			Rendezvous: &rdzv.Static{NodeRank: cfg.NodeRank, NNodes: cfg.NNodesMax, NProc: node.NProc,
-				MaxRestarts: node.MaxRestarts, MasterAddr: masterAddr(cfg), MasterPort: cfg.MasterPort},
+				MaxRestarts: node.MaxRestarts, MasterAddr: masterAddr(cfg), MasterPort: cfg.MasterPort,
+				AgentStore: node.AgentStore},
 			NodeLocalKV: cfg.NNodesMax > 1,
 			close:       func() {},
 		}, nil
@@ -263,7 +267,7 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 		Host: host, Addr: addr, NProc: o.node.NProc, GPUs: o.node.GPUs,
 		NNodesMin: cfg.NNodesMin, NNodesMax: cfg.NNodesMax, MaxRestarts: o.node.MaxRestarts, Token: cfg.Token,
 		JoinTimeout: cfg.JoinTimeout, LastCall: cfg.LastCall, TTL: cfg.TTL, MasterPort: cfg.MasterPort,
-		StoreTimeout: cfg.StoreTimeout, Logger: o.log,
+		AgentStore: o.node.AgentStore, StoreTimeout: cfg.StoreTimeout, Logger: o.log,
 	})
 	if err != nil {
 		return fail(err)
