@@ -1,12 +1,12 @@
 """A worker's fault, recovered three ways side by side: in process, by ddp-agent's restart, by torchrun's.
 
     /usr/bin/python3 examples/bench/inprocess_recovery.py --agent bin/ddp-agent \\
-        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill]
+        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill] [--fail-rank 0]
 
 Each run trains examples/train.py (2 ranks, gloo, the ddp_agent hook on the
 shim's host transport, --hidden 512, a checkpoint every 5 steps) and has
-rank 1 fail at step 13: it raises (--fault raise), or it is killed with
-SIGKILL (--fault kill), under:
+rank 1 (--fail-rank) fail at step 13: it raises (--fault raise), or it is
+killed with SIGKILL (--fault kill), under:
 
   in-process  ddp-agent run ... train.py --in-process: ddp_agent.InProcess
               re-forms the process group and the hook in the same processes
@@ -52,7 +52,7 @@ FAIL_STEP, STEPS, CKPT_EVERY = 13, 20, 5
 
 def command(kind: str, args, workdir: str):
     train = [TRAIN, "--steps", str(STEPS), "--hidden", "512", "--log-every", "100", "--ckpt-every", str(CKPT_EVERY),
-             "--ckpt-dir", os.path.join(workdir, "ckpt"), "--fail-rank", "1", "--fail-at-step", str(FAIL_STEP),
+             "--ckpt-dir", os.path.join(workdir, "ckpt"), "--fail-rank", str(args.fail_rank), "--fail-at-step", str(FAIL_STEP),
              "--warmup-steps", "0"]
     if args.fault == "kill":
         train += ["--fail-signal", "KILL"]
@@ -117,7 +117,9 @@ def main() -> None:
     p.add_argument("--torchrun-compat", default=os.path.join(ROOT, "scripts", "torchrun_compat.py"))
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--fault", choices=["raise", "kill"], default="raise",
-                   help="rank 1 raises, or is killed with SIGKILL (in process: a warm spare takes its rank)")
+                   help="the rank raises, or is killed with SIGKILL (in process: a warm spare takes its rank)")
+    p.add_argument("--fail-rank", type=int, choices=[0, 1], default=1,
+                   help="the rank that fails; rank 0's process no longer serves the store under --spares")
     args = p.parse_args()
     kinds = ["in-process", "ddp-agent", "torchrun"]
     results = {k: [] for k in kinds}
@@ -127,7 +129,7 @@ def main() -> None:
             results[k].append(measure(k, args))
             print(f"run {i + 1} {k}: {results[k][-1]}", file=sys.stderr)
     print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 2 ranks, gloo, train.py --hidden 512, "
-          f"rank 1 {'raises' if args.fault == 'raise' else 'is SIGKILLed'} at step {FAIL_STEP}, "
+          f"rank {args.fail_rank} {'raises' if args.fault == 'raise' else 'is SIGKILLed'} at step {FAIL_STEP}, "
           f"checkpoint every {CKPT_EVERY} steps\n")
     print("| path | fault → every rank completed its first step of the next attempt (median, min-max) | completed steps done again | against in process |")
     print("|---|---|---|---|")
