@@ -75,6 +75,11 @@ func (r *run) startTelemetry(ctx context.Context) (func(), error) {
 	}
 	policy := observe.Policy{RankOf: r.authorize, ReadGPU: observe.ReadGPU(r.cfg.GPUs.state()),
 		OnHang: func(h *watch.HangError) { r.faults.Report(fault.Hang(h)) }, OnStragglers: r.stragglers.Look}
+	if r.cfg.Spares > 0 {
+		// The leader's hang, on a follower: its own ranks that never
+		// arrived may be its spares' to take (replaceHung).
+		policy.OnRemoteHang = func(h telemetry.Hang) { r.faults.Report(fault.Hang(&watch.HangError{Hang: h, Remote: true})) }
+	}
 	if r.plugins != nil {
 		policy.Notify = r.plugins.Notify
 	}

@@ -51,9 +51,9 @@ type run struct {
 	plugins *pluginhost.Host
 	health  *loopHealth   // the loop's phase, for /healthz and /readyz
 	losses  rundir.Losses // worker log files that miss output, for the exit summary
-	// reformed gets a value (dropped when one waits already) when a
-	// worker reports a re-formation in process (refill waits for it).
-	reformed chan struct{}
+	// reformed fires when a worker reports a re-formation in process
+	// (refill and awaitRemoteSpares wait for it).
+	reformed reformSignal
 
 	bg   sync.WaitGroup // the background parts, waited for at the end of the run
 	left bool           // this node left the rendezvous (or needs not)
@@ -66,7 +66,7 @@ type run struct {
 
 func newRun(a *Agent, runID string, dir *rundir.Dir) *run {
 	return &run{Agent: a, runID: runID, dir: dir, runDir: dir.Path, keep: dir.Keep, events: newEventTally(), faults: fault.NewQueue(),
-		health: newLoopHealth(time.Now), reformed: make(chan struct{}, 1)}
+		health: newLoopHealth(time.Now)}
 }
 
 // execute sets the run up, runs the loop, and tears the run down in the
@@ -167,10 +167,7 @@ func (r *run) goBackground(f func()) {
 // onReformed takes a worker's report of a re-formation in process.
 func (r *run) onReformed(rank int, gen uint64, m wire.Reformed) {
 	r.obs.Reformed(rank, gen, m)
-	select {
-	case r.reformed <- struct{}{}:
-	default:
-	}
+	r.reformed.fire()
 }
 
 func (r *run) setGroup(g *supervisor.Group, rankOffset int) {

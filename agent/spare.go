@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/fault"
@@ -69,15 +70,12 @@ const spareRefillWait = 10 * time.Second
 // moved at two thirds of the speed, and the first step took 590-640 ms
 // instead of 390 ms.
 func (r *run) refill(at *attempt) {
-	select { // a report of an earlier re-formation
-	case <-r.reformed:
-	default:
-	}
+	reformed := r.reformed.next() // not a report of an earlier re-formation
 	r.goBackground(func() {
 		t := time.NewTimer(spareRefillWait)
 		defer t.Stop()
 		select {
-		case <-r.reformed:
+		case <-reformed:
 		case <-t.C:
 		case <-at.g.Closed():
 			return
@@ -106,18 +104,58 @@ func hungReplaceable(missing []int, first, nproc, idle int, agentStore bool) (bo
 	return true, ""
 }
 
+// hangAction is what a node under --spares does about a hang.
+type hangAction int
+
+const (
+	hangRestart hangAction = iota // the job restarts, as without spares
+	hangKill                      // kill this node's hung ranks: its spares take them
+	hangLeave                     // another node's agent decides: the leader's hang is not this node's alone
+	hangDefer                     // the leader: the one node of the hung ranks kills them for its spares
+)
+
+// decideHang is what this node does about hang he, and why not a spare
+// when it restarts: pure. The leader judges the hang (he.Node: every hung
+// rank runs on that one other node) and every follower is told of it
+// (he.Remote). The node whose ranks they all are decides, here or there,
+// by hungReplaceable; a follower that cannot replace them restarts the
+// job, as the leader would have.
+func decideHang(he *watch.HangError, first, nproc, idle int, agentStore bool) (hangAction, string) {
+	switch {
+	case he.Remote && !allLocal(he.Hang.Missing, first, nproc):
+		return hangLeave, ""
+	case !he.Remote && he.Node != "":
+		return hangDefer, ""
+	}
+	if ok, why := hungReplaceable(he.Hang.Missing, first, nproc, idle, agentStore); !ok {
+		return hangRestart, why
+	}
+	return hangKill, ""
+}
+
 // replaceHung deals with a hang in place when the run keeps spares and
-// hungReplaceable says so: the ranks that never arrived are killed (their
-// stacks are in the hang's report already), the watch looks for the next
-// hang, and the attempt goes on. It reports whether it did; otherwise the
-// hang restarts the job as without spares.
+// decideHang says so: the ranks that never arrived are killed (their
+// stacks are in the hang's report already), here or, by its own agent, on
+// their node; the watch looks for the next hang, and the attempt goes on.
+// It reports whether it did; otherwise the hang restarts the job as
+// without spares.
 func (r *run) replaceHung(at *attempt, f *fault.Fault) bool {
 	he, ok := fault.As[*watch.HangError](f)
 	if r.cfg.Spares == 0 || !ok {
 		return false
 	}
 	missing := he.Hang.Missing
-	if ok, why := hungReplaceable(missing, at.r.RankOffset, r.cfg.NProcPerNode, at.g.Spares(), at.r.AgentStore); !ok {
+	act, why := decideHang(he, at.r.RankOffset, r.cfg.NProcPerNode, at.g.Spares(), at.r.AgentStore)
+	switch act {
+	case hangLeave:
+		return true
+	case hangDefer:
+		r.log.Warn("hang: the ranks that never arrived run on another node, whose agent kills them for its warm spares; the others keep their processes",
+			"ranks", missing, "node", he.Node, "step", he.Hang.Step, "bucket", he.Hang.Bucket)
+		r.watch.HangReplaced()
+		r.awaitRemoteSpares(at, he)
+		return true
+	case hangRestart:
 		r.log.Warn("hang: no warm spare takes the hung ranks, "+why, "ranks", missing)
 		return false
 	}
@@ -131,4 +169,63 @@ func (r *run) replaceHung(at *attempt, f *fault.Fault) bool {
 	}
 	r.watch.HangReplaced()
 	return true
+}
+
+// allLocal reports whether every rank of ranks runs on this node
+// (first..first+nproc-1).
+func allLocal(ranks []int, first, nproc int) bool {
+	return !slices.ContainsFunc(ranks, func(r int) bool { return r < first || r >= first+nproc })
+}
+
+// remoteSpareWait bounds how long a leader that left a hang to another
+// node's spares waits for its own workers to report the re-formation.
+const remoteSpareWait = time.Minute
+
+// awaitRemoteSpares restarts the job, as for any hang, when the node that
+// was left to replace its hung ranks has not done so within
+// remoteSpareWait: its agent keeps no spares (each node's --spares is its
+// own), or never heard of the hang. Without this the survivors would wait
+// in the abandoned collective for good.
+func (r *run) awaitRemoteSpares(at *attempt, he *watch.HangError) {
+	reformed := r.reformed.next()
+	r.goBackground(func() {
+		t := time.NewTimer(remoteSpareWait)
+		defer t.Stop()
+		select {
+		case <-reformed:
+			return
+		case <-at.g.Closed():
+			return
+		case <-t.C:
+		}
+		r.log.Warn("hang: the other node did not replace its hung ranks; restarting the job", "ranks", he.Hang.Missing,
+			"node", he.Node, "waited", remoteSpareWait)
+		r.faults.Report(fault.Hang(&watch.HangError{Hang: he.Hang, Report: he.Report}))
+	})
+}
+
+// reformSignal tells every waiter of the next report of a re-formation in
+// process.
+type reformSignal struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// next returns a channel closed at the next report after this call.
+func (s *reformSignal) next() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch == nil {
+		s.ch = make(chan struct{})
+	}
+	return s.ch
+}
+
+func (s *reformSignal) fire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch != nil {
+		close(s.ch)
+		s.ch = nil
+	}
 }

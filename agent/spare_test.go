@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 )
 
 func TestReplaceable(t *testing.T) {
@@ -52,6 +54,33 @@ func TestHungReplaceable(t *testing.T) {
 		ok, why := hungReplaceable(tc.missing, tc.first, tc.nproc, tc.idle, tc.agentStore)
 		if ok != (tc.want == "") || !strings.Contains(why, tc.want) {
 			t.Errorf("%s: got %v %q, want %q", tc.name, ok, why, tc.want)
+		}
+	}
+}
+
+func TestDecideHang(t *testing.T) {
+	hang := func(node string, remote bool, missing ...int) *watch.HangError {
+		return &watch.HangError{Hang: telemetry.Hang{Missing: missing}, Node: node, Remote: remote}
+	}
+	tests := []struct {
+		name        string
+		he          *watch.HangError
+		first, idle int
+		want        hangAction
+		why         string
+	}{
+		{"here", hang("", false, 1), 0, 1, hangKill, ""},
+		{"leader, one other node", hang("b", false, 5), 0, 1, hangDefer, ""},
+		{"leader, here and there", hang("", false, 1, 5), 0, 1, hangRestart, "another node"},
+		{"follower, its ranks", hang("", true, 5, 6), 4, 2, hangKill, ""},
+		{"follower, too few spares", hang("", true, 5, 6), 4, 1, hangRestart, "2 ranks hung, 1 warm spares idle"},
+		{"follower, not its ranks alone", hang("", true, 5, 9), 4, 2, hangLeave, ""},
+		{"follower, none of its ranks", hang("", true, 1), 4, 1, hangLeave, ""},
+	}
+	for _, tc := range tests {
+		got, why := decideHang(tc.he, tc.first, 4, tc.idle, true)
+		if got != tc.want || !strings.Contains(why, tc.why) {
+			t.Errorf("%s: got %v %q, want %v %q", tc.name, got, why, tc.want, tc.why)
 		}
 	}
 }

@@ -121,3 +121,50 @@ func TestWarmSpare(t *testing.T) {
 			killed, hung, rank0, want, r.logs())
 	}
 }
+
+// TestWarmSpareHangOnAnotherNode: two nodes under --spares 1, rank 3 (the
+// second node's) hangs before its backward. The leader finds the hang,
+// sees every rank that never arrived on the other node and leaves it to
+// that node's agent, which kills rank 3 for its spare: the spare joins the
+// survivors, on both nodes, in process. Nobody restarts, and every rank
+// ends with the same parameters. The job's store runs on the first node,
+// and every worker of both is its client.
+func TestWarmSpareHangOnAnotherNode(t *testing.T) {
+	budgetAlongside(t, 90*time.Second)
+	needTorch(t)
+	j := newJob(t, "2", 0, 12, "--batch-size", "4", "--in-process", "--ckpt-every", "0", "--hang-rank", "3",
+		"--hang-at-step", "7")
+	j.args = append(j.args, "--hang-timeout", "4s", "--spares", "1")
+	j.env = []string{"PYTHONPATH=" + filepath.Join(repoRoot, "python")}
+	a := j.startHost()
+	b := j.start()
+	for _, r := range []*agentRun{a, b} {
+		if code := r.wait(3 * time.Minute); code != 0 {
+			t.Fatalf("exit code %d\n%s\n%s", code, a.logs(), b.logs())
+		}
+	}
+	logs := a.logs() + "\n----\n" + b.logs()
+	leader, follower := a, b
+	if strings.Contains(b.stderr.String(), `msg="hang: the ranks that never arrived run on another node`) {
+		leader, follower = b, a
+	}
+	switch out := a.stdout.String() + a.stderr.String() + b.stdout.String() + b.stderr.String(); {
+	case !regexp.MustCompile(`msg="hang: the ranks that never arrived run on another node, whose agent kills them for its warm spares; the others keep their processes" component=ddp-agent ranks=\[3\]`).MatchString(leader.stderr.String()):
+		t.Fatalf("the leader did not leave the hang to the other node\n%s", logs)
+	case !strings.Contains(follower.stderr.String(), `msg="hang: killing the ranks that never arrived, for warm spares to take; the others keep their processes" component=ddp-agent ranks=[3]`):
+		t.Fatalf("the other node did not kill rank 3 for its spare\n%s", logs)
+	case !strings.Contains(out, "rank 3 joined re-formation 1 in process as a warm spare: resuming at step 7"):
+		t.Fatalf("the spare did not join the survivors\n%s", logs)
+	case !strings.Contains(leader.stderr.String(), `msg="job store started"`) || strings.Contains(follower.stderr.String(), `msg="job store started"`):
+		t.Fatalf("want the store served on the first node only\n%s", logs)
+	}
+	for _, r := range []*agentRun{a, b} {
+		if e := r.stderr.String(); strings.Count(e, `msg="workers started"`) != 1 || strings.Contains(e, "restarting worker group") {
+			t.Fatalf("workers started more than once, or restarted\n%s", logs)
+		}
+	}
+	d := paramDigests(a.stdout.String() + b.stdout.String())
+	if len(d) != 4 || d[0] == "" || d[0] != d[1] || d[0] != d[2] || d[0] != d[3] {
+		t.Fatalf("params digests %v, want ranks 0-3 equal\n%s", d, logs)
+	}
+}

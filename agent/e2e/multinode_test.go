@@ -39,6 +39,7 @@ type job struct {
 	args     []string // the agents' flags after the rendezvous ones
 	script   []string // script and its arguments
 	ckpt     string
+	env      []string // added to the agents' environment
 }
 
 // fastConf keeps faults cheap in tests: a node is lost after 2 s of silence.
@@ -61,7 +62,7 @@ func (j *job) start(extraArgs ...string) *agentRun {
 	j.t.Helper()
 	args := append([]string{"--rdzv-backend", "c10d", "--rdzv-endpoint", j.endpoint, "--rdzv-id", j.id}, j.args...)
 	args = append(append(args, extraArgs...), j.script...)
-	return startAgent(j.t, nil, args...)
+	return startAgent(j.t, j.env, args...)
 }
 
 // startHost starts the agent that hosts the store and waits until it does,

@@ -70,6 +70,13 @@ func newAttempt(gen uint64, p plan, local []telemetry.Worker, offset int, stackD
 	return at
 }
 
+// oneNode is heard.oneNode for this attempt's ranks.
+func (at *attempt) oneNode(missing []int) string {
+	at.mu.Lock()
+	defer at.mu.Unlock()
+	return at.heard.oneNode(missing, at.offset, at.offset+len(at.local))
+}
+
 // isLocal reports whether global rank r runs on this node.
 func (at *attempt) isLocal(r int) bool { return r >= at.offset && r < at.offset+len(at.local) }
 

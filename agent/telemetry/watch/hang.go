@@ -16,6 +16,13 @@ import (
 type HangError struct {
 	Hang   telemetry.Hang
 	Report string // the paragraph that was logged, stacks included
+	// Node is the one other node on which every rank that never arrived
+	// runs, as its agent named itself to this one (a leader's); "" when
+	// one runs here, or they run on several nodes.
+	Node string
+	// Remote: a follower's copy of the leader's hang (Config.OnRemoteHang),
+	// for a decision of its own about its ranks; not reported here.
+	Remote bool
 }
 
 func (e *HangError) Error() string {
@@ -96,7 +103,7 @@ func (s *Watch) checkHang(ctx context.Context, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.at == at && s.cfg.OnHang != nil {
-		s.cfg.OnHang(&HangError{Hang: *h, Report: report})
+		s.cfg.OnHang(&HangError{Hang: *h, Report: report, Node: at.oneNode(h.Missing)})
 	}
 }
 

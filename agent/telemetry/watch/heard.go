@@ -56,3 +56,18 @@ func (h *heard) unjudged(missing []int, localFrom, localTo int, now time.Time) (
 	}
 	return out, why
 }
+
+// oneNode is the node every one of missing runs on, when that is a single
+// node other than this one (ranks in [localFrom, localTo)); "" otherwise,
+// or when a rank's node is not known. Pure, for tests.
+func (h *heard) oneNode(missing []int, localFrom, localTo int) string {
+	node := ""
+	for _, r := range missing {
+		n, ok := h.nodeOf[r]
+		if r >= localFrom && r < localTo || !ok || node != "" && n != node {
+			return ""
+		}
+		node = n
+	}
+	return node
+}

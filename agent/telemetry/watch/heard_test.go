@@ -29,3 +29,24 @@ func TestHeardUnjudged(t *testing.T) {
 		t.Errorf("nothing heard: got %v", got)
 	}
 }
+
+func TestHeardOneNode(t *testing.T) {
+	var h heard
+	h.from("b", time.Now(), 2, 3)
+	h.from("c", time.Now(), 4, 5)
+	for _, tc := range []struct {
+		missing []int
+		want    string
+	}{
+		{[]int{3}, "b"},
+		{[]int{2, 3}, "b"},
+		{[]int{3, 4}, ""}, // two nodes
+		{[]int{1, 3}, ""}, // one here
+		{[]int{7}, ""},    // a node never heard from
+		{nil, ""},
+	} {
+		if got := h.oneNode(tc.missing, 0, 2); got != tc.want {
+			t.Errorf("oneNode(%v): got %q, want %q", tc.missing, got, tc.want)
+		}
+	}
+}
