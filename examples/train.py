@@ -274,6 +274,7 @@ def main():
                 time.sleep(args.slow_seconds)  # a straggler: the others wait for it in the all-reduce
             if rank == args.hang_rank and step == args.hang_at_step and attempt == 0:
                 say(f"rank {rank} hangs at step {step} for {args.hang_seconds:g} s")
+                step_log("fault", rank, step, attempt)
                 time.sleep(args.hang_seconds)
             loss.backward()
             optimizer.step()

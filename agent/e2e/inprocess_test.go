@@ -61,7 +61,7 @@ func TestInProcessRecovery(t *testing.T) {
 // the workers' store in a process of its own, which outlives rank 0. The
 // parameters end as an uninterrupted run's.
 func TestWarmSpare(t *testing.T) {
-	budgetAlongside(t, 60*time.Second)
+	budgetAlongside(t, 80*time.Second) // four jobs
 	needTorch(t)
 	train := func(name string, agentFlags []string, fault ...string) *agentRun {
 		// The package installed, as a spare's first import needs it.
@@ -130,7 +130,7 @@ func TestWarmSpare(t *testing.T) {
 // ends with the same parameters. The job's store runs on the first node,
 // and every worker of both is its client.
 func TestWarmSpareHangOnAnotherNode(t *testing.T) {
-	budgetAlongside(t, 90*time.Second)
+	budgetAlongside(t, 60*time.Second)
 	needTorch(t)
 	j := newJob(t, "2", 0, 12, "--batch-size", "4", "--in-process", "--ckpt-every", "0", "--hang-rank", "3",
 		"--hang-at-step", "7")

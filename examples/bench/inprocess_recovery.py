@@ -1,12 +1,13 @@
 """A worker's fault, recovered three ways side by side: in process, by ddp-agent's restart, by torchrun's.
 
     /usr/bin/python3 examples/bench/inprocess_recovery.py --agent bin/ddp-agent \\
-        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill] [--fail-rank 0]
+        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill|hang] [--fail-rank 0]
 
 Each run trains examples/train.py (2 ranks, gloo, the ddp_agent hook on the
 shim's host transport, --hidden 512, a checkpoint every 5 steps) and has
-rank 1 (--fail-rank) fail at step 13: it raises (--fault raise), or it is
-killed with SIGKILL (--fault kill), under:
+rank 1 (--fail-rank) fail at step 13: it raises (--fault raise), it is
+killed with SIGKILL (--fault kill), or it hangs before its backward
+(--fault hang: the agents run with --hang-timeout 3), under:
 
   in-process  ddp-agent run ... train.py --in-process: ddp_agent.InProcess
               re-forms the process group and the hook in the same processes
@@ -15,7 +16,9 @@ killed with SIGKILL (--fault kill), under:
   ddp-agent   ddp-agent run --max-restarts 1: every worker restarted,
               resuming from the step-10 checkpoint
   torchrun    torchrun --max-restarts 1 (scripts/torchrun_compat.py on
-              PyTorch 1.13), the same resume
+              PyTorch 1.13), the same resume; not for a hang, which torchrun
+              does not detect: the others wait in gloo's collective until
+              its timeout (30 minutes by default)
 
 The three launchers take turns run by run, so drift in the machine's load
 hits them alike. Every rank logs, through $TRAIN_STEP_LOG, the wall clock
@@ -48,20 +51,25 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "examples", "train.py")
 FAIL_STEP, STEPS, CKPT_EVERY = 13, 20, 5
+HANG_TIMEOUT = 3  # seconds, the agents' --hang-timeout under --fault hang
 
 
 def command(kind: str, args, workdir: str):
     train = [TRAIN, "--steps", str(STEPS), "--hidden", "512", "--log-every", "100", "--ckpt-every", str(CKPT_EVERY),
-             "--ckpt-dir", os.path.join(workdir, "ckpt"), "--fail-rank", str(args.fail_rank), "--fail-at-step", str(FAIL_STEP),
-             "--warmup-steps", "0"]
+             "--ckpt-dir", os.path.join(workdir, "ckpt"), "--warmup-steps", "0"]
+    if args.fault == "hang":
+        train += ["--hang-rank", str(args.fail_rank), "--hang-at-step", str(FAIL_STEP)]
+    else:
+        train += ["--fail-rank", str(args.fail_rank), "--fail-at-step", str(FAIL_STEP)]
     if args.fault == "kill":
         train += ["--fail-signal", "KILL"]
+    hang = ["--hang-timeout", str(HANG_TIMEOUT)] if args.fault == "hang" else []
     if kind == "in-process":
-        spares = ["--spares", "1"] if args.fault == "kill" else []
-        return [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", *spares, "--python",
-                args.python, "--log-dir", os.path.join(workdir, "logs"), *train, "--in-process"]
+        spares = ["--spares", "1"] if args.fault != "raise" else []
+        return [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", *spares, *hang,
+                "--python", args.python, "--log-dir", os.path.join(workdir, "logs"), *train, "--in-process"]
     if kind == "ddp-agent":
-        return [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--python",
+        return [args.agent, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", *hang, "--python",
                 args.python, "--log-dir", os.path.join(workdir, "logs"), *train]
     return [args.python, args.torchrun_compat, "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
             *train]
@@ -92,6 +100,7 @@ def measure(kind: str, args) -> dict:
     return out
 
 
+FAULTS = {"raise": "raises", "kill": "is SIGKILLed", "hang": "hangs before its backward"}
 STATE_RE = re.compile(r"joined re-formation .* \((\d+) bytes moved in ([\d.]+) ms\)")
 
 
@@ -116,21 +125,24 @@ def main() -> None:
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--torchrun-compat", default=os.path.join(ROOT, "scripts", "torchrun_compat.py"))
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--fault", choices=["raise", "kill"], default="raise",
-                   help="the rank raises, or is killed with SIGKILL (in process: a warm spare takes its rank)")
+    p.add_argument("--fault", choices=["raise", "kill", "hang"], default="raise",
+                   help="the rank raises, is killed with SIGKILL, or hangs (in process: a warm spare takes its rank)")
     p.add_argument("--fail-rank", type=int, choices=[0, 1], default=1,
                    help="the rank that fails; rank 0's process no longer serves the store under --spares")
     args = p.parse_args()
-    kinds = ["in-process", "ddp-agent", "torchrun"]
+    kinds = ["in-process", "ddp-agent", "torchrun"] if args.fault != "hang" else ["in-process", "ddp-agent"]
     results = {k: [] for k in kinds}
     start = time.time()
     for i in range(args.runs):
-        for k in kinds[i % 3:] + kinds[:i % 3]:
+        for k in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
             results[k].append(measure(k, args))
             print(f"run {i + 1} {k}: {results[k][-1]}", file=sys.stderr)
     print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 2 ranks, gloo, train.py --hidden 512, "
-          f"rank {args.fail_rank} {'raises' if args.fault == 'raise' else 'is SIGKILLed'} at step {FAIL_STEP}, "
-          f"checkpoint every {CKPT_EVERY} steps\n")
+          f"rank {args.fail_rank} {FAULTS[args.fault]} at step {FAIL_STEP}, checkpoint every {CKPT_EVERY} steps\n")
+    if args.fault == "hang":
+        print(f"The agents run with --hang-timeout {HANG_TIMEOUT}, which the figures include. torchrun is left out: "
+              "it does not detect a hang, and the others wait in gloo's collective until its timeout "
+              "(30 minutes by default).\n")
     print("| path | fault → every rank completed its first step of the next attempt (median, min-max) | completed steps done again | against in process |")
     print("|---|---|---|---|")
     base = statistics.median(r["recovery_s"] for r in results["in-process"])
