@@ -9,6 +9,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 	"github.com/ddp-agent/ddp-agent/agent/rootcause"
 	"github.com/ddp-agent/ddp-agent/agent/straggler"
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/watch"
 	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
@@ -21,6 +22,7 @@ const (
 	evFault                       // a fault stopped the attempt, or drains the node
 	evRestarting                  // recover restarts the job's workers
 	evEnded                       // this node's part of the job ended
+	evReplaced                    // a warm spare took a dead worker's rank; the others re-form in process
 )
 
 // event is one thing the run tells the notifier plugins, as a typed
@@ -42,6 +44,10 @@ type event struct {
 	err error
 	// started is evStarted's message and details.
 	started startedJob
+	// dead and sparePID are evReplaced's: the worker that died, and the
+	// spare that took its rank.
+	dead     *supervisor.WorkerExitError
+	sparePID int
 }
 
 // startedJob is what evStarted tells of the job.
@@ -84,6 +90,11 @@ func (ev event) notice() (notifier.Event, bool) {
 		n.Kind, n.Message, n.Details = notifier.JobFailed, ev.err.Error(), map[string]string{"reason": reason}
 	case evFault:
 		return faultNotice(n, f, ev)
+	case evReplaced:
+		// A worker's failure all the same, whose recovery kept the others.
+		n.Kind, n.Rank = notifier.WorkerFailed, ev.dead.Rank
+		n.Message = ev.dead.Error() + "; a warm spare takes its rank, the other workers keep their processes"
+		n.Details = map[string]string{"recovery": "warm_spare", "spare_pid": strconv.Itoa(ev.sparePID)}
 	}
 	return n, true
 }

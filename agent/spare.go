@@ -55,6 +55,7 @@ func (r *run) replace(at *attempt, e *supervisor.WorkerExitError) bool {
 		"rank", e.Rank, "local_rank", e.LocalRank, "pid", e.PID, "signal", e.Signal.String(), "spare_pid", pid,
 		"after", e.Time.Sub(at.started).Round(time.Millisecond), "spares_idle", at.g.Spares())
 	r.mon.SetWorkers(at.g.PIDs())
+	r.tell(event{kind: evReplaced, at: at, dead: e, sparePID: pid})
 	r.refill(at)
 	return true
 }
@@ -149,15 +150,20 @@ func (r *run) replaceHung(at *attempt, f *fault.Fault) bool {
 	switch act {
 	case hangLeave:
 		return true
-	case hangDefer:
-		r.log.Warn("hang: the ranks that never arrived run on another node, whose agent kills them for its warm spares; the others keep their processes",
-			"ranks", missing, "node", he.Node, "step", he.Hang.Step, "bucket", he.Hang.Bucket)
-		r.watch.HangReplaced()
-		r.awaitRemoteSpares(at, he)
-		return true
 	case hangRestart:
 		r.log.Warn("hang: no warm spare takes the hung ranks, "+why, "ranks", missing)
 		return false
+	}
+	// The notifiers hear of the hang as without spares, from the node
+	// that judged it, and of no restart.
+	tell := func() { r.tell(event{kind: evFault, at: at, fault: f}) }
+	if act == hangDefer {
+		r.log.Warn("hang: the ranks that never arrived run on another node, whose agent kills them for its warm spares; the others keep their processes",
+			"ranks", missing, "node", he.Node, "step", he.Hang.Step, "bucket", he.Hang.Bucket)
+		tell()
+		r.watch.HangReplaced()
+		r.awaitRemoteSpares(at, he)
+		return true
 	}
 	r.log.Warn("hang: killing the ranks that never arrived, for warm spares to take; the others keep their processes",
 		"ranks", missing, "step", he.Hang.Step, "bucket", he.Hang.Bucket)
@@ -166,6 +172,9 @@ func (r *run) replaceHung(at *attempt, f *fault.Fault) bool {
 			r.log.Warn("hang: kill a hung rank", "rank", rank, "err", err)
 			return false
 		}
+	}
+	if !he.Remote {
+		tell()
 	}
 	r.watch.HangReplaced()
 	return true
