@@ -10,9 +10,10 @@ clients: the survivors of rank 0's death re-form through the store, and a
 warm spare takes rank 0 (docs/in-process.md).
 
 The store is torch's own ``TCPStore`` server, whatever wire protocol the
-workers' torch speaks. The process serves it until the agent ends it
-(SIGTERM at the attempt's end, SIGKILL when the agent dies): one store per
-attempt, as torchrun 2.x's workers expect of an agent's store.
+workers' torch speaks. The process serves it until the agent ends it with
+the attempt (or dies: the process has the agent's parent-death signal):
+one store per attempt, as torchrun 2.x's workers expect of an agent's
+store.
 """
 
 import os
