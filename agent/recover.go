@@ -67,6 +67,12 @@ func (r *run) recover(ctx context.Context, at *attempt, f *fault.Fault) (done bo
 	switch act {
 	case actNewGeneration:
 		r.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
+		if end := at.r.End().Kind; r.cfg.Spares > 0 && (end == rdzv.EndNodeLost || end == rdzv.EndNodeLeft || end == rdzv.EndNodeJoined) {
+			// In-process shrink and grow are not built: where spares
+			// are kept, say which path this is, and why.
+			r.log.Info("warm spares: a change of the job's nodes restarts the workers, as without spares; the workers re-form in process only within a generation",
+				"end", string(end))
+		}
 		r.tell(event{kind: evFault, at: at, fault: f})
 		r.abort("job moving to a new generation: " + f.Reason)
 		cutoff := time.Now()

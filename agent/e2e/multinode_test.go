@@ -197,14 +197,24 @@ func workersStartedAt(stderr string, gen int) (time.Time, bool) {
 // checkpoint and finish. With three nodes possible the store has three
 // members, one per agent: losing any one of them, the first included,
 // loses nothing.
-func lostNode(t *testing.T, what string, victim int, hurt func(a *agentRun)) {
-	lostNodeWithin(t, what, victim, 15*time.Second, hurt)
+func lostNode(t *testing.T, what string, victim int, hurt func(a *agentRun)) []*agentRun {
+	return lostNodeWithin(t, what, victim, 15*time.Second, hurt)
 }
 
-// lostNodeWithin is lostNode with the bound on re-forming.
-func lostNodeWithin(t *testing.T, what string, victim int, bound time.Duration, hurt func(a *agentRun)) {
+// lostNodeWithin is lostNode with the bound on re-forming; spares runs
+// the job under --spares 1 with train.py --in-process. It returns the
+// survivors.
+func lostNodeWithin(t *testing.T, what string, victim int, bound time.Duration, hurt func(a *agentRun), spares ...bool) []*agentRun {
 	needTorch(t)
-	j := newJob(t, "1:3", 2, 30, "--sleep-per-step", "0.1")
+	extra := []string{"--sleep-per-step", "0.1"}
+	if len(spares) > 0 && spares[0] {
+		extra = append(extra, "--in-process")
+	}
+	j := newJob(t, "1:3", 2, 30, extra...)
+	if len(spares) > 0 && spares[0] {
+		j.args = append(j.args, "--spares", "1")
+		j.env = []string{"PYTHONPATH=" + filepath.Join(repoRoot, "python")}
+	}
 	all := []*agentRun{j.startHost(), j.start(), j.start()}
 	logs := func(as ...*agentRun) func() string {
 		return func() string {
@@ -258,6 +268,7 @@ func lostNodeWithin(t *testing.T, what string, victim int, bound time.Duration, 
 	if recovery > bound {
 		t.Errorf("re-forming took %v, want within %v", recovery, bound)
 	}
+	return survivors
 }
 
 func TestLostNodeSIGKILL(t *testing.T) {
@@ -274,6 +285,26 @@ func TestLostStoreHostSIGKILL(t *testing.T) {
 	lostNode(t, "store host SIGKILL", 0, func(a *agentRun) {
 		a.cmd.Process.Signal(syscall.SIGKILL)
 	})
+}
+
+// TestLostStoreHostWithSpares: the same under --spares 1 with
+// train.py --in-process, where the first node also serves the workers'
+// store. A lost node is not re-formed around in process yet: the agents
+// say so and restart their workers, and the node that becomes group rank
+// 0 serves the new generation's store.
+func TestLostStoreHostWithSpares(t *testing.T) {
+	budget(t, 80*time.Second)
+	survivors := lostNodeWithin(t, "store host SIGKILL under --spares", 0, 20*time.Second, func(a *agentRun) {
+		a.cmd.Process.Signal(syscall.SIGKILL)
+	}, true)
+	logs := survivors[0].logs() + "\n----\n" + survivors[1].logs()
+	errs := survivors[0].stderr.String() + survivors[1].stderr.String()
+	if !strings.Contains(errs, `msg="warm spares: a change of the job's nodes restarts the workers, as without spares; the workers re-form in process only within a generation"`) {
+		t.Fatalf("the survivors did not say why the workers restart\n%s", logs)
+	}
+	if n := strings.Count(errs, `msg="job store started"`); n < 1 {
+		t.Fatalf("no survivor served the new generation's workers' store\n%s", logs)
+	}
 }
 
 // TestLostNodeSIGSTOP: a frozen agent's connections stay open, and its
