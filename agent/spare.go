@@ -95,7 +95,7 @@ func hungReplaceable(missing []int, first, nproc, idle int, agentStore bool) (bo
 	switch {
 	case len(missing) == 0:
 		return false, "no rank is named"
-	case slices.ContainsFunc(missing, func(r int) bool { return r < first || r >= first+nproc }):
+	case !allLocal(missing, first, nproc):
 		return false, "a hung rank runs on another node"
 	case slices.Contains(missing, 0) && !agentStore:
 		return false, "rank 0's process serves the job's store (MASTER_PORT)"
