@@ -82,8 +82,8 @@ Wrap = Callable[[torch.nn.Module], Tuple[torch.nn.Module, Any]]
 def _job_store(timeout: float) -> Any:
     """The store the re-formations agree through.
 
-    Under ``ddp-agent run``, a client of the job's TCPStore (rank 0's, at
-    MASTER_ADDR:MASTER_PORT) without torch's prefixes: a warm spare that
+    Under ``ddp-agent run``, a client of the job's TCPStore (rank 0's, or
+    under --spares the agent's, at MASTER_ADDR:MASTER_PORT) without torch's prefixes: a warm spare that
     takes a dead rank reaches the same keys from a process that never
     joined the first process group. Elsewhere (torchrun), torch's default
     store, whose prefix every rank shares.
@@ -186,7 +186,8 @@ class InProcess:
         self.world_size = dist.get_world_size()
         self.backend = dist.get_backend()
         # The store the job started on outlives every process group made
-        # on it: rank 0's TCPStore server lives as long as this reference.
+        # on it: where rank 0 serves it (no --spares), its TCPStore server
+        # lives as long as this reference.
         self._keep = dist.distributed_c10d._get_default_store()
         self._prefix = _prefix()
         self._wrap = wrap
