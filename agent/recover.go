@@ -59,6 +59,9 @@ func (r *run) recover(ctx context.Context, at *attempt, f *fault.Fault) (done bo
 		stopped = true
 	}
 	act := decide(f.Severity, restartsLeft, r.faults.Drain() != nil)
+	if at != nil {
+		r.sayNodesChanged(at)
+	}
 	if f.Severity == fault.Restart && act != actDrain {
 		// Traced either way, with its reason; counted as a restart only
 		// when the job restarts (no restarts left: the job failed).
@@ -67,12 +70,6 @@ func (r *run) recover(ctx context.Context, at *attempt, f *fault.Fault) (done bo
 	switch act {
 	case actNewGeneration:
 		r.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
-		if end := at.r.End().Kind; r.cfg.Spares > 0 && (end == rdzv.EndNodeLost || end == rdzv.EndNodeLeft || end == rdzv.EndNodeJoined) {
-			// In-process shrink and grow are not built: where spares
-			// are kept, say which path this is, and why.
-			r.log.Info("warm spares: a change of the job's nodes restarts the workers, as without spares; the workers re-form in process only within a generation",
-				"end", string(end))
-		}
 		r.tell(event{kind: evFault, at: at, fault: f})
 		r.abort("job moving to a new generation: " + f.Reason)
 		cutoff := time.Now()
@@ -272,4 +269,17 @@ func (r *run) dropGeneration(gen uint64) {
 			r.log.Warn("drop control store keys", "generation", gen, "err", err)
 		}
 	})
+}
+
+// sayNodesChanged logs, where spares are kept, that the attempt ended for
+// a change of the job's nodes and that this restarts the workers: in-process
+// shrink and grow are not built. The workers' own failure may have ended
+// the attempt first (their store went with a lost node): the round's end
+// says it was the nodes all the same.
+func (r *run) sayNodesChanged(at *attempt) {
+	end := at.r.End().Kind
+	if r.cfg.Spares > 0 && (end == rdzv.EndNodeLost || end == rdzv.EndNodeLeft || end == rdzv.EndNodeJoined) {
+		r.log.Info("warm spares: a change of the job's nodes restarts the workers, as without spares; the workers re-form in process only within a generation",
+			"end", string(end))
+	}
 }
