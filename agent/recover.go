@@ -59,7 +59,7 @@ func (r *run) recover(ctx context.Context, at *attempt, f *fault.Fault) (done bo
 		stopped = true
 	}
 	act := decide(f.Severity, restartsLeft, r.faults.Drain() != nil)
-	if at != nil {
+	if at != nil && (act == actNewGeneration || act == actRestart) {
 		r.sayNodesChanged(at)
 	}
 	if f.Severity == fault.Restart && act != actDrain {
