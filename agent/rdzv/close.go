@@ -112,7 +112,7 @@ func closedRound(prev []Member, joiners []joiner, max int) (members []Member, ma
 // runningState is the state that closes the round of st with members:
 // the member list itself lives at membersKey and one key per member under
 // assignPrefix, which the closer writes first.
-func runningState(st State, members []Member, master JoinInfo, membersKey, assignPrefix string, now time.Time) State {
+func runningState(st State, prev, members []Member, master JoinInfo, membersKey, assignPrefix string, now time.Time) State {
 	next := st
 	next.Phase = Running
 	next.Since = now
@@ -125,5 +125,22 @@ func runningState(st State, members []Member, master JoinInfo, membersKey, assig
 	next.MasterAddr = members[0].Addr
 	next.MasterPort = master.MasterPort
 	next.AgentStore = master.AgentStore
+	next.MasterNode = members[0].Node
+	next.Newcomers = newcomers(prev, members)
 	return next
+}
+
+// newcomers counts the members that are not in prev.
+func newcomers(prev, members []Member) int {
+	old := make(map[string]bool, len(prev))
+	for _, m := range prev {
+		old[m.Node] = true
+	}
+	n := 0
+	for _, m := range members {
+		if !old[m.Node] {
+			n++
+		}
+	}
+	return n
 }

@@ -143,10 +143,11 @@ func TestRunningState(t *testing.T) {
 		{Node: "a", Addr: "10.0.0.1", GroupRank: 0, NProc: 4, RankOffset: 0},
 		{Node: "b", Addr: "10.0.0.2", GroupRank: 1, NProc: 2, RankOffset: 4},
 	}
-	got := runningState(st, members, JoinInfo{Node: "a", MasterPort: 29500, AgentStore: true}, "members/7/a", "assign/7/a/", t0)
+	prev := []Member{{Node: "a"}, {Node: "old"}}
+	got := runningState(st, prev, members, JoinInfo{Node: "a", MasterPort: 29500, AgentStore: true}, "members/7/a", "assign/7/a/", t0)
 	want := State{Generation: 7, Phase: Running, Reason: "node x lost", Since: t0, Failures: 2, MaxRestarts: 3,
 		NNodes: 2, MembersKey: "members/7/a", AssignPrefix: "assign/7/a/", WorldSize: 6, MasterAddr: "10.0.0.1", MasterPort: 29500,
-		AgentStore: true}
+		AgentStore: true, MasterNode: "a", Newcomers: 1}
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}

@@ -1,6 +1,7 @@
 package rdzv
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -14,7 +15,9 @@ import (
 // state moved on without making this node a member, for Next to look again.
 func (e *Membership) joinRound(ctx context.Context, st *State, rev, read int64, deadline time.Time) (*Round, error) {
 	lease, lost := e.leaseChan()
-	port := e.cfg.MasterPort
+	e.mu.Lock()
+	port := cmp.Or(e.offered, e.cfg.MasterPort)
+	e.mu.Unlock()
 	if port == 0 {
 		var err error
 		if port, err = freePort(e.cfg.Addr); err != nil {
@@ -65,4 +68,12 @@ func (e *Membership) countJoined(ctx context.Context, gen uint64) (int, error) {
 		return 0, err
 	}
 	return int(resp.Count), nil
+}
+
+// OfferStore makes the next joins offer port for the workers' store (see
+// join.Rendezvous); 0 goes back to Config.MasterPort.
+func (e *Membership) OfferStore(port int) {
+	e.mu.Lock()
+	e.offered = port
+	e.mu.Unlock()
 }

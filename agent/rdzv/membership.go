@@ -102,6 +102,7 @@ type Membership struct {
 	// of the store's silence starts there (silence.go).
 	unanswered time.Time
 	storeLost  bool // Next gave up on the store
+	offered    int  // OfferStore's port; 0 none
 }
 
 // Open joins the job's rendezvous: it checks that the store belongs to

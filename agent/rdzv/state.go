@@ -142,6 +142,12 @@ type State struct {
 	// AgentStore: group rank 0's agent serves the workers' store, not
 	// rank 0's worker (its --spares; TORCHELASTIC_USE_AGENT_STORE).
 	AgentStore bool `json:"agent_store,omitempty"`
+	// MasterNode is group rank 0's node id: whether the workers' store is
+	// the last round's. Newcomers counts the members that were not
+	// members of the last round. Together they say whether the workers of
+	// a shrunk job may carry on in their processes (agent/keep.go).
+	MasterNode string `json:"master_node,omitempty"`
+	Newcomers  int    `json:"newcomers,omitempty"`
 }
 
 // Nodes is how many nodes the generation has.

@@ -1,6 +1,7 @@
 package rdzv
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 )
@@ -19,6 +20,7 @@ type Static struct {
 
 	gen      uint64
 	failures int
+	offered  int // OfferStore's port
 }
 
 // Next returns the next round: the same ranks every time.
@@ -26,7 +28,7 @@ func (s *Static) Next(ctx context.Context) (*Round, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, context.Cause(ctx)
 	}
-	port := s.MasterPort
+	port := cmp.Or(s.offered, s.MasterPort)
 	if port == 0 {
 		// A fresh port for every round, so a restart never trips over the
 		// last round's store socket lingering in TIME_WAIT.
@@ -61,3 +63,7 @@ func (s *Static) Leave(string) {}
 
 // CheckPeers finds nothing: a static job has no liveness ports to probe.
 func (s *Static) CheckPeers(context.Context) bool { return false }
+
+// OfferStore makes the next rounds' port for the workers' store port; 0
+// goes back to MasterPort.
+func (s *Static) OfferStore(port int) { s.offered = port }

@@ -106,6 +106,11 @@ type Rendezvous interface {
 	// CheckPeers looks for another node whose agent is gone, and ends the
 	// round with it lost when one is; it reports whether one was.
 	CheckPeers(ctx context.Context) bool
+	// OfferStore makes this node's next joins offer port for the
+	// workers' store, should it become group rank 0: the store it serves
+	// already, to workers that carry on into the next round; 0 goes back
+	// to the configured port, or a free one.
+	OfferStore(port int)
 }
 
 // Joined is an open rendezvous and what goes with it; the caller owns it
