@@ -3,6 +3,8 @@ package supervisor
 import (
 	"strings"
 	"testing"
+
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 func envMap(env []string) map[string]string {
@@ -64,6 +66,19 @@ func TestWorkerEnv(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWorkerEnvWorldFile: the world file is named only where the agent
+// writes one (--spares).
+func TestWorkerEnvWorldFile(t *testing.T) {
+	spec := &Spec{NProc: 1, WorldSize: 1, NNodes: 1}
+	if v, ok := envMap(workerEnv(nil, spec, Worker{}, "", "", nil))[envname.WorldFile]; ok {
+		t.Errorf("%s=%q without a world file", envname.WorldFile, v)
+	}
+	spec.WorldFile = "/run/ddp/world.json"
+	if v := envMap(workerEnv(nil, spec, Worker{}, "", "", nil))[envname.WorldFile]; v != spec.WorldFile {
+		t.Errorf("%s=%q, want %q", envname.WorldFile, v, spec.WorldFile)
 	}
 }
 

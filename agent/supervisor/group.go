@@ -120,6 +120,11 @@ type Spec struct {
 	// added to the store's environment too.
 	AgentStore bool
 	StoreArgv  []string
+
+	// WorldFile, when set, is DDP_AGENT_WORLD_FILE: where the agent
+	// writes the world that the workers carry on into after a node was
+	// lost (Renumber; ddp_agent.InProcess reads it).
+	WorldFile string
 }
 
 // Placement is where one worker runs.
@@ -451,8 +456,10 @@ func (w *worker) closeFiles() {
 
 // PIDs maps each worker's global rank to its pid.
 func (g *Group) PIDs() map[int]int {
+	g.mu.Lock() // Renumber writes the ranks
+	defer g.mu.Unlock()
 	m := map[int]int{}
-	for _, w := range g.list() {
+	for _, w := range g.workers {
 		m[w.Rank] = w.pid
 	}
 	return m

@@ -11,8 +11,8 @@ import (
 // from. The control socket uses it to admit only this attempt's workers.
 func (g *Group) RankOf(pid int) (int, error) {
 	byPID := map[int]int{}
-	for _, w := range g.list() {
-		byPID[w.pid] = w.Rank
+	for r, p := range g.PIDs() {
+		byPID[p] = r
 	}
 	for p, hops := pid, 0; p > 1 && hops < 64; hops++ {
 		if r, ok := byPID[p]; ok {

@@ -128,8 +128,8 @@ func (g *Group) Replace(rank int) (int, error) {
 	default:
 		return 0, fmt.Errorf("replace rank %d: its worker (pid %d) is still running", rank, dead.pid)
 	}
-	a := Assignment{Rank: dead.Rank, LocalRank: dead.LocalRank, Env: map[string]string{
-		"RANK": strconv.Itoa(dead.Rank), "LOCAL_RANK": strconv.Itoa(dead.LocalRank), "ROLE_RANK": strconv.Itoa(dead.Rank)}}
+	a := Assignment{Rank: dead.Rank, LocalRank: dead.LocalRank, Env: worldEnv(g.spec)}
+	a.Env["RANK"], a.Env["LOCAL_RANK"], a.Env["ROLE_RANK"] = strconv.Itoa(dead.Rank), strconv.Itoa(dead.LocalRank), strconv.Itoa(dead.Rank)
 	if g.spec.VirtualLocalRank {
 		a.Env["LOCAL_RANK"] = "0"
 	}

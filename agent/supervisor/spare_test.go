@@ -31,8 +31,9 @@ func spareHelper() {
 		fmt.Println("bad assignment:", err)
 		os.Exit(4)
 	}
-	fmt.Printf("spare assigned rank %d local rank %d RANK=%s LOCAL_RANK=%s GPU=%s\n", a.Rank, a.LocalRank, a.Env["RANK"],
-		a.Env["LOCAL_RANK"], a.Env["CUDA_VISIBLE_DEVICES"])
+	fmt.Printf("spare assigned rank %d local rank %d RANK=%s LOCAL_RANK=%s GPU=%s WORLD_SIZE=%s GROUP_RANK=%s GENERATION=%s\n",
+		a.Rank, a.LocalRank, a.Env["RANK"], a.Env["LOCAL_RANK"], a.Env["CUDA_VISIBLE_DEVICES"], a.Env["WORLD_SIZE"],
+		a.Env["GROUP_RANK"], a.Env[envname.Generation])
 }
 
 func spareSpec(t *testing.T, mode string, nproc, spares int) (*Spec, *buffer) {
@@ -168,4 +169,40 @@ func TestSparesEndWithTheAttempt(t *testing.T) {
 		t.Errorf("Stop left %d processes", n)
 	}
 	t.Logf("Stop of a worker and a spare took %v", time.Since(began))
+}
+
+// TestRenumberThenReplace: a group moved into another world (Renumber,
+// as when its workers carry on after a node was lost) has its workers'
+// new ranks by pid, in PIDs and RankOf; a worker that dies after is
+// reported under its new rank, and the spare that takes it is given the
+// new world's variables, though it started in the old one.
+func TestRenumberThenReplace(t *testing.T) {
+	spec, out := spareSpec(t, "selfkillif:1", 2, 1)
+	g := start(t, spec)
+	waitFor(t, func() bool { return strings.Contains(out.String(), "[spare0]:spare ready fd=3") })
+	before := g.PIDs()
+	ranks := g.Renumber(World{Generation: 3, RankOffset: 4, WorldSize: 6, NodeRank: 2, NNodes: 3, RestartCount: 1})
+	if len(ranks) != 2 || ranks[before[0]] != 4 || ranks[before[1]] != 5 {
+		t.Fatalf("Renumber: got %v for pids %v, want ranks 4 and 5", ranks, before)
+	}
+	if p := g.PIDs(); p[4] != before[0] || p[5] != before[1] || len(p) != 2 {
+		t.Errorf("PIDs after Renumber: %v", p)
+	}
+	if r, err := g.RankOf(before[0]); err != nil || r != 4 {
+		t.Errorf("RankOf(local rank 0) = %d, %v; want 4", r, err)
+	}
+	var e *WorkerExitError
+	if err := g.Wait(context.Background()); !errors.As(err, &e) || e.Rank != 5 || e.LocalRank != 1 {
+		t.Fatalf("Wait: got %v, want rank 5 (local rank 1) killed", err)
+	}
+	if _, err := g.Replace(5); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Wait(context.Background()); err != nil {
+		t.Fatalf("Wait after Replace: %v\n%s", err, out)
+	}
+	want := "[rank5]:spare assigned rank 5 local rank 1 RANK=5 LOCAL_RANK=1 GPU=1 WORLD_SIZE=6 GROUP_RANK=2 GENERATION=3"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("console: want %q\n%s", want, out)
+	}
 }

@@ -30,6 +30,10 @@ const (
 	// SpareFD is set only for a warm spare (--spares): the descriptor
 	// from which it reads the rank it takes.
 	SpareFD = "DDP_AGENT_SPARE_FD"
+	// WorldFile is set under --spares: the file where the agent writes
+	// the world of a later generation that the workers carry on into, in
+	// process, when a node was lost (ddp_agent.InProcess reads it).
+	WorldFile = "DDP_AGENT_WORLD_FILE"
 )
 
 // Set by a user (or a launcher) for the agent, the shim or the plugins.

@@ -11,6 +11,7 @@ GENERATION = "DDP_AGENT_GENERATION"  # the job's generation: set only under `ddp
 BOOTSTRAP = "DDP_AGENT_BOOTSTRAP"  # "external": the communicators bootstrap through torch's store
 STACK_DIR = "DDP_AGENT_STACK_DIR"  # where a hang report's Python stacks are written
 SPARE_FD = "DDP_AGENT_SPARE_FD"  # a warm spare's only: the fd it reads its rank from (--spares)
+WORLD_FILE = "DDP_AGENT_WORLD_FILE"  # under --spares: the new world the workers carry on into (InProcess)
 
 # Set by the user.
 SHIM = "DDP_AGENT_SHIM"  # libddpshim.so to load instead of the bundled one
