@@ -26,7 +26,11 @@ type attempt struct {
 	gen     uint64
 	r       *rdzv.Round
 	g       *supervisor.Group
+	dir     string // its workers' error files, logs and stacks
 	started time.Time
+	// carry: its workers outlive it, to carry on into the next round in
+	// process (keep.go); set by recover.
+	carry bool
 }
 
 // loop runs attempts until the job succeeds, fails, this node drains, or
@@ -34,22 +38,34 @@ type attempt struct {
 func (r *run) loop(ctx context.Context) error {
 	defer r.health.set(phaseStopped)
 	var ended []backoff.Attempt // how the attempts so far ended, for the restart backoff
+	var kept *attempt           // the last attempt, whose workers wait to carry on (keep.go)
 	for n := 0; ; n++ {
-		if err := r.waitBackoff(ctx, ended); err != nil {
-			return err
+		if kept == nil { // kept workers wait in their re-formation: no backoff
+			if err := r.waitBackoff(ctx, ended); err != nil {
+				return err
+			}
 		}
-		if r.faults.Drain() != nil { // found during the backoff
+		if r.faults.Drain() != nil { // found during the backoff or the last attempt's end
+			r.release(kept, "this node drains")
 			return r.drainOr(ctx, nil)
 		}
 		r.health.set(phaseRendezvous)
 		waitStart := time.Now()
 		nctx, stop := r.faults.Bound(ctx)
+		r.j.rz.OfferStore(keptStorePort(kept))
 		rd, err := r.j.rz.Next(nctx)
 		stop()
 		if err != nil {
+			r.release(kept, "no next round")
 			return r.noRound(ctx, n, err)
 		}
-		at, err := r.start(ctx, n, rd, waitStart)
+		var at *attempt
+		if kept != nil {
+			at, kept = r.carryOn(ctx, kept, rd, n), nil
+		}
+		if at == nil {
+			at, err = r.start(ctx, n, rd, waitStart)
+		}
 		switch {
 		case err != nil && at != nil: // a signal or a drain while the workers were spawned
 			return r.interrupted(ctx, at)
@@ -74,6 +90,9 @@ func (r *run) loop(ctx context.Context) error {
 		r.health.set(phaseRestarting)
 		if done, err := r.recover(ctx, at, f); done {
 			return err
+		}
+		if at.carry {
+			kept = at
 		}
 		ended = r.backoff().Recent(append(ended, backoff.Attempt{Ran: ran, Fault: f.RestartsJob()}))
 	}
@@ -111,14 +130,12 @@ func (r *run) noRound(ctx context.Context, n int, err error) error {
 // When ctx ends while the workers are spawned, it returns the attempt with
 // the workers started so far, and ctx's cause, for the caller to stop.
 func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.Time) (*attempt, error) {
-	at := &attempt{n: n, gen: rd.Generation, r: rd}
+	at := &attempt{n: n, gen: rd.Generation, r: rd, dir: filepath.Join(r.runDir, "attempt_"+strconv.Itoa(n))}
 	r.mu.Lock()
 	r.last = at
 	r.mu.Unlock()
 	r.srv.SetGeneration(at.gen, rd.WorldSize, nil)
-	attemptDir := filepath.Join(r.runDir, "attempt_"+strconv.Itoa(n))
-	stackDir := filepath.Join(attemptDir, "stacks")
-	spec := r.spec(rd, attemptDir, stackDir)
+	spec := r.spec(rd, at.dir)
 	r.setGroup(nil, 0) // the last attempt's workers are gone: no ranks on the GPUs until the next start
 	r.faults.Clear()   // what is queued belongs to the last attempt
 	at.started = time.Now()
@@ -133,29 +150,39 @@ func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.T
 		rd.Stop()
 		return nil, fmt.Errorf("attempt %d: %w", n, err)
 	}
-	workers := r.workers(at.g, rd.RankOffset)
-	r.stragglers.Begin(straggler.Attempt{Gen: at.gen, Nodes: rd.NNodes, RankOffset: rd.RankOffset,
-		NProc: r.cfg.NProcPerNode, Restarts: rd.Restarts, Follower: rd.NNodes > 1 && rd.GroupRank != 0})
-	r.watch.Begin(ctx, watch.Attempt{Gen: at.gen, GroupRank: rd.GroupRank, NNodes: rd.NNodes, WorldSize: rd.WorldSize,
-		RankOffset: rd.RankOffset, MasterAddr: rd.MasterAddr, Done: rd.Done(), Workers: workers, StackDir: stackDir,
-		KV: r.j.kv, JobID: r.runID, Token: r.cfg.Rendezvous.Token})
-	r.mon.SetWorkers(at.g.PIDs())
-	r.mon.Sample() // a worker that dies at once still gets a line in the report
+	r.observe(ctx, at)
 	r.log.Info("workers started", "attempt", n, "generation", at.gen, "group_rank", rd.GroupRank, "nnodes", rd.NNodes,
 		"world_size", rd.WorldSize, "master", net.JoinHostPort(spec.MasterAddr, strconv.Itoa(spec.MasterPort)),
 		"rendezvous", at.started.Sub(waitStart).Round(time.Millisecond), "pids", at.g.PIDs())
 	return at, nil
 }
 
+// observe begins watching the workers of attempt at, started or carried
+// on into its round: the stragglers, the hangs, the host's samples.
+func (r *run) observe(ctx context.Context, at *attempt) {
+	rd := at.r
+	r.stragglers.Begin(straggler.Attempt{Gen: at.gen, Nodes: rd.NNodes, RankOffset: rd.RankOffset,
+		NProc: r.cfg.NProcPerNode, Restarts: rd.Restarts, Follower: rd.NNodes > 1 && rd.GroupRank != 0})
+	r.watch.Begin(ctx, watch.Attempt{Gen: at.gen, GroupRank: rd.GroupRank, NNodes: rd.NNodes, WorldSize: rd.WorldSize,
+		RankOffset: rd.RankOffset, MasterAddr: rd.MasterAddr, Done: rd.Done(), Workers: r.workers(at.g, rd.RankOffset),
+		StackDir: filepath.Join(at.dir, "stacks"), KV: r.j.kv, JobID: r.runID, Token: r.cfg.Rendezvous.Token})
+	r.mon.SetWorkers(at.g.PIDs())
+	r.mon.Sample() // a worker that dies at once still gets a line in the report
+}
+
 // spec is the worker group of round r.
-func (r *run) spec(rd *rdzv.Round, attemptDir, stackDir string) *supervisor.Spec {
+func (r *run) spec(rd *rdzv.Round, attemptDir string) *supervisor.Spec {
 	bootstrap := ""
 	if r.j.nodeLocalKV {
 		bootstrap = "external"
 	}
+	worldFile := ""
+	if r.cfg.Spares > 0 {
+		worldFile = filepath.Join(r.runDir, worldFileName)
+	}
 	return &supervisor.Spec{
 		Argv:             r.cfg.Command,
-		BaseEnv:          append(slices.Clip(r.baseEnv), envname.StackDir+"="+stackDir),
+		BaseEnv:          append(slices.Clip(r.baseEnv), envname.StackDir+"="+filepath.Join(attemptDir, "stacks")),
 		NProc:            r.cfg.NProcPerNode,
 		VirtualLocalRank: r.cfg.VirtualLocalRank,
 		RankOffset:       rd.RankOffset,
@@ -184,6 +211,7 @@ func (r *run) spec(rd *rdzv.Round, attemptDir, stackDir string) *supervisor.Spec
 		SpareEnv:         r.cfg.SpareEnv,
 		AgentStore:       rd.AgentStore,
 		StoreArgv:        r.cfg.StoreCommand,
+		WorldFile:        worldFile,
 	}
 }
 

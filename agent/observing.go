@@ -151,4 +151,5 @@ func (t *eventTally) report(log *slog.Logger, gen uint64, conns func() int) {
 func (r *run) onEvents(rank int, ev wire.Events) {
 	r.events.add(rank, ev)
 	r.watch.Add(rank, ev)
+	r.probeIfPeerLost(ev)
 }

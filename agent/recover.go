@@ -60,7 +60,7 @@ func (r *run) recover(ctx context.Context, at *attempt, f *fault.Fault) (done bo
 	}
 	act := decide(f.Severity, restartsLeft, r.faults.Drain() != nil)
 	if at != nil && (act == actNewGeneration || act == actRestart) {
-		r.sayNodesChanged(at)
+		at.carry = r.sayNodesChanged(at, act)
 	}
 	if f.Severity == fault.Restart && act != actDrain {
 		// Traced either way, with its reason; counted as a restart only
@@ -69,9 +69,17 @@ func (r *run) recover(ctx context.Context, at *attempt, f *fault.Fault) (done bo
 	}
 	switch act {
 	case actNewGeneration:
-		r.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
 		r.tell(event{kind: evFault, at: at, fault: f})
 		r.abort("job moving to a new generation: " + f.Reason)
+		if at.carry { // the workers wait in their re-formation for the next round (keep.go)
+			// Their control connections stay open: no wait for them to
+			// close before the count, which would hold this node out of
+			// the next round's join for a second.
+			r.events.report(r.log, at.gen, func() int { return 0 })
+			r.dropKeys(at.gen)
+			return false, nil
+		}
+		r.log.Warn("stopping workers: the job is moving to a new generation", "generation", at.gen, "reason", f.Reason)
 		cutoff := time.Now()
 		at.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
 		r.dropGeneration(at.gen)
@@ -258,6 +266,11 @@ func waitRoundEnd(ctx context.Context, rd *rdzv.Round, d time.Duration) {
 // bootstrap keys, once its workers are gone.
 func (r *run) dropGeneration(gen uint64) {
 	r.events.report(r.log, gen, r.srv.Conns)
+	r.dropKeys(gen)
+}
+
+// dropKeys deletes generation gen's bootstrap keys.
+func (r *run) dropKeys(gen uint64) {
 	// In the background: the next generation's keys are under a prefix
 	// of their own, and a request sent to a store member that froze (the
 	// fault being recovered from) held the re-formation 5 s. Bounded: the
@@ -271,15 +284,25 @@ func (r *run) dropGeneration(gen uint64) {
 	})
 }
 
-// sayNodesChanged logs, where spares are kept, that the attempt ended for
-// a change of the job's nodes and that this restarts the workers: in-process
-// shrink and grow are not built. The workers' own failure may have ended
-// the attempt first (their store went with a lost node): the round's end
-// says it was the nodes all the same.
-func (r *run) sayNodesChanged(at *attempt) {
-	end := at.r.End().Kind
-	if r.cfg.Spares > 0 && (end == rdzv.EndNodeLost || end == rdzv.EndNodeLeft || end == rdzv.EndNodeJoined) {
-		r.log.Info("warm spares: a change of the job's nodes restarts the workers, as without spares; the workers re-form in process only within a generation",
-			"end", string(end))
+// sayNodesChanged decides, where spares are kept and the attempt ended
+// for a change of the job's nodes, whether the workers carry on into the
+// next round in process (keepsWorkers), logs which path it is and why,
+// and reports whether they carry on. The workers' own failure may have
+// ended the attempt first (their store went with a lost node): the
+// round's end says it was the nodes all the same, and they restart.
+func (r *run) sayNodesChanged(at *attempt, act action) bool {
+	end := at.r.End()
+	keep, why := keepsWorkers(r.cfg.Spares, at.r.AgentStore, at.r.MasterNode, end)
+	switch {
+	case keep && act == actNewGeneration:
+		r.log.Warn("warm spares: a node left the job; the workers keep their processes and wait for the next generation, to carry on in it in process",
+			"end", end.String(), "generation", at.gen)
+		return true
+	case why == "" && keep:
+		why = "a worker's failure ended the attempt first"
 	}
+	if why != "" {
+		r.log.Info("warm spares: a change of the job's nodes restarts the workers, as without spares", "why", why, "end", end.String())
+	}
+	return false
 }

@@ -54,6 +54,9 @@ type run struct {
 	// reformed fires when a worker reports a re-formation in process
 	// (refill and awaitRemoteSpares wait for it).
 	reformed reformSignal
+	// probing: a probe of the other agents, for a collective failed on a
+	// lost peer, is under way (probeIfPeerLost)
+	probing sync.Mutex
 
 	bg   sync.WaitGroup // the background parts, waited for at the end of the run
 	left bool           // this node left the rendezvous (or needs not)

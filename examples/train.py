@@ -248,6 +248,8 @@ def main():
     loss_fn = nn.CrossEntropyLoss()
     step_times = []  # seconds: forward, backward (with the gradient all-reduce), optimizer step
     for step in steps:
+        if loop is not None:  # a node lost under --spares: the survivors carry on, renumbered
+            rank, world_size = loop.rank, loop.world_size
         with step_context(step) as ddp:
             # The injected faults fire in the first attempt(s): a restart or
             # a re-formation in process counts as one.

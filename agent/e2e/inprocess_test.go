@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -167,4 +171,139 @@ func TestWarmSpareHangOnAnotherNode(t *testing.T) {
 	if len(d) != 4 || d[0] == "" || d[0] != d[1] || d[0] != d[2] || d[0] != d[3] {
 		t.Fatalf("params digests %v, want ranks 0-3 equal\n%s", d, logs)
 	}
+}
+
+// TestLostNodeShrinksInProcess: three nodes under --spares 1, the third
+// agent SIGKILLed (its workers die with it). The other two agents keep
+// their workers through the rendezvous and move them into the world of 4:
+// the workers, waiting in their re-formation for the lost ranks, read
+// their new ranks from the world file and re-form there in process.
+// Nobody restarts, no checkpoint is read, at most one step is lost, and
+// every rank ends with the same parameters.
+//
+// The script runs no collective of its own (no checkpoint barrier, no
+// loss all-reduce) until its last step: a rank in a gloo collective with
+// a survivor that left it for the re-formation waits out gloo's timeout
+// (docs/in-process.md, limits).
+func TestLostNodeShrinksInProcess(t *testing.T) {
+	budget(t, 80*time.Second)
+	needTorch(t)
+	j := newJob(t, "1:3", 2, 30, "--sleep-per-step", "0.1", "--in-process", "--ckpt-every", "0", "--log-every", "1000")
+	j.args = append(j.args, "--spares", "1")
+	steps := filepath.Join(t.TempDir(), "steps.jsonl")
+	j.env = []string{"PYTHONPATH=" + filepath.Join(repoRoot, "python"), "TRAIN_STEP_LOG=" + steps}
+	all := []*agentRun{j.startHost(), j.start(), j.start()}
+	logs := func() string { return all[0].logs() + "\n----\n" + all[1].logs() + "\n----\n" + all[2].logs() }
+	waitFor(t, 2*time.Minute, func() bool { return lastStep(steps, 6) >= 10 }, logs)
+	checkWorld(t, 6, all...)
+	// The victim is whichever of the two later agents does not serve the
+	// workers' store (group rank 0's agent does).
+	victim, other := all[2], all[1]
+	if strings.Contains(victim.stderr.String(), `msg="job store started"`) {
+		victim, other = other, victim
+	}
+	done := lastStep(steps, 6) // every rank completed it before the kill
+	hit := time.Now()
+	victim.cmd.Process.Signal(syscall.SIGKILL)
+	a, b := all[0], other
+	waitAll(t, 3*time.Minute, a, b)
+	logs = func() string { return a.logs() + "\n----\n" + b.logs() }
+	out := a.stdout.String() + b.stdout.String()
+	errs := a.stderr.String() + b.stderr.String()
+	switch {
+	case strings.Count(errs, `msg="warm spares: a node left the job; the workers keep their processes`) != 2:
+		t.Fatalf("want both survivors to keep their workers\n%s", logs())
+	case strings.Count(errs, `msg="workers carry on in process into the new generation"`) != 2:
+		t.Fatalf("want both survivors' workers to carry on into the new generation\n%s", logs())
+	case strings.Contains(out, "resumed from step"):
+		t.Fatalf("a checkpoint was read\n%s", logs())
+	case !strings.Contains(out, "done: steps=30") || !strings.Contains(out, "world_size=4"):
+		t.Fatalf("training did not finish in a world of 4\n%s", logs())
+	}
+	for _, r := range []*agentRun{a, b} {
+		if e := r.stderr.String(); strings.Count(e, `msg="workers started"`) != 1 || strings.Contains(e, "restarting worker group") {
+			t.Fatalf("workers started more than once, or restarted\n%s", logs())
+		}
+	}
+	m := regexp.MustCompile(`msg="re-formed in process: the workers kept their processes".* resume=(\d+) `).FindStringSubmatch(errs)
+	if m == nil {
+		t.Fatalf("no re-formation reported to the agents\n%s", logs())
+	}
+	// The step retried is at most one past the last that every rank had
+	// completed before the kill, and at least the next one.
+	if resume, _ := strconv.Atoi(m[1]); resume < done+1 || resume > done+2 {
+		t.Fatalf("resumed at step %d, with step %d completed everywhere before the kill\n%s", resume, done, logs())
+	}
+	if at, ok := firstStepOf(steps, 4, hit); ok {
+		t.Logf("the SIGKILL to a step completed by every rank of the world of 4: %v", at.Sub(hit).Round(time.Millisecond))
+	}
+	d := paramDigests(out)
+	if len(d) != 4 || d[0] == "" || d[0] != d[1] || d[0] != d[2] || d[0] != d[3] {
+		t.Fatalf("params digests %v, want ranks 0-3 equal\n%s", d, logs())
+	}
+}
+
+// stepLine is one line of train.py's $TRAIN_STEP_LOG.
+type stepLine struct {
+	Event string  `json:"event"`
+	Rank  int     `json:"rank"`
+	Step  int     `json:"step"`
+	T     float64 `json:"t"`
+}
+
+func readSteps(path string) []stepLine {
+	b, _ := os.ReadFile(path)
+	var lines []stepLine
+	for _, l := range strings.Split(string(b), "\n") {
+		var s stepLine
+		if json.Unmarshal([]byte(l), &s) == nil && s.Event == "step" {
+			lines = append(lines, s)
+		}
+	}
+	return lines
+}
+
+// lastStep is the last step that ranks 0..world-1 have all completed, per
+// the step log; 0 when none.
+func lastStep(path string, world int) int {
+	last := map[int]int{}
+	for _, s := range readSteps(path) {
+		last[s.Rank] = max(last[s.Rank], s.Step)
+	}
+	done := -1
+	for r := range world {
+		if done < 0 || last[r] < done {
+			done = last[r]
+		}
+	}
+	return done
+}
+
+// firstStepOf is when ranks 0..world-1 had all completed a step they
+// completed after since.
+func firstStepOf(path string, world int, since time.Time) (time.Time, bool) {
+	at := map[int]map[int]float64{} // step -> rank -> time
+	for _, s := range readSteps(path) {
+		if s.T < float64(since.UnixNano())/1e9 || s.Rank >= world {
+			continue
+		}
+		if at[s.Step] == nil {
+			at[s.Step] = map[int]float64{}
+		}
+		at[s.Step][s.Rank] = s.T
+	}
+	best := 0.0
+	for _, ranks := range at {
+		if len(ranks) < world {
+			continue
+		}
+		latest := 0.0
+		for _, t := range ranks {
+			latest = max(latest, t)
+		}
+		if best == 0 || latest < best {
+			best = latest
+		}
+	}
+	return time.Unix(0, int64(best*1e9)), best > 0
 }

@@ -301,7 +301,7 @@ func TestLostStoreHostWithSpares(t *testing.T) {
 	}, true)
 	logs := survivors[0].logs() + "\n----\n" + survivors[1].logs()
 	errs := survivors[0].stderr.String() + survivors[1].stderr.String()
-	if !strings.Contains(errs, `msg="warm spares: a change of the job's nodes restarts the workers, as without spares; the workers re-form in process only within a generation"`) &&
+	if !strings.Contains(errs, `msg="warm spares: a change of the job's nodes restarts the workers, as without spares" component=ddp-agent why="the node that left served the workers' store"`) &&
 		!strings.Contains(errs, `msg="worker failed: no warm spare takes its rank, it exited with code 1, not killed by a signal"`) {
 		t.Fatalf("the survivors did not say why the workers restart\n%s", logs)
 	}

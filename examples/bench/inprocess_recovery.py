@@ -1,7 +1,7 @@
 """A worker's fault, recovered three ways side by side: in process, by ddp-agent's restart, by torchrun's.
 
     /usr/bin/python3 examples/bench/inprocess_recovery.py --agent bin/ddp-agent \\
-        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill|hang] [--fail-rank 0]
+        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill|hang|node] [--fail-rank 0]
 
 Each run trains examples/train.py (2 ranks, gloo, the ddp_agent hook on the
 shim's host transport, --hidden 512, a checkpoint every 5 steps) and has
@@ -19,6 +19,15 @@ killed with SIGKILL (--fault kill), or it hangs before its backward
               PyTorch 1.13), the same resume; not for a hang, which torchrun
               does not detect: the others wait in gloo's collective until
               its timeout (30 minutes by default)
+
+With --fault node, three nodes of one rank each (three launchers on
+loopback, an etcd rendezvous for ddp-agent, torchrun's c10d one for
+torchrun, --nnodes 2:3, every setting at its default) train with
+--sleep-per-step 0.1, and once every rank has completed step 12 the third
+node is SIGKILLed, its launcher with its worker: in process, --spares 1
+keeps the survivors' processes and moves them into the world of 2 (no
+checkpoint: the script runs no collective of its own mid-run, see
+docs/in-process.md); the restarts resume from the step-10 checkpoint.
 
 The three launchers take turns run by run, so drift in the machine's load
 hits them alike. Every rank logs, through $TRAIN_STEP_LOG, the wall clock
@@ -75,6 +84,100 @@ def command(kind: str, args, workdir: str):
             *train]
 
 
+NODE_KILL_AFTER = 12  # --fault node: the step every rank has completed when the third node is killed
+
+
+def node_command(kind: str, args, workdir: str, port: int) -> list:
+    """One node's launcher of a --fault node run."""
+    ckpt = ["--ckpt-every", "0"] if kind == "in-process" else ["--ckpt-every", str(CKPT_EVERY)]
+    train = [TRAIN, "--steps", str(STEPS), "--hidden", "512", "--log-every", "100", *ckpt, "--ckpt-dir",
+             os.path.join(workdir, "ckpt"), "--warmup-steps", "0", "--sleep-per-step", "0.1"]
+    if kind == "torchrun":
+        return [args.python, args.torchrun_compat, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", "bench", "--nnodes", "2:3", "--nproc_per_node", "1", "--max_restarts", "1", *train]
+    extra = ["--spares", "1"] if kind == "in-process" else []
+    return [args.agent, "run", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
+            "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "1", *extra, "--python", args.python, *train,
+            *(["--in-process"] if kind == "in-process" else [])]
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def completed_everywhere(log: str, world: int) -> int:
+    """The last step that ranks 0..world-1 have all completed, per the step log; 0 when none."""
+    last = {}
+    try:
+        for line in open(log):
+            e = json.loads(line)
+            if e["event"] == "step":
+                last[e["rank"]] = max(last.get(e["rank"], 0), e["step"])
+    except (OSError, ValueError):
+        return 0
+    return min(last.get(r, 0) for r in range(world))
+
+
+def measure_node(kind: str, args) -> dict:
+    """A --fault node run: three nodes, the third SIGKILLed with its worker once every rank completed step 12."""
+    with tempfile.TemporaryDirectory(prefix=f"inprocess-bench-node-{kind}-") as workdir:
+        log = os.path.join(workdir, "steps.jsonl")
+        env = dict(os.environ, TRAIN_STEP_LOG=log, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
+        env.pop("DDP_AGENT_SOCKET", None)
+        port = free_port()
+        outs = [open(os.path.join(workdir, f"node{i}.log"), "w+") for i in range(3)]
+        nodes = []
+        for i in range(3):
+            nodes.append(subprocess.Popen(node_command(kind, args, workdir, port), env=env, stdout=outs[i],
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+            time.sleep(1.0 if i == 0 else 0.2)  # the first hosts the rendezvous store
+        deadline = time.monotonic() + 120
+        while completed_everywhere(log, 3) < NODE_KILL_AFTER:
+            if time.monotonic() > deadline or any(n.poll() is not None for n in nodes):
+                for n in nodes:
+                    kill_group(n)
+                sys.exit(f"{kind}: step {NODE_KILL_AFTER} not reached\n" + tail(outs))
+            time.sleep(0.005)
+        fault = time.time()
+        kill_group(nodes[2])  # the node's launcher and its worker, at once
+        try:
+            codes = [n.wait(timeout=300) for n in nodes[:2]]
+        except subprocess.TimeoutExpired:
+            codes = None
+        for n in nodes:
+            kill_group(n)
+        if codes != [0, 0]:
+            sys.exit(f"{kind}: survivors exited {codes}\n" + tail(outs))
+        events = [json.loads(line) for line in open(log)]
+    first = {}
+    for e in sorted(events, key=lambda e: e["t"]):
+        if e["event"] == "step" and e["attempt"] > 0 and e["t"] > fault and e["rank"] not in first:
+            first[e["rank"]] = e["t"]
+    before = {e["step"] for e in events if e["event"] == "step" and e["attempt"] == 0 and e["t"] <= fault}
+    again = {e["step"] for e in events if e["event"] == "step" and e["attempt"] > 0}
+    return {"recovery_s": max(first[r] for r in (0, 1)) - fault, "lost_steps": len(before & again)}
+
+
+def kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, 9)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+def tail(outs) -> str:
+    text = []
+    for f in outs:
+        f.flush()
+        f.seek(0)
+        text.append(f.read()[-3000:])
+    return "\n----\n".join(text)
+
+
 def measure(kind: str, args) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"inprocess-bench-{kind}-") as workdir:
         log = os.path.join(workdir, "steps.jsonl")
@@ -100,7 +203,7 @@ def measure(kind: str, args) -> dict:
     return out
 
 
-FAULTS = {"raise": "raises", "kill": "is SIGKILLed", "hang": "hangs before its backward"}
+FAULTS = {"raise": "raises", "kill": "is SIGKILLed", "hang": "hangs before its backward", "node": "is lost with its node"}
 STATE_RE = re.compile(r"joined re-formation .* \((\d+) bytes moved in ([\d.]+) ms\)")
 
 
@@ -125,7 +228,7 @@ def main() -> None:
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--torchrun-compat", default=os.path.join(ROOT, "scripts", "torchrun_compat.py"))
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--fault", choices=["raise", "kill", "hang"], default="raise",
+    p.add_argument("--fault", choices=["raise", "kill", "hang", "node"], default="raise",
                    help="the rank raises, is killed with SIGKILL, or hangs (in process: a warm spare takes its rank)")
     p.add_argument("--fail-rank", type=int, choices=[0, 1], default=1,
                    help="the rank that fails; rank 0's process no longer serves the store under --spares")
@@ -135,10 +238,15 @@ def main() -> None:
     start = time.time()
     for i in range(args.runs):
         for k in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
-            results[k].append(measure(k, args))
+            results[k].append(measure_node(k, args) if args.fault == "node" else measure(k, args))
             print(f"run {i + 1} {k}: {results[k][-1]}", file=sys.stderr)
-    print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 2 ranks, gloo, train.py --hidden 512, "
-          f"rank {args.fail_rank} {FAULTS[args.fault]} at step {FAIL_STEP}, checkpoint every {CKPT_EVERY} steps\n")
+    if args.fault == "node":
+        print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 3 nodes of 1 rank, gloo, train.py --hidden 512 "
+              f"--sleep-per-step 0.1, the third node SIGKILLed after step {NODE_KILL_AFTER}; the restarts checkpoint "
+              f"every {CKPT_EVERY} steps, in process none\n")
+    else:
+        print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 2 ranks, gloo, train.py --hidden 512, "
+              f"rank {args.fail_rank} {FAULTS[args.fault]} at step {FAIL_STEP}, checkpoint every {CKPT_EVERY} steps\n")
     if args.fault == "hang":
         print(f"The agents run with --hang-timeout {HANG_TIMEOUT}, which the figures include. torchrun is left out: "
               "it does not detect a hang, and the others wait in gloo's collective until its timeout "

@@ -40,6 +40,14 @@ as a gloo all-reduce of the loss), or on ``BaseException`` that is not an
 ``Exception`` (KeyboardInterrupt, SystemExit), the error is raised and the
 process exits as it would without this loop.
 
+A node that leaves the job (its agent lost or stopped) keeps the survivors
+too under ``ddp-agent run --spares N``: their agents keep them through the
+rendezvous, and when the next generation has the same store and no new
+node, write their new ranks and the smaller world to the world file, which
+the rendezvous here polls; the survivors re-form in that world, in their
+processes. The script must then read its rank and world size from this
+loop (``rank``, ``world_size``), not from its environment at start.
+
 A rank that dies (SIGKILL, OOM) keeps the survivors too when ``ddp-agent
 run --spares N`` keeps warm spares: the agent gives the dead rank to a
 spare (``_spare``), whose ``init_process_group`` joins the survivors'
@@ -50,6 +58,7 @@ the agent restarts every worker (docs/in-process.md).
 """
 
 import datetime
+import json
 import logging
 import os
 import pickle
@@ -165,6 +174,8 @@ class InProcess:
         max_reforms: re-formations after which a fault is raised instead.
 
     Attributes:
+        rank, world_size: this process's rank and the world's size, which
+            change when ddp-agent moves the workers into a smaller world.
         generation: re-formations so far (0 before the first).
         ddp: the current DDP model; ``hook``: its hook.
         reforms: one dict per re-formation: the step that failed and the one
@@ -192,6 +203,10 @@ class InProcess:
         self._prefix = _prefix()
         self._wrap = wrap
         self.generation = 0
+        # The last re-formation's number under this world's prefix: the
+        # next one's keys are under its successor (a world that ddp-agent
+        # moved the workers into starts a prefix of its own).
+        self._index = 0
         self.reforms: List[Dict[str, Any]] = []
         self.joined: Optional[Dict[str, Any]] = None
         self._completed = 0  # the last step this rank completed
@@ -240,7 +255,7 @@ class InProcess:
         # before: this process's must have the same names.
         hook_module._continue_registrations(int(self._store.get(key)))
         state_bytes, move_ms = self._take_state(j.gen, src, j.hook_steps)
-        self.generation = j.gen
+        self.generation = self._index = j.gen
         self._completed = best
         self._resume = best + 1
         self.joined = {"generation": j.gen, "retry": best + 1, "source": src, "completed": j.completed,
@@ -263,27 +278,31 @@ class InProcess:
         self._abort(err)
         phases["abort_ms"] = _ms(t0)
         t = time.monotonic()
-        completed, hook_steps = self._rendezvous(gen, step, err, hook_step)
+        world_size = self.world_size
+        index, completed, hook_steps = self._rendezvous(step, err, hook_step)
         phases["rendezvous_ms"] = _ms(t)
         t = time.monotonic()
-        self._new_group(gen)
+        self._new_group(index)
         phases["process_group_ms"] = _ms(t)
         t = time.monotonic()
         best = max(completed)
         src = completed.index(best)
-        phases["state_bytes"], phases["move_ms"] = self._take_state(gen, src, hook_steps)
+        phases["state_bytes"], phases["move_ms"] = self._take_state(index, src, hook_steps)
         phases["state_ms"] = _ms(t)
-        self.generation = gen
+        self.generation, self._index = gen, index
         self._completed = best
         self._next = best + 1
         info = {"generation": gen, "step": step, "retry": best + 1, "source": src, "completed": completed, "fault_at": t0,
                 "error": _first_line(err), **phases, "total_ms": _ms(t0)}
+        if self.world_size != world_size:
+            info["world_size"] = self.world_size
         self.reforms.append(info)
         self._unreported, self._reformed_at = info, time.monotonic()
         log.warning("ddp_agent: re-formed in process, generation %d: rank %d's step %d failed (%s); "
-                    "resuming at step %d with rank %d's state; abort %.1f ms, rendezvous %.1f ms, "
+                    "resuming at step %d with rank %d's state, %d ranks; abort %.1f ms, rendezvous %.1f ms, "
                     "process group %.1f ms, state %.1f ms", gen, self.rank, step, info["error"], best + 1, src,
-                    phases["abort_ms"], phases["rendezvous_ms"], phases["process_group_ms"], phases["state_ms"])
+                    self.world_size, phases["abort_ms"], phases["rendezvous_ms"], phases["process_group_ms"],
+                    phases["state_ms"])
 
     def _report(self) -> None:
         """Tells ddp-agent of the last re-formation, through the hook's communicator, once.
@@ -339,18 +358,57 @@ class InProcess:
         self.hook = None
         self.ddp = None
 
-    def _rendezvous(self, gen: int, step: int, err: BaseException, hook_step: int) -> Tuple[List[int], List[int]]:
-        """Writes this rank's last completed step and its hook's; returns every rank's, in rank order."""
-        prefix = f"{self._prefix}/{gen}"
-        store = self._store
-        # For a warm spare that takes a dead rank (_join): the name of the
-        # next hook. Every rank has registered as many.
-        store.set(f"{prefix}/registrations", str(hook_module._registrations))
-        try:
-            return _meet(store, prefix, self.rank, self.world_size, self._completed, hook_step, self.timeout)
-        except ReformError as e:
-            raise ReformError(f"rank {self.rank}: re-formation {gen} after step {step} failed: {e}; "
-                              "falling back to a process restart") from err
+    def _rendezvous(self, step: int, err: BaseException, hook_step: int) -> Tuple[int, List[int], List[int]]:
+        """Writes this rank's last completed step and its hook's; returns the re-formation's number under the
+        prefix and every rank's, in rank order.
+
+        Under ddp-agent run --spares, the agent may move the workers into
+        a smaller world meanwhile (a node was lost: the ranks this one
+        waits for are gone): its world file says so, and the rendezvous
+        starts again in that world, as the rank the file gives this process.
+        """
+        index = self._index + 1
+        path = os.environ.get(_env.WORLD_FILE)
+        while True:
+            prefix = f"{self._prefix}/{index}"
+            store = self._store
+            # For a warm spare that takes a dead rank (_join): the name of the
+            # next hook. Every rank has registered as many.
+            store.set(f"{prefix}/registrations", str(hook_module._registrations))
+            moved = None if not path else (lambda: _newer_world(path))
+            try:
+                completed, hook_steps = _meet(store, prefix, self.rank, self.world_size, self._completed, hook_step,
+                                              self.timeout, moved)
+                return index, completed, hook_steps
+            except _WorldChanged as w:
+                self._adopt(w.world)
+                index = 1
+            except ReformError as e:
+                raise ReformError(f"rank {self.rank}: re-formation {index} after step {step} failed: {e}; "
+                                  "falling back to a process restart") from err
+
+    def _adopt(self, world: Dict[str, Any]) -> None:
+        """Becomes the rank that ddp-agent's world file gives this process, in the file's world and generation.
+
+        The variables change with it: the hook's communicators bootstrap
+        through the agent by them, and the next re-formation's keys are
+        under the new generation's prefix.
+        """
+        rank = world["ranks"].get(str(os.getpid()))
+        if rank is None:
+            raise ReformError(f"rank {self.rank}: ddp-agent moved the workers into generation {world['generation']} "
+                              f"without this process (pid {os.getpid()})")
+        old = self.rank, self.world_size
+        size = int(world["world_size"])
+        os.environ.update({"RANK": str(rank), "ROLE_RANK": str(rank), "WORLD_SIZE": str(size),
+                           "ROLE_WORLD_SIZE": str(size), "GROUP_RANK": str(world["group_rank"]),
+                           "GROUP_WORLD_SIZE": str(world["nnodes"]),
+                           "TORCHELASTIC_RESTART_COUNT": str(world["restart_count"]),
+                           _env.GENERATION: str(world["generation"])})
+        self.rank, self.world_size = int(rank), size
+        self._prefix = _prefix()
+        log.warning("ddp_agent: rank %d of %d carries on in process as rank %d of %d (generation %d: a node left "
+                    "the job)", old[0], old[1], self.rank, self.world_size, world["generation"])
 
     def _new_group(self, gen: int) -> None:
         dist.destroy_process_group()
@@ -430,22 +488,49 @@ class _Step:
 def _arrive(store: Any, prefix: str, rank: int, completed: int, hook_step: int) -> None:
     """Writes a rank's last completed step and its hook's step count at a re-formation, and counts its arrival.
 
-    The count is how a rank's arrival is looked up (_arrived) on every
-    torch: 1.13's TCPStore has no check(), and a wait that times out
-    breaks its connection.
+    The counts are how a rank's arrival, and how many arrived, are looked
+    up (_arrived, _meet) on every torch: 1.13's TCPStore has no check(),
+    and a wait that times out breaks its connection.
     """
     store.set(f"{prefix}/rank{rank}", f"{completed} {hook_step}")
     store.add(f"{prefix}/in{rank}", 1)
+    store.add(f"{prefix}/arrived", 1)
+
+
+class _WorldChanged(Exception):
+    """ddp-agent moved the workers into another world during a re-formation's rendezvous."""
+
+    def __init__(self, world: Dict[str, Any]) -> None:
+        super().__init__(f"generation {world['generation']}")
+        self.world = world
+
+
+# How often a rendezvous that ddp-agent may move into another world looks
+# at the count of arrivals and at the world file.
+_POLL = 0.01
 
 
 def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, hook_step: int,
-          timeout: float) -> Tuple[List[int], List[int]]:
+          timeout: float, moved: Optional[Callable[[], Optional[Dict[str, Any]]]] = None) -> Tuple[List[int], List[int]]:
     """Arrives at re-formation prefix and waits for every rank: returns each one's last completed step and its
-    hook's step count, in rank order. Raises ReformError naming the ranks that did not arrive within timeout."""
+    hook's step count, in rank order. Raises ReformError naming the ranks that did not arrive within timeout,
+    and _WorldChanged when moved, asked while it waits, returns a new world."""
     _arrive(store, prefix, rank, completed, hook_step)
     keys = [f"{prefix}/rank{r}" for r in range(world_size)]
     try:
-        store.wait(keys, _timedelta(timeout))
+        if moved is None:
+            store.wait(keys, _timedelta(timeout))
+        else:
+            deadline = time.monotonic() + timeout
+            while store.add(f"{prefix}/arrived", 0) < world_size:
+                world = moved()
+                if world is not None:
+                    raise _WorldChanged(world)
+                if time.monotonic() > deadline:
+                    raise TimeoutError("timed out")
+                time.sleep(_POLL)
+    except _WorldChanged:
+        raise
     except Exception as e:
         missing = [r for r in range(world_size) if not _arrived(store, prefix, r)]
         raise ReformError(f"ranks {missing} did not arrive within {timeout:g} s ({e})") from e
@@ -472,6 +557,18 @@ def _continue_steps(hook: Any, step: int) -> None:
 
 def _arrived(store: Any, prefix: str, rank: int) -> bool:
     return store.add(f"{prefix}/in{rank}", 0) > 0
+
+
+def _newer_world(path: str) -> Optional[Dict[str, Any]]:
+    """The world in ddp-agent's world file, when it is of a later generation than this process's; else None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            world = json.load(f)
+    except (OSError, ValueError):  # none yet; it is replaced whole, never written in place
+        return None
+    if int(world.get("generation", -1)) <= int(os.environ.get(_env.GENERATION) or 0):
+        return None
+    return world
 
 
 def _first_line(err: BaseException) -> str:

@@ -1,0 +1,182 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/shim/status"
+	"github.com/ddp-agent/ddp-agent/wire"
+)
+
+// Under --spares, a node lost (or one that left) no longer restarts the
+// survivors' workers. Each surviving agent keeps its worker group through
+// the end of the round, joins the next round like any agent, and, when
+// that round allows it (carriesOn), moves its workers into it without
+// stopping them: the group is renumbered, and the workers, which wait in
+// ddp_agent.InProcess's re-formation since their peers on the lost node
+// vanished, read their new ranks and the new world's size from the world
+// file and re-form there, with the state they hold. Where the round does
+// not allow it, the kept workers are stopped and started again, as
+// without spares, and the log says why.
+
+// worldFileName is the world file's name in the run's directory
+// (DDP_AGENT_WORLD_FILE).
+const worldFileName = "world.json"
+
+// keepsWorkers is whether this node's workers outlive the round that
+// ended with end, to carry on into the next one in process, and why not:
+// pure. spares: the run keeps warm spares (--spares, which says its
+// script re-forms in process); agentStore and masterNode: the round's
+// workers' store has a process of its own, on node masterNode.
+func keepsWorkers(spares int, agentStore bool, masterNode string, end rdzv.RoundEnd) (bool, string) {
+	switch {
+	case spares == 0:
+		return false, ""
+	case end.Kind == rdzv.EndNodeJoined:
+		return false, "a node joined: its workers cannot join the others in process"
+	case end.Kind != rdzv.EndNodeLost && end.Kind != rdzv.EndNodeLeft:
+		return false, ""
+	case !agentStore:
+		return false, "rank 0's worker served the workers' store"
+	case end.Node == masterNode:
+		return false, "the node that left served the workers' store"
+	}
+	return true, ""
+}
+
+// carriesOn is whether the workers kept from round old carry on into
+// round next, and why not: pure. They need the same store (its node and
+// address; the store's process kept running on it) and no new node, whose
+// workers would start a job of their own instead of joining the
+// survivors' re-formation.
+func carriesOn(old, next *rdzv.Round) (bool, string) {
+	switch {
+	case next.Newcomers > 0:
+		return false, fmt.Sprintf("%d node(s) joined the new generation: their workers cannot join the others in process", next.Newcomers)
+	case !next.AgentStore || next.MasterNode != old.MasterNode || next.MasterAddr != old.MasterAddr || next.MasterPort != old.MasterPort:
+		return false, "the new generation's workers' store is another one"
+	case next.NProc != old.NProc:
+		return false, "this node's number of workers changed"
+	}
+	return true, ""
+}
+
+// keptStorePort is the port of the workers' store that kept's workers
+// use, when this node serves it (group rank 0, with the store's process):
+// the next round must offer it, for them to carry on. Else 0.
+func keptStorePort(kept *attempt) int {
+	if kept == nil || kept.r.GroupRank != 0 || !kept.r.AgentStore {
+		return 0
+	}
+	return kept.r.MasterPort
+}
+
+// world is the world file's content: the generation the workers carry on
+// into, and each one's rank in it by pid.
+type world struct {
+	Generation   uint64         `json:"generation"`
+	RestartCount int            `json:"restart_count"`
+	WorldSize    int            `json:"world_size"`
+	GroupRank    int            `json:"group_rank"`
+	NNodes       int            `json:"nnodes"`
+	Ranks        map[string]int `json:"ranks"` // pid -> rank
+}
+
+// carryOn moves the workers kept from attempt kept into round rd, as
+// attempt n, and returns that attempt; or, where they cannot carry on,
+// stops them and returns nil, for a new attempt to start them again.
+func (r *run) carryOn(ctx context.Context, kept *attempt, rd *rdzv.Round, n int) *attempt {
+	ok, why := carriesOn(kept.r, rd)
+	if ok && kept.g.State() != supervisor.StateHealthy {
+		ok, why = false, "a worker exited meanwhile"
+	}
+	at := &attempt{n: n, gen: rd.Generation, r: rd, g: kept.g, dir: kept.dir, started: time.Now()}
+	if ok {
+		ranks := at.g.Renumber(supervisor.World{Generation: rd.Generation, RankOffset: rd.RankOffset, WorldSize: rd.WorldSize,
+			NodeRank: rd.GroupRank, NNodes: rd.NNodes, RestartCount: rd.Restarts})
+		if err := writeWorld(filepath.Join(r.runDir, worldFileName), rd, ranks); err != nil {
+			ok, why = false, err.Error()
+		}
+	}
+	if !ok {
+		r.log.Warn("warm spares: the workers cannot carry on into the new generation in process; restarting them",
+			"why", why, "generation", rd.Generation)
+		kept.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
+		return nil
+	}
+	r.mu.Lock()
+	r.last = at
+	r.mu.Unlock()
+	r.srv.SetGeneration(at.gen, rd.WorldSize, nil) // the workers' new communicators bootstrap in it
+	r.faults.Clear()
+	r.setGroup(at.g, rd.RankOffset)
+	r.observe(ctx, at)
+	r.log.Info("workers carry on in process into the new generation", "attempt", n, "generation", at.gen,
+		"group_rank", rd.GroupRank, "nnodes", rd.NNodes, "world_size", rd.WorldSize, "pids", at.g.PIDs())
+	return at
+}
+
+// writeWorld writes the world file of round rd, whose workers are ranks
+// by pid, in one rename: a worker polling it never reads half of it.
+func writeWorld(path string, rd *rdzv.Round, ranks map[int]int) error {
+	w := world{Generation: rd.Generation, RestartCount: rd.Restarts, WorldSize: rd.WorldSize, GroupRank: rd.GroupRank,
+		NNodes: rd.NNodes, Ranks: make(map[string]int, len(ranks))}
+	for pid, rank := range ranks {
+		w.Ranks[strconv.Itoa(pid)] = rank
+	}
+	b, err := json.Marshal(w)
+	if err != nil {
+		return fmt.Errorf("world file: %w", err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("world file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("world file: %w", err)
+	}
+	return nil
+}
+
+// release stops the workers kept for a next round that does not come to
+// them: the job ended, this node drains, the agent stops.
+func (r *run) release(kept *attempt, why string) {
+	if kept == nil {
+		return
+	}
+	r.log.Info("stopping the workers kept for the next generation", "reason", why)
+	kept.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
+}
+
+// probeIfPeerLost probes the other nodes' agents when a worker's shim
+// reports a collective that failed on a lost peer, under --spares. Without
+// spares a lost node shows in a worker's exit on a lost connection, which
+// has the agent probe its peers (workerFailure) and end the round at once.
+// Here the workers do not exit: they wait in their re-formation, and
+// without this probe the round would end only when the lost node's lease
+// ran out (seconds; tens with torchrun's defaults). One probe at a time.
+func (r *run) probeIfPeerLost(ev wire.Events) {
+	if r.cfg.Spares == 0 || !slices.ContainsFunc(ev.Events, func(e wire.CollectiveEvent) bool { return e.Status == status.Peer }) {
+		return
+	}
+	if !r.probing.TryLock() {
+		return
+	}
+	r.goBackground(func() {
+		defer r.probing.Unlock()
+		ctx, cancel := context.WithTimeout(r.srvCtx, 5*time.Second)
+		defer cancel()
+		if r.j.rz.CheckPeers(ctx) {
+			r.log.Info("a collective failed on a lost peer, and another node's agent is gone: its lease is revoked")
+		}
+	})
+}
