@@ -17,16 +17,19 @@ import (
 	"github.com/ddp-agent/ddp-agent/wire"
 )
 
-// Under --spares, a node lost (or one that left) no longer restarts the
-// survivors' workers. Each surviving agent keeps its worker group through
-// the end of the round, joins the next round like any agent, and, when
-// that round allows it (carriesOn), moves its workers into it without
-// stopping them: the group is renumbered, and the workers, which wait in
-// ddp_agent.InProcess's re-formation since their peers on the lost node
-// vanished, read their new ranks and the new world's size from the world
-// file and re-form there, with the state they hold. Where the round does
-// not allow it, the kept workers are stopped and started again, as
-// without spares, and the log says why.
+// Under --spares, a change of the job's nodes (one lost, left or joined)
+// no longer restarts the workers. Each agent of the last round keeps its
+// worker group through the end of the round: it marks the world file
+// "moving" and aborts the workers' communicators, so every worker enters
+// ddp_agent.InProcess's re-formation and holds there. It joins the next
+// round like any agent and, when that round allows it (carriesOn), moves
+// its workers into it without stopping them: the group is renumbered, and
+// the workers read their new ranks and the new world's size from the
+// world file and re-form there, with the state they hold. Agents that
+// start workers afresh in such a round (a new node's, one that could not
+// keep its own) start them to join that re-formation (Spec.Join). Where
+// the round does not allow it, the kept workers are stopped and started
+// again, as without spares, and the log says why.
 
 // worldFileName is the world file's name in the run's directory
 // (DDP_AGENT_WORLD_FILE).
@@ -41,9 +44,7 @@ func keepsWorkers(spares int, agentStore bool, masterNode string, end rdzv.Round
 	switch {
 	case spares == 0:
 		return false, ""
-	case end.Kind == rdzv.EndNodeJoined:
-		return false, "a node joined: its workers cannot join the others in process"
-	case end.Kind != rdzv.EndNodeLost && end.Kind != rdzv.EndNodeLeft:
+	case end.Kind != rdzv.EndNodeLost && end.Kind != rdzv.EndNodeLeft && end.Kind != rdzv.EndNodeJoined:
 		return false, ""
 	case !agentStore:
 		return false, "rank 0's worker served the workers' store"
@@ -54,15 +55,18 @@ func keepsWorkers(spares int, agentStore bool, masterNode string, end rdzv.Round
 }
 
 // carriesOn is whether the workers kept from round old carry on into
-// round next, and why not: pure. They need the same store (its node and
-// address; the store's process kept running on it) and no new node, whose
-// workers would start a job of their own instead of joining the
-// survivors' re-formation.
+// round next, and why not: pure. They need the same store, its process
+// still running on the same node and port: the round says so (Carry),
+// and then every node that starts workers afresh in it starts them to
+// join the others' re-formation (Spec.Join).
 func carriesOn(old, next *rdzv.Round) (bool, string) {
 	switch {
-	case next.Newcomers > 0:
-		return false, fmt.Sprintf("%d node(s) joined the new generation: their workers cannot join the others in process", next.Newcomers)
-	case !next.AgentStore || next.MasterNode != old.MasterNode || next.MasterAddr != old.MasterAddr || next.MasterPort != old.MasterPort:
+	case next.MasterNode == "":
+		// A round closed by an agent from before MasterNode: which node
+		// serves the store is unknown.
+		return false, "the new generation does not say which node serves the workers' store"
+	case !next.Carry || !next.AgentStore || next.MasterNode != old.MasterNode || next.MasterAddr != old.MasterAddr ||
+		next.MasterPort != old.MasterPort:
 		return false, "the new generation's workers' store is another one"
 	case next.NProc != old.NProc:
 		return false, "this node's number of workers changed"
@@ -81,14 +85,18 @@ func keptStorePort(kept *attempt) int {
 }
 
 // world is the world file's content: the generation the workers carry on
-// into, and each one's rank in it by pid.
+// into, and each one's rank in it by pid; or, Moving, that the workers of
+// Generation are kept to move into the next one, not known yet, and their
+// re-formation must not end in this one (after a node joined, no rank is
+// missing from it).
 type world struct {
 	Generation   uint64         `json:"generation"`
+	Moving       bool           `json:"moving,omitempty"`
 	RestartCount int            `json:"restart_count"`
 	WorldSize    int            `json:"world_size"`
 	GroupRank    int            `json:"group_rank"`
 	NNodes       int            `json:"nnodes"`
-	Ranks        map[string]int `json:"ranks"` // pid -> rank
+	Ranks        map[string]int `json:"ranks,omitempty"` // pid -> rank
 }
 
 // carryOn moves the workers kept from attempt kept into round rd, as
@@ -103,7 +111,7 @@ func (r *run) carryOn(ctx context.Context, kept *attempt, rd *rdzv.Round, n int)
 	if ok {
 		ranks := at.g.Renumber(supervisor.World{Generation: rd.Generation, RankOffset: rd.RankOffset, WorldSize: rd.WorldSize,
 			NodeRank: rd.GroupRank, NNodes: rd.NNodes, RestartCount: rd.Restarts})
-		if err := writeWorld(filepath.Join(r.runDir, worldFileName), rd, ranks); err != nil {
+		if err := writeWorld(r.worldFile(), newWorld(rd, ranks)); err != nil {
 			ok, why = false, err.Error()
 		}
 	}
@@ -125,14 +133,22 @@ func (r *run) carryOn(ctx context.Context, kept *attempt, rd *rdzv.Round, n int)
 	return at
 }
 
-// writeWorld writes the world file of round rd, whose workers are ranks
-// by pid, in one rename: a worker polling it never reads half of it.
-func writeWorld(path string, rd *rdzv.Round, ranks map[int]int) error {
+// worldFile is the path of the run's world file (DDP_AGENT_WORLD_FILE).
+func (r *run) worldFile() string { return filepath.Join(r.runDir, worldFileName) }
+
+// newWorld is the world of round rd, whose workers are ranks by pid.
+func newWorld(rd *rdzv.Round, ranks map[int]int) world {
 	w := world{Generation: rd.Generation, RestartCount: rd.Restarts, WorldSize: rd.WorldSize, GroupRank: rd.GroupRank,
 		NNodes: rd.NNodes, Ranks: make(map[string]int, len(ranks))}
 	for pid, rank := range ranks {
 		w.Ranks[strconv.Itoa(pid)] = rank
 	}
+	return w
+}
+
+// writeWorld writes the world file in one rename: a worker polling it
+// never reads half of it.
+func writeWorld(path string, w world) error {
 	b, err := json.Marshal(w)
 	if err != nil {
 		return fmt.Errorf("world file: %w", err)

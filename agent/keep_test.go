@@ -23,7 +23,7 @@ func TestKeepsWorkers(t *testing.T) {
 		{"a node lost", 1, true, lost("c"), true, ""},
 		{"a node left", 1, true, rdzv.RoundEnd{Kind: rdzv.EndNodeLeft, Node: "b"}, true, ""},
 		{"no spares", 0, true, lost("c"), false, ""},
-		{"a node joined", 1, true, rdzv.RoundEnd{Kind: rdzv.EndNodeJoined, Node: "d"}, false, "a node joined"},
+		{"a node joined", 1, true, rdzv.RoundEnd{Kind: rdzv.EndNodeJoined, Node: "d"}, true, ""},
 		{"a worker's fault", 1, true, rdzv.RoundEnd{Kind: rdzv.EndRestart, Node: "b"}, false, ""},
 		{"rank 0's store", 1, false, lost("c"), false, "rank 0's worker served the workers' store"},
 		{"the store's node lost", 1, true, lost("a"), false, "the node that left served the workers' store"},
@@ -44,15 +44,16 @@ func TestCarriesOn(t *testing.T) {
 		why  string // "" when they carry on
 	}{
 		{"shrunk", func(r *rdzv.Round) { r.WorldSize, r.RankOffset = 4, 2 }, ""},
-		{"a newcomer", func(r *rdzv.Round) { r.Newcomers = 1 }, "1 node(s) joined"},
+		{"not a round to carry on into", func(r *rdzv.Round) { r.Carry = false }, "store is another one"},
 		{"another store node", func(r *rdzv.Round) { r.MasterNode = "b" }, "store is another one"},
 		{"another store port", func(r *rdzv.Round) { r.MasterPort = 29501 }, "store is another one"},
 		{"rank 0's store", func(r *rdzv.Round) { r.AgentStore = false }, "store is another one"},
+		{"an older leader", func(r *rdzv.Round) { r.MasterNode = "" }, "does not say which node"},
 		{"other nproc", func(r *rdzv.Round) { r.NProc = 4 }, "number of workers changed"},
 	}
 	for _, tc := range tests {
 		next := rdzv.Round{NProc: old.NProc, MasterNode: old.MasterNode, MasterAddr: old.MasterAddr, MasterPort: old.MasterPort,
-			AgentStore: old.AgentStore}
+			AgentStore: old.AgentStore, Carry: true}
 		tc.next(&next)
 		ok, why := carriesOn(&old, &next)
 		if ok != (tc.why == "") || !strings.Contains(why, tc.why) {
@@ -81,26 +82,36 @@ func TestKeptStorePort(t *testing.T) {
 
 func TestWriteWorld(t *testing.T) {
 	path := filepath.Join(t.TempDir(), worldFileName)
+	read := func() (world, string) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var w world
+		if err := json.Unmarshal(b, &w); err != nil {
+			t.Fatalf("%v: %s", err, b)
+		}
+		return w, string(b)
+	}
+	if err := writeWorld(path, world{Generation: 2, Moving: true}); err != nil {
+		t.Fatal(err)
+	}
+	if w, b := read(); w.Generation != 2 || !w.Moving || w.Ranks != nil {
+		t.Fatalf("got %s", b)
+	}
 	rd := &rdzv.Round{Generation: 3, Restarts: 1, WorldSize: 4, GroupRank: 1, NNodes: 2}
-	if err := writeWorld(path, rd, map[int]int{101: 2, 102: 3}); err != nil {
+	if err := writeWorld(path, newWorld(rd, map[int]int{101: 2, 102: 3})); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var w world
-	if err := json.Unmarshal(b, &w); err != nil {
-		t.Fatalf("%v: %s", err, b)
-	}
-	if w.Generation != 3 || w.RestartCount != 1 || w.WorldSize != 4 || w.GroupRank != 1 || w.NNodes != 2 ||
+	w, b := read()
+	if w.Generation != 3 || w.Moving || w.RestartCount != 1 || w.WorldSize != 4 || w.GroupRank != 1 || w.NNodes != 2 ||
 		w.Ranks["101"] != 2 || w.Ranks["102"] != 3 || len(w.Ranks) != 2 {
 		t.Fatalf("got %s", b)
 	}
 	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
 		t.Fatalf("the temporary file is left: %v", err)
 	}
-	if err := writeWorld(filepath.Join(t.TempDir(), "missing", worldFileName), rd, nil); err == nil {
+	if err := writeWorld(filepath.Join(t.TempDir(), "missing", worldFileName), w); err == nil {
 		t.Fatal("want an error for a directory that does not exist")
 	}
 }

@@ -151,6 +151,10 @@ func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.T
 		return nil, fmt.Errorf("attempt %d: %w", n, err)
 	}
 	r.observe(ctx, at)
+	if spec.Join {
+		r.log.Info("warm spares: the other nodes' workers carry on from the last generation in process; these start to join their re-formation",
+			"generation", at.gen)
+	}
 	r.log.Info("workers started", "attempt", n, "generation", at.gen, "group_rank", rd.GroupRank, "nnodes", rd.NNodes,
 		"world_size", rd.WorldSize, "master", net.JoinHostPort(spec.MasterAddr, strconv.Itoa(spec.MasterPort)),
 		"rendezvous", at.started.Sub(waitStart).Round(time.Millisecond), "pids", at.g.PIDs())
@@ -178,7 +182,7 @@ func (r *run) spec(rd *rdzv.Round, attemptDir string) *supervisor.Spec {
 	}
 	worldFile := ""
 	if r.cfg.Spares > 0 {
-		worldFile = filepath.Join(r.runDir, worldFileName)
+		worldFile = r.worldFile()
 	}
 	return &supervisor.Spec{
 		Argv:             r.cfg.Command,
@@ -212,6 +216,9 @@ func (r *run) spec(rd *rdzv.Round, attemptDir string) *supervisor.Spec {
 		AgentStore:       rd.AgentStore,
 		StoreArgv:        r.cfg.StoreCommand,
 		WorldFile:        worldFile,
+		// The other nodes' workers carry on from the last generation
+		// (keep.go): new ones join their re-formation.
+		Join: rd.Carry && len(r.cfg.SpareCommand) > 0,
 	}
 }
 

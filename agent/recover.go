@@ -286,16 +286,24 @@ func (r *run) dropKeys(gen uint64) {
 
 // sayNodesChanged decides, where spares are kept and the attempt ended
 // for a change of the job's nodes, whether the workers carry on into the
-// next round in process (keepsWorkers), logs which path it is and why,
-// and reports whether they carry on. The workers' own failure may have
+// next round in process (keepsWorkers; the world file marked moving
+// before the workers are aborted), logs which path it is and why, and
+// reports whether they carry on. The workers' own failure may have
 // ended the attempt first (their store went with a lost node): the
 // round's end says it was the nodes all the same, and they restart.
 func (r *run) sayNodesChanged(at *attempt, act action) bool {
 	end := at.r.End()
 	keep, why := keepsWorkers(r.cfg.Spares, at.r.AgentStore, at.r.MasterNode, end)
+	if keep && act == actNewGeneration {
+		// Before the workers are aborted: their re-formation, which the
+		// abort starts, must hold for the next generation's world.
+		if err := writeWorld(r.worldFile(), world{Generation: at.gen, Moving: true}); err != nil {
+			keep, why = false, err.Error()
+		}
+	}
 	switch {
 	case keep && act == actNewGeneration:
-		r.log.Warn("warm spares: a node left the job; the workers keep their processes and wait for the next generation, to carry on in it in process",
+		r.log.Warn("warm spares: the job's nodes changed; the workers keep their processes and wait for the next generation, to carry on in it in process",
 			"end", end.String(), "generation", at.gen)
 		return true
 	case why == "" && keep:

@@ -53,15 +53,17 @@ def say(line):
     sys.stdout.flush()
 
 
-def step_log(event, rank, step, attempt):
-    """Appends a line to $TRAIN_STEP_LOG, when set: a step completed or a fault injected, with the wall time.
+def step_log(event, rank, step, attempt, world=None):
+    """Appends a line to $TRAIN_STEP_LOG, when set: a step completed or a fault injected, with the wall time
+    (and the world's size, for a step).
 
     One write of a line opened with O_APPEND: the ranks share the file
     (examples/bench/inprocess_recovery.py reads it).
     """
     path = os.environ.get("TRAIN_STEP_LOG")
     if path:
-        line = json.dumps({"event": event, "rank": rank, "step": step, "attempt": attempt, "t": time.time()}) + "\n"
+        line = json.dumps({"event": event, "rank": rank, "step": step, "attempt": attempt, "world": world,
+                           "t": time.time()}) + "\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())
@@ -295,7 +297,7 @@ def main():
                 dist.barrier()  # no rank runs ahead to a failure before the file is complete
             if args.sleep_per_step > 0:
                 time.sleep(args.sleep_per_step)
-            step_log("step", rank, step, attempt)
+            step_log("step", rank, step, attempt, world_size)
 
     if rank == 0:
         say(f"done: steps={args.steps} final_loss={loss_value:.4f} world_size={world_size}")

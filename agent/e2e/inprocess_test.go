@@ -211,7 +211,7 @@ func TestLostNodeShrinksInProcess(t *testing.T) {
 	out := a.stdout.String() + b.stdout.String()
 	errs := a.stderr.String() + b.stderr.String()
 	switch {
-	case strings.Count(errs, `msg="warm spares: a node left the job; the workers keep their processes`) != 2:
+	case strings.Count(errs, `msg="warm spares: the job's nodes changed; the workers keep their processes`) != 2:
 		t.Fatalf("want both survivors to keep their workers\n%s", logs())
 	case strings.Count(errs, `msg="workers carry on in process into the new generation"`) != 2:
 		t.Fatalf("want both survivors' workers to carry on into the new generation\n%s", logs())
@@ -240,6 +240,62 @@ func TestLostNodeShrinksInProcess(t *testing.T) {
 	d := paramDigests(out)
 	if len(d) != 4 || d[0] == "" || d[0] != d[1] || d[0] != d[2] || d[0] != d[3] {
 		t.Fatalf("params digests %v, want ranks 0-3 equal\n%s", d, logs())
+	}
+}
+
+// TestLateNodeJoinsInProcess: two nodes under --spares 1 train; a third
+// joins. The first two agents keep their workers through the rescale and
+// move them into the world of 6; the third starts its workers to join
+// their re-formation, as spares given their ranks at once, with the state
+// of a healthy peer. Nobody restarts, no checkpoint is read, and all six
+// ranks end with the same parameters.
+func TestLateNodeJoinsInProcess(t *testing.T) {
+	budget(t, 80*time.Second)
+	needTorch(t)
+	j := newJob(t, "2:3", 2, 40, "--sleep-per-step", "0.1", "--in-process", "--ckpt-every", "0", "--log-every", "1000")
+	j.args = append(j.args, "--spares", "1")
+	steps := filepath.Join(t.TempDir(), "steps.jsonl")
+	j.env = []string{"PYTHONPATH=" + filepath.Join(repoRoot, "python"), "TRAIN_STEP_LOG=" + steps}
+	a := j.startHost()
+	b := j.start()
+	logs := func() string { return a.logs() + "\n----\n" + b.logs() }
+	waitFor(t, 2*time.Minute, func() bool { return lastStep(steps, 4) >= 8 }, logs)
+	joined := time.Now()
+	c := j.start()
+	waitAll(t, 3*time.Minute, a, b, c)
+	logs = func() string { return a.logs() + "\n----\n" + b.logs() + "\n----\n" + c.logs() }
+	out := a.stdout.String() + b.stdout.String() + c.stdout.String()
+	errs := a.stderr.String() + b.stderr.String()
+	switch all := out + errs + c.stderr.String(); {
+	case strings.Count(errs, `msg="warm spares: the job's nodes changed; the workers keep their processes`) != 2:
+		t.Fatalf("want both first nodes to keep their workers\n%s", logs())
+	case strings.Count(errs, `msg="workers carry on in process into the new generation"`) != 2:
+		t.Fatalf("want both first nodes' workers to carry on into the new generation\n%s", logs())
+	case !strings.Contains(c.stderr.String(), `msg="warm spares: the other nodes' workers carry on from the last generation in process; these start to join their re-formation"`):
+		t.Fatalf("the new node's workers did not start to join\n%s", logs())
+	case strings.Count(all, "joined re-formation 1 in process as a new worker") != 2:
+		t.Fatalf("want the new node's two workers to join in process\n%s", logs())
+	case strings.Contains(out, "resumed from step"):
+		t.Fatalf("a checkpoint was read\n%s", logs())
+	case !strings.Contains(out, "done: steps=40") || !strings.Contains(out, "world_size=6"):
+		t.Fatalf("training did not finish in a world of 6\n%s", logs())
+	}
+	for _, r := range []*agentRun{a, b} {
+		if e := r.stderr.String(); strings.Count(e, `msg="workers started"`) != 1 || strings.Contains(e, "restarting worker group") {
+			t.Fatalf("workers started more than once, or restarted\n%s", logs())
+		}
+	}
+	if at, ok := firstStepOf(steps, 6, joined); ok {
+		t.Logf("the third agent's start to a step completed by every rank of the world of 6: %v", at.Sub(joined).Round(time.Millisecond))
+	}
+	d := paramDigests(out)
+	if len(d) != 6 {
+		t.Fatalf("params digests %v, want ranks 0-5\n%s", d, logs())
+	}
+	for r := 1; r < 6; r++ {
+		if d[r] != d[0] || d[0] == "" {
+			t.Fatalf("params digests %v, want ranks 0-5 equal\n%s", d, logs())
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package rdzv
 
 import (
 	"sort"
+	"strconv"
 	"time"
 )
 
@@ -112,7 +113,7 @@ func closedRound(prev []Member, joiners []joiner, max int) (members []Member, ma
 // runningState is the state that closes the round of st with members:
 // the member list itself lives at membersKey and one key per member under
 // assignPrefix, which the closer writes first.
-func runningState(st State, prev, members []Member, master JoinInfo, membersKey, assignPrefix string, now time.Time) State {
+func runningState(st State, members []Member, master JoinInfo, membersKey, assignPrefix string, now time.Time) State {
 	next := st
 	next.Phase = Running
 	next.Since = now
@@ -126,21 +127,23 @@ func runningState(st State, prev, members []Member, master JoinInfo, membersKey,
 	next.MasterPort = master.MasterPort
 	next.AgentStore = master.AgentStore
 	next.MasterNode = members[0].Node
-	next.Newcomers = newcomers(prev, members)
+	next.Carry = carries(st, members[0].Node, master)
+	next.LastStore = ""
 	return next
 }
 
-// newcomers counts the members that are not in prev.
-func newcomers(prev, members []Member) int {
-	old := make(map[string]bool, len(prev))
-	for _, m := range prev {
-		old[m.Node] = true
+// carries is whether the workers of the last round carry on into the
+// round that st's members close with group rank 0 on node master0, whose
+// join is master: the job's nodes changed, and the store is the last
+// round's.
+func carries(st State, master0 string, master JoinInfo) bool {
+	switch st.End.Kind {
+	case EndNodeLost, EndNodeLeft, EndNodeJoined:
+	default:
+		return false
 	}
-	n := 0
-	for _, m := range members {
-		if !old[m.Node] {
-			n++
-		}
-	}
-	return n
+	return master.AgentStore && st.LastStore != "" && st.LastStore == storeID(master0, master.MasterPort)
 }
+
+// storeID names a workers' store served by the agent of node on port.
+func storeID(node string, port int) string { return node + ":" + strconv.Itoa(port) }

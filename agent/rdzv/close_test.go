@@ -143,15 +143,44 @@ func TestRunningState(t *testing.T) {
 		{Node: "a", Addr: "10.0.0.1", GroupRank: 0, NProc: 4, RankOffset: 0},
 		{Node: "b", Addr: "10.0.0.2", GroupRank: 1, NProc: 2, RankOffset: 4},
 	}
-	prev := []Member{{Node: "a"}, {Node: "old"}}
-	got := runningState(st, prev, members, JoinInfo{Node: "a", MasterPort: 29500, AgentStore: true}, "members/7/a", "assign/7/a/", t0)
+	got := runningState(st, members, JoinInfo{Node: "a", MasterPort: 29500, AgentStore: true}, "members/7/a", "assign/7/a/", t0)
 	want := State{Generation: 7, Phase: Running, Reason: "node x lost", Since: t0, Failures: 2, MaxRestarts: 3,
 		NNodes: 2, MembersKey: "members/7/a", AssignPrefix: "assign/7/a/", WorldSize: 6, MasterAddr: "10.0.0.1", MasterPort: 29500,
-		AgentStore: true, MasterNode: "a", Newcomers: 1}
+		AgentStore: true, MasterNode: "a"}
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
 	if err := got.check(); err != nil {
 		t.Fatalf("got a state that fails its check: %v", err)
+	}
+}
+
+// TestCarries: the workers carry on into a round after a change of the
+// job's nodes, when the store is the last round's: the same node, serving
+// it on the same port.
+func TestCarries(t *testing.T) {
+	st := func(kind EndKind, last string) State {
+		return State{End: RoundEnd{Kind: kind, Node: "x"}, LastStore: last}
+	}
+	master := JoinInfo{Node: "a", MasterPort: 4000, AgentStore: true}
+	for _, tc := range []struct {
+		name   string
+		st     State
+		node   string
+		master JoinInfo
+		want   bool
+	}{
+		{"a node lost", st(EndNodeLost, "a:4000"), "a", master, true},
+		{"a node left", st(EndNodeLeft, "a:4000"), "a", master, true},
+		{"a node joined", st(EndNodeJoined, "a:4000"), "a", master, true},
+		{"a worker's fault", st(EndRestart, "a:4000"), "a", master, false},
+		{"another node serves it", st(EndNodeLost, "a:4000"), "b", master, false},
+		{"another port", st(EndNodeLost, "a:4000"), "a", JoinInfo{Node: "a", MasterPort: 4001, AgentStore: true}, false},
+		{"no store of the agent's before", st(EndNodeLost, ""), "a", master, false},
+		{"rank 0's worker serves it now", st(EndNodeLost, "a:4000"), "a", JoinInfo{Node: "a", MasterPort: 4000}, false},
+	} {
+		if got := carries(tc.st, tc.node, tc.master); got != tc.want {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -76,7 +76,11 @@ func (e *Membership) bumpFrom(ctx context.Context, st *State, rev int64, mv move
 	next.Phase = Joining
 	next.Reason, next.End = mv.Reason, mv.End
 	next.Since = time.Now()
-	next.WorldSize, next.MasterAddr, next.MasterPort = 0, "", 0
+	next.LastStore = ""
+	if st.Phase == Running && st.AgentStore && st.MasterNode != "" {
+		next.LastStore = storeID(st.MasterNode, st.MasterPort)
+	}
+	next.WorldSize, next.MasterAddr, next.MasterPort, next.Carry = 0, "", 0, false
 	if mv.Fault {
 		next.Failures++
 		if next.Failures > st.MaxRestarts {

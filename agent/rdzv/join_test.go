@@ -66,3 +66,62 @@ func TestAgentStoreIsGroupRankZeros(t *testing.T) {
 		}
 	}
 }
+
+// TestOfferedStoreCarries: a round names group rank 0's node; after a
+// node leaves, the survivors' round keeps the store on the port its agent
+// offered (OfferStore), not a new free one, and says the workers carry on
+// (agent/keep.go). The first round, and a round after a worker's fault,
+// do not.
+func TestOfferedStoreCarries(t *testing.T) {
+	dial := testStore(t)
+	cfg := testConfig(t, 2, 3)
+	var es []*Membership
+	for _, h := range []string{"a", "b", "c"} {
+		c := cfg
+		c.Host, c.AgentStore = h, true
+		es = append(es, open(t, dial(), c))
+	}
+	rounds := nextAll(t, es...)
+	checkRounds(t, rounds)
+	master := -1
+	for i, r := range rounds {
+		if r.Carry {
+			t.Fatalf("the first round carries: %+v", r)
+		}
+		if r.GroupRank == 0 {
+			master = i
+		}
+	}
+	for _, r := range rounds {
+		if r.MasterNode != es[master].node {
+			t.Fatalf("MasterNode %q, want group rank 0's %q", r.MasterNode, es[master].node)
+		}
+	}
+	gone := (master + 1) % 3
+	es[gone].Close()
+	var survivors []*Membership
+	for i, e := range es {
+		if i != gone {
+			survivors = append(survivors, e)
+			<-rounds[i].Done()
+		}
+	}
+	es[master].OfferStore(rounds[master].MasterPort)
+	next := nextAll(t, survivors...)
+	for _, r := range next {
+		if r.NNodes != 2 || !r.Carry || r.MasterNode != es[master].node || r.MasterPort != rounds[master].MasterPort {
+			t.Fatalf("after a node left: %+v, want 2 nodes carrying on, the store on %s:%d", r, es[master].node,
+				rounds[master].MasterPort)
+		}
+	}
+	// A worker's fault: the workers restart, whatever the store.
+	if err := survivors[1].Fail(t.Context(), next[1], "worker rank 3 failed"); err != nil {
+		t.Fatal(err)
+	}
+	<-next[0].Done()
+	for _, r := range nextAll(t, survivors...) {
+		if r.Carry {
+			t.Fatalf("after a worker's fault: %+v carries", r)
+		}
+	}
+}

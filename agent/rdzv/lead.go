@@ -185,7 +185,7 @@ func (e *Membership) closeRound(ctx context.Context, st *State, stateRev int64, 
 	gen := genKey(st.Generation)
 	// Keyed by the closer too: should two leaders close the same round,
 	// the loser's keys cannot overwrite the winner's.
-	next := runningState(*st, prev, members, master, e.key(membersDir+gen+"/"+e.node), e.key(assignDir+gen+"/"+e.node+"/"), time.Now())
+	next := runningState(*st, members, master, e.key(membersDir+gen+"/"+e.node), e.key(assignDir+gen+"/"+e.node+"/"), time.Now())
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	// The member keys go first, in batches that fit etcd's default limit

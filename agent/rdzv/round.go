@@ -18,10 +18,11 @@ type Round struct {
 	// MasterAddr:MasterPort, not rank 0's worker.
 	AgentStore bool
 	Restarts   int // faults so far: TORCHELASTIC_RESTART_COUNT
-	// MasterNode is group rank 0's node id ("" for the static backend);
-	// Newcomers, how many members were not in the last round.
+	// MasterNode is group rank 0's node id ("" for the static backend).
 	MasterNode string
-	Newcomers  int
+	// Carry: the last round's workers may carry on into this one in
+	// process, and new workers join them (State.Carry).
+	Carry bool
 
 	once   sync.Once
 	done   chan struct{}
@@ -36,7 +37,7 @@ func newRound(st *State, m Member) *Round {
 	return &Round{
 		Generation: st.Generation, GroupRank: m.GroupRank, NNodes: st.Nodes(), RankOffset: m.RankOffset, NProc: m.NProc,
 		WorldSize: st.WorldSize, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort, AgentStore: st.AgentStore, Restarts: st.Failures,
-		MasterNode: st.MasterNode, Newcomers: st.Newcomers, done: make(chan struct{}),
+		MasterNode: st.MasterNode, Carry: st.Carry, done: make(chan struct{}),
 	}
 }
 

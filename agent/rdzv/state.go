@@ -142,12 +142,16 @@ type State struct {
 	// AgentStore: group rank 0's agent serves the workers' store, not
 	// rank 0's worker (its --spares; TORCHELASTIC_USE_AGENT_STORE).
 	AgentStore bool `json:"agent_store,omitempty"`
-	// MasterNode is group rank 0's node id: whether the workers' store is
-	// the last round's. Newcomers counts the members that were not
-	// members of the last round. Together they say whether the workers of
-	// a shrunk job may carry on in their processes (agent/keep.go).
+	// MasterNode is group rank 0's node id.
 	MasterNode string `json:"master_node,omitempty"`
-	Newcomers  int    `json:"newcomers,omitempty"`
+	// Carry: the workers of the last round may carry on into this one in
+	// their processes (agent/keep.go), and new workers join them there:
+	// the job's nodes changed (one lost, left or joined, no worker's
+	// fault) and the workers' store is the last round's, served by its
+	// agent on the same node and port. LastStore is that store while the
+	// round is open ("node:port"; "" when its agent served none).
+	Carry     bool   `json:"carry,omitempty"`
+	LastStore string `json:"last_store,omitempty"`
 }
 
 // Nodes is how many nodes the generation has.

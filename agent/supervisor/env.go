@@ -54,6 +54,9 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, pla
 	if s.WorldFile != "" {
 		set[envname.WorldFile] = s.WorldFile
 	}
+	if s.Join {
+		set[envname.Join] = "1"
+	}
 	have := map[string]bool{}
 	for _, kv := range base {
 		k, _, _ := strings.Cut(kv, "=")
@@ -111,7 +114,7 @@ var envOrder = []string{
 	"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
 	"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE",
 	"OMP_NUM_THREADS", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-	envname.Socket, envname.Generation, envname.Bootstrap, envname.CommNoteFile, envname.WorldFile,
+	envname.Socket, envname.Generation, envname.Bootstrap, envname.CommNoteFile, envname.WorldFile, envname.Join,
 }
 
 // pyBool is b as Python writes it, which torch compares the variable to.

@@ -125,6 +125,11 @@ type Spec struct {
 	// writes the world that the workers carry on into after a node was
 	// lost (Renumber; ddp_agent.InProcess reads it).
 	WorldFile string
+	// Join: the workers start to join the re-formation in process of
+	// workers that carry on from the last generation (another node's,
+	// renumbered), instead of starting a job: each runs SpareArgv as a
+	// spare given its rank at once (DDP_AGENT_JOIN).
+	Join bool
 }
 
 // Placement is where one worker runs.
@@ -301,10 +306,14 @@ func (g *Group) startWorker(id Worker) (*worker, error) {
 	if spec.Place != nil {
 		place = spec.Place(id.LocalRank)
 	}
+	argv, extra := spec.Argv, []string(nil)
+	if spec.Join { // a spare's command and environment (the package's path)
+		argv, extra = spec.SpareArgv, spec.SpareEnv
+	}
 	return g.spawn(launch{id: id, dir: strconv.Itoa(id.LocalRank), streams: streams,
-		prefix: RenderPrefix(streams.Prefix, spec.Role, id), argv: spec.Argv, place: place,
+		prefix: RenderPrefix(streams.Prefix, spec.Role, id), argv: argv, place: place,
 		env: func(errorFile, noteFile string) []string {
-			return workerEnv(spec.BaseEnv, spec, id, errorFile, noteFile, place.Env)
+			return append(workerEnv(spec.BaseEnv, spec, id, errorFile, noteFile, place.Env), extra...)
 		}})
 }
 

@@ -20,7 +20,11 @@ import (
 // (with the rank variables it has: none), then reads its fd 3 as
 // ddp_agent._spare does and says what it was given, or that it was let go.
 func spareHelper() {
-	fmt.Printf("spare ready fd=%s RANK=%q LOCAL_RANK=%q\n", os.Getenv(envname.SpareFD), os.Getenv("RANK"), os.Getenv("LOCAL_RANK"))
+	fmt.Printf("spare ready fd=%s RANK=%q LOCAL_RANK=%q JOIN=%q\n", os.Getenv(envname.SpareFD), os.Getenv("RANK"),
+		os.Getenv("LOCAL_RANK"), os.Getenv(envname.Join))
+	if os.Getenv(envname.SpareFD) == "" { // a joining worker: its rank is given already
+		return
+	}
 	line, err := bufio.NewReader(os.NewFile(3, "assignment")).ReadString('\n')
 	if err != nil {
 		fmt.Println("spare released")
@@ -204,5 +208,23 @@ func TestRenumberThenReplace(t *testing.T) {
 	want := "[rank5]:spare assigned rank 5 local rank 1 RANK=5 LOCAL_RANK=1 GPU=1 WORLD_SIZE=6 GROUP_RANK=2 GENERATION=3"
 	if !strings.Contains(out.String(), want) {
 		t.Errorf("console: want %q\n%s", want, out)
+	}
+}
+
+// TestJoinStartsWorkersAsSpares: a group started to join the others'
+// re-formation (Spec.Join) runs SpareArgv for each worker, with its rank's
+// variables and DDP_AGENT_JOIN, and no spare pipe; its own warm spares
+// wait for a rank as ever, without the mark.
+func TestJoinStartsWorkersAsSpares(t *testing.T) {
+	spec, out := spareSpec(t, "ok", 2, 1)
+	spec.Argv = []string{"/nonexistent/not-run-when-joining"}
+	spec.Join = true
+	g := start(t, spec)
+	for _, want := range []string{`[rank0]:spare ready fd= RANK="0" LOCAL_RANK="0" JOIN="1"`,
+		`[rank1]:spare ready fd= RANK="1" LOCAL_RANK="1" JOIN="1"`, `[spare0]:spare ready fd=3 RANK="" LOCAL_RANK="" JOIN=""`} {
+		waitFor(t, func() bool { return strings.Contains(out.String(), want) })
+	}
+	if err := g.Wait(context.Background()); err != nil {
+		t.Fatalf("Wait: %v\n%s", err, out)
 	}
 }

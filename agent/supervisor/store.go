@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // The job's store: the TCPStore at MASTER_ADDR:MASTER_PORT through which
@@ -95,11 +97,12 @@ func (g *Group) stopStore() {
 	}
 }
 
-// rankless is a worker's environment without the variables of a rank.
+// rankless is a worker's environment without the variables of a rank
+// (nor the joining worker's mark: a spare waits for its rank).
 func rankless(env []string) []string {
 	return slices.DeleteFunc(env, func(kv string) bool {
 		switch k, _, _ := strings.Cut(kv, "="); k {
-		case "RANK", "LOCAL_RANK", "ROLE_RANK":
+		case "RANK", "LOCAL_RANK", "ROLE_RANK", envname.Join:
 			return true
 		}
 		return false

@@ -1,7 +1,7 @@
 """A worker's fault, recovered three ways side by side: in process, by ddp-agent's restart, by torchrun's.
 
     /usr/bin/python3 examples/bench/inprocess_recovery.py --agent bin/ddp-agent \\
-        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill|hang|node] [--fail-rank 0]
+        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill|hang|node|join] [--fail-rank 0]
 
 Each run trains examples/train.py (2 ranks, gloo, the ddp_agent hook on the
 shim's host transport, --hidden 512, a checkpoint every 5 steps) and has
@@ -28,6 +28,13 @@ node is SIGKILLed, its launcher with its worker: in process, --spares 1
 keeps the survivors' processes and moves them into the world of 2 (no
 checkpoint: the script runs no collective of its own mid-run, see
 docs/in-process.md); the restarts resume from the step-10 checkpoint.
+
+With --fault join, two such nodes train (--steps 150) and a third joins once
+both ranks have completed step 12: in process, the first two keep their
+workers and the third's join their re-formation; the restarts start all
+three nodes' workers again, from the step-10 checkpoint. The figure goes
+from the third launcher's start to the moment every rank of the world of 3
+has completed a step in it.
 
 The three launchers take turns run by run, so drift in the machine's load
 hits them alike. Every rank logs, through $TRAIN_STEP_LOG, the wall clock
@@ -87,14 +94,18 @@ def command(kind: str, args, workdir: str):
 NODE_KILL_AFTER = 12  # --fault node: the step every rank has completed when the third node is killed
 
 
+JOIN_STEPS = 150  # --fault join: long enough for torchrun's rescale to come before the end
+
+
 def node_command(kind: str, args, workdir: str, port: int) -> list:
-    """One node's launcher of a --fault node run."""
+    """One node's launcher of a --fault node or join run."""
     ckpt = ["--ckpt-every", "0"] if kind == "in-process" else ["--ckpt-every", str(CKPT_EVERY)]
-    train = [TRAIN, "--steps", str(STEPS), "--hidden", "512", "--log-every", "100", *ckpt, "--ckpt-dir",
+    steps = JOIN_STEPS if args.fault == "join" else STEPS
+    train = [TRAIN, "--steps", str(steps), "--hidden", "512", "--log-every", "100", *ckpt, "--ckpt-dir",
              os.path.join(workdir, "ckpt"), "--warmup-steps", "0", "--sleep-per-step", "0.1"]
     if kind == "torchrun":
-        return [args.python, args.torchrun_compat, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                "--rdzv-id", "bench", "--nnodes", "2:3", "--nproc_per_node", "1", "--max_restarts", "1", *train]
+        return [args.python, args.torchrun_compat, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                "--rdzv_id", "bench", "--nnodes", "2:3", "--nproc_per_node", "1", "--max_restarts", "1", *train]
     extra = ["--spares", "1"] if kind == "in-process" else []
     return [args.agent, "run", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
             "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "1", *extra, "--python", args.python, *train,
@@ -122,7 +133,9 @@ def completed_everywhere(log: str, world: int) -> int:
 
 
 def measure_node(kind: str, args) -> dict:
-    """A --fault node run: three nodes, the third SIGKILLed with its worker once every rank completed step 12."""
+    """A --fault node run: three nodes, the third SIGKILLed with its worker once every rank completed step 12;
+    or a --fault join run: two nodes, and a third joins once both ranks completed step 12."""
+    join = args.fault == "join"
     with tempfile.TemporaryDirectory(prefix=f"inprocess-bench-node-{kind}-") as workdir:
         log = os.path.join(workdir, "steps.jsonl")
         env = dict(os.environ, TRAIN_STEP_LOG=log, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
@@ -130,28 +143,39 @@ def measure_node(kind: str, args) -> dict:
         port = free_port()
         outs = [open(os.path.join(workdir, f"node{i}.log"), "w+") for i in range(3)]
         nodes = []
-        for i in range(3):
+
+        def start() -> None:
+            i = len(nodes)
             nodes.append(subprocess.Popen(node_command(kind, args, workdir, port), env=env, stdout=outs[i],
                                           stderr=subprocess.STDOUT, start_new_session=True))
+
+        for i in range(2 if join else 3):
+            start()
             time.sleep(1.0 if i == 0 else 0.2)  # the first hosts the rendezvous store
         deadline = time.monotonic() + 120
-        while completed_everywhere(log, 3) < NODE_KILL_AFTER:
+        while completed_everywhere(log, len(nodes)) < NODE_KILL_AFTER:
             if time.monotonic() > deadline or any(n.poll() is not None for n in nodes):
                 for n in nodes:
                     kill_group(n)
                 sys.exit(f"{kind}: step {NODE_KILL_AFTER} not reached\n" + tail(outs))
             time.sleep(0.005)
         fault = time.time()
-        kill_group(nodes[2])  # the node's launcher and its worker, at once
+        if join:
+            start()
+        else:
+            kill_group(nodes[2])  # the node's launcher and its worker, at once
+        keep = nodes if join else nodes[:2]
         try:
-            codes = [n.wait(timeout=300) for n in nodes[:2]]
+            codes = [n.wait(timeout=300) for n in keep]
         except subprocess.TimeoutExpired:
             codes = None
         for n in nodes:
             kill_group(n)
-        if codes != [0, 0]:
-            sys.exit(f"{kind}: survivors exited {codes}\n" + tail(outs))
+        if codes != [0] * len(keep):
+            sys.exit(f"{kind}: the launchers exited {codes}\n" + tail(outs))
         events = [json.loads(line) for line in open(log)]
+    if join:
+        return joined(events, fault)
     first = {}
     for e in sorted(events, key=lambda e: e["t"]):
         if e["event"] == "step" and e["attempt"] > 0 and e["t"] > fault and e["rank"] not in first:
@@ -159,6 +183,20 @@ def measure_node(kind: str, args) -> dict:
     before = {e["step"] for e in events if e["event"] == "step" and e["attempt"] == 0 and e["t"] <= fault}
     again = {e["step"] for e in events if e["event"] == "step" and e["attempt"] > 0}
     return {"recovery_s": max(first[r] for r in (0, 1)) - fault, "lost_steps": len(before & again)}
+
+
+def joined(events: list, t0: float) -> dict:
+    """A --fault join run's figures: from t0 to a step that every rank of the world of 3 completed, and the
+    steps completed in the world of 2 and again in the world of 3."""
+    by_step = {}
+    for e in events:
+        if e["event"] == "step" and e.get("world") == 3:
+            by_step.setdefault(e["step"], {})[e["rank"]] = e["t"]
+    done = [max(ranks.values()) for ranks in by_step.values() if len(ranks) == 3]
+    if not done:
+        sys.exit("join: no step completed by every rank of the world of 3")
+    before = {e["step"] for e in events if e["event"] == "step" and e.get("world") == 2}
+    return {"recovery_s": min(done) - t0, "lost_steps": len(before & set(by_step))}
 
 
 def kill_group(p: subprocess.Popen) -> None:
@@ -203,7 +241,8 @@ def measure(kind: str, args) -> dict:
     return out
 
 
-FAULTS = {"raise": "raises", "kill": "is SIGKILLed", "hang": "hangs before its backward", "node": "is lost with its node"}
+FAULTS = {"raise": "raises", "kill": "is SIGKILLed", "hang": "hangs before its backward", "node": "is lost with its node",
+          "join": "joins"}
 STATE_RE = re.compile(r"joined re-formation .* \((\d+) bytes moved in ([\d.]+) ms\)")
 
 
@@ -228,7 +267,7 @@ def main() -> None:
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--torchrun-compat", default=os.path.join(ROOT, "scripts", "torchrun_compat.py"))
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--fault", choices=["raise", "kill", "hang", "node"], default="raise",
+    p.add_argument("--fault", choices=["raise", "kill", "hang", "node", "join"], default="raise",
                    help="the rank raises, is killed with SIGKILL, or hangs (in process: a warm spare takes its rank)")
     p.add_argument("--fail-rank", type=int, choices=[0, 1], default=1,
                    help="the rank that fails; rank 0's process no longer serves the store under --spares")
@@ -238,9 +277,13 @@ def main() -> None:
     start = time.time()
     for i in range(args.runs):
         for k in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
-            results[k].append(measure_node(k, args) if args.fault == "node" else measure(k, args))
+            results[k].append(measure_node(k, args) if args.fault in ("node", "join") else measure(k, args))
             print(f"run {i + 1} {k}: {results[k][-1]}", file=sys.stderr)
-    if args.fault == "node":
+    if args.fault == "join":
+        print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 2 nodes of 1 rank, gloo, train.py --hidden 512 "
+              f"--sleep-per-step 0.1, a third node joining after step {NODE_KILL_AFTER}; the figure goes from its "
+              f"launcher's start; the restarts checkpoint every {CKPT_EVERY} steps, in process none\n")
+    elif args.fault == "node":
         print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 3 nodes of 1 rank, gloo, train.py --hidden 512 "
               f"--sleep-per-step 0.1, the third node SIGKILLed after step {NODE_KILL_AFTER}; the restarts checkpoint "
               f"every {CKPT_EVERY} steps, in process none\n")

@@ -34,6 +34,10 @@ const (
 	// the world of a later generation that the workers carry on into, in
 	// process, when a node was lost (ddp_agent.InProcess reads it).
 	WorldFile = "DDP_AGENT_WORLD_FILE"
+	// Join is set for workers that start to join the others' re-formation
+	// in process, which carry on from the last generation (a node joined
+	// or was lost): they run as warm spares given their rank at once.
+	Join = "DDP_AGENT_JOIN"
 )
 
 // Set by a user (or a launcher) for the agent, the shim or the plugins.

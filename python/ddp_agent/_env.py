@@ -12,6 +12,7 @@ BOOTSTRAP = "DDP_AGENT_BOOTSTRAP"  # "external": the communicators bootstrap thr
 STACK_DIR = "DDP_AGENT_STACK_DIR"  # where a hang report's Python stacks are written
 SPARE_FD = "DDP_AGENT_SPARE_FD"  # a warm spare's only: the fd it reads its rank from (--spares)
 WORLD_FILE = "DDP_AGENT_WORLD_FILE"  # under --spares: the new world the workers carry on into (InProcess)
+JOIN = "DDP_AGENT_JOIN"  # a new worker that joins the others' re-formation in process (_spare)
 
 # Set by the user.
 SHIM = "DDP_AGENT_SHIM"  # libddpshim.so to load instead of the bundled one

@@ -7,6 +7,11 @@ a new worker would pay after a fault: the interpreter, torch, this package,
 and the modules the script imports at its top level (the script itself does
 not run). Then it waits on the pipe named by ``$DDP_AGENT_SPARE_FD``.
 
+With ``$DDP_AGENT_JOIN`` set instead, the process is a new worker that
+already has its rank: the other nodes' workers carry on in process from the
+last generation (a node joined or was lost), and it joins their
+re-formation at once, as a spare given that rank would.
+
 When a worker dies, the agent writes one JSON line there: the rank and the
 variables that make it that rank. The spare sets them, arranges for the
 script's ``init_process_group`` to join the survivors' re-formation
@@ -95,8 +100,13 @@ def _warm_torch() -> None:
 
 def main(argv: List[str]) -> None:
     t0 = time.monotonic()
-    fd = int(os.environ.pop(_env.SPARE_FD))  # not for the script's own children
     module, target, args = _target(argv)
+    if os.environ.pop(_env.JOIN, None):  # a new worker, its rank given at start
+        if not module:
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+        _run(module, target, args, new=True)
+        return
+    fd = int(os.environ.pop(_env.SPARE_FD))  # not for the script's own children
     import torch  # the cost a new worker pays after a fault; this process pays it before
 
     from . import hook, inprocess  # noqa: F401
@@ -115,7 +125,14 @@ def main(argv: List[str]) -> None:
     os.environ.update({str(k): str(v) for k, v in assignment["env"].items()})
     print(f"ddp_agent: warm spare (pid {os.getpid()}) takes rank {assignment['rank']} "
           f"(local rank {assignment['local_rank']})", file=sys.stderr, flush=True)
-    inprocess._expect_join()
+    _run(module, target, args)
+
+
+def _run(module: bool, target: str, args: List[str], new: bool = False) -> None:
+    """Runs the script as ``__main__``, its ``init_process_group`` joining the others' re-formation."""
+    from . import inprocess
+
+    inprocess._expect_join(new=new)
     sys.argv = [target, *args]
     if module:
         runpy.run_module(target, run_name="__main__", alter_sys=True)

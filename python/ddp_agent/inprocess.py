@@ -108,6 +108,7 @@ class _Joined:
 
     def __init__(self, store: Any, gen: int, completed: List[int], hook_steps: List[int], since: float) -> None:
         self.store, self.gen, self.completed, self.hook_steps, self.since = store, gen, completed, hook_steps, since
+        self.new = False  # a new worker of a grown job, not a spare in a dead rank's place
 
 
 # Set by the init_process_group of a warm spare (_expect_join), taken by the
@@ -116,14 +117,16 @@ class _Joined:
 _joined: Optional[_Joined] = None
 
 
-def _expect_join(timeout: float = 60.0) -> None:
+def _expect_join(timeout: float = 60.0, new: bool = False) -> None:
     """Makes the next ``torch.distributed.init_process_group`` join the survivors' re-formation.
 
-    For a warm spare that has taken a dead rank (``_spare``): instead of
-    starting a job's process group, it finds the re-formation that waits
-    for its rank (the first whose key of that rank is unset), writes that
-    it has completed no step, waits for the others, and makes the
-    re-formation's process group with them. Later calls go to torch's.
+    For a warm spare that has taken a dead rank (``_spare``), or a new
+    worker (``new``) that the others, carrying on from the last
+    generation, take into their world: instead of starting a job's process
+    group, it finds the re-formation that waits for its rank (the first
+    whose key of that rank is unset), writes that it has completed no step,
+    waits for the others, and makes the re-formation's process group with
+    them. Later calls go to torch's.
     """
     original = dist.init_process_group
     used = False
@@ -137,6 +140,7 @@ def _expect_join(timeout: float = 60.0) -> None:
         used = True
         global _joined
         _joined = _join(original, args[0] if args else kwargs.get("backend"), timeout)
+        _joined.new = new
 
     dist.init_process_group = init_process_group
 
@@ -261,9 +265,10 @@ class InProcess:
         self.joined = {"generation": j.gen, "retry": best + 1, "source": src, "completed": j.completed,
                        "rendezvous_ms": round((t - j.since) * 1e3, 1), "state_ms": _ms(t), "state_bytes": state_bytes,
                        "move_ms": move_ms, "total_ms": _ms(j.since)}
-        log.warning("ddp_agent: rank %d joined re-formation %d in process as a warm spare: resuming at step %d with "
+        as_what = "a new worker" if j.new else "a warm spare"
+        log.warning("ddp_agent: rank %d joined re-formation %d in process as %s: resuming at step %d with "
                     "rank %d's state; rendezvous and process group %.1f ms, state %.1f ms (%d bytes moved in "
-                    "%.1f ms)", self.rank, j.gen, best + 1, src, self.joined["rendezvous_ms"], self.joined["state_ms"],
+                    "%.1f ms)", self.rank, j.gen, as_what, best + 1, src, self.joined["rendezvous_ms"], self.joined["state_ms"],
                     state_bytes, move_ms)
 
     # The re-formation, in its phases.
@@ -375,7 +380,7 @@ class InProcess:
             # For a warm spare that takes a dead rank (_join): the name of the
             # next hook. Every rank has registered as many.
             store.set(f"{prefix}/registrations", str(hook_module._registrations))
-            moved = None if not path else (lambda: _newer_world(path))
+            moved = None if not path else (lambda: _world_news(path))
             try:
                 completed, hook_steps = _meet(store, prefix, self.rank, self.world_size, self._completed, hook_step,
                                               self.timeout, moved)
@@ -407,8 +412,8 @@ class InProcess:
                            _env.GENERATION: str(world["generation"])})
         self.rank, self.world_size = int(rank), size
         self._prefix = _prefix()
-        log.warning("ddp_agent: rank %d of %d carries on in process as rank %d of %d (generation %d: a node left "
-                    "the job)", old[0], old[1], self.rank, self.world_size, world["generation"])
+        log.warning("ddp_agent: rank %d of %d carries on in process as rank %d of %d (generation %d: the job's "
+                    "nodes changed)", old[0], old[1], self.rank, self.world_size, world["generation"])
 
     def _new_group(self, gen: int) -> None:
         dist.destroy_process_group()
@@ -510,11 +515,12 @@ class _WorldChanged(Exception):
 _POLL = 0.01
 
 
-def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, hook_step: int,
-          timeout: float, moved: Optional[Callable[[], Optional[Dict[str, Any]]]] = None) -> Tuple[List[int], List[int]]:
+def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, hook_step: int, timeout: float,
+          moved: Optional[Callable[[], Tuple[Optional[Dict[str, Any]], bool]]] = None) -> Tuple[List[int], List[int]]:
     """Arrives at re-formation prefix and waits for every rank: returns each one's last completed step and its
     hook's step count, in rank order. Raises ReformError naming the ranks that did not arrive within timeout,
-    and _WorldChanged when moved, asked while it waits, returns a new world."""
+    and _WorldChanged when moved, asked while it waits, returns a new world; while it says hold, the
+    rendezvous does not end, every rank arrived or not (the agent moves the workers into another world)."""
     _arrive(store, prefix, rank, completed, hook_step)
     keys = [f"{prefix}/rank{r}" for r in range(world_size)]
     try:
@@ -522,10 +528,12 @@ def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, h
             store.wait(keys, _timedelta(timeout))
         else:
             deadline = time.monotonic() + timeout
-            while store.add(f"{prefix}/arrived", 0) < world_size:
-                world = moved()
+            while True:
+                world, hold = moved()
                 if world is not None:
                     raise _WorldChanged(world)
+                if not hold and store.add(f"{prefix}/arrived", 0) >= world_size:
+                    break
                 if time.monotonic() > deadline:
                     raise TimeoutError("timed out")
                 time.sleep(_POLL)
@@ -559,16 +567,23 @@ def _arrived(store: Any, prefix: str, rank: int) -> bool:
     return store.add(f"{prefix}/in{rank}", 0) > 0
 
 
-def _newer_world(path: str) -> Optional[Dict[str, Any]]:
-    """The world in ddp-agent's world file, when it is of a later generation than this process's; else None."""
+def _world_news(path: str) -> Tuple[Optional[Dict[str, Any]], bool]:
+    """What ddp-agent's world file says to this process: (the world of a later generation than its own, or
+    None; whether to hold its re-formation: the agent keeps the workers to move them into the next
+    generation, whose world it does not know yet).
+
+    The hold keeps a re-formation that every rank reached from ending in the
+    old world: after a node joined, nobody is missing.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             world = json.load(f)
     except (OSError, ValueError):  # none yet; it is replaced whole, never written in place
-        return None
-    if int(world.get("generation", -1)) <= int(os.environ.get(_env.GENERATION) or 0):
-        return None
-    return world
+        return None, False
+    gen, own = int(world.get("generation", -1)), int(os.environ.get(_env.GENERATION) or 0)
+    if gen > own:
+        return world, False
+    return None, gen == own and bool(world.get("moving"))
 
 
 def _first_line(err: BaseException) -> str:

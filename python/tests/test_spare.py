@@ -82,3 +82,18 @@ def test_assigned_spare_runs_the_script_as_the_rank(tmp_path):
     # variable is gone; init_process_group will join the re-formation.
     assert ("script ran as __main__ argv ['--lr', '0.5'] RANK 3 LOCAL_RANK 1 fd None "
             "init _expect_join.<locals>.init_process_group") in out, out + err
+
+
+def test_joining_worker_runs_the_script_at_once(tmp_path):
+    """$DDP_AGENT_JOIN: a new worker with its rank already, no pipe; it runs the script to join the others."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(fd=_env.JOIN))
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), RANK="4", LOCAL_RANK="0", **{_env.JOIN: "1"})
+    env.pop(_env.SPARE_FD, None)
+    r = subprocess.run([sys.executable, "-u", "-m", "ddp_agent._spare", str(script), "--lr", "0.5"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "warm spare ready" not in r.stderr  # nothing to wait for
+    # The mark is gone from its environment (its own children are no joiners).
+    assert ("script ran as __main__ argv ['--lr', '0.5'] RANK 4 LOCAL_RANK 0 fd None "
+            "init _expect_join.<locals>.init_process_group") in r.stdout, r.stdout + r.stderr

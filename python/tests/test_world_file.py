@@ -34,23 +34,28 @@ def write(path, **world):
     path.write_text(json.dumps(world))
 
 
-def test_newer_world(tmp_path, monkeypatch):
+def test_world_news(tmp_path, monkeypatch):
     path = tmp_path / "world.json"
     monkeypatch.setenv(_env.GENERATION, "2")
-    assert inprocess._newer_world(str(path)) is None  # none yet
+    assert inprocess._world_news(str(path)) == (None, False)  # none yet
     path.write_text("{not json")
-    assert inprocess._newer_world(str(path)) is None
+    assert inprocess._world_news(str(path)) == (None, False)
+    write(path, generation=1, moving=True)
+    assert inprocess._world_news(str(path)) == (None, False)  # an earlier generation's
     write(path, generation=2, world_size=4, ranks={})
-    assert inprocess._newer_world(str(path)) is None  # this process's own generation
+    assert inprocess._world_news(str(path)) == (None, False)  # this process's own generation
+    write(path, generation=2, moving=True)
+    assert inprocess._world_news(str(path)) == (None, True)  # the agent moves it: hold
     write(path, generation=3, world_size=4, ranks={"7": 1})
-    assert inprocess._newer_world(str(path))["ranks"] == {"7": 1}
+    world, hold = inprocess._world_news(str(path))
+    assert world["ranks"] == {"7": 1} and not hold
 
 
 def test_meet_without_a_move(store):
     """Both ranks arrive: each one's last completed step and hook step, in rank order."""
     other = threading.Thread(target=lambda: inprocess._arrive(store, "p/1", 1, 9, 90))
     other.start()
-    completed, hooks = inprocess._meet(store, "p/1", 0, 2, 10, 100, 5.0, lambda: None)
+    completed, hooks = inprocess._meet(store, "p/1", 0, 2, 10, 100, 5.0, lambda: (None, False))
     other.join()
     assert completed == [10, 9] and hooks == [100, 90]
 
@@ -62,17 +67,30 @@ def test_meet_moved_into_a_new_world(store):
 
     def moved():
         asked.append(time.monotonic())
-        return world if len(asked) > 3 else None
+        return (world if len(asked) > 3 else None), False
 
     with pytest.raises(inprocess._WorldChanged) as e:
         inprocess._meet(store, "p/1", 0, 2, 10, 100, 30.0, moved)
     assert e.value.world is world and len(asked) == 4
 
 
+def test_meet_held_though_every_rank_arrived(store):
+    """A node joined: every rank of the old world arrives, and the hold keeps them until the new world is known."""
+    inprocess._arrive(store, "p/1", 1, 9, 90)
+    answers = [(None, True)] * 5 + [({"generation": 4}, False)]
+    with pytest.raises(inprocess._WorldChanged) as e:
+        inprocess._meet(store, "p/1", 0, 2, 10, 100, 30.0, lambda: answers.pop(0))
+    assert e.value.world == {"generation": 4} and not answers
+    # Released without a new world (the hold lifted), it ends in the old one.
+    inprocess._arrive(store, "p/2", 1, 9, 90)
+    answers = [(None, True)] * 3 + [(None, False)]
+    assert inprocess._meet(store, "p/2", 0, 2, 10, 100, 30.0, lambda: answers.pop(0)) == ([10, 9], [100, 90])
+
+
 def test_meet_times_out_naming_the_missing(store):
     t0 = time.monotonic()
     with pytest.raises(inprocess.ReformError, match=r"ranks \[1, 2\] did not arrive within 0.3 s"):
-        inprocess._meet(store, "p/1", 0, 3, 10, 100, 0.3, lambda: None)
+        inprocess._meet(store, "p/1", 0, 3, 10, 100, 0.3, lambda: (None, False))
     assert time.monotonic() - t0 < 5
 
 
