@@ -104,6 +104,13 @@ def node_command(kind: str, args, workdir: str, port: int) -> list:
     train = [TRAIN, "--steps", str(steps), "--hidden", "512", "--log-every", "100", *ckpt, "--ckpt-dir",
              os.path.join(workdir, "ckpt"), "--warmup-steps", "0", "--sleep-per-step", "0.1"]
     if kind == "torchrun":
+        if args.fault == "join":
+            # DDP's own all-reduce: after torchrun's rescale the nodes'
+            # TORCHELASTIC_RESTART_COUNT can differ (a node whose worker
+            # failed on the restarted peers counts a restart, the others
+            # do not), and the hook's bootstrap keys in torch's store are
+            # named by it: the ranks waited for each other for good.
+            train += ["--comm-hook", "none"]
         return [args.python, args.torchrun_compat, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
                 "--rdzv_id", "bench", "--nnodes", "2:3", "--nproc_per_node", "1", "--max_restarts", "1", *train]
     extra = ["--spares", "1"] if kind == "in-process" else []
