@@ -60,7 +60,7 @@ func (r *run) recover(ctx context.Context, at *attempt, f *fault.Fault) (done bo
 	}
 	act := decide(f.Severity, restartsLeft, r.faults.Drain() != nil)
 	if at != nil && (act == actNewGeneration || act == actRestart) {
-		at.carry = r.sayNodesChanged(at, act)
+		at.carry = r.decideCarry(at, act)
 	}
 	if f.Severity == fault.Restart && act != actDrain {
 		// Traced either way, with its reason; counted as a restart only
@@ -284,14 +284,14 @@ func (r *run) dropKeys(gen uint64) {
 	})
 }
 
-// sayNodesChanged decides, where spares are kept and the attempt ended
+// decideCarry decides, where spares are kept and the attempt ended
 // for a change of the job's nodes, whether the workers carry on into the
 // next round in process (keepsWorkers; the world file marked moving
 // before the workers are aborted), logs which path it is and why, and
 // reports whether they carry on. The workers' own failure may have
 // ended the attempt first (their store went with a lost node): the
 // round's end says it was the nodes all the same, and they restart.
-func (r *run) sayNodesChanged(at *attempt, act action) bool {
+func (r *run) decideCarry(at *attempt, act action) bool {
 	end := at.r.End()
 	keep, why := keepsWorkers(r.cfg.Spares, at.r.AgentStore, at.r.MasterNode, end)
 	if keep && act == actNewGeneration {

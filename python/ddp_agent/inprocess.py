@@ -40,13 +40,15 @@ as a gloo all-reduce of the loss), or on ``BaseException`` that is not an
 ``Exception`` (KeyboardInterrupt, SystemExit), the error is raised and the
 process exits as it would without this loop.
 
-A node that leaves the job (its agent lost or stopped) keeps the survivors
-too under ``ddp-agent run --spares N``: their agents keep them through the
-rendezvous, and when the next generation has the same store and no new
-node, write their new ranks and the smaller world to the world file, which
-the rendezvous here polls; the survivors re-form in that world, in their
-processes. The script must then read its rank and world size from this
-loop (``rank``, ``world_size``), not from its environment at start.
+A node that leaves the job (its agent lost or stopped) or joins it keeps
+the others' processes too under ``ddp-agent run --spares N``: their agents
+keep them through the rendezvous (the world file marked "moving" holds
+their re-formation meanwhile) and, when the next generation keeps the
+store, write their new ranks and the new world to the world file, which
+the rendezvous here polls; they re-form in that world, in their processes,
+and a new node's workers join them as warm spares do. The script must then
+read its rank and world size from this loop (``rank``, ``world_size``),
+not from its environment at start.
 
 A rank that dies (SIGKILL, OOM) keeps the survivors too when ``ddp-agent
 run --spares N`` keeps warm spares: the agent gives the dead rank to a
@@ -179,7 +181,7 @@ class InProcess:
 
     Attributes:
         rank, world_size: this process's rank and the world's size, which
-            change when ddp-agent moves the workers into a smaller world.
+            change when ddp-agent moves the workers into another world.
         generation: re-formations so far (0 before the first).
         ddp: the current DDP model; ``hook``: its hook.
         reforms: one dict per re-formation: the step that failed and the one
