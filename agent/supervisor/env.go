@@ -23,31 +23,26 @@ type Worker struct {
 // DDP_AGENT_COMM_NOTE_FILE.
 func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, placed map[string]string) []string {
 	set := map[string]string{
-		"LOCAL_RANK":                 strconv.Itoa(w.LocalRank),
-		"RANK":                       strconv.Itoa(w.Rank),
-		"GROUP_RANK":                 strconv.Itoa(s.NodeRank),
-		"ROLE_RANK":                  strconv.Itoa(w.Rank), // one role per job: the role rank is the rank
-		"ROLE_NAME":                  s.Role,
-		"LOCAL_WORLD_SIZE":           strconv.Itoa(s.NProc),
-		"WORLD_SIZE":                 strconv.Itoa(s.WorldSize),
-		"GROUP_WORLD_SIZE":           strconv.Itoa(s.NNodes),
-		"ROLE_WORLD_SIZE":            strconv.Itoa(s.WorldSize),
-		"MASTER_ADDR":                s.MasterAddr,
-		"MASTER_PORT":                strconv.Itoa(s.MasterPort),
-		"TORCHELASTIC_RESTART_COUNT": strconv.Itoa(s.RestartCount),
-		"TORCHELASTIC_MAX_RESTARTS":  strconv.Itoa(s.MaxRestarts),
-		"TORCHELASTIC_RUN_ID":        s.RunID,
+		"LOCAL_RANK":                strconv.Itoa(w.LocalRank),
+		"RANK":                      strconv.Itoa(w.Rank),
+		"ROLE_RANK":                 strconv.Itoa(w.Rank), // one role per job: the role rank is the rank
+		"ROLE_NAME":                 s.Role,
+		"LOCAL_WORLD_SIZE":          strconv.Itoa(s.NProc),
+		"MASTER_ADDR":               s.MasterAddr,
+		"MASTER_PORT":               strconv.Itoa(s.MasterPort),
+		"TORCHELASTIC_MAX_RESTARTS": strconv.Itoa(s.MaxRestarts),
+		"TORCHELASTIC_RUN_ID":       s.RunID,
 		// torchrun hosts the workers' TCPStore in the agent and says so with True;
 		// ddp-agent does with AgentStore (store.go), and otherwise rank 0's
 		// worker hosts it, as with plain env:// init.
 		"TORCHELASTIC_USE_AGENT_STORE": pyBool(s.AgentStore),
 		"TORCHELASTIC_ERROR_FILE":      errorFile,
 		envname.Socket:                 s.ControlSocket,
-		envname.Generation:             strconv.FormatUint(s.Generation, 10),
 		envname.Bootstrap:              s.Bootstrap,
 		// where the shim notes when it closed, and a collective that a peer failed
 		envname.CommNoteFile: noteFile,
 	}
+	maps.Copy(set, worldEnv(s)) // the world's size, the node's rank, the generation
 	if s.VirtualLocalRank {
 		set["LOCAL_RANK"] = "0"
 	}

@@ -49,9 +49,9 @@ func (g *Group) Renumber(w World) map[int]int {
 	return ranks
 }
 
-// worldEnv is the variables of a spec's world that a spare given a rank
-// must have over those it started with: the group may have been
-// renumbered since (Renumber).
+// worldEnv is the variables of a spec's world: every worker's, and what a
+// spare given a rank must have over those it started with, the group
+// having been renumbered since (Renumber).
 func worldEnv(s *Spec) map[string]string {
 	return map[string]string{
 		"WORLD_SIZE":                 strconv.Itoa(s.WorldSize),

@@ -101,9 +101,9 @@ def _warm_torch() -> None:
 def main(argv: List[str]) -> None:
     t0 = time.monotonic()
     module, target, args = _target(argv)
+    if not module:
+        sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python SCRIPT` has it
     if os.environ.pop(_env.JOIN, None):  # a new worker, its rank given at start
-        if not module:
-            sys.path[0] = os.path.dirname(os.path.abspath(target))
         _run(module, target, args, new=True)
         return
     fd = int(os.environ.pop(_env.SPARE_FD))  # not for the script's own children
@@ -111,8 +111,6 @@ def main(argv: List[str]) -> None:
 
     from . import hook, inprocess  # noqa: F401
 
-    if not module:
-        sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python SCRIPT` has it
     _warm_torch()
     n = _warm(_source(module, target))
     print(f"ddp_agent: warm spare ready (pid {os.getpid()}): torch {torch.__version__} and {n} modules of "
