@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,9 +39,10 @@ const worldFileName = "world.json"
 // keepsWorkers is whether this node's workers outlive the round that
 // ended with end, to carry on into the next one in process, and why not:
 // pure. spares: the run keeps warm spares (--spares, which says its
-// script re-forms in process); agentStore and masterNode: the round's
-// workers' store has a process of its own, on node masterNode.
-func keepsWorkers(spares int, agentStore bool, masterNode string, end rdzv.RoundEnd) (bool, string) {
+// script re-forms in process); agentStore: the round's workers' store
+// has a process of its own (on the node that left, too: the next round's
+// group rank 0 serves a new one, and the workers move to it).
+func keepsWorkers(spares int, agentStore bool, end rdzv.RoundEnd) (bool, string) {
 	switch {
 	case spares == 0:
 		return false, ""
@@ -48,30 +50,35 @@ func keepsWorkers(spares int, agentStore bool, masterNode string, end rdzv.Round
 		return false, ""
 	case !agentStore:
 		return false, "rank 0's worker served the workers' store"
-	case end.Node == masterNode:
-		return false, "the node that left served the workers' store"
 	}
 	return true, ""
 }
 
 // carriesOn is whether the workers kept from round old carry on into
-// round next, and why not: pure. They need the same store, its process
-// still running on the same node and port: the round says so (Carry),
-// and then every node that starts workers afresh in it starts them to
-// join the others' re-formation (Spec.Join).
+// round next, and why not: pure. The round must say so (Carry: the last
+// one ran with an agent's store), and then every node that starts
+// workers afresh in it starts them to join the others' re-formation
+// (Spec.Join). Its store is the last round's, or, where the node that
+// served that one left, a new one that its group rank 0 serves
+// (storeMoves).
 func carriesOn(old, next *rdzv.Round) (bool, string) {
 	switch {
 	case next.MasterNode == "":
 		// A round closed by an agent from before MasterNode: which node
 		// serves the store is unknown.
 		return false, "the new generation does not say which node serves the workers' store"
-	case !next.Carry || !next.AgentStore || next.MasterNode != old.MasterNode || next.MasterAddr != old.MasterAddr ||
-		next.MasterPort != old.MasterPort:
-		return false, "the new generation's workers' store is another one"
+	case !next.Carry || !next.AgentStore:
+		return false, "the new generation's workers do not carry on (its store is not an agent's)"
 	case next.NProc != old.NProc:
 		return false, "this node's number of workers changed"
 	}
 	return true, ""
+}
+
+// storeMoves is whether the workers carried from round old into round
+// next change stores: the node that served old's left. Pure.
+func storeMoves(old, next *rdzv.Round) bool {
+	return next.MasterNode != old.MasterNode || next.MasterAddr != old.MasterAddr || next.MasterPort != old.MasterPort
 }
 
 // keptStorePort is the port of the workers' store that kept's workers
@@ -97,6 +104,10 @@ type world struct {
 	GroupRank    int            `json:"group_rank"`
 	NNodes       int            `json:"nnodes"`
 	Ranks        map[string]int `json:"ranks,omitempty"` // pid -> rank
+	// The workers' store, MASTER_ADDR:MASTER_PORT: a worker whose store
+	// is another one connects to this one.
+	MasterAddr string `json:"master_addr,omitempty"`
+	MasterPort int    `json:"master_port,omitempty"`
 }
 
 // carryOn moves the workers kept from attempt kept into round rd, as
@@ -109,9 +120,7 @@ func (r *run) carryOn(ctx context.Context, kept *attempt, rd *rdzv.Round, n int)
 	}
 	at := &attempt{n: n, gen: rd.Generation, r: rd, g: kept.g, dir: kept.dir, started: time.Now()}
 	if ok {
-		ranks := at.g.Renumber(supervisor.World{Generation: rd.Generation, RankOffset: rd.RankOffset, WorldSize: rd.WorldSize,
-			NodeRank: rd.GroupRank, NNodes: rd.NNodes, RestartCount: rd.Restarts})
-		if err := writeWorld(r.worldFile(), newWorld(rd, ranks)); err != nil {
+		if err := r.move(at.g, kept.r, rd); err != nil {
 			ok, why = false, err.Error()
 		}
 	}
@@ -129,8 +138,30 @@ func (r *run) carryOn(ctx context.Context, kept *attempt, rd *rdzv.Round, n int)
 	r.setGroup(at.g, rd.RankOffset)
 	r.observe(ctx, at)
 	r.log.Info("workers carry on in process into the new generation", "attempt", n, "generation", at.gen,
-		"group_rank", rd.GroupRank, "nnodes", rd.NNodes, "world_size", rd.WorldSize, "pids", at.g.PIDs())
+		"group_rank", rd.GroupRank, "nnodes", rd.NNodes, "world_size", rd.WorldSize, "pids", at.g.PIDs(),
+		"store", net.JoinHostPort(rd.MasterAddr, strconv.Itoa(rd.MasterPort)), "store_moved", storeMoves(kept.r, rd))
 	return at
+}
+
+// move renumbers group g, kept from round old, into round rd, starts the
+// workers' new store where this node serves it, and tells the workers
+// through the world file.
+func (r *run) move(g *supervisor.Group, old, rd *rdzv.Round) error {
+	ranks := g.Renumber(supervisor.World{Generation: rd.Generation, RankOffset: rd.RankOffset, WorldSize: rd.WorldSize,
+		NodeRank: rd.GroupRank, NNodes: rd.NNodes, RestartCount: rd.Restarts, MasterAddr: rd.MasterAddr,
+		MasterPort: rd.MasterPort})
+	// The store before the world file: the workers connect to it once
+	// they read the file (and retry until it listens).
+	started, err := g.ServeStore()
+	if err != nil {
+		return err
+	}
+	if started {
+		r.log.Warn("warm spares: the node that served the workers' store left; this node serves the new generation's",
+			"generation", rd.Generation, "old", net.JoinHostPort(old.MasterAddr, strconv.Itoa(old.MasterPort)),
+			"new", net.JoinHostPort(rd.MasterAddr, strconv.Itoa(rd.MasterPort)))
+	}
+	return writeWorld(r.worldFile(), newWorld(rd, ranks))
 }
 
 // worldFile is the path of the run's world file (DDP_AGENT_WORLD_FILE).
@@ -139,7 +170,7 @@ func (r *run) worldFile() string { return filepath.Join(r.runDir, worldFileName)
 // newWorld is the world of round rd, whose workers are ranks by pid.
 func newWorld(rd *rdzv.Round, ranks map[int]int) world {
 	w := world{Generation: rd.Generation, RestartCount: rd.Restarts, WorldSize: rd.WorldSize, GroupRank: rd.GroupRank,
-		NNodes: rd.NNodes, Ranks: make(map[string]int, len(ranks))}
+		NNodes: rd.NNodes, Ranks: make(map[string]int, len(ranks)), MasterAddr: rd.MasterAddr, MasterPort: rd.MasterPort}
 	for pid, rank := range ranks {
 		w.Ranks[strconv.Itoa(pid)] = rank
 	}

@@ -26,10 +26,10 @@ func TestKeepsWorkers(t *testing.T) {
 		{"a node joined", 1, true, rdzv.RoundEnd{Kind: rdzv.EndNodeJoined, Node: "d"}, true, ""},
 		{"a worker's fault", 1, true, rdzv.RoundEnd{Kind: rdzv.EndRestart, Node: "b"}, false, ""},
 		{"rank 0's store", 1, false, lost("c"), false, "rank 0's worker served the workers' store"},
-		{"the store's node lost", 1, true, lost("a"), false, "the node that left served the workers' store"},
+		{"the store's node lost", 1, true, lost("a"), true, ""},
 	}
 	for _, tc := range tests {
-		keep, why := keepsWorkers(tc.spares, tc.agentStore, "a", tc.end)
+		keep, why := keepsWorkers(tc.spares, tc.agentStore, tc.end)
 		if keep != tc.keep || (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
 			t.Errorf("%s: got %v %q, want %v %q", tc.name, keep, why, tc.keep, tc.why)
 		}
@@ -44,10 +44,10 @@ func TestCarriesOn(t *testing.T) {
 		why  string // "" when they carry on
 	}{
 		{"shrunk", func(r *rdzv.Round) { r.WorldSize, r.RankOffset = 4, 2 }, ""},
-		{"not a round to carry on into", func(r *rdzv.Round) { r.Carry = false }, "store is another one"},
-		{"another store node", func(r *rdzv.Round) { r.MasterNode = "b" }, "store is another one"},
-		{"another store port", func(r *rdzv.Round) { r.MasterPort = 29501 }, "store is another one"},
-		{"rank 0's store", func(r *rdzv.Round) { r.AgentStore = false }, "store is another one"},
+		{"not a round to carry on into", func(r *rdzv.Round) { r.Carry = false }, "do not carry on"},
+		{"another store node", func(r *rdzv.Round) { r.MasterNode = "b" }, ""},
+		{"another store port", func(r *rdzv.Round) { r.MasterPort = 29501 }, ""},
+		{"rank 0's store", func(r *rdzv.Round) { r.AgentStore = false }, "not an agent's"},
 		{"an older leader", func(r *rdzv.Round) { r.MasterNode = "" }, "does not say which node"},
 		{"other nproc", func(r *rdzv.Round) { r.NProc = 4 }, "number of workers changed"},
 	}
@@ -58,6 +58,23 @@ func TestCarriesOn(t *testing.T) {
 		ok, why := carriesOn(&old, &next)
 		if ok != (tc.why == "") || !strings.Contains(why, tc.why) {
 			t.Errorf("%s: got %v %q, want %q", tc.name, ok, why, tc.why)
+		}
+	}
+}
+
+func TestStoreMoves(t *testing.T) {
+	old := &rdzv.Round{MasterNode: "a", MasterAddr: "10.0.0.1", MasterPort: 29500}
+	for _, tc := range []struct {
+		name string
+		next *rdzv.Round
+		want bool
+	}{
+		{"the same store", &rdzv.Round{MasterNode: "a", MasterAddr: "10.0.0.1", MasterPort: 29500}, false},
+		{"another node", &rdzv.Round{MasterNode: "b", MasterAddr: "10.0.0.2", MasterPort: 29500}, true},
+		{"another port", &rdzv.Round{MasterNode: "a", MasterAddr: "10.0.0.1", MasterPort: 29501}, true},
+	} {
+		if got := storeMoves(old, tc.next); got != tc.want {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

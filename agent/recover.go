@@ -293,7 +293,7 @@ func (r *run) dropKeys(gen uint64) {
 // round's end says it was the nodes all the same, and they restart.
 func (r *run) decideCarry(at *attempt, act action) bool {
 	end := at.r.End()
-	keep, why := keepsWorkers(r.cfg.Spares, at.r.AgentStore, at.r.MasterNode, end)
+	keep, why := keepsWorkers(r.cfg.Spares, at.r.AgentStore, end)
 	if keep && act == actNewGeneration {
 		// Before the workers are aborted: their re-formation, which the
 		// abort starts, must hold for the next generation's world.

@@ -187,21 +187,63 @@ func TestWarmSpareHangOnAnotherNode(t *testing.T) {
 // (docs/in-process.md, limits).
 func TestLostNodeShrinksInProcess(t *testing.T) {
 	budget(t, 80*time.Second)
+	shrinkInProcess(t, false)
+}
+
+// TestLostStoreNodeShrinksInProcess: the same with the node lost that
+// serves the workers' store (group rank 0's, the first host, whose agent
+// also started the rendezvous store). The survivors' workers find their
+// store gone in their re-formation and wait for the world file; the
+// survivor that becomes group rank 0 starts a new store, and the world
+// file moves every worker to it, in process.
+func TestLostStoreNodeShrinksInProcess(t *testing.T) {
+	budget(t, 80*time.Second)
+	a, b := shrinkInProcess(t, true)
+	errs := a.stderr.String() + b.stderr.String()
+	if n := strings.Count(errs, `msg="warm spares: the node that served the workers' store left; this node serves the new generation's"`); n != 1 {
+		t.Fatalf("%d survivors started the new generation's store, want 1\n%s\n----\n%s", n, a.logs(), b.logs())
+	}
+	if n := strings.Count(errs, "moved to the workers' new store at 127.0.0.1:"); n != 4 {
+		t.Fatalf("%d workers moved to the new store, want the 4 survivors\n%s\n----\n%s", n, a.logs(), b.logs())
+	}
+}
+
+// shrinkInProcess runs three nodes of two workers under --spares 1 and
+// SIGKILLs one agent once every rank completed step 10: the one serving
+// the workers' store (store), or another. It checks that the other two
+// carried their workers into the world of 4 in process (checkCarried),
+// retried at most the step in progress, and finished within a loose
+// bound; it returns the two.
+func shrinkInProcess(t *testing.T, store bool) (*agentRun, *agentRun) {
 	j, steps := carryJob(t, "1:3", 30)
 	all := []*agentRun{j.startHost(), j.start(), j.start()}
 	logs := func() string { return all[0].logs() + "\n----\n" + all[1].logs() + "\n----\n" + all[2].logs() }
 	waitFor(t, 2*time.Minute, func() bool { return lastStep(steps, 6) >= 10 }, logs)
 	checkWorld(t, 6, all...)
-	// The victim is whichever of the two later agents does not serve the
-	// workers' store (group rank 0's agent does).
-	victim, other := all[2], all[1]
-	if strings.Contains(victim.stderr.String(), `msg="job store started"`) {
-		victim, other = other, victim
+	// Group rank 0's agent serves the workers' store.
+	var victim *agentRun
+	var others []*agentRun
+	for _, a := range all {
+		if serves := strings.Contains(a.stderr.String(), `msg="job store started"`); serves == store && victim == nil {
+			victim = a
+		} else {
+			others = append(others, a)
+		}
+	}
+	if victim == nil || len(others) != 2 {
+		t.Fatalf("no agent to kill (store %v)\n%s", store, logs())
+	}
+	if victim == all[0] {
+		// The first host started the rendezvous store: wait for it to have
+		// its three members, as it does within seconds of the agents' start.
+		waitFor(t, 30*time.Second, func() bool {
+			return strings.Count(all[1].stderr.String()+all[2].stderr.String(), "joined the rendezvous store as a member") == 2
+		}, logs)
 	}
 	done := lastStep(steps, 6) // every rank completed it before the kill
 	hit := time.Now()
 	victim.cmd.Process.Signal(syscall.SIGKILL)
-	a, b := all[0], other
+	a, b := others[0], others[1]
 	waitAll(t, 3*time.Minute, a, b)
 	logs = func() string { return a.logs() + "\n----\n" + b.logs() }
 	checkCarried(t, []*agentRun{a, b}, []*agentRun{a, b}, 30, 4, logs)
@@ -222,6 +264,7 @@ func TestLostNodeShrinksInProcess(t *testing.T) {
 	} else {
 		t.Logf("the SIGKILL to a step completed by every rank of the world of 4: %v", at.Sub(hit).Round(time.Millisecond))
 	}
+	return a, b
 }
 
 // carryJob is a job of nnodes nodes under --spares 1 whose train.py

@@ -287,29 +287,6 @@ func TestLostStoreHostSIGKILL(t *testing.T) {
 	})
 }
 
-// TestLostStoreHostWithSpares: the same under --spares 1 with
-// train.py --in-process, where the first node also serves the workers'
-// store. A lost node is not re-formed around in process yet: the agents
-// restart their workers and say why (the nodes changed, or, when a
-// worker's exit was decided before the round ended, that no spare takes
-// a worker that gave up), and the node that becomes group rank 0 serves
-// the new generation's store.
-func TestLostStoreHostWithSpares(t *testing.T) {
-	budget(t, 80*time.Second)
-	survivors := lostNodeWithin(t, "store host SIGKILL under --spares", 0, 20*time.Second, func(a *agentRun) {
-		a.cmd.Process.Signal(syscall.SIGKILL)
-	}, true)
-	logs := survivors[0].logs() + "\n----\n" + survivors[1].logs()
-	errs := survivors[0].stderr.String() + survivors[1].stderr.String()
-	if !strings.Contains(errs, `msg="warm spares: a change of the job's nodes restarts the workers, as without spares" component=ddp-agent why="the node that left served the workers' store"`) &&
-		!strings.Contains(errs, `msg="worker failed: no warm spare takes its rank, it exited with code 1, not killed by a signal"`) {
-		t.Fatalf("the survivors did not say why the workers restart\n%s", logs)
-	}
-	if n := strings.Count(errs, `msg="job store started"`); n < 1 {
-		t.Fatalf("no survivor served the new generation's workers' store\n%s", logs)
-	}
-}
-
 // TestLostNodeSIGSTOP: a frozen agent's connections stay open, and its
 // store member answers nothing. Its lease TTL is 3 s; re-forming took
 // 11.9-12.3 s while the survivors' watches and keep-alives waited on the

@@ -127,22 +127,25 @@ func runningState(st State, members []Member, master JoinInfo, membersKey, assig
 	next.MasterPort = master.MasterPort
 	next.AgentStore = master.AgentStore
 	next.MasterNode = members[0].Node
-	next.Carry = carries(st, members[0].Node, master)
+	next.Carry = carries(st, master)
 	next.LastStore = ""
 	return next
 }
 
 // carries is whether the workers of the last round carry on into the
-// round that st's members close with group rank 0 on node master0, whose
-// join is master: the job's nodes changed, and the store is the last
-// round's.
-func carries(st State, master0 string, master JoinInfo) bool {
+// round that st's members close, whose group rank 0 joined with master:
+// the job's nodes changed, the last round ran with an agent's store, and
+// this one's has an agent's too. That is the last round's store where its
+// node stayed (its agent offers the same port, OfferStore), and else a
+// new one on the new group rank 0, which the workers move to
+// (agent/keep.go).
+func carries(st State, master JoinInfo) bool {
 	switch st.End.Kind {
 	case EndNodeLost, EndNodeLeft, EndNodeJoined:
 	default:
 		return false
 	}
-	return master.AgentStore && st.LastStore != "" && st.LastStore == storeID(master0, master.MasterPort)
+	return master.AgentStore && st.LastStore != ""
 }
 
 // storeID names a workers' store served by the agent of node on port.

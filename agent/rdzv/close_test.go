@@ -156,8 +156,9 @@ func TestRunningState(t *testing.T) {
 }
 
 // TestCarries: the workers carry on into a round after a change of the
-// job's nodes, when the store is the last round's: the same node, serving
-// it on the same port.
+// job's nodes, where the last round ran with an agent's store and this
+// one's agent serves one too: the same store, or a new one where the
+// store's node left.
 func TestCarries(t *testing.T) {
 	st := func(kind EndKind, last string) State {
 		return State{End: RoundEnd{Kind: kind, Node: "x"}, LastStore: last}
@@ -166,20 +167,19 @@ func TestCarries(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		st     State
-		node   string
 		master JoinInfo
 		want   bool
 	}{
-		{"a node lost", st(EndNodeLost, "a:4000"), "a", master, true},
-		{"a node left", st(EndNodeLeft, "a:4000"), "a", master, true},
-		{"a node joined", st(EndNodeJoined, "a:4000"), "a", master, true},
-		{"a worker's fault", st(EndRestart, "a:4000"), "a", master, false},
-		{"another node serves it", st(EndNodeLost, "a:4000"), "b", master, false},
-		{"another port", st(EndNodeLost, "a:4000"), "a", JoinInfo{Node: "a", MasterPort: 4001, AgentStore: true}, false},
-		{"no store of the agent's before", st(EndNodeLost, ""), "a", master, false},
-		{"rank 0's worker serves it now", st(EndNodeLost, "a:4000"), "a", JoinInfo{Node: "a", MasterPort: 4000}, false},
+		{"a node lost", st(EndNodeLost, "a:4000"), master, true},
+		{"a node left", st(EndNodeLeft, "a:4000"), master, true},
+		{"a node joined", st(EndNodeJoined, "a:4000"), master, true},
+		{"a worker's fault", st(EndRestart, "a:4000"), master, false},
+		{"the store's node lost: another serves a new one", st(EndNodeLost, "x:4000"),
+			JoinInfo{Node: "b", MasterPort: 4001, AgentStore: true}, true},
+		{"no store of the agent's before", st(EndNodeLost, ""), master, false},
+		{"rank 0's worker serves it now", st(EndNodeLost, "a:4000"), JoinInfo{Node: "a", MasterPort: 4000}, false},
 	} {
-		if got := carries(tc.st, tc.node, tc.master); got != tc.want {
+		if got := carries(tc.st, tc.master); got != tc.want {
 			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -147,9 +147,10 @@ type State struct {
 	// Carry: the workers of the last round may carry on into this one in
 	// their processes (agent/keep.go), and new workers join them there:
 	// the job's nodes changed (one lost, left or joined, no worker's
-	// fault) and the workers' store is the last round's, served by its
-	// agent on the same node and port. LastStore is that store while the
-	// round is open ("node:port"; "" when its agent served none).
+	// fault), and both rounds' workers' stores are served by agents (the
+	// same store where its node stayed). LastStore is the last round's
+	// store while this one is open ("node:port"; "" when no agent served
+	// it, or it never ran).
 	Carry     bool   `json:"carry,omitempty"`
 	LastStore string `json:"last_store,omitempty"`
 }

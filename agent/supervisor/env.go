@@ -28,8 +28,6 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, pla
 		"ROLE_RANK":                 strconv.Itoa(w.Rank), // one role per job: the role rank is the rank
 		"ROLE_NAME":                 s.Role,
 		"LOCAL_WORLD_SIZE":          strconv.Itoa(s.NProc),
-		"MASTER_ADDR":               s.MasterAddr,
-		"MASTER_PORT":               strconv.Itoa(s.MasterPort),
 		"TORCHELASTIC_MAX_RESTARTS": strconv.Itoa(s.MaxRestarts),
 		"TORCHELASTIC_RUN_ID":       s.RunID,
 		// torchrun hosts the workers' TCPStore in the agent and says so with True;
@@ -42,7 +40,7 @@ func workerEnv(base []string, s *Spec, w Worker, errorFile, noteFile string, pla
 		// where the shim notes when it closed, and a collective that a peer failed
 		envname.CommNoteFile: noteFile,
 	}
-	maps.Copy(set, worldEnv(s)) // the world's size, the node's rank, the generation
+	maps.Copy(set, worldEnv(s)) // the world's size, the node's rank, the generation, the store
 	if s.VirtualLocalRank {
 		set["LOCAL_RANK"] = "0"
 	}

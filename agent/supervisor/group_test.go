@@ -116,8 +116,8 @@ func helper(mode string) {
 		}
 	case "spare": // a warm spare: reads its assignment on fd 3 and says what it got
 		spareHelper()
-	case "store": // store, store:die: as the job's store or as a worker (store_test.go)
-		storeHelper(rank, arg == "die")
+	case "store": // store, store:die, store:stay: as the job's store or as a worker (store_test.go)
+		storeHelper(rank, arg)
 	}
 }
 

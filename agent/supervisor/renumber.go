@@ -9,7 +9,8 @@ import (
 // World is what a new generation changes in a group that carries on into
 // it without restarting (agent/keep.go): a node was lost, the survivors'
 // workers keep their processes, and their ranks, the world's size and the
-// generation move.
+// generation move; the workers' store too, where the lost node served it
+// (ServeStore).
 type World struct {
 	Generation   uint64
 	RankOffset   int
@@ -17,6 +18,8 @@ type World struct {
 	NodeRank     int
 	NNodes       int
 	RestartCount int
+	MasterAddr   string
+	MasterPort   int
 }
 
 // Renumber moves the group into world w. Every worker, a spare that took
@@ -33,6 +36,7 @@ func (g *Group) Renumber(w World) map[int]int {
 	spec := *g.spec
 	spec.Generation, spec.RankOffset, spec.WorldSize = w.Generation, w.RankOffset, w.WorldSize
 	spec.NodeRank, spec.NNodes, spec.RestartCount = w.NodeRank, w.NNodes, w.RestartCount
+	spec.MasterAddr, spec.MasterPort = w.MasterAddr, w.MasterPort
 	g.spec = &spec
 	ranks := make(map[int]int, len(g.workers))
 	for _, wk := range g.workers {
@@ -54,6 +58,8 @@ func (g *Group) Renumber(w World) map[int]int {
 // having been renumbered since (Renumber).
 func worldEnv(s *Spec) map[string]string {
 	return map[string]string{
+		"MASTER_ADDR":                s.MasterAddr,
+		"MASTER_PORT":                strconv.Itoa(s.MasterPort),
 		"WORLD_SIZE":                 strconv.Itoa(s.WorldSize),
 		"ROLE_WORLD_SIZE":            strconv.Itoa(s.WorldSize),
 		"GROUP_RANK":                 strconv.Itoa(s.NodeRank),

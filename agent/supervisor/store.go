@@ -64,6 +64,24 @@ func (g *Group) startStore() error {
 	return nil
 }
 
+// ServeStore starts the job's store for a group that carries on into a
+// generation where it hosts it (Renumber into node rank 0, AgentStore)
+// and does not serve it yet: the node that served the last generation's
+// was lost, and the workers move to this one (agent/keep.go). It reports
+// whether it started one. Call it between Waits, from Wait's goroutine.
+func (g *Group) ServeStore() (bool, error) {
+	g.mu.Lock()
+	serving, hosts := g.store != nil, g.spec.hostsStore()
+	g.mu.Unlock()
+	if serving || !hosts {
+		return false, nil
+	}
+	if err := g.startStore(); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // storeExited routes the store's exit: to Wait while the attempt runs, as
 // a fault of its own; nowhere once it is over (Stop, success).
 func (g *Group) storeExited(w *worker) {

@@ -14,8 +14,9 @@ import (
 // storeHelper is the test binary as the job's store (no RANK): it says so
 // and serves until killed, or, with die, fails at once as a store that
 // cannot bind would; and as a worker: it says what it was told and exits
-// 0, or, with die, runs on (the store's death must end it).
-func storeHelper(rank int, die bool) {
+// 0, or, with die or stay, runs on (the store's death must end it).
+func storeHelper(rank int, arg string) {
+	die := arg == "die"
 	agentStore := os.Getenv("TORCHELASTIC_USE_AGENT_STORE")
 	if _, ok := os.LookupEnv("RANK"); !ok {
 		fmt.Printf("store up pid=%d USE_AGENT_STORE=%s port=%s\n", os.Getpid(), agentStore, os.Getenv("MASTER_PORT"))
@@ -27,7 +28,7 @@ func storeHelper(rank int, die bool) {
 		return
 	}
 	fmt.Printf("worker rank %d USE_AGENT_STORE=%s\n", rank, agentStore)
-	if die {
+	if die || arg == "stay" {
 		time.Sleep(time.Minute)
 	}
 }
@@ -122,5 +123,29 @@ func TestStopEndsStore(t *testing.T) {
 	case <-st.done:
 	default:
 		t.Fatalf("the store (pid %d) runs after Stop\n%s", st.pid, out)
+	}
+}
+
+// TestServeStoreAfterRenumber: a group that carries on into node rank 0
+// where it was not (the store's node was lost) starts the new store, on
+// the new world's port, once; a group still elsewhere starts none.
+func TestServeStoreAfterRenumber(t *testing.T) {
+	spec, out := storeSpec(t, "store:stay", 1)
+	g := start(t, spec)
+	defer g.Stop(syscall.SIGTERM, time.Second)
+	g.Renumber(World{Generation: 2, RankOffset: 2, WorldSize: 4, NodeRank: 1, NNodes: 2, MasterAddr: "127.0.0.1", MasterPort: 29600})
+	if started, err := g.ServeStore(); started || err != nil {
+		t.Fatalf("ServeStore at node rank 1: got %v, %v; want no store", started, err)
+	}
+	g.Renumber(World{Generation: 3, WorldSize: 2, NodeRank: 0, NNodes: 1, MasterAddr: "127.0.0.1", MasterPort: 29601})
+	if started, err := g.ServeStore(); !started || err != nil {
+		t.Fatalf("ServeStore at node rank 0: got %v, %v; want the store started", started, err)
+	}
+	waitFor(t, func() bool { return strings.Contains(out.String(), "[store]:store up") })
+	if !strings.Contains(out.String(), "USE_AGENT_STORE=True port=29601") {
+		t.Errorf("the store serves another port than the new world's 29601\n%s", out)
+	}
+	if started, err := g.ServeStore(); started || err != nil {
+		t.Errorf("ServeStore again: got %v, %v; want the store it serves", started, err)
 	}
 }

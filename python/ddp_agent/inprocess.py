@@ -60,10 +60,12 @@ the agent restarts every worker (docs/in-process.md).
 """
 
 import datetime
+import gc
 import json
 import logging
 import os
 import pickle
+import socket
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -379,20 +381,55 @@ class InProcess:
         while True:
             prefix = f"{self._prefix}/{index}"
             store = self._store
-            # For a warm spare that takes a dead rank (_join): the name of the
-            # next hook. Every rank has registered as many.
-            store.set(f"{prefix}/registrations", str(hook_module._registrations))
             moved = None if not path else (lambda: _world_news(path))
             try:
+                # For a warm spare that takes a dead rank (_join): the name of
+                # the next hook. Every rank has registered as many.
+                store.set(f"{prefix}/registrations", str(hook_module._registrations))
                 completed, hook_steps = _meet(store, prefix, self.rank, self.world_size, self._completed, hook_step,
                                               self.timeout, moved)
                 return index, completed, hook_steps
             except _WorldChanged as w:
                 self._adopt(w.world)
                 index = 1
-            except ReformError as e:
-                raise ReformError(f"rank {self.rank}: re-formation {index} after step {step} failed: {e}; "
-                                  "falling back to a process restart") from err
+            except Exception as e:
+                if not path or _store_alive(store, prefix):
+                    raise ReformError(f"rank {self.rank}: re-formation {index} after step {step} failed: {e}; "
+                                      "falling back to a process restart") from err
+                lost = _first_line(e)
+            # The store's node is gone: ddp-agent moves the workers into a
+            # world whose store another node serves.
+            store = None
+            self._drop_store()
+            self._adopt(self._await_world(path, lost))
+            index = 1
+
+    def _drop_store(self) -> None:
+        """Lets go of every client of the lost store: the process group's, the job's, the one kept from the start.
+
+        torch 1.13's TCPStore client runs a thread that polls its socket
+        and, once the server is gone, spins on the hung-up socket: each
+        took a fifth of a core on the 2-core VM, and the survivors' clients
+        slowed the new store's start (its import of torch) from 1 s to 6-8.
+        """
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._store = self._keep = None
+        gc.collect()  # the clients' threads end with them
+
+    def _await_world(self, path: str, lost: str) -> Dict[str, Any]:
+        """Waits, up to timeout, for the world file to name the world that ddp-agent moves the workers into
+        after their store was lost with its node; raises ReformError if it does not."""
+        deadline = time.monotonic() + self.timeout
+        log.warning("ddp_agent: rank %d lost the workers' store (%s); waiting for ddp-agent to move the workers",
+                    self.rank, lost)
+        while time.monotonic() < deadline:
+            world, _ = _world_news(path)
+            if world is not None:
+                return world
+            time.sleep(_POLL)
+        raise ReformError(f"rank {self.rank}: the workers' store is gone ({lost}) and ddp-agent moved the workers into "
+                          f"no new world within {self.timeout:g} s; falling back to a process restart")
 
     def _adopt(self, world: Dict[str, Any]) -> None:
         """Becomes the rank that ddp-agent's world file gives this process, in the file's world and generation.
@@ -407,6 +444,15 @@ class InProcess:
                               f"without this process (pid {os.getpid()})")
         old = self.rank, self.world_size
         size = int(world["world_size"])
+        addr, port = world.get("master_addr"), world.get("master_port")
+        if addr and port and (addr, str(port)) != (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")):
+            # The node that served the store left: another serves a new one.
+            t0 = time.monotonic()
+            _await_listener(addr, int(port), self.timeout)
+            self._store = dist.TCPStore(addr, int(port), None, False, _timedelta(self.timeout))
+            os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port)})
+            log.warning("ddp_agent: rank %d moved to the workers' new store at %s:%s (it listened after %.1f ms)",
+                        self.rank, addr, port, _ms(t0))
         os.environ.update({"RANK": str(rank), "ROLE_RANK": str(rank), "WORLD_SIZE": str(size),
                            "ROLE_WORLD_SIZE": str(size), "GROUP_RANK": str(world["group_rank"]),
                            "GROUP_WORLD_SIZE": str(world["nnodes"]),
@@ -418,7 +464,8 @@ class InProcess:
                     "nodes changed)", old[0], old[1], self.rank, self.world_size, world["generation"])
 
     def _new_group(self, gen: int) -> None:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # not after the store was lost (_drop_store)
+            dist.destroy_process_group()
         dist.init_process_group(self.backend, store=_group_store(self._store, self._prefix, gen), rank=self.rank,
                                 world_size=self.world_size,
                                 timeout=_timedelta(max(self.timeout, 60.0)))
@@ -542,6 +589,8 @@ def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, h
     except _WorldChanged:
         raise
     except Exception as e:
+        if not _store_alive(store, prefix):
+            raise ReformError(f"the workers' store failed ({e})") from e
         missing = [r for r in range(world_size) if not _arrived(store, prefix, r)]
         raise ReformError(f"ranks {missing} did not arrive within {timeout:g} s ({e})") from e
     pairs = [bytes(store.get(k)).decode().split() for k in keys]
@@ -565,6 +614,33 @@ def _continue_steps(hook: Any, step: int) -> None:
         schedule.step = step
 
 
+def _await_listener(addr: str, port: int, timeout: float) -> None:
+    """Waits until addr:port accepts a connection, polling, up to timeout.
+
+    A new store's process may still be starting (importing torch). torch's
+    client retries a refused connection too, but a second or more apart:
+    seconds of a re-formation, where this sees the listener within _POLL.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, min(1.0, deadline - time.monotonic()))).close()
+            return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise ReformError(f"the workers' new store at {addr}:{port} did not listen within {timeout:g} s ({e})") from e
+            time.sleep(_POLL)
+
+
+def _store_alive(store: Any, prefix: str) -> bool:
+    """Whether the store still answers (a store whose process died fails every call at once)."""
+    try:
+        store.add(f"{prefix}/arrived", 0)
+        return True
+    except Exception:
+        return False
+
+
 def _arrived(store: Any, prefix: str, rank: int) -> bool:
     return store.add(f"{prefix}/in{rank}", 0) > 0
 
@@ -583,9 +659,11 @@ def _world_news(path: str) -> Tuple[Optional[Dict[str, Any]], bool]:
     except (OSError, ValueError):  # none yet; it is replaced whole, never written in place
         return None, False
     gen, own = int(world.get("generation", -1)), int(os.environ.get(_env.GENERATION) or 0)
-    if gen > own:
-        return world, False
-    return None, gen == own and bool(world.get("moving"))
+    if world.get("moving"):
+        # A later generation's mark too: the agent moved on before this
+        # process read the world it was moved into; the next one follows.
+        return None, gen >= own
+    return (world, False) if gen > own else (None, False)
 
 
 def _first_line(err: BaseException) -> str:

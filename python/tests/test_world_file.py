@@ -10,6 +10,8 @@ import datetime
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -46,6 +48,8 @@ def test_world_news(tmp_path, monkeypatch):
     assert inprocess._world_news(str(path)) == (None, False)  # this process's own generation
     write(path, generation=2, moving=True)
     assert inprocess._world_news(str(path)) == (None, True)  # the agent moves it: hold
+    write(path, generation=3, moving=True)
+    assert inprocess._world_news(str(path)) == (None, True)  # moved on again before this process read it: hold
     write(path, generation=3, world_size=4, ranks={"7": 1})
     world, hold = inprocess._world_news(str(path))
     assert world["ranks"] == {"7": 1} and not hold
@@ -109,3 +113,86 @@ def test_adopt(monkeypatch):
     assert loop._prefix == "ddp_agent/inprocess/restart_1/generation_4"
     with pytest.raises(inprocess.ReformError, match="without this process"):
         loop._adopt({"generation": 5, "restart_count": 1, "world_size": 2, "group_rank": 0, "nnodes": 1, "ranks": {}})
+
+
+def test_adopt_moves_to_the_new_store(monkeypatch, store):
+    """A world whose store another node serves (the store's node was lost): the process becomes its client."""
+    old = dist.TCPStore("127.0.0.1", free_port(), None, True, datetime.timedelta(seconds=10))
+    for k in ("RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+              "TORCHELASTIC_RESTART_COUNT", _env.GENERATION):
+        monkeypatch.setenv(k, "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(old.port))
+    loop = inprocess.InProcess.__new__(inprocess.InProcess)
+    loop.rank, loop.world_size, loop.timeout, loop._store = 1, 3, 10.0, old
+    world = {"generation": 2, "restart_count": 0, "world_size": 2, "group_rank": 0, "nnodes": 1,
+             "ranks": {str(os.getpid()): 0}, "master_addr": "127.0.0.1", "master_port": store.port}
+    loop._adopt(world)
+    store.set("mark", "new store")
+    assert bytes(loop._store.get("mark")) == b"new store"
+    assert os.environ["MASTER_PORT"] == str(store.port)
+    kept = loop._store
+    loop._adopt(dict(world, generation=3))  # the same store: the same client
+    assert loop._store is kept
+
+
+def test_rendezvous_after_the_store_died(tmp_path, monkeypatch, store):
+    """The store's process dies mid-rendezvous (its node was lost): the rank waits for the world file, moves to
+    the new store it names and meets there."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", "import datetime, sys, time, torch.distributed as d; "
+                               f"s = d.TCPStore('127.0.0.1', {port}, None, True, datetime.timedelta(seconds=10)); "
+                               "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "up"
+        for k in ("RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                  "TORCHELASTIC_RESTART_COUNT", _env.GENERATION):
+            monkeypatch.setenv(k, "0")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        path = tmp_path / "world.json"
+        monkeypatch.setenv(_env.WORLD_FILE, str(path))
+        loop = inprocess.InProcess.__new__(inprocess.InProcess)
+        loop.rank, loop.world_size, loop.timeout, loop._index, loop._completed = 2, 3, 20.0, 0, 41
+        loop._store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=10))
+        loop._prefix = inprocess._prefix()
+        server.kill()
+        server.wait()
+
+        def agent():
+            time.sleep(0.5)
+            write(path, generation=1, moving=True)
+            time.sleep(0.5)
+            write(path, generation=2, restart_count=0, world_size=1, group_rank=0, nnodes=1,
+                  ranks={str(os.getpid()): 0}, master_addr="127.0.0.1", master_port=store.port)
+
+        threading.Thread(target=agent).start()
+        index, completed, hooks = loop._rendezvous(42, RuntimeError("peer failed"), 7)
+        assert (index, completed, hooks) == (1, [41], [7])
+        assert (loop.rank, loop.world_size) == (0, 1)
+    finally:
+        server.kill()
+
+
+def test_rendezvous_store_lost_and_no_world(tmp_path, monkeypatch):
+    """The store is gone and ddp-agent moves the workers nowhere: ReformError within timeout (a process restart)."""
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10))
+    monkeypatch.setenv(_env.WORLD_FILE, str(tmp_path / "world.json"))
+    monkeypatch.setenv(_env.GENERATION, "1")
+    loop = inprocess.InProcess.__new__(inprocess.InProcess)
+    loop.rank, loop.world_size, loop.timeout, loop._index, loop._completed = 0, 2, 0.5, 0, 3
+    loop._prefix = "p"
+
+    class Dead:
+        def set(self, *a):
+            raise RuntimeError("Connection reset by peer")
+
+        add = set
+
+    loop._store, loop._keep = Dead(), None
+    t0 = time.monotonic()
+    with pytest.raises(inprocess.ReformError, match="store is gone .* into no new world within 0.5 s"):
+        loop._rendezvous(4, RuntimeError("peer failed"), 0)
+    assert time.monotonic() - t0 < 5
+    del server
