@@ -120,7 +120,7 @@ func (r *run) carryOn(ctx context.Context, kept *attempt, rd *rdzv.Round, n int)
 	}
 	at := &attempt{n: n, gen: rd.Generation, r: rd, g: kept.g, dir: kept.dir, started: time.Now()}
 	if ok {
-		if err := r.move(at.g, kept.r, rd); err != nil {
+		if err := r.move(at, kept.r); err != nil {
 			ok, why = false, err.Error()
 		}
 	}
@@ -143,23 +143,27 @@ func (r *run) carryOn(ctx context.Context, kept *attempt, rd *rdzv.Round, n int)
 	return at
 }
 
-// move renumbers group g, kept from round old, into round rd, starts the
-// workers' new store where this node serves it, and tells the workers
-// through the world file.
-func (r *run) move(g *supervisor.Group, old, rd *rdzv.Round) error {
-	ranks := g.Renumber(supervisor.World{Generation: rd.Generation, RankOffset: rd.RankOffset, WorldSize: rd.WorldSize,
+// move renumbers the group of attempt at, kept from round old, into its
+// round, starts the workers' new store where this node serves it, and
+// tells the workers through the world file.
+func (r *run) move(at *attempt, old *rdzv.Round) error {
+	rd := at.r
+	ranks := at.g.Renumber(supervisor.World{Generation: rd.Generation, RankOffset: rd.RankOffset, WorldSize: rd.WorldSize,
 		NodeRank: rd.GroupRank, NNodes: rd.NNodes, RestartCount: rd.Restarts, MasterAddr: rd.MasterAddr,
 		MasterPort: rd.MasterPort})
 	// The store before the world file: the workers connect to it once
 	// they read the file (and retry until it listens).
-	started, err := g.ServeStore()
+	started, spareUsed, err := at.g.ServeStore()
 	if err != nil {
 		return err
 	}
 	if started {
 		r.log.Warn("warm spares: the node that served the workers' store left; this node serves the new generation's",
 			"generation", rd.Generation, "old", net.JoinHostPort(old.MasterAddr, strconv.Itoa(old.MasterPort)),
-			"new", net.JoinHostPort(rd.MasterAddr, strconv.Itoa(rd.MasterPort)))
+			"new", net.JoinHostPort(rd.MasterAddr, strconv.Itoa(rd.MasterPort)), "from_spare", spareUsed)
+	}
+	if spareUsed {
+		r.refill(at)
 	}
 	return writeWorld(r.worldFile(), newWorld(rd, ranks))
 }

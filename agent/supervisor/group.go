@@ -274,7 +274,10 @@ func (g *Group) Start(ctx context.Context) error {
 // exited routes a reaped process: a worker's exit (a spare's, once it
 // took a rank) to Wait; an idle spare's is dropped here.
 func (g *Group) exited(w *worker) {
-	if w.store {
+	g.mu.Lock()
+	store := w.store // a spare's once it serves the store (storeFromSpare)
+	g.mu.Unlock()
+	if store {
 		g.storeExited(w)
 		return
 	}

@@ -30,10 +30,18 @@ func spareHelper() {
 		fmt.Println("spare released")
 		return
 	}
-	var a Assignment
+	var a struct {
+		Assignment
+		Store *StoreAssignment `json:"store"`
+	}
 	if err := json.Unmarshal([]byte(line), &a); err != nil {
 		fmt.Println("bad assignment:", err)
 		os.Exit(4)
+	}
+	if a.Store != nil {
+		fmt.Printf("spare serves the store at %s:%d\n", a.Store.Addr, a.Store.Port)
+		time.Sleep(time.Minute)
+		return
 	}
 	fmt.Printf("spare assigned rank %d local rank %d RANK=%s LOCAL_RANK=%s GPU=%s WORLD_SIZE=%s GROUP_RANK=%s GENERATION=%s\n",
 		a.Rank, a.LocalRank, a.Env["RANK"], a.Env["LOCAL_RANK"], a.Env["CUDA_VISIBLE_DEVICES"], a.Env["WORLD_SIZE"],

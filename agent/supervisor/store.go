@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -67,19 +68,66 @@ func (g *Group) startStore() error {
 // ServeStore starts the job's store for a group that carries on into a
 // generation where it hosts it (Renumber into node rank 0, AgentStore)
 // and does not serve it yet: the node that served the last generation's
-// was lost, and the workers move to this one (agent/keep.go). It reports
-// whether it started one. Call it between Waits, from Wait's goroutine.
-func (g *Group) ServeStore() (bool, error) {
+// was lost, and the workers move to this one (agent/keep.go). An idle
+// warm spare serves it where there is one (storeFromSpare), else a new
+// process. It reports whether it started one, and whether a spare became
+// it (the caller starts another when it sees fit, as after Replace).
+// Call it between Waits, from Wait's goroutine.
+func (g *Group) ServeStore() (started, spareUsed bool, err error) {
 	g.mu.Lock()
 	serving, hosts := g.store != nil, g.spec.hostsStore()
 	g.mu.Unlock()
 	if serving || !hosts {
-		return false, nil
+		return false, false, nil
+	}
+	if pid, err := g.storeFromSpare(); err == nil {
+		g.log.Info("job store started", "pid", pid, "port", g.spec.MasterPort, "from_spare", true)
+		return true, true, nil
+	} else if !errors.Is(err, ErrNoSpare) {
+		g.log.Warn("a warm spare could not serve the job's store; starting a new process", "err", err)
 	}
 	if err := g.startStore(); err != nil {
-		return false, err
+		return false, false, err
 	}
-	return true, nil
+	return true, false, nil
+}
+
+// StoreAssignment is what a warm spare reads, as {"store": ...}, when it
+// serves the job's store instead of taking a rank.
+type StoreAssignment struct {
+	Addr string `json:"addr"`
+	Port int    `json:"port"`
+}
+
+// storeFromSpare has an idle warm spare serve the job's store: it has
+// imported torch already, where a new process would first (1 s on the
+// idle 2-core VM, 6-8 s beside four re-forming workers) while every
+// worker of the job waits for the store. One JSON line on its pipe, as
+// for a rank (ddp_agent._spare); returns its pid.
+func (g *Group) storeFromSpare() (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.spares) == 0 {
+		return 0, ErrNoSpare
+	}
+	sp := g.spares[0]
+	g.spares = g.spares[1:]
+	line, _ := json.Marshal(struct {
+		Store StoreAssignment `json:"store"`
+	}{StoreAssignment{Addr: g.spec.MasterAddr, Port: g.spec.MasterPort}}) // strings and ints: cannot fail
+	prefix := []byte("[store]:") // as startStore's
+	sp.stdout.setPrefix(prefix)
+	sp.stderr.setPrefix(prefix)
+	_, err := sp.spare.pipe.Write(append(line, '\n'))
+	sp.spare.pipe.Close()
+	sp.spare.pipe = nil
+	if err != nil { // it died meanwhile; its exit is dropped as an idle spare's
+		return 0, fmt.Errorf("spare %d (pid %d): %w", sp.spare.n, sp.pid, err)
+	}
+	sp.spare.assigned = true
+	sp.store = true // its exit is the store's from now on (exited)
+	g.store = sp
+	return sp.pid, nil
 }
 
 // storeExited routes the store's exit: to Wait while the attempt runs, as

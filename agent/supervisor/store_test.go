@@ -134,18 +134,48 @@ func TestServeStoreAfterRenumber(t *testing.T) {
 	g := start(t, spec)
 	defer g.Stop(syscall.SIGTERM, time.Second)
 	g.Renumber(World{Generation: 2, RankOffset: 2, WorldSize: 4, NodeRank: 1, NNodes: 2, MasterAddr: "127.0.0.1", MasterPort: 29600})
-	if started, err := g.ServeStore(); started || err != nil {
+	if started, _, err := g.ServeStore(); started || err != nil {
 		t.Fatalf("ServeStore at node rank 1: got %v, %v; want no store", started, err)
 	}
 	g.Renumber(World{Generation: 3, WorldSize: 2, NodeRank: 0, NNodes: 1, MasterAddr: "127.0.0.1", MasterPort: 29601})
-	if started, err := g.ServeStore(); !started || err != nil {
-		t.Fatalf("ServeStore at node rank 0: got %v, %v; want the store started", started, err)
+	if started, spare, err := g.ServeStore(); !started || spare || err != nil {
+		t.Fatalf("ServeStore at node rank 0: got %v, %v, %v; want a new store's process", started, spare, err)
 	}
 	waitFor(t, func() bool { return strings.Contains(out.String(), "[store]:store up") })
 	if !strings.Contains(out.String(), "USE_AGENT_STORE=True port=29601") {
 		t.Errorf("the store serves another port than the new world's 29601\n%s", out)
 	}
-	if started, err := g.ServeStore(); started || err != nil {
+	if started, _, err := g.ServeStore(); started || err != nil {
 		t.Errorf("ServeStore again: got %v, %v; want the store it serves", started, err)
+	}
+}
+
+// TestSpareServesStore: under spares, ServeStore has an idle warm spare
+// serve the store (it has imported torch): one line on its pipe with the
+// new world's address and port. It is no spare from then on, and its
+// exit is the store's, a fault of the attempt.
+func TestSpareServesStore(t *testing.T) {
+	spec, out := storeSpec(t, "store:stay", 1)
+	spec.Spares, spec.SpareArgv, spec.SpareEnv = 1, []string{os.Args[0]}, []string{"SUPERVISOR_HELPER=spare"}
+	g := start(t, spec)
+	defer g.Stop(syscall.SIGTERM, time.Second)
+	waitFor(t, func() bool { return strings.Contains(out.String(), "[spare0]:spare ready fd=3") })
+	g.Renumber(World{Generation: 2, WorldSize: 2, NodeRank: 0, NNodes: 1, MasterAddr: "127.0.0.1", MasterPort: 29602})
+	if started, spare, err := g.ServeStore(); !started || !spare || err != nil {
+		t.Fatalf("ServeStore: got %v, %v, %v; want the spare serving", started, spare, err)
+	}
+	waitFor(t, func() bool {
+		return strings.Contains(out.String(), "[store]:spare serves the store at 127.0.0.1:29602")
+	})
+	if n := g.Spares(); n != 0 || strings.Contains(out.String(), "store up") {
+		t.Errorf("%d spares idle after one became the store (want 0), or a new store's process\n%s", n, out)
+	}
+	g.mu.Lock()
+	st := g.store
+	g.mu.Unlock()
+	syscall.Kill(st.pid, syscall.SIGKILL)
+	var se *StoreExitError
+	if err := g.Wait(context.Background()); !errors.As(err, &se) || se.PID != st.pid {
+		t.Fatalf("Wait: got %v, want the store's (pid %d) exit", err, st.pid)
 	}
 }

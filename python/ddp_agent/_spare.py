@@ -13,7 +13,9 @@ last generation (a node joined or was lost), and it joins their
 re-formation at once, as a spare given that rank would.
 
 When a worker dies, the agent writes one JSON line there: the rank and the
-variables that make it that rank. The spare sets them, arranges for the
+variables that make it that rank. (Or, where the node that served the
+workers' store was lost and this node serves the next one, ``{"store":
+{"addr": ..., "port": ...}}``: the spare serves it, ``_store.serve``.) The spare sets them, arranges for the
 script's ``init_process_group`` to join the survivors' re-formation
 (``inprocess._expect_join``) and runs the script as ``__main__``, which
 reaches ``ddp_agent.InProcess`` and trains from the step the others retry.
@@ -120,6 +122,12 @@ def main(argv: List[str]) -> None:
     if not line:
         return  # the attempt ended without needing this spare
     assignment = json.loads(line)
+    if "store" in assignment:  # the node serving the job's store was lost: this node serves the new one
+        from . import _store
+
+        print(f"ddp_agent: warm spare (pid {os.getpid()}) serves the job's store", file=sys.stderr, flush=True)
+        _store.serve(str(assignment["store"]["addr"]), str(assignment["store"]["port"]))
+        return
     os.environ.update({str(k): str(v) for k, v in assignment["env"].items()})
     print(f"ddp_agent: warm spare (pid {os.getpid()}) takes rank {assignment['rank']} "
           f"(local rank {assignment['local_rank']})", file=sys.stderr, flush=True)

@@ -9,6 +9,11 @@ plain ``env://``), and the store dies with rank 0. Under
 clients: the survivors of rank 0's death re-form through the store, and a
 warm spare takes rank 0 (docs/in-process.md).
 
+Where the node serving the store is lost, the survivor that becomes node
+rank 0 has one of its idle warm spares serve the new generation's store
+(``serve``, from ``_spare``): it has imported torch, where this process
+would first.
+
 The store is torch's own ``TCPStore`` server, whatever wire protocol the
 workers' torch speaks. The process serves it until the agent ends it with
 the attempt (or dies: the process has the agent's parent-death signal):
@@ -22,10 +27,8 @@ import sys
 from datetime import timedelta
 
 
-def main() -> None:
-    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    if not addr or not port.isdigit():
-        raise SystemExit(f"ddp_agent._store: MASTER_ADDR and MASTER_PORT must name the store, got {addr!r}:{port!r}")
+def serve(addr: str, port: str) -> None:
+    """Serves the job's store on port until the process ends; a bind that fails exits with why."""
     import torch.distributed as dist
 
     try:
@@ -37,6 +40,13 @@ def main() -> None:
     print(f"ddp_agent: serving the job's store on port {port} (pid {os.getpid()})", file=sys.stderr, flush=True)
     while store is not None:  # SIGTERM's default action ends the process, and the store with it
         signal.pause()
+
+
+def main() -> None:
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if not addr or not port.isdigit():
+        raise SystemExit(f"ddp_agent._store: MASTER_ADDR and MASTER_PORT must name the store, got {addr!r}:{port!r}")
+    serve(addr, port)
 
 
 if __name__ == "__main__":

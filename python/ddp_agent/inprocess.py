@@ -392,6 +392,7 @@ class InProcess:
             except _WorldChanged as w:
                 self._adopt(w.world)
                 index = 1
+                continue
             except Exception as e:
                 if not path or _store_alive(store, prefix):
                     raise ReformError(f"rank {self.rank}: re-formation {index} after step {step} failed: {e}; "

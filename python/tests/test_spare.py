@@ -11,9 +11,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
+
+import torch.distributed as dist
 
 from ddp_agent import _env, _spare
 
+import _world
 from conftest import PYTHON_DIR
 
 
@@ -97,3 +101,26 @@ def test_joining_worker_runs_the_script_at_once(tmp_path):
     # The mark is gone from its environment (its own children are no joiners).
     assert ("script ran as __main__ argv ['--lr', '0.5'] RANK 4 LOCAL_RANK 0 fd None "
             "init _expect_join.<locals>.init_process_group") in r.stdout, r.stdout + r.stderr
+
+
+def test_spare_serves_the_store(tmp_path):
+    """{"store": ...}: the node serving the workers' store was lost; the spare serves the new one, not the script."""
+    port = _world.free_port()
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(fd=_env.SPARE_FD))
+    r, w = os.pipe()
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), **{_env.SPARE_FD: str(r)})
+    p = subprocess.Popen([sys.executable, "-u", "-m", "ddp_agent._spare", str(script)], env=env, pass_fds=(r,),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(r)
+    try:
+        with os.fdopen(w, "w") as f:
+            f.write(json.dumps({"store": {"addr": "127.0.0.1", "port": port}}) + "\n")
+        client = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60))
+        client.set("k", "v")
+        assert client.get("k") == b"v" and p.poll() is None
+    finally:
+        p.terminate()
+        out, err = p.communicate(timeout=30)
+    assert "serves the job's store" in err and f"serving the job's store on port {port}" in err, err
+    assert "script ran" not in out

@@ -58,3 +58,4 @@ def test_port_taken_is_a_clear_error():
         _, err = p.communicate(timeout=60)
     assert p.returncode != 0
     assert "cannot serve the job's store on port" in err, err
+

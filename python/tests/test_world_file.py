@@ -196,3 +196,22 @@ def test_rendezvous_store_lost_and_no_world(tmp_path, monkeypatch):
         loop._rendezvous(4, RuntimeError("peer failed"), 0)
     assert time.monotonic() - t0 < 5
     del server
+
+
+def test_rendezvous_moved_into_a_smaller_world(tmp_path, monkeypatch, store):
+    """A rank waits for one that is gone; the world file moves it into a world of its own, on the same store."""
+    for k in ("RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+              "TORCHELASTIC_RESTART_COUNT", _env.GENERATION):
+        monkeypatch.setenv(k, "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    path = tmp_path / "world.json"
+    monkeypatch.setenv(_env.WORLD_FILE, str(path))
+    loop = inprocess.InProcess.__new__(inprocess.InProcess)
+    loop.rank, loop.world_size, loop.timeout, loop._index, loop._completed, loop._store = 0, 2, 20.0, 0, 9, store
+    loop._prefix = inprocess._prefix()
+    threading.Timer(0.3, lambda: write(path, generation=1, restart_count=0, world_size=1, group_rank=0, nnodes=1,
+                                       ranks={str(os.getpid()): 0}, master_addr="127.0.0.1",
+                                       master_port=store.port)).start()
+    assert loop._rendezvous(10, RuntimeError("peer failed"), 3) == (1, [9], [3])
+    assert loop.world_size == 1 and loop._store is store
