@@ -146,6 +146,7 @@ bench: build
 	$(PYTHON) examples/bench/inprocess_recovery.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --runs 5 --fault kill --fail-rank 0
 	$(PYTHON) examples/bench/inprocess_recovery.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --runs 5 --fault hang
 	$(PYTHON) examples/bench/inprocess_recovery.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --runs 5 --fault node
+	$(PYTHON) examples/bench/inprocess_recovery.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --runs 5 --fault store-node
 	$(PYTHON) examples/bench/inprocess_recovery.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --runs 5 --fault join
 	@py2="$(TORCH2_PYTHON)" && { [ -n "$$py2" ] || py2=$$(scripts/deps.sh torch2); } && \
 	  $$py2 examples/bench/hook_models.py --rounds 20 --steps-per-round 4

@@ -1,7 +1,7 @@
 """A worker's fault, recovered three ways side by side: in process, by ddp-agent's restart, by torchrun's.
 
     /usr/bin/python3 examples/bench/inprocess_recovery.py --agent bin/ddp-agent \\
-        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill|hang|node|join] [--fail-rank 0]
+        --torchrun-compat scripts/torchrun_compat.py --runs 5 [--fault kill|hang|node|store-node|join] [--fail-rank 0]
 
 Each run trains examples/train.py (2 ranks, gloo, the ddp_agent hook on the
 shim's host transport, --hidden 512, a checkpoint every 5 steps) and has
@@ -28,6 +28,12 @@ node is SIGKILLed, its launcher with its worker: in process, --spares 1
 keeps the survivors' processes and moves them into the world of 2 (no
 checkpoint: the script runs no collective of its own mid-run, see
 docs/in-process.md); the restarts resume from the step-10 checkpoint.
+
+With --fault store-node, the same, but the node SIGKILLed is the first: its
+worker is rank 0, so its node serves the workers' store (ddp-agent's under
+--spares, rank 0's worker's without) and hosts torchrun's c10d rendezvous.
+In process a survivor's warm spare serves a new store and the workers move
+to it; ddp-agent's restart re-forms without it; torchrun's job fails.
 
 With --fault join, two such nodes train (--steps 150) and a third joins once
 both ranks have completed step 12: in process, the first two keep their
@@ -166,12 +172,17 @@ def measure_node(kind: str, args) -> dict:
                     kill_group(n)
                 sys.exit(f"{kind}: step {NODE_KILL_AFTER} not reached\n" + tail(outs))
             time.sleep(0.005)
+        victim = 0 if args.fault == "store-node" else 2
+        if args.fault == "store-node" and not serves_store(outs[0]):
+            for n in nodes:
+                kill_group(n)
+            sys.exit(f"{kind}: the first node's worker is not rank 0, the one whose node serves the store\n" + tail(outs))
         fault = time.time()
         if join:
             start()
         else:
-            kill_group(nodes[2])  # the node's launcher and its worker, at once
-        keep = nodes if join else nodes[:2]
+            kill_group(nodes[victim])  # the node's launcher and its worker, at once
+        keep = nodes if join else [n for i, n in enumerate(nodes) if i != victim]
         try:
             codes = [n.wait(timeout=300) for n in keep]
         except subprocess.TimeoutExpired:
@@ -179,6 +190,8 @@ def measure_node(kind: str, args) -> dict:
         for n in nodes:
             kill_group(n)
         if codes != [0] * len(keep):
+            if kind == "torchrun" and args.fault == "store-node":
+                return {"failed": f"the launchers exited {codes}"}  # its rendezvous store went with the node
             sys.exit(f"{kind}: the launchers exited {codes}\n" + tail(outs))
         events = [json.loads(line) for line in open(log)]
     if join:
@@ -204,6 +217,14 @@ def joined(events: list, t0: float) -> dict:
         sys.exit("join: no step completed by every rank of the world of 3")
     before = {e["step"] for e in events if e["event"] == "step" and e.get("world") == 2}
     return {"recovery_s": min(done) - t0, "lost_steps": len(before & set(by_step))}
+
+
+def serves_store(out) -> bool:
+    """Whether a node's worker is rank 0: its node serves the workers' store (the agent's under --spares,
+    rank 0's worker's without), and hosts torchrun's c10d rendezvous, the first launcher's."""
+    out.flush()
+    out.seek(0)
+    return "rank 0/3 " in out.read()
 
 
 def kill_group(p: subprocess.Popen) -> None:
@@ -249,6 +270,7 @@ def measure(kind: str, args) -> dict:
 
 
 FAULTS = {"raise": "raises", "kill": "is SIGKILLed", "hang": "hangs before its backward", "node": "is lost with its node",
+          "store-node": "is lost with its node, which serves the store",
           "join": "joins"}
 STATE_RE = re.compile(r"joined re-formation .* \((\d+) bytes moved in ([\d.]+) ms\)")
 
@@ -274,7 +296,7 @@ def main() -> None:
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--torchrun-compat", default=os.path.join(ROOT, "scripts", "torchrun_compat.py"))
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--fault", choices=["raise", "kill", "hang", "node", "join"], default="raise",
+    p.add_argument("--fault", choices=["raise", "kill", "hang", "node", "store-node", "join"], default="raise",
                    help="the rank raises, is killed with SIGKILL, or hangs (in process: a warm spare takes its rank)")
     p.add_argument("--fail-rank", type=int, choices=[0, 1], default=1,
                    help="the rank that fails; rank 0's process no longer serves the store under --spares")
@@ -284,15 +306,17 @@ def main() -> None:
     start = time.time()
     for i in range(args.runs):
         for k in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
-            results[k].append(measure_node(k, args) if args.fault in ("node", "join") else measure(k, args))
+            results[k].append(measure_node(k, args) if args.fault in ("node", "store-node", "join") else measure(k, args))
             print(f"run {i + 1} {k}: {results[k][-1]}", file=sys.stderr)
     if args.fault == "join":
         print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 2 nodes of 1 rank, gloo, train.py --hidden 512 "
               f"--sleep-per-step 0.1, a third node joining after step {NODE_KILL_AFTER}; the figure goes from its "
               f"launcher's start; the restarts checkpoint every {CKPT_EVERY} steps, in process none\n")
-    elif args.fault == "node":
+    elif args.fault in ("node", "store-node"):
+        which = "first node (group rank 0's: the workers' store, and torchrun's rendezvous)" \
+            if args.fault == "store-node" else "third node"
         print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 3 nodes of 1 rank, gloo, train.py --hidden 512 "
-              f"--sleep-per-step 0.1, the third node SIGKILLed after step {NODE_KILL_AFTER}; the restarts checkpoint "
+              f"--sleep-per-step 0.1, the {which} SIGKILLed after step {NODE_KILL_AFTER}; the restarts checkpoint "
               f"every {CKPT_EVERY} steps, in process none\n")
     else:
         print(f"\n{args.runs} runs each, {time.time() - start:.0f} s; 2 ranks, gloo, train.py --hidden 512, "
@@ -305,6 +329,10 @@ def main() -> None:
     print("|---|---|---|---|")
     base = statistics.median(r["recovery_s"] for r in results["in-process"])
     for k in kinds:
+        failed = [r["failed"] for r in results[k] if "failed" in r]
+        if failed:  # torchrun's rendezvous went with the store's node
+            print(f"| {k} | the job failed in {len(failed)} of {len(results[k])} runs ({failed[0]}) | all | |")
+            continue
         rec = sorted(r["recovery_s"] for r in results[k])
         lost = sorted({r["lost_steps"] for r in results[k]})
         print(f"| {k} | {statistics.median(rec):.3f} s ({rec[0]:.3f}-{rec[-1]:.3f}) | {', '.join(map(str, lost))} | "
