@@ -68,7 +68,7 @@ func carriesOn(old, next *rdzv.Round) (bool, string) {
 		// serves the store is unknown.
 		return false, "the new generation does not say which node serves the workers' store"
 	case !next.Carry || !next.AgentStore:
-		return false, "the new generation's workers do not carry on (its store is not an agent's)"
+		return false, "the new generation does not carry the workers on (a worker's fault ended the last, or its store is not an agent's)"
 	case next.NProc != old.NProc:
 		return false, "this node's number of workers changed"
 	}
@@ -83,7 +83,8 @@ func storeMoves(old, next *rdzv.Round) bool {
 
 // keptStorePort is the port of the workers' store that kept's workers
 // use, when this node serves it (group rank 0, with the store's process):
-// the next round must offer it, for them to carry on. Else 0.
+// the next round must offer it, for them to carry on with that store
+// rather than move to a new one. Else 0.
 func keptStorePort(kept *attempt) int {
 	if kept == nil || kept.r.GroupRank != 0 || !kept.r.AgentStore {
 		return 0

@@ -44,10 +44,10 @@ func TestCarriesOn(t *testing.T) {
 		why  string // "" when they carry on
 	}{
 		{"shrunk", func(r *rdzv.Round) { r.WorldSize, r.RankOffset = 4, 2 }, ""},
-		{"not a round to carry on into", func(r *rdzv.Round) { r.Carry = false }, "do not carry on"},
+		{"not a round to carry on into", func(r *rdzv.Round) { r.Carry = false }, "does not carry the workers on"},
 		{"another store node", func(r *rdzv.Round) { r.MasterNode = "b" }, ""},
 		{"another store port", func(r *rdzv.Round) { r.MasterPort = 29501 }, ""},
-		{"rank 0's store", func(r *rdzv.Round) { r.AgentStore = false }, "not an agent's"},
+		{"rank 0's store", func(r *rdzv.Round) { r.AgentStore = false }, "does not carry the workers on"},
 		{"an older leader", func(r *rdzv.Round) { r.MasterNode = "" }, "does not say which node"},
 		{"other nproc", func(r *rdzv.Round) { r.NProc = 4 }, "number of workers changed"},
 	}
