@@ -227,7 +227,7 @@ func (r *run) probeIfPeerLost(ev wire.Events) {
 		defer r.probing.Unlock()
 		ctx, cancel := context.WithTimeout(r.srvCtx, 5*time.Second)
 		defer cancel()
-		if r.j.rz.CheckPeers(ctx) {
+		if r.j.rz.CheckPeers(ctx) == rdzv.PeerGone {
 			r.log.Info("a collective failed on a lost peer, and another node's agent is gone: its lease is revoked")
 		}
 	})

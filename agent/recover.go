@@ -224,10 +224,14 @@ func (r *run) workerFailure(ctx context.Context, at *attempt) *fault.WorkerFaile
 		switch {
 		case lostPeer && !checked && left > 0 && ctx.Err() == nil:
 			// A lost connection, and no note of whose: another node may be
-			// gone. Its agent refusing, the round ends with it lost.
+			// gone. Its agent refusing, the round ends with it lost; where
+			// the probe could not tell (the node list or an agent slow to
+			// answer on a loaded machine), its lease may still end the
+			// round within rootSettle. Only where every agent answered is
+			// no node lost.
 			checked = true
-			if r.j.rz.CheckPeers(ctx) {
-				waitRoundEnd(ctx, at.r, left)
+			if r.j.rz.CheckPeers(ctx) != rdzv.PeersAnswered {
+				waitRoundEnd(ctx, at.r, time.Until(deadline))
 			}
 			continue
 		case lostPeer && at.r.End().Kind == rdzv.EndNodeLost:

@@ -41,16 +41,31 @@ func (e *Membership) probePending(ctx context.Context, pending []*liveNode) {
 	}
 }
 
+// PeerCheck is what probing the other nodes' agents found (CheckPeers).
+type PeerCheck int
+
+const (
+	// PeersAnswered: every other registered agent accepted, or there was
+	// none to probe.
+	PeersAnswered PeerCheck = iota
+	// PeerGone: an agent refused: it is gone, and its lease was revoked.
+	PeerGone
+	// PeersUnknown: the node list could not be read, or an agent did not
+	// answer at all (frozen, cut off, or this machine too loaded to tell
+	// within the dial's timeout): its lease will tell.
+	PeersUnknown
+)
+
 // revokeIfGone dials n's liveness port and, when its agent refuses, revokes
-// its lease; it reports whether it did.
-func (e *Membership) revokeIfGone(ctx context.Context, n NodeInfo) bool {
+// its lease; it reports what it found.
+func (e *Membership) revokeIfGone(ctx context.Context, n NodeInfo) PeerCheck {
 	c, err := net.DialTimeout("tcp", n.Probe, 300*time.Millisecond)
 	if err == nil {
 		c.Close()
-		return false
+		return PeersAnswered
 	}
 	if !errors.Is(err, syscall.ECONNREFUSED) {
-		return false
+		return PeersUnknown
 	}
 	e.log.Warn("node is gone: its agent refuses connections; revoking its lease", "node", n.Node, "host", n.Host, "probe", n.Probe)
 	rctx, cancel := context.WithTimeout(ctx, opTimeout)
@@ -59,7 +74,7 @@ func (e *Membership) revokeIfGone(ctx context.Context, n NodeInfo) bool {
 	if err != nil {
 		e.log.Debug("revoke lease of a dead node", "node", n.Node, "err", err)
 	}
-	return true
+	return PeerGone
 }
 
 // maxPeerProbes bounds CheckPeers' dials in flight.
@@ -69,15 +84,16 @@ const maxPeerProbes = 64
 // this node that failed on a lost connection without saying to whom (it
 // does not use the hook): when an agent refuses, it is gone, and its
 // lease is revoked, which ends the round with that node lost at once
-// instead of at its TTL. It reports whether one was gone.
-func (e *Membership) CheckPeers(ctx context.Context) bool {
+// instead of at its TTL. It reports PeerGone when one was, else whether
+// every agent answered.
+func (e *Membership) CheckPeers(ctx context.Context) PeerCheck {
 	gctx, cancel := context.WithTimeout(ctx, time.Second)
 	resp, err := e.cli.Get(gctx, e.key(nodesDir), clientv3.WithPrefix())
 	cancel()
 	if err != nil {
-		return false
+		return PeersUnknown
 	}
-	var gone atomic.Bool
+	var gone, unknown atomic.Bool
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, maxPeerProbes)
 	for _, kv := range resp.Kvs {
@@ -88,11 +104,20 @@ func (e *Membership) CheckPeers(ctx context.Context) bool {
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			if e.revokeIfGone(ctx, n) {
+			switch e.revokeIfGone(ctx, n) {
+			case PeerGone:
 				gone.Store(true)
+			case PeersUnknown:
+				unknown.Store(true)
 			}
 		})
 	}
 	wg.Wait()
-	return gone.Load()
+	switch {
+	case gone.Load():
+		return PeerGone
+	case unknown.Load():
+		return PeersUnknown
+	}
+	return PeersAnswered
 }

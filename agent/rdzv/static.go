@@ -61,8 +61,9 @@ func (s *Static) Succeed(context.Context, *Round) error { return nil }
 // Leave has no one to tell.
 func (s *Static) Leave(string) {}
 
-// CheckPeers finds nothing: a static job has no liveness ports to probe.
-func (s *Static) CheckPeers(context.Context) bool { return false }
+// CheckPeers finds nothing: a static job has no liveness ports to probe,
+// and no round that a lost node ends.
+func (s *Static) CheckPeers(context.Context) PeerCheck { return PeersAnswered }
 
 // OfferStore makes the next rounds' port for the workers' store port; 0
 // goes back to MasterPort.

@@ -104,8 +104,9 @@ type Rendezvous interface {
 	// Leave takes this node out of the job for good.
 	Leave(reason string)
 	// CheckPeers looks for another node whose agent is gone, and ends the
-	// round with it lost when one is; it reports whether one was.
-	CheckPeers(ctx context.Context) bool
+	// round with it lost when one is; it reports whether one was, or
+	// whether it could not tell.
+	CheckPeers(ctx context.Context) rdzv.PeerCheck
 	// OfferStore makes this node's next joins offer port for the
 	// workers' store, should it become group rank 0: the store it serves
 	// already, to workers that carry on into the next round; 0 goes back
