@@ -2,7 +2,8 @@
 
 The state goes through the new hook's host communicator when there is one
 (CPU tensors, the shim's host transport): each tensor all-reduced in
-place with SUM, the source's values against the others' negative zeros.
+place with SUM, the source's values against the others' negative zeros
+(the tensors under SMALL_BYTES packed into one collective per dtype).
 A sum whose other terms are all -0.0 is the source's value bit for bit
 (-0.0 is the identity of IEEE addition, where +0.0 would turn a -0.0 into
 +0.0), so this is a broadcast through the shim. On the 2-core VM the
@@ -26,6 +27,9 @@ from ._buckets import DTYPES
 # collective's key.
 STATE_BUCKET = 2**31 - 1
 
+# Tensors smaller than this go into one collective per dtype (move).
+SMALL_BYTES = 64 << 10
+
 
 def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.Comm], *,
          label_step: int) -> Tuple[int, float]:
@@ -45,7 +49,8 @@ def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.
         finally:
             work.free()
     t0 = time.monotonic()
-    works, rest, moved = [], [], []
+    big, rest, moved = [], [], []
+    small: Dict[torch.dtype, List[torch.Tensor]] = {}
     seen = set()
     for t in tensors:
         alias = (t.data_ptr(), t.numel(), t.dtype)
@@ -57,23 +62,46 @@ def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.
         moved.append(t)
         if comm is None or t.device.type != "cpu" or t.dtype not in DTYPES or t.is_complex() or not t.is_contiguous():
             rest.append(t)
-            continue
-        if rank != src:
+        elif t.numel() * t.element_size() < SMALL_BYTES:
+            small.setdefault(t.dtype, []).append(t)
+        else:
+            big.append(t)
+    # The small tensors (biases, norms' weights, counters), one
+    # collective per dtype: each collective pays a round of the ranks'
+    # handshakes, and 16 of them took 1.5-2 times as long as one of the
+    # same bytes (docs/in-process.md).
+    packed = [(torch.cat([t.reshape(-1) for t in group]), group) for group in small.values()]  # the source's values
+    sums = big + [flat for flat, _ in packed]
+    if rank != src:
+        # Every buffer ready before the first collective: queued back to
+        # back, the transport runs them without waiting on this loop.
+        for t in sums:
             t.fill_(-0.0 if t.dtype.is_floating_point else 0)
-        shim_dtype, per_element = DTYPES[t.dtype]
-        # In place, all queued before the first wait: the host transport
-        # runs them back to back.
-        works.append(comm.allreduce(t.data_ptr(), t.numel() * per_element, shim_dtype, _shim.Op.SUM, step=label_step,
-                                    bucket=STATE_BUCKET))
+    works = []
     try:
+        for t in sums:
+            works.append(_sum_in_place(comm, t, label_step))
         for w in works:
             w.wait()
     finally:
         for w in works:
             w.free()
+    if rank != src:
+        for flat, group in packed:
+            offset = 0
+            for t in group:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
     for t in rest:
         _broadcast(t, src)
     return sum(t.numel() * t.element_size() for t in moved), round((time.monotonic() - t0) * 1e3, 1)
+
+
+def _sum_in_place(comm: _shim.Comm, t: torch.Tensor, label_step: int) -> Any:
+    """Queues t's all-reduce (SUM, in place) on comm; returns the work."""
+    shim_dtype, per_element = DTYPES[t.dtype]
+    return comm.allreduce(t.data_ptr(), t.numel() * per_element, shim_dtype, _shim.Op.SUM, step=label_step,
+                          bucket=STATE_BUCKET)
 
 
 def _broadcast(t: torch.Tensor, src: int) -> None:

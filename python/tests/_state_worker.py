@@ -30,6 +30,7 @@ def main() -> None:
         tied,  # a tied weight: the state dict has it twice
         torch.randn(10, generator=g) > 0,  # bool: not the shim's, broadcast
         torch.randn(6, 4, generator=g).t(),  # not contiguous: broadcast
+        torch.randn(300, 100, generator=g),  # 120 KB: a collective of its own, the small ones packed in one per dtype
     ]
     nbytes, ms = _state.move(tensors, src, rank, comm, label_step=0)
     h = hashlib.sha256()

@@ -21,4 +21,4 @@ def test_move_is_a_bit_exact_broadcast(tmp_path):
     assert len({m.group(1) for m in lines}) == 1, [m.group(0) for m in lines]
     # -0.0 stays -0.0 and +0.0 stays +0.0 on the receivers; the tied tensor counts once.
     assert all(m.group(3) == "True" and m.group(4) == "False" for m in lines), [m.group(0) for m in lines]
-    assert {int(m.group(2)) for m in lines} == {1000 * 4 + 35 * 8 + 64 * 8 + 300 * 4 + 10 + 24 * 4}
+    assert {int(m.group(2)) for m in lines} == {1000 * 4 + 35 * 8 + 64 * 8 + 300 * 4 + 10 + 24 * 4 + 30000 * 4}
