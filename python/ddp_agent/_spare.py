@@ -13,12 +13,13 @@ last generation (a node joined or was lost), and it joins their
 re-formation at once, as a spare given that rank would.
 
 When a worker dies, the agent writes one JSON line there: the rank and the
-variables that make it that rank. (Or, where the node that served the
-workers' store was lost and this node serves the next one, ``{"store":
-{"addr": ..., "port": ...}}``: the spare serves it, ``_store.serve``.) The spare sets them, arranges for the
+variables that make it that rank. The spare sets them, arranges for the
 script's ``init_process_group`` to join the survivors' re-formation
 (``inprocess._expect_join``) and runs the script as ``__main__``, which
 reaches ``ddp_agent.InProcess`` and trains from the step the others retry.
+Where the node that served the workers' store was lost and this node
+serves the next one, the line is ``{"store": {"addr": ..., "port": ...}}``
+instead: the spare serves the store (``_store.serve``).
 The end of the pipe without a line means the spare is not needed: it exits 0.
 """
 

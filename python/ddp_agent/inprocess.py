@@ -446,8 +446,10 @@ class InProcess:
         old = self.rank, self.world_size
         size = int(world["world_size"])
         addr, port = world.get("master_addr"), world.get("master_port")
-        if addr and port and (addr, str(port)) != (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")):
-            # The node that served the store left: another serves a new one.
+        elsewhere = (addr, str(port)) != (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+        if addr and port and (elsewhere or self._store is None):
+            # The node that served the store left: another serves a new one
+            # (or this process let go of its client, _drop_store).
             t0 = time.monotonic()
             _await_listener(addr, int(port), self.timeout)
             self._store = dist.TCPStore(addr, int(port), None, False, _timedelta(self.timeout))
