@@ -303,8 +303,15 @@ def _gpu_uuid(device: Optional[torch.device]) -> str:
 
 
 def _store(name: str) -> Any:
-    """Returns the namespace of communicator name in torch's default store (raises if there is none)."""
-    # torchrun's store outlives restarts: the restart count keeps one
-    # attempt's keys from being read by the next.
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"ddp_agent/{name}/restart_{restart}/", dist.distributed_c10d._get_default_store())
+    """Returns the namespace of communicator name in torch's default store (raises if there is none).
+
+    Not named by TORCHELASTIC_RESTART_COUNT: after torchrun's rescale that
+    count differs between nodes (a node whose worker failed counts a
+    restart, the others do not), and ranks named apart waited for each
+    other until the bootstrap's timeout. No attempt reads another's keys
+    without it: torchrun 2.x's agent makes a new store for every retry
+    (and older 2.x prefix the default store by the attempt), 1.13's workers
+    serve a new one on a new port each round, and ddp-agent's store lives
+    one attempt.
+    """
+    return dist.PrefixStore(f"ddp_agent/{name}/", dist.distributed_c10d._get_default_store())

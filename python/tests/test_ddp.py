@@ -279,3 +279,16 @@ def test_host_transport_with_compression(tmp_path):
             assert all(torch.equal(g, w) for g, w in zip(got, emulated)), f"{name}, rank {rank}: not the emulation's"
     assert not all(torch.equal(g, w) for g, w in zip(res[0]["bf16"]["params"], res[0]["none"]["params"]))
     assert res[0]["cuda_touched"] == []
+
+
+def test_ranks_of_different_restart_counts_bootstrap(tmp_path):
+    """After torchrun's rescale a node whose worker failed counts a restart and the others do not: the
+    ranks' TORCHELASTIC_RESTART_COUNT differ, on a store that is new for the attempt anyway. The hook's
+    bootstrap keys must not be named by it (they were: the ranks waited for each other until the timeout)."""
+    results = _world.run_world(
+        tmp_path, 2, ["nccl", "--out", str(tmp_path), "--transport", "host", "--timeout", "10"], timeout=90,
+        per_rank_env={0: {"TORCHELASTIC_RESTART_COUNT": "1"}, 1: {"TORCHELASTIC_RESTART_COUNT": "0"}},
+    )
+    _world.check_ok(results)
+    res = load(tmp_path, 2)
+    assert_bit_identical([r["none"] for r in res], "host, restart counts 1 and 0")
