@@ -114,8 +114,12 @@ def node_command(kind: str, args, workdir: str, port: int) -> list:
             # DDP's own all-reduce: after torchrun's rescale the nodes'
             # TORCHELASTIC_RESTART_COUNT can differ (a node whose worker
             # failed on the restarted peers counts a restart, the others
-            # do not), and the hook's bootstrap keys in torch's store are
-            # named by it: the ranks waited for each other for good.
+            # do not), and train.py resumes from its checkpoint only after
+            # a restart: the ranks can start from different steps and run
+            # different numbers of them. With the hook, the first rank to
+            # finish then waited in its last collectives for good (the
+            # second run of 2026-11-30 03:10); with DDP's own all-reduce
+            # every run ended.
             train += ["--comm-hook", "none"]
         return [args.python, args.torchrun_compat, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
                 "--rdzv_id", "bench", "--nnodes", "2:3", "--nproc_per_node", "1", "--max_restarts", "1", *train]
