@@ -79,15 +79,17 @@ log = logging.getLogger("ddp_agent")
 
 
 def _prefix() -> str:
-    """The store namespace of this attempt's re-formations.
+    """The store namespace of this generation's re-formations.
 
-    torchrun 2.x keeps the workers' store in its agent, across restarts:
-    the restart count (and ddp-agent's generation) keep a later attempt
-    from reading an earlier one's keys.
+    ddp-agent's generation keeps a generation's keys from another's: the
+    workers carried into the next one keep their store. Not the restart
+    count, which after torchrun's rescale differs between nodes (as the
+    hook's bootstrap keys showed, _bootstrap._store), and separates
+    nothing: every attempt has a new store, or (older torch 2.x) a default
+    store prefixed by the attempt.
     """
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     generation = os.environ.get(_env.GENERATION, "0")
-    return f"ddp_agent/inprocess/restart_{restart}/generation_{generation}"
+    return f"ddp_agent/inprocess/generation_{generation}"
 
 Wrap = Callable[[torch.nn.Module], Tuple[torch.nn.Module, Any]]
 

@@ -110,7 +110,7 @@ def test_adopt(monkeypatch):
     assert (loop.rank, loop.world_size) == (3, 4)
     assert os.environ["RANK"] == "3" and os.environ["WORLD_SIZE"] == "4" and os.environ["GROUP_RANK"] == "1"
     assert os.environ[_env.GENERATION] == "4" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "1"
-    assert loop._prefix == "ddp_agent/inprocess/restart_1/generation_4"
+    assert loop._prefix == "ddp_agent/inprocess/generation_4"
     with pytest.raises(inprocess.ReformError, match="without this process"):
         loop._adopt({"generation": 5, "restart_count": 1, "world_size": 2, "group_rank": 0, "nnodes": 1, "ranks": {}})
 
