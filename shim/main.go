@@ -107,6 +107,28 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 	return status.OK
 }
 
+//export ddpshim_broadcast
+func ddpshim_broadcast(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtype C.int, root C.int,
+	step C.uint64_t, bucket C.int32_t, work *C.int64_t) (rc C.int) {
+	defer guard("ddpshim_broadcast", &rc)
+	c, err := lib.comm(int64(comm))
+	if err != nil {
+		return fail(err)
+	}
+	if work == nil {
+		return fail(status.Errorf(status.Invalid, "ddpshim_broadcast: work must not be NULL"))
+	}
+	if dtype < 0 || dtype > 255 {
+		return fail(status.Errorf(status.Invalid, "ddpshim_broadcast: unknown dtype %d", dtype))
+	}
+	w, err := c.Broadcast(buf, int64(count), reduce.DType(dtype), int(root), uint64(step), int32(bucket))
+	if err != nil {
+		return fail(fmt.Errorf("ddpshim_broadcast: %w", err))
+	}
+	*work = C.int64_t(lib.addWork(w))
+	return status.OK
+}
+
 //export ddpshim_mark
 func ddpshim_mark(comm C.int64_t, step C.uint64_t, kind C.int) (rc C.int) {
 	defer guard("ddpshim_mark", &rc)

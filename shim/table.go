@@ -74,7 +74,7 @@ func (t *table) work(h int64) (*comm.Work, error) {
 	if w, ok := t.works[h]; ok {
 		return w, nil
 	}
-	return nil, status.Errorf(status.Invalid, "no work with handle %d (freed, or never returned by ddpshim_allreduce)", h)
+	return nil, status.Errorf(status.Invalid, "no work with handle %d (freed, or never returned by ddpshim_allreduce or ddpshim_broadcast)", h)
 }
 
 func (t *table) freeWork(h int64) error {

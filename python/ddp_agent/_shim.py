@@ -155,6 +155,19 @@ PROTOTYPES: Dict[str, Tuple[Any, Tuple[Any, ...]]] = {
             _c_int64_p,       # work
         ),
     ),
+    "ddpshim_broadcast": (
+        ctypes.c_int,
+        (
+            ctypes.c_int64,   # comm
+            ctypes.c_void_p,  # buf
+            ctypes.c_int64,   # count
+            ctypes.c_int,     # dtype
+            ctypes.c_int,     # root
+            ctypes.c_uint64,  # step
+            ctypes.c_int32,   # bucket
+            _c_int64_p,       # work
+        ),
+    ),
     "ddpshim_mark": (ctypes.c_int, (ctypes.c_int64, ctypes.c_uint64, ctypes.c_int)),
     "ddpshim_work_wait": (ctypes.c_int, (ctypes.c_int64,)),
     "ddpshim_work_test": (ctypes.c_int, (ctypes.c_int64, _c_int_p)),
@@ -415,6 +428,21 @@ class Comm:
         fn = _quick.ddpshim_allreduce if self.queues else lib.ddpshim_allreduce  # type: ignore[union-attr]
         rc = fn(self.handle, ptr, count, dtype, op, stream, step, bucket, ctypes.byref(work))
         _check(lib, rc, "ddpshim_allreduce")
+        return Work(work.value)
+
+    def broadcast(self, ptr: int, count: int, dtype: int, root: int, *, step: int = 0, bucket: int = 0) -> Work:
+        """Starts an in-place broadcast of count elements at address ptr from rank root; does not wait for the data.
+
+        Host transport only (ddpshim_broadcast): every rank ends with root's
+        bytes once the returned work completes, and the memory must stay
+        valid and untouched until then. It is queued in order with the
+        all-reduces; every rank must issue it with the same count, dtype
+        and root.
+        """
+        lib = _library()
+        work = ctypes.c_int64(0)
+        rc = lib.ddpshim_broadcast(self.handle, ptr, count, dtype, root, step, bucket, ctypes.byref(work))
+        _check(lib, rc, "ddpshim_broadcast")
         return Work(work.value)
 
     def enqueue(

@@ -30,6 +30,7 @@ import (
 // allReducer is a connected host transport, as the executor uses it.
 type allReducer interface {
 	AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error
+	Broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error
 	Abort(err error)
 	Transport() string
 	Close() error
@@ -73,12 +74,14 @@ type Comm struct {
 	side   *sidecarLink      // under bootstrap "external" with a sidecar; nil otherwise
 }
 
-// Work is one all-reduce in flight.
+// Work is one collective in flight: an all-reduce, or a broadcast from
+// root.
 type Work struct {
 	c      *Comm
 	buf    []byte
 	dt     reduce.DType
 	op     reduce.Op
+	root   int // the broadcast's root; -1 for an all-reduce
 	step   uint64
 	bucket int32
 	arrive time.Time
@@ -184,7 +187,7 @@ func (c *Comm) wakeExecutor() {
 	}
 }
 
-// enqueue starts an all-reduce; it never waits for data.
+// enqueue queues a collective for the executor; it never waits for data.
 func (c *Comm) enqueue(w *Work) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -308,7 +311,11 @@ func (c *Comm) run(tr allReducer, w *Work, locked bool) {
 			parent = shm.OnLockedThread(parent)
 		}
 		ctx, cancel := context.WithTimeout(parent, c.cfg.timeout())
-		err = tr.AllReduce(ctx, w.buf, w.dt, w.op)
+		if w.root >= 0 {
+			err = tr.Broadcast(ctx, w.buf, w.dt, w.root)
+		} else {
+			err = tr.AllReduce(ctx, w.buf, w.dt, w.op)
+		}
 		cancel()
 		if err != nil {
 			cause := context.Cause(c.ctx)
@@ -322,8 +329,8 @@ func (c *Comm) run(tr allReducer, w *Work, locked bool) {
 			if cause != nil {
 				err = fmt.Errorf("%w (%v)", cause, err)
 			}
-			c.Abort(fmt.Errorf("all-reduce of step %d bucket %d (%d bytes): %w", w.step, w.bucket, len(w.buf), err))
-			err = fmt.Errorf("all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
+			c.Abort(fmt.Errorf("%s of step %d bucket %d (%d bytes): %w", w.what(), w.step, w.bucket, len(w.buf), err))
+			err = fmt.Errorf("%s of step %d bucket %d (%d bytes, %v): %w", w.what(), w.step, w.bucket, len(w.buf), w.dt, err)
 		}
 	}
 	end := time.Now()
@@ -437,7 +444,7 @@ func (c *Comm) Describe() string {
 	return string(out)
 }
 
-// newWork checks the arguments of an all-reduce and wraps the caller's
+// newWork checks the arguments of a collective and wraps the caller's
 // memory without copying it.
 func (c *Comm) newWork(ptr unsafe.Pointer, count int64, dt reduce.DType, op reduce.Op, step uint64, bucket int32) (*Work, error) {
 	switch {
@@ -456,7 +463,15 @@ func (c *Comm) newWork(ptr unsafe.Pointer, count int64, dt reduce.DType, op redu
 	if count > 0 {
 		buf = unsafe.Slice((*byte)(ptr), count*int64(dt.Size()))
 	}
-	return &Work{c: c, buf: buf, dt: dt, op: op, step: step, bucket: bucket, arrive: time.Now(), done: make(chan struct{})}, nil
+	return &Work{c: c, buf: buf, dt: dt, op: op, root: -1, step: step, bucket: bucket, arrive: time.Now(), done: make(chan struct{})}, nil
+}
+
+// what names w's collective in errors.
+func (w *Work) what() string {
+	if w.root >= 0 {
+		return fmt.Sprintf("broadcast from rank %d", w.root)
+	}
+	return "all-reduce"
 }
 
 // Rank is this communicator's rank.
@@ -481,6 +496,29 @@ func (c *Comm) AllReduce(buf unsafe.Pointer, count int64, dt reduce.DType, op re
 		return nil, err
 	}
 	if err := c.tp.allReduce(w, buf, count, stream); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// Broadcast starts a broadcast of count elements at buf from root, in
+// place: every rank ends with root's bytes. Only the host transport has
+// one, queued for the executor like an all-reduce and in the same order;
+// on GPU memory torch.distributed's broadcast is NCCL's own already. The
+// Work tells when it is done; buf must stay valid until then.
+func (c *Comm) Broadcast(buf unsafe.Pointer, count int64, dt reduce.DType, root int, step uint64, bucket int32) (*Work, error) {
+	if c.cfg.Transport == "nccl" {
+		return nil, status.Errorf(status.Invalid, "the nccl transport has no broadcast: torch.distributed.broadcast is NCCL's")
+	}
+	if root < 0 || root >= c.size {
+		return nil, status.Errorf(status.Invalid, "root %d is not a rank of world size %d", root, c.size)
+	}
+	w, err := c.newWork(buf, count, dt, reduce.Sum, step, bucket)
+	if err != nil {
+		return nil, err
+	}
+	w.root = root
+	if err := c.enqueue(w); err != nil {
 		return nil, err
 	}
 	return w, nil

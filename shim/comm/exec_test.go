@@ -14,7 +14,8 @@ import (
 // TestWaitRunsQueuedInOrder: collectives run in issue order and complete
 // correctly whoever runs them, the executor or a waiter (runUpTo): each
 // rank issues a batch, then waits for the works in reverse order or from
-// one goroutine per work, over shared memory and over the TCP ring.
+// one goroutine per work, over shared memory and over the TCP ring; every
+// fourth is a broadcast (broadcastRoot), queued among the all-reduces.
 func TestWaitRunsQueuedInOrder(t *testing.T) {
 	const world, batch, count = 2, 16, 4099
 	for _, tc := range []struct {
@@ -47,7 +48,13 @@ func TestWaitRunsQueuedInOrder(t *testing.T) {
 							b[k] = float32(r + i + k%7)
 						}
 						bufs[r][i] = b
-						w, err := comms[r].AllReduce(unsafe.Pointer(&b[0]), count, reduce.Float32, reduce.Sum, nil, uint64(i), 0)
+						var w *Work
+						var err error
+						if root, ok := broadcastRoot(i); ok {
+							w, err = comms[r].Broadcast(unsafe.Pointer(&b[0]), count, reduce.Float32, root, uint64(i), 0)
+						} else {
+							w, err = comms[r].AllReduce(unsafe.Pointer(&b[0]), count, reduce.Float32, reduce.Sum, nil, uint64(i), 0)
+						}
 						if err != nil {
 							errs[r] = err
 							return
@@ -64,7 +71,11 @@ func TestWaitRunsQueuedInOrder(t *testing.T) {
 			for r := range world {
 				for i, b := range bufs[r] {
 					for k, v := range b {
-						if want := float32(2*i + 1 + 2*(k%7)); v != want {
+						want := float32(2*i + 1 + 2*(k%7))
+						if root, ok := broadcastRoot(i); ok {
+							want = float32(root + i + k%7)
+						}
+						if v != want {
 							t.Fatalf("rank %d, collective %d, element %d: got %v, want %v", r, i, k, v, want)
 						}
 					}
@@ -73,6 +84,10 @@ func TestWaitRunsQueuedInOrder(t *testing.T) {
 		})
 	}
 }
+
+// broadcastRoot says which collectives of TestWaitRunsQueuedInOrder's
+// batch are broadcasts (every fourth), and from which rank.
+func broadcastRoot(i int) (int, bool) { return (i / 4) % 2, i%4 == 3 }
 
 // waitAll waits for works: the last first ("reverse"), or each from a
 // goroutine of its own ("concurrent").

@@ -222,7 +222,7 @@ func (t *ncclTransport) allReduce(w *Work, ptr unsafe.Pointer, count int64, stre
 		if timed {
 			watch.Release(ev)
 		}
-		err = status.Errorf(statusOfGPU(err), "all-reduce of step %d bucket %d (%d bytes, %v): %w", w.step, w.bucket, len(w.buf), w.dt, err)
+		err = status.Errorf(statusOfGPU(err), "%s of step %d bucket %d (%d bytes, %v): %w", w.what(), w.step, w.bucket, len(w.buf), w.dt, err)
 		c.Abort(err)
 		c.pushEvent(f, start, end, err)
 	case timed:

@@ -132,6 +132,11 @@ func TestNCCLTransport(t *testing.T) {
 			t.Errorf("rank %d: sum got %v", r, bufs[r])
 		}
 	}
+	// No broadcast over NCCL (torch.distributed's is NCCL's): refused
+	// before NCCL is called, and the communicator stays usable.
+	if _, err := comms[0].Broadcast(unsafe.Pointer(&bufs[0][0]), 2, reduce.Float32, 0, 0, 0); status.Of(err) != status.Invalid {
+		t.Errorf("broadcast over nccl: got %v, want an invalid-argument error", err)
+	}
 	bufs = [][]byte{f32s(3), f32s(6), f32s(9)}
 	for r, err := range allreduce(comms, bufs, reduce.Avg) {
 		if err != nil || string(bufs[r]) != string(f32s(6)) {

@@ -15,13 +15,16 @@ import (
 // every case, watching that the peers are alive; Comm itself never asks
 // which carrier it has.
 //
-// Comm calls allReduce only from its AllReduce, one at a time, after its
-// own checks; abort and close at any time, close once its goroutines have
+// Comm calls allReduce and broadcast only from its AllReduce and
+// Broadcast, one at a time, after its own checks; abort and close at any time, close once its goroutines have
 // ended.
 type carrier interface {
 	// allReduce reduces buf in place across all ranks (Comm.AllReduce). An
 	// error wraps a kind of package failure; the Comm fails with it.
 	allReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error
+	// broadcast copies root's buf into every other rank's (Comm.Broadcast),
+	// with allReduce's errors.
+	broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error
 	// abort fails the carrier's collective in flight and every later one
 	// with err, on this rank and, where the carrier shares state with
 	// peers, on theirs; it returns at once.

@@ -68,7 +68,7 @@ func (c Config) withDefaults() Config {
 // the hierarchy. The ring stays connected underneath in every case, to
 // notice a peer that goes away.
 //
-// AllReduce must not be called concurrently with itself; Abort, Done, Err,
+// AllReduce and Broadcast must not be called concurrently; Abort, Done, Err,
 // Close, Rank, Size and Transport are safe to call at any time from any
 // goroutine.
 type Comm struct {
@@ -295,29 +295,46 @@ func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op re
 	if !dt.Valid() || !op.Valid() || len(buf)%dt.Size() != 0 {
 		return fmt.Errorf("all-reduce on rank %d: %w: %d bytes of %v, op %v", c.rank, failure.ErrInvalid, len(buf), dt, op)
 	}
+	return c.collective(ctx, "all-reduce", func() error { return c.data.allReduce(ctx, buf, dt, op) })
+}
+
+// Broadcast copies root's buf into every other rank's buf: a collective
+// with AllReduce's ordering, arguments (every rank names the same root),
+// blocking, errors and breakage, whose result is root's bytes on every
+// rank. dt only sizes the elements.
+func (c *Comm) Broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error {
+	if !dt.Valid() || len(buf)%dt.Size() != 0 || root < 0 || root >= c.size {
+		return fmt.Errorf("broadcast on rank %d: %w: %d bytes of %v from rank %d of %d", c.rank, failure.ErrInvalid, len(buf), dt, root, c.size)
+	}
+	return c.collective(ctx, fmt.Sprintf("broadcast from rank %d", root), func() error { return c.data.broadcast(ctx, buf, dt, root) })
+}
+
+// collective runs one collective, what, through run, after the checks
+// that AllReduce and Broadcast share.
+func (c *Comm) collective(ctx context.Context, what string, run func() error) error {
 	if !c.busy.CompareAndSwap(false, true) {
-		return fmt.Errorf("all-reduce on rank %d: %w: another AllReduce is running", c.rank, failure.ErrInvalid)
+		return fmt.Errorf("%s on rank %d: %w: another collective is running", what, c.rank, failure.ErrInvalid)
 	}
 	defer c.busy.Store(false)
 	if err := c.Err(); err != nil {
 		if errors.Is(err, failure.ErrAborted) {
-			return fmt.Errorf("all-reduce on rank %d: %w", c.rank, err)
+			return fmt.Errorf("%s on rank %d: %w", what, c.rank, err)
 		}
-		return fmt.Errorf("all-reduce on rank %d: %w: failed earlier: %w", c.rank, failure.ErrAborted, err)
+		return fmt.Errorf("%s on rank %d: %w: failed earlier: %w", what, c.rank, failure.ErrAborted, err)
 	}
 	if ctx.Err() != nil { // nothing sent yet: the Comm stays usable
-		return fmt.Errorf("all-reduce on rank %d: %w", c.rank, ctxError(ctx, nil))
+		return fmt.Errorf("%s on rank %d: %w", what, c.rank, ctxError(ctx, nil))
 	}
 	c.issued.Add(1) // before the check: see neighbourClosed
 	if err := c.goneErr(); err != nil {
 		c.fail(err)
-		return fmt.Errorf("all-reduce on rank %d: %w", c.rank, err)
+		return fmt.Errorf("%s on rank %d: %w", what, c.rank, err)
 	}
 	c.seq++
 	if c.size == 1 {
 		return nil
 	}
-	if err := c.data.allReduce(ctx, buf, dt, op); err != nil {
+	if err := run(); err != nil {
 		c.fail(err)
 		return c.Err()
 	}

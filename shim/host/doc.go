@@ -19,7 +19,10 @@
 // host through shared memory, between hosts over a second ring of the
 // hosts' lowest ranks, then back within each host (hier.go). Connect
 // chooses which of the three carries a Comm's data once (carrier.go), and
-// the Comm never asks again.
+// the Comm never asks again. Broadcast copies one rank's buffer into the
+// others' over the same carrier: along the ring from the root
+// (ring_broadcast.go), from the root's memory over shared memory, or
+// through the hosts' leaders.
 //
 // A Comm runs three goroutines of its own: one receives from the
 // predecessor (it also notices when the predecessor goes away between

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"github.com/ddp-agent/ddp-agent/shim/failure"
 	"github.com/ddp-agent/ddp-agent/shim/host/shm"
@@ -70,6 +71,7 @@ type hierarchy struct {
 	cross   *Comm     // the leaders' ring; nil unless this rank leads its host
 	leaders []int     // leaders[i]: the rank that leads host i
 	members []int     // this host's ranks: local rank i is rank members[i]
+	hostOf  []int     // hostOf[r]: rank r's host
 	world   int
 	seg     int // pipeline segment, bytes (defaultPipeSeg; tests make it small)
 }
@@ -136,6 +138,30 @@ func (h *hierarchy) pipeline(ctx context.Context, buf []byte, dt reduce.DType, o
 			if err := h.local.Broadcast(ctx, parts[k-1], dt, 0); err != nil {
 				return h.localError("from the host's leader", err)
 			}
+		}
+	}
+	return nil
+}
+
+// broadcast hands root's buffer to root's host through shared memory, then
+// from that host's leader to the other leaders over their ring, and from
+// each of them to its host. Unlike the all-reduce it does not pipeline:
+// its one use, a re-formation's state, moves once.
+func (h *hierarchy) broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error {
+	rootHost, here := h.hostOf[root], h.hostOf[h.rank]
+	if here == rootHost && h.local != nil {
+		if err := h.local.Broadcast(ctx, buf, dt, slices.Index(h.members, root)); err != nil {
+			return fmt.Errorf("broadcast on rank %d: %w", h.rank, h.localError("within the root's host", err))
+		}
+	}
+	if h.cross != nil {
+		if err := h.cross.Broadcast(ctx, buf, dt, rootHost); err != nil {
+			return fmt.Errorf("broadcast on rank %d: %w", h.rank, h.crossError(err))
+		}
+	}
+	if here != rootHost && h.local != nil {
+		if err := h.local.Broadcast(ctx, buf, dt, 0); err != nil {
+			return fmt.Errorf("broadcast on rank %d: %w", h.rank, h.localError("from the host's leader", err))
 		}
 	}
 	return nil
@@ -231,7 +257,7 @@ func (h *hierarchy) close() {
 // On error it has closed local.
 func newHierarchy(ctx context.Context, e *Endpoint, rank int, peers []PeerInfo, local *shm.Comm, cfg Config) (*hierarchy, error) {
 	groups, hostOf := hosts(peers)
-	h := &hierarchy{rank: rank, local: local, world: len(peers), members: groups[hostOf[rank]], seg: defaultPipeSeg}
+	h := &hierarchy{rank: rank, local: local, world: len(peers), members: groups[hostOf[rank]], hostOf: hostOf, seg: defaultPipeSeg}
 	for _, g := range groups {
 		h.leaders = append(h.leaders, g[0])
 	}

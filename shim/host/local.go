@@ -148,6 +148,10 @@ func (s shmCarrier) allReduce(ctx context.Context, buf []byte, dt reduce.DType, 
 	return fromSHM(s.local.AllReduce(ctx, buf, dt, op))
 }
 
+func (s shmCarrier) broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error {
+	return fromSHM(s.local.Broadcast(ctx, buf, dt, root))
+}
+
 // abort fails the segment's collectives here and, through its abort flag,
 // on the peers.
 func (s shmCarrier) abort(err error) { s.local.Abort(err) }

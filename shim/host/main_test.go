@@ -17,7 +17,7 @@ import (
 )
 
 // helperEnv switches the test binary into a helper rank process:
-// "rank,size,count,segment,shm".
+// "rank,size,count,segment,shm,broadcast".
 const helperEnv = "DDP_HOST_TEST_HELPER"
 
 func TestMain(m *testing.M) {
@@ -36,13 +36,14 @@ func TestMain(m *testing.M) {
 
 // helperRank is one rank in its own process. It prints its PeerInfo as a
 // JSON line, reads everyone's as a JSON line, connects, starts an
-// all-reduce of count float32s and exits with status 3 in the middle of it
-// (over shared memory, where the data moves too fast to catch, it exits
-// while the others wait for it instead).
+// all-reduce of count float32s (or a broadcast of them from rank 0) and
+// exits with status 3 in the middle of it (over shared memory, where the
+// data moves too fast to catch, it exits while the others wait for it
+// instead).
 func helperRank(spec string) int {
 	var rank, size, count, seg int
-	var useSHM bool
-	if _, err := fmt.Sscanf(spec, "%d,%d,%d,%d,%t", &rank, &size, &count, &seg, &useSHM); err != nil {
+	var useSHM, broadcast bool
+	if _, err := fmt.Sscanf(spec, "%d,%d,%d,%d,%t,%t", &rank, &size, &count, &seg, &useSHM, &broadcast); err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 2
 	}
@@ -72,7 +73,13 @@ func helperRank(spec string) int {
 		return 3
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- c.AllReduce(context.Background(), make([]byte, 4*count), reduce.Float32, reduce.Sum) }()
+	go func() {
+		if broadcast {
+			errc <- c.Broadcast(context.Background(), make([]byte, 4*count), reduce.Float32, 0)
+			return
+		}
+		errc <- c.AllReduce(context.Background(), make([]byte, 4*count), reduce.Float32, reduce.Sum)
+	}()
 	for c.received.n.Load() < 4 {
 		select {
 		case err := <-errc:
@@ -85,8 +92,8 @@ func helperRank(spec string) int {
 }
 
 // TestPeerKilled: a rank whose process exits in the middle of an
-// all-reduce makes every other rank fail with failure.ErrPeer at once, long
-// before the timeout.
+// all-reduce, or of a broadcast it forwards, makes every other rank fail
+// with failure.ErrPeer at once, long before the timeout.
 func TestPeerKilled(t *testing.T) {
 	const (
 		count   = 4 << 20 // float32s: 16 MiB
@@ -94,20 +101,23 @@ func TestPeerKilled(t *testing.T) {
 		timeout = 20 * time.Second
 	)
 	tests := []struct {
-		name    string
-		n, dead int
-		shm     bool
+		name      string
+		n, dead   int
+		shm       bool
+		broadcast bool // from rank 0; 16 MiB cannot all wait in the sockets' buffers
 	}{
-		{"2 ranks", 2, 1, false},
-		{"3 ranks, middle", 3, 1, false},
-		{"4 ranks, first", 4, 0, false},
-		{"shared memory, 2 ranks", 2, 0, true},
-		{"shared memory, 4 ranks", 4, 2, true},
+		{"2 ranks", 2, 1, false, false},
+		{"3 ranks, middle", 3, 1, false, false},
+		{"4 ranks, first", 4, 0, false, false},
+		{"shared memory, 2 ranks", 2, 0, true, false},
+		{"shared memory, 4 ranks", 4, 2, true, false},
+		{"broadcast, 3 ranks, the root's successor", 3, 1, false, true},
+		{"broadcast, 4 ranks, forwarding", 4, 2, false, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%d,%d,%d,%t", helperEnv, tc.dead, tc.n, count, seg, tc.shm))
+			cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%d,%d,%d,%t,%t", helperEnv, tc.dead, tc.n, count, seg, tc.shm, tc.broadcast))
 			cmd.Stderr = os.Stderr
 			stdin, err := cmd.StdinPipe()
 			if err != nil {
@@ -168,7 +178,11 @@ func TestPeerKilled(t *testing.T) {
 				if want := map[bool]string{false: "tcp", true: "shm"}[tc.shm]; c.Transport() != want {
 					return fmt.Errorf("transport %q, want %q", c.Transport(), want)
 				}
-				err = c.AllReduce(t.Context(), make([]byte, 4*count), reduce.Float32, reduce.Sum)
+				if tc.broadcast {
+					err = c.Broadcast(t.Context(), make([]byte, 4*count), reduce.Float32, 0)
+				} else {
+					err = c.AllReduce(t.Context(), make([]byte, 4*count), reduce.Float32, reduce.Sum)
+				}
 				failedAt[r] = time.Now()
 				return err
 			})

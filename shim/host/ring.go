@@ -23,7 +23,9 @@ import (
 
 // Every collective starts with a header from each rank to its successor:
 // magic "DDPC", sequence number u64, count u64, dtype u8, op u8, two zero
-// bytes; little-endian. Ranks whose headers differ disagree.
+// bytes; little-endian. A broadcast's op byte is hdrBroadcast and its last
+// two bytes the root's rank (its low 16 bits). Ranks whose headers differ
+// disagree.
 const (
 	hdrMagic = "DDPC"
 	hdrLen   = 24
@@ -44,12 +46,15 @@ func (ringCarrier) abort(error)  {}
 func (ringCarrier) close()       {}
 
 // allReduce runs the ring schedule on the caller's goroutine, the receiver
-// goroutine receiving. A failure fails the Comm, and the error is its first
-// cause, whichever side saw it.
+// goroutine receiving.
 func (r ringCarrier) allReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
-	c := r.c
-	col := newCollective(c, buf, dt, op)
+	return r.c.runRing(ctx, newCollective(r.c, buf, dt, op))
+}
 
+// runRing runs col, an all-reduce or a broadcast, on the caller's
+// goroutine (which sends), the receiver goroutine receiving. A failure
+// fails the Comm, and the error is its first cause, whichever side saw it.
+func (c *Comm) runRing(ctx context.Context, col *collective) error {
 	deadline := time.Now().Add(c.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -58,7 +63,7 @@ func (r ringCarrier) allReduce(ctx context.Context, buf []byte, dt reduce.DType,
 	c.send.SetWriteDeadline(deadline)
 	if ctx.Done() != nil {
 		defer context.AfterFunc(ctx, func() {
-			c.fail(fmt.Errorf("all-reduce #%d on rank %d: %w", col.seq, c.rank, ctxError(ctx, nil)))
+			c.fail(fmt.Errorf("%s #%d on rank %d: %w", col.what(), col.seq, c.rank, ctxError(ctx, nil)))
 		})()
 	}
 
@@ -67,7 +72,12 @@ func (r ringCarrier) allReduce(ctx context.Context, buf []byte, dt reduce.DType,
 	// The receiver takes col once the predecessor's header is in, which
 	// may be after this rank has sent its whole part.
 	c.reqs <- col
-	serr := c.sendAll(col)
+	var serr error
+	if col.root >= 0 {
+		serr = c.sendBroadcast(col)
+	} else {
+		serr = c.sendAll(col)
+	}
 	if serr != nil {
 		c.fail(serr)
 	}
@@ -91,12 +101,14 @@ func (r ringCarrier) allReduce(ctx context.Context, buf []byte, dt reduce.DType,
 // collective describes one AllReduce and how it is cut up: chunk i (of
 // size count/n, plus one for i < count%n) is owned by one rank after the
 // reduce-scatter, and every chunk is cut into nseg segments of segElems
-// elements (the last ones short or empty).
+// elements (the last ones short or empty). A broadcast (root >= 0,
+// ring_broadcast.go) cuts the whole buffer into segments instead.
 type collective struct {
 	seq            uint64
 	buf            []byte
 	dt             reduce.DType
 	op             reduce.Op
+	root           int // the broadcast's root; -1 for an all-reduce
 	hdr            [hdrLen]byte
 	es, base, rem  int
 	segElems, nseg int
@@ -106,7 +118,7 @@ func newCollective(c *Comm, buf []byte, dt reduce.DType, op reduce.Op) *collecti
 	es := dt.Size()
 	count := len(buf) / es
 	col := &collective{
-		seq: c.seq, buf: buf, dt: dt, op: op, es: es,
+		seq: c.seq, buf: buf, dt: dt, op: op, root: -1, es: es,
 		base: count / c.size, rem: count % c.size,
 		segElems: max(1, c.segBytes/es),
 	}
@@ -256,6 +268,9 @@ func (c *Comm) receiveAll(col *collective, hdr *[hdrLen]byte, staging []byte) er
 	if err := c.checkHeader(col, hdr); err != nil {
 		return err
 	}
+	if col.root >= 0 {
+		return c.receiveBroadcast(col)
+	}
 	n := c.size
 	for t := range 2 * (n - 1) {
 		i := mod(c.rank-t-1, n)
@@ -304,13 +319,13 @@ func (c *Comm) checkHeader(col *collective, got *[hdrLen]byte) error {
 	}
 	prev := mod(c.rank-1, c.size)
 	if string(got[:4]) != hdrMagic {
-		return fmt.Errorf("all-reduce #%d on rank %d: %w: rank %d sent %x, not a header", col.seq, c.rank, failure.ErrPeer, prev, got[:])
+		return fmt.Errorf("%s #%d on rank %d: %w: rank %d sent %x, not a header", col.what(), col.seq, c.rank, failure.ErrPeer, prev, got[:])
 	}
 	seq := binary.LittleEndian.Uint64(got[4:])
 	count := binary.LittleEndian.Uint64(got[12:])
-	return fmt.Errorf("all-reduce #%d on rank %d: %w: rank %d is at #%d with %d x %v, %v; this rank has %d x %v, %v",
-		col.seq, c.rank, failure.ErrMismatch, prev, seq, count, reduce.DType(got[20]), reduce.Op(got[21]),
-		len(col.buf)/col.es, col.dt, col.op)
+	return fmt.Errorf("%s #%d on rank %d: %w: rank %d is at #%d with %d x %v, %s; this rank has %d x %v, %s",
+		col.what(), col.seq, c.rank, failure.ErrMismatch, prev, seq, count, reduce.DType(got[20]), hdrKind(got),
+		len(col.buf)/col.es, col.dt, hdrKind(&col.hdr))
 }
 
 // watchSuccessor reads the connection to the successor, which carries no
@@ -337,7 +352,7 @@ func (c *Comm) watchSuccessor() {
 // ioError is an I/O error of a collective with peer: what is "send ... to"
 // or "receive ... from", completed with the peer's rank.
 func (c *Comm) ioError(col *collective, peer int, what string, err error) error {
-	return lostPeer(peer, fmt.Errorf("all-reduce #%d on rank %d: %s rank %d: %w: %w", col.seq, c.rank, what, peer, classify(err), err))
+	return lostPeer(peer, fmt.Errorf("%s #%d on rank %d: %s rank %d: %w: %w", col.what(), col.seq, c.rank, what, peer, classify(err), err))
 }
 
 // lostPeer makes err, an I/O error with peer, a failure.PeerError (failure.PeerLost)
