@@ -154,23 +154,30 @@ int ddpshim_connect(int64_t comm, const char *peers);
 int ddpshim_allreduce(int64_t comm, void *buf, int64_t count, int dtype, int op,
                       void *stream, uint64_t step, int32_t bucket, int64_t *work);
 
-/* ddpshim_broadcast starts an in-place broadcast of count elements at buf
- * from rank root and stores a work handle in *work: every rank ends with
- * root's bytes. It is a collective like ddpshim_allreduce, queued in the
- * same order as the all-reduces and with their rules (buf untouched until
- * the work completes, every rank the same count, dtype and root, each
- * bounded by timeout_ms, errors through ddpshim_work_wait); dtype only
- * sizes the elements. Over shared memory each rank reads root's buffer
- * once (single copy, as the all-reduce's, from 64 KiB); over TCP the bytes
- * go along the ring from root, pipelined; in a hierarchy through the
- * root's host, its leader and the other hosts' leaders. Host transport
- * only: on GPU memory, torch.distributed's broadcast is NCCL's own. step
- * and bucket label its timing event, as for an all-reduce.
- * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null work, null buf with count >
- * 0, negative count, unknown dtype, root not a rank, the nccl transport,
- * unknown handle, not connected), DDPSHIM_ERR_CLOSED, DDPSHIM_ERR_ABORTED. */
-int ddpshim_broadcast(int64_t comm, void *buf, int64_t count, int dtype, int root, uint64_t step, int32_t bucket,
-                      int64_t *work);
+/* ddpshim_broadcast starts an in-place broadcast from rank root of nbufs
+ * buffers, counts[i] elements at bufs[i], as one collective, and stores a
+ * work handle in *work: every rank ends with root's bytes. The buffers are
+ * one run of bytes, in order: every rank passes the same counts (only
+ * their total is checked). It is queued in order with the all-reduces and
+ * has their rules (the buffers untouched until the work completes, every
+ * rank the same dtype and root, each collective bounded by timeout_ms,
+ * errors through ddpshim_work_wait); dtype only sizes the elements. Over
+ * shared memory each rank reads root's buffers once, straight from root's
+ * memory (single copy, from 64 KiB in all, as the all-reduce's); over TCP
+ * the bytes go along the ring from root, pipelined; in a hierarchy through
+ * root's host, its leader and the other hosts' leaders. One collective for
+ * many buffers pays one round of the ranks' synchronisation, where a
+ * collective each paid one apiece. Host transport only: on GPU memory,
+ * torch.distributed's broadcast is NCCL's own. step and bucket label its
+ * timing event, as for an all-reduce. nbufs may be 0 (bufs and counts may
+ * then be NULL): the ranks only meet.
+ * Returns DDPSHIM_OK, DDPSHIM_ERR_INVALID (null work, null bufs or counts
+ * with nbufs > 0, nbufs negative or above 2^20, a null buffer with a count
+ * > 0, a negative count, unknown dtype, root not a rank, the nccl
+ * transport, unknown handle, not connected), DDPSHIM_ERR_CLOSED,
+ * DDPSHIM_ERR_ABORTED. */
+int ddpshim_broadcast(int64_t comm, void *const *bufs, const int64_t *counts, int nbufs, int dtype, int root,
+                      uint64_t step, int32_t bucket, int64_t *work);
 
 /* ddpshim_mark tells ddp-agent that this rank started the forward pass of
  * step (the step number its buckets of that iteration will carry) now;

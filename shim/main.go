@@ -108,26 +108,42 @@ func ddpshim_allreduce(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtyp
 }
 
 //export ddpshim_broadcast
-func ddpshim_broadcast(comm C.int64_t, buf unsafe.Pointer, count C.int64_t, dtype C.int, root C.int,
+func ddpshim_broadcast(comm C.int64_t, bufs *unsafe.Pointer, counts *C.int64_t, nbufs C.int, dtype C.int, root C.int,
 	step C.uint64_t, bucket C.int32_t, work *C.int64_t) (rc C.int) {
 	defer guard("ddpshim_broadcast", &rc)
 	c, err := lib.comm(int64(comm))
 	if err != nil {
 		return fail(err)
 	}
-	if work == nil {
+	switch {
+	case work == nil:
 		return fail(status.Errorf(status.Invalid, "ddpshim_broadcast: work must not be NULL"))
-	}
-	if dtype < 0 || dtype > 255 {
+	case nbufs < 0 || nbufs > maxBroadcastBufs:
+		return fail(status.Errorf(status.Invalid, "ddpshim_broadcast: nbufs %d is not in 0..%d", nbufs, maxBroadcastBufs))
+	case nbufs > 0 && (bufs == nil || counts == nil):
+		return fail(status.Errorf(status.Invalid, "ddpshim_broadcast: bufs or counts is NULL with nbufs %d", nbufs))
+	case dtype < 0 || dtype > 255:
 		return fail(status.Errorf(status.Invalid, "ddpshim_broadcast: unknown dtype %d", dtype))
 	}
-	w, err := c.Broadcast(buf, int64(count), reduce.DType(dtype), int(root), uint64(step), int32(bucket))
+	var ptrs []unsafe.Pointer
+	var ns []int64
+	if nbufs > 0 {
+		ptrs = unsafe.Slice(bufs, int(nbufs))
+		for _, n := range unsafe.Slice(counts, int(nbufs)) {
+			ns = append(ns, int64(n))
+		}
+	}
+	w, err := c.Broadcast(ptrs, ns, reduce.DType(dtype), int(root), uint64(step), int32(bucket))
 	if err != nil {
 		return fail(fmt.Errorf("ddpshim_broadcast: %w", err))
 	}
 	*work = C.int64_t(lib.addWork(w))
 	return status.OK
 }
+
+// maxBroadcastBufs bounds ddpshim_broadcast's nbufs: far more than a
+// model's tensors (the shared-memory transport's table takes as many).
+const maxBroadcastBufs = 1 << 20
 
 //export ddpshim_mark
 func ddpshim_mark(comm C.int64_t, step C.uint64_t, kind C.int) (rc C.int) {

@@ -158,14 +158,15 @@ PROTOTYPES: Dict[str, Tuple[Any, Tuple[Any, ...]]] = {
     "ddpshim_broadcast": (
         ctypes.c_int,
         (
-            ctypes.c_int64,   # comm
-            ctypes.c_void_p,  # buf
-            ctypes.c_int64,   # count
-            ctypes.c_int,     # dtype
-            ctypes.c_int,     # root
-            ctypes.c_uint64,  # step
-            ctypes.c_int32,   # bucket
-            _c_int64_p,       # work
+            ctypes.c_int64,                    # comm
+            ctypes.POINTER(ctypes.c_void_p),   # bufs
+            _c_int64_p,                        # counts
+            ctypes.c_int,                      # nbufs
+            ctypes.c_int,                      # dtype
+            ctypes.c_int,                      # root
+            ctypes.c_uint64,                   # step
+            ctypes.c_int32,                    # bucket
+            _c_int64_p,                        # work
         ),
     ),
     "ddpshim_mark": (ctypes.c_int, (ctypes.c_int64, ctypes.c_uint64, ctypes.c_int)),
@@ -430,18 +431,24 @@ class Comm:
         _check(lib, rc, "ddpshim_allreduce")
         return Work(work.value)
 
-    def broadcast(self, ptr: int, count: int, dtype: int, root: int, *, step: int = 0, bucket: int = 0) -> Work:
-        """Starts an in-place broadcast of count elements at address ptr from rank root; does not wait for the data.
+    def broadcast(self, ptrs: Sequence[int], counts: Sequence[int], dtype: int, root: int, *, step: int = 0,
+                  bucket: int = 0) -> Work:
+        """Starts an in-place broadcast from rank root of the buffers at ptrs (counts[i] elements each), as one collective.
 
         Host transport only (ddpshim_broadcast): every rank ends with root's
         bytes once the returned work completes, and the memory must stay
         valid and untouched until then. It is queued in order with the
-        all-reduces; every rank must issue it with the same count, dtype
+        all-reduces; every rank must issue it with the same counts, dtype
         and root.
         """
+        if len(ptrs) != len(counts):
+            raise ValueError(f"broadcast: {len(ptrs)} buffers and {len(counts)} counts")
         lib = _library()
+        n = len(ptrs)
+        bufs = (ctypes.c_void_p * n)(*ptrs)
+        sizes = (ctypes.c_int64 * n)(*counts)
         work = ctypes.c_int64(0)
-        rc = lib.ddpshim_broadcast(self.handle, ptr, count, dtype, root, step, bucket, ctypes.byref(work))
+        rc = lib.ddpshim_broadcast(self.handle, bufs, sizes, n, dtype, root, step, bucket, ctypes.byref(work))
         _check(lib, rc, "ddpshim_broadcast")
         return Work(work.value)
 

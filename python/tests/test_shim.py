@@ -57,6 +57,8 @@ C_TYPES = {
     "int32_t": ctypes.c_int32,
     "int64_t": ctypes.c_int64,
     "int64_t *": ctypes.POINTER(ctypes.c_int64),
+    "const int64_t *": ctypes.POINTER(ctypes.c_int64),
+    "void *const *": ctypes.POINTER(ctypes.c_void_p),
     "uint64_t": ctypes.c_uint64,
     "size_t": ctypes.c_size_t,
 }

@@ -30,7 +30,7 @@ import (
 // allReducer is a connected host transport, as the executor uses it.
 type allReducer interface {
 	AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error
-	Broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error
+	Broadcast(ctx context.Context, bufs [][]byte, dt reduce.DType, root int) error
 	Abort(err error)
 	Transport() string
 	Close() error
@@ -78,7 +78,9 @@ type Comm struct {
 // root.
 type Work struct {
 	c      *Comm
-	buf    []byte
+	buf    []byte   // an all-reduce's
+	bufs   [][]byte // a broadcast's
+	bytes  int      // of buf, or of all bufs
 	dt     reduce.DType
 	op     reduce.Op
 	root   int // the broadcast's root; -1 for an all-reduce
@@ -312,7 +314,7 @@ func (c *Comm) run(tr allReducer, w *Work, locked bool) {
 		}
 		ctx, cancel := context.WithTimeout(parent, c.cfg.timeout())
 		if w.root >= 0 {
-			err = tr.Broadcast(ctx, w.buf, w.dt, w.root)
+			err = tr.Broadcast(ctx, w.bufs, w.dt, w.root)
 		} else {
 			err = tr.AllReduce(ctx, w.buf, w.dt, w.op)
 		}
@@ -329,14 +331,14 @@ func (c *Comm) run(tr allReducer, w *Work, locked bool) {
 			if cause != nil {
 				err = fmt.Errorf("%w (%v)", cause, err)
 			}
-			c.Abort(fmt.Errorf("%s of step %d bucket %d (%d bytes): %w", w.what(), w.step, w.bucket, len(w.buf), err))
-			err = fmt.Errorf("%s of step %d bucket %d (%d bytes, %v): %w", w.what(), w.step, w.bucket, len(w.buf), w.dt, err)
+			c.Abort(fmt.Errorf("%s of step %d bucket %d (%d bytes): %w", w.what(), w.step, w.bucket, w.bytes, err))
+			err = fmt.Errorf("%s of step %d bucket %d (%d bytes, %v): %w", w.what(), w.step, w.bucket, w.bytes, w.dt, err)
 		}
 	}
 	end := time.Now()
 	if c.events != nil {
 		c.events.push(wire.CollectiveEvent{
-			Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)), DType: uint8(w.dt),
+			Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(w.bytes), DType: uint8(w.dt),
 			Status: uint8(status.Of(err)), TArrive: w.arrive.UnixNano(), TStart: start.UnixNano(), TEnd: end.UnixNano(),
 		})
 	}
@@ -447,23 +449,32 @@ func (c *Comm) Describe() string {
 // newWork checks the arguments of a collective and wraps the caller's
 // memory without copying it.
 func (c *Comm) newWork(ptr unsafe.Pointer, count int64, dt reduce.DType, op reduce.Op, step uint64, bucket int32) (*Work, error) {
+	if !op.Valid() {
+		return nil, status.Errorf(status.Invalid, "unknown op %d (want 0 sum, 4 avg)", uint8(op))
+	}
+	buf, err := wrapBytes(ptr, count, dt)
+	if err != nil {
+		return nil, err
+	}
+	return &Work{c: c, buf: buf, bytes: len(buf), dt: dt, op: op, root: -1, step: step, bucket: bucket, arrive: time.Now(), done: make(chan struct{})}, nil
+}
+
+// wrapBytes checks count elements of dt at ptr and wraps them, without
+// copying.
+func wrapBytes(ptr unsafe.Pointer, count int64, dt reduce.DType) ([]byte, error) {
 	switch {
 	case count < 0:
 		return nil, status.Errorf(status.Invalid, "count %d is negative", count)
 	case !dt.Valid():
 		return nil, status.Errorf(status.Invalid, "unknown dtype %d (want 2 int32, 4 int64, 6 float16, 7 float32, 8 float64, 9 bfloat16)", uint8(dt))
-	case !op.Valid():
-		return nil, status.Errorf(status.Invalid, "unknown op %d (want 0 sum, 4 avg)", uint8(op))
 	case ptr == nil && count > 0:
 		return nil, status.Errorf(status.Invalid, "buf is NULL with count %d", count)
 	case count > (1<<62)/int64(dt.Size()):
 		return nil, status.Errorf(status.Invalid, "count %d is too large", count)
+	case count == 0:
+		return nil, nil
 	}
-	var buf []byte
-	if count > 0 {
-		buf = unsafe.Slice((*byte)(ptr), count*int64(dt.Size()))
-	}
-	return &Work{c: c, buf: buf, dt: dt, op: op, root: -1, step: step, bucket: bucket, arrive: time.Now(), done: make(chan struct{})}, nil
+	return unsafe.Slice((*byte)(ptr), count*int64(dt.Size())), nil
 }
 
 // what names w's collective in errors.
@@ -501,23 +512,36 @@ func (c *Comm) AllReduce(buf unsafe.Pointer, count int64, dt reduce.DType, op re
 	return w, nil
 }
 
-// Broadcast starts a broadcast of count elements at buf from root, in
-// place: every rank ends with root's bytes. Only the host transport has
-// one, queued for the executor like an all-reduce and in the same order;
-// on GPU memory torch.distributed's broadcast is NCCL's own already. The
-// Work tells when it is done; buf must stay valid until then.
-func (c *Comm) Broadcast(buf unsafe.Pointer, count int64, dt reduce.DType, root int, step uint64, bucket int32) (*Work, error) {
+// Broadcast starts a broadcast from root of the buffers at bufs, counts[i]
+// elements at bufs[i], in place, as one collective: every rank ends with
+// root's bytes, and every rank passes buffers of the same counts. Only the
+// host transport has one, queued for the executor like an all-reduce and
+// in the same order; on GPU memory torch.distributed's broadcast is NCCL's
+// own already. The Work tells when it is done; the buffers must stay
+// valid until then.
+func (c *Comm) Broadcast(bufs []unsafe.Pointer, counts []int64, dt reduce.DType, root int, step uint64, bucket int32) (*Work, error) {
 	if c.cfg.Transport == "nccl" {
 		return nil, status.Errorf(status.Invalid, "the nccl transport has no broadcast: torch.distributed.broadcast is NCCL's")
 	}
-	if root < 0 || root >= c.size {
+	switch {
+	case root < 0 || root >= c.size:
 		return nil, status.Errorf(status.Invalid, "root %d is not a rank of world size %d", root, c.size)
+	case len(bufs) != len(counts):
+		return nil, status.Errorf(status.Invalid, "%d buffers and %d counts", len(bufs), len(counts))
 	}
-	w, err := c.newWork(buf, count, dt, reduce.Sum, step, bucket)
+	w, err := c.newWork(nil, 0, dt, reduce.Sum, step, bucket)
 	if err != nil {
 		return nil, err
 	}
 	w.root = root
+	for i, p := range bufs {
+		b, err := wrapBytes(p, counts[i], dt)
+		if err != nil {
+			return nil, fmt.Errorf("buffer %d: %w", i, err)
+		}
+		w.bufs = append(w.bufs, b)
+		w.bytes += len(b)
+	}
 	if err := c.enqueue(w); err != nil {
 		return nil, err
 	}

@@ -147,7 +147,7 @@ func (c *Comm) reportInFlight() {
 	for _, w := range works {
 		if !w.reported && w.arrive.Before(old) {
 			w.reported = true
-			evs = append(evs, wire.CollectiveEvent{Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(len(w.buf)),
+			evs = append(evs, wire.CollectiveEvent{Step: w.step, Bucket: uint32(w.bucket), Bytes: uint64(w.bytes),
 				DType: uint8(w.dt), Status: wire.StatusInFlight, TArrive: w.arrive.UnixNano(), TStart: w.started.Load()})
 		}
 	}

@@ -51,7 +51,10 @@ func TestWaitRunsQueuedInOrder(t *testing.T) {
 						var w *Work
 						var err error
 						if root, ok := broadcastRoot(i); ok {
-							w, err = comms[r].Broadcast(unsafe.Pointer(&b[0]), count, reduce.Float32, root, uint64(i), 0)
+							// Two buffers, cut where each rank likes.
+							half := int64(1000 + 7*r)
+							w, err = comms[r].Broadcast([]unsafe.Pointer{unsafe.Pointer(&b[0]), unsafe.Pointer(&b[half])},
+								[]int64{half, count - half}, reduce.Float32, root, uint64(i), 0)
 						} else {
 							w, err = comms[r].AllReduce(unsafe.Pointer(&b[0]), count, reduce.Float32, reduce.Sum, nil, uint64(i), 0)
 						}

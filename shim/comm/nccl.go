@@ -216,13 +216,13 @@ func (t *ncclTransport) allReduce(w *Work, ptr unsafe.Pointer, count int64, stre
 		err = cu.Record(ev.End, stream)
 	}
 	end := time.Now()
-	f := nccl.Flight{Events: ev, Step: w.step, Bucket: w.bucket, Bytes: uint64(len(w.buf)), DType: uint8(w.dt), Arrive: w.arrive, Enqueued: end}
+	f := nccl.Flight{Events: ev, Step: w.step, Bucket: w.bucket, Bytes: uint64(w.bytes), DType: uint8(w.dt), Arrive: w.arrive, Enqueued: end}
 	switch {
 	case err != nil:
 		if timed {
 			watch.Release(ev)
 		}
-		err = status.Errorf(statusOfGPU(err), "%s of step %d bucket %d (%d bytes, %v): %w", w.what(), w.step, w.bucket, len(w.buf), w.dt, err)
+		err = status.Errorf(statusOfGPU(err), "%s of step %d bucket %d (%d bytes, %v): %w", w.what(), w.step, w.bucket, w.bytes, w.dt, err)
 		c.Abort(err)
 		c.pushEvent(f, start, end, err)
 	case timed:

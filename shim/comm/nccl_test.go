@@ -134,7 +134,7 @@ func TestNCCLTransport(t *testing.T) {
 	}
 	// No broadcast over NCCL (torch.distributed's is NCCL's): refused
 	// before NCCL is called, and the communicator stays usable.
-	if _, err := comms[0].Broadcast(unsafe.Pointer(&bufs[0][0]), 2, reduce.Float32, 0, 0, 0); status.Of(err) != status.Invalid {
+	if _, err := comms[0].Broadcast([]unsafe.Pointer{unsafe.Pointer(&bufs[0][0])}, []int64{2}, reduce.Float32, 0, 0, 0); status.Of(err) != status.Invalid {
 		t.Errorf("broadcast over nccl: got %v, want an invalid-argument error", err)
 	}
 	bufs = [][]byte{f32s(3), f32s(6), f32s(9)}

@@ -16,7 +16,8 @@ import (
 // with hosts of unequal size and interleaved ranks) broadcasts from every
 // root, counts that fill no segment, one, and many (staged and single
 // copy), every rank ending with the root's bytes; all-reduces between the
-// broadcasts still agree, so the framing stays in step.
+// broadcasts still agree, so the framing stays in step. Each rank passes
+// its bytes cut into buffers its own way (cutAt), empty ones too.
 func TestBroadcast(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -53,7 +54,9 @@ func TestBroadcast(t *testing.T) {
 						}
 					}
 					want := bytes.Clone(bufs[root])
-					errs := each(tc.n, func(r int) error { return comms[r].Broadcast(t.Context(), bufs[r], reduce.Float32, root) })
+					errs := each(tc.n, func(r int) error {
+						return comms[r].Broadcast(t.Context(), cutAt(bufs[r], 4*(r*97+1), 4*(r*5003+11)), reduce.Float32, root)
+					})
 					if err := errors.Join(errs...); err != nil {
 						t.Fatalf("root %d, %d elements: %v", root, count, err)
 					}
@@ -80,7 +83,7 @@ func TestBroadcastMismatch(t *testing.T) {
 			other func(c *Comm, buf []byte) error
 			says  string
 		}{
-			{"root", func(c *Comm, buf []byte) error { return c.Broadcast(t.Context(), buf, reduce.Float32, 1) }, "broadcast from rank 1"},
+			{"root", func(c *Comm, buf []byte) error { return c.Broadcast(t.Context(), [][]byte{buf}, reduce.Float32, 1) }, "broadcast from rank 1"},
 			{"all-reduce", func(c *Comm, buf []byte) error { return c.AllReduce(t.Context(), buf, reduce.Float32, reduce.Sum) }, "sum"},
 		} {
 			t.Run(fmtBool(shm, "shm", "tcp")+" "+tc.name, func(t *testing.T) {
@@ -91,7 +94,7 @@ func TestBroadcastMismatch(t *testing.T) {
 					if r == 2 {
 						return tc.other(comms[r], buf)
 					}
-					return comms[r].Broadcast(t.Context(), buf, reduce.Float32, 0)
+					return comms[r].Broadcast(t.Context(), [][]byte{buf}, reduce.Float32, 0)
 				})
 				if el := time.Since(start); el > 5*time.Second {
 					t.Errorf("took %v, want well under the 30s timeout", el)
@@ -126,11 +129,22 @@ func TestBroadcastInvalid(t *testing.T) {
 		buf  []byte
 		root int
 	}{{make([]byte, 8), 2}, {make([]byte, 8), -1}, {make([]byte, 6), 0}} {
-		if err := comms[0].Broadcast(t.Context(), tc.buf, reduce.Float32, tc.root); !errors.Is(err, failure.ErrInvalid) {
+		if err := comms[0].Broadcast(t.Context(), [][]byte{tc.buf}, reduce.Float32, tc.root); !errors.Is(err, failure.ErrInvalid) {
 			t.Errorf("%d bytes from %d: got %v, want failure.ErrInvalid", len(tc.buf), tc.root, err)
 		}
 	}
 	checkAllReduce(t, comms, newInputs(2, 10), reduce.Float32, reduce.Sum)
+}
+
+// cutAt cuts b into buffers: the first first bytes, an empty one, then
+// pieces of every bytes (both clipped to b).
+func cutAt(b []byte, first, every int) [][]byte {
+	first = min(first, len(b))
+	out := [][]byte{b[:first], nil}
+	for off := first; off < len(b); off += every {
+		out = append(out, b[off:min(off+every, len(b))])
+	}
+	return out
 }
 
 func newRingSHM(t *testing.T, n int, shm bool) []*Comm {

@@ -22,9 +22,9 @@ type carrier interface {
 	// allReduce reduces buf in place across all ranks (Comm.AllReduce). An
 	// error wraps a kind of package failure; the Comm fails with it.
 	allReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error
-	// broadcast copies root's buf into every other rank's (Comm.Broadcast),
-	// with allReduce's errors.
-	broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error
+	// broadcast copies root's bufs into every other rank's
+	// (Comm.Broadcast), with allReduce's errors.
+	broadcast(ctx context.Context, bufs [][]byte, dt reduce.DType, root int) error
 	// abort fails the carrier's collective in flight and every later one
 	// with err, on this rank and, where the carrier shares state with
 	// peers, on theirs; it returns at once.

@@ -298,15 +298,23 @@ func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op re
 	return c.collective(ctx, "all-reduce", func() error { return c.data.allReduce(ctx, buf, dt, op) })
 }
 
-// Broadcast copies root's buf into every other rank's buf: a collective
-// with AllReduce's ordering, arguments (every rank names the same root),
-// blocking, errors and breakage, whose result is root's bytes on every
-// rank. dt only sizes the elements.
-func (c *Comm) Broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error {
-	if !dt.Valid() || len(buf)%dt.Size() != 0 || root < 0 || root >= c.size {
-		return fmt.Errorf("broadcast on rank %d: %w: %d bytes of %v from rank %d of %d", c.rank, failure.ErrInvalid, len(buf), dt, root, c.size)
+// Broadcast copies root's buffers into every other rank's: a collective
+// with AllReduce's ordering, arguments (every rank names the same root and
+// passes buffers of the same lengths), blocking, errors and breakage,
+// whose result is root's bytes on every rank. bufs are one run of bytes,
+// in order, moved as one collective; dt only sizes the elements, and each
+// buffer holds whole ones.
+func (c *Comm) Broadcast(ctx context.Context, bufs [][]byte, dt reduce.DType, root int) error {
+	bad := !dt.Valid() || root < 0 || root >= c.size
+	size := 0
+	for _, b := range bufs {
+		bad = bad || len(b)%dt.Size() != 0
+		size += len(b)
 	}
-	return c.collective(ctx, fmt.Sprintf("broadcast from rank %d", root), func() error { return c.data.broadcast(ctx, buf, dt, root) })
+	if bad {
+		return fmt.Errorf("broadcast on rank %d: %w: %d buffers, %d bytes of %v from rank %d of %d", c.rank, failure.ErrInvalid, len(bufs), size, dt, root, c.size)
+	}
+	return c.collective(ctx, fmt.Sprintf("broadcast from rank %d", root), func() error { return c.data.broadcast(ctx, bufs, dt, root) })
 }
 
 // collective runs one collective, what, through run, after the checks

@@ -135,7 +135,7 @@ func (h *hierarchy) pipeline(ctx context.Context, buf []byte, dt reduce.DType, o
 			}
 		}
 		if h.local != nil {
-			if err := h.local.Broadcast(ctx, parts[k-1], dt, 0); err != nil {
+			if err := h.local.Broadcast(ctx, [][]byte{parts[k-1]}, dt, 0); err != nil {
 				return h.localError("from the host's leader", err)
 			}
 		}
@@ -143,24 +143,24 @@ func (h *hierarchy) pipeline(ctx context.Context, buf []byte, dt reduce.DType, o
 	return nil
 }
 
-// broadcast hands root's buffer to root's host through shared memory, then
+// broadcast hands root's buffers to root's host through shared memory, then
 // from that host's leader to the other leaders over their ring, and from
 // each of them to its host. Unlike the all-reduce it does not pipeline:
 // its one use, a re-formation's state, moves once.
-func (h *hierarchy) broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error {
+func (h *hierarchy) broadcast(ctx context.Context, bufs [][]byte, dt reduce.DType, root int) error {
 	rootHost, here := h.hostOf[root], h.hostOf[h.rank]
 	if here == rootHost && h.local != nil {
-		if err := h.local.Broadcast(ctx, buf, dt, slices.Index(h.members, root)); err != nil {
+		if err := h.local.Broadcast(ctx, bufs, dt, slices.Index(h.members, root)); err != nil {
 			return fmt.Errorf("broadcast on rank %d: %w", h.rank, h.localError("within the root's host", err))
 		}
 	}
 	if h.cross != nil {
-		if err := h.cross.Broadcast(ctx, buf, dt, rootHost); err != nil {
+		if err := h.cross.Broadcast(ctx, bufs, dt, rootHost); err != nil {
 			return fmt.Errorf("broadcast on rank %d: %w", h.rank, h.crossError(err))
 		}
 	}
 	if here != rootHost && h.local != nil {
-		if err := h.local.Broadcast(ctx, buf, dt, 0); err != nil {
+		if err := h.local.Broadcast(ctx, bufs, dt, 0); err != nil {
 			return fmt.Errorf("broadcast on rank %d: %w", h.rank, h.localError("from the host's leader", err))
 		}
 	}

@@ -148,8 +148,8 @@ func (s shmCarrier) allReduce(ctx context.Context, buf []byte, dt reduce.DType, 
 	return fromSHM(s.local.AllReduce(ctx, buf, dt, op))
 }
 
-func (s shmCarrier) broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error {
-	return fromSHM(s.local.Broadcast(ctx, buf, dt, root))
+func (s shmCarrier) broadcast(ctx context.Context, bufs [][]byte, dt reduce.DType, root int) error {
+	return fromSHM(s.local.Broadcast(ctx, bufs, dt, root))
 }
 
 // abort fails the segment's collectives here and, through its abort flag,

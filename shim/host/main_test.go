@@ -75,7 +75,7 @@ func helperRank(spec string) int {
 	errc := make(chan error, 1)
 	go func() {
 		if broadcast {
-			errc <- c.Broadcast(context.Background(), make([]byte, 4*count), reduce.Float32, 0)
+			errc <- c.Broadcast(context.Background(), [][]byte{make([]byte, 4*count)}, reduce.Float32, 0)
 			return
 		}
 		errc <- c.AllReduce(context.Background(), make([]byte, 4*count), reduce.Float32, reduce.Sum)
@@ -179,7 +179,7 @@ func TestPeerKilled(t *testing.T) {
 					return fmt.Errorf("transport %q, want %q", c.Transport(), want)
 				}
 				if tc.broadcast {
-					err = c.Broadcast(t.Context(), make([]byte, 4*count), reduce.Float32, 0)
+					err = c.Broadcast(t.Context(), [][]byte{make([]byte, 4*count)}, reduce.Float32, 0)
 				} else {
 					err = c.AllReduce(t.Context(), make([]byte, 4*count), reduce.Float32, reduce.Sum)
 				}

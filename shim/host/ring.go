@@ -102,13 +102,14 @@ func (c *Comm) runRing(ctx context.Context, col *collective) error {
 // size count/n, plus one for i < count%n) is owned by one rank after the
 // reduce-scatter, and every chunk is cut into nseg segments of segElems
 // elements (the last ones short or empty). A broadcast (root >= 0,
-// ring_broadcast.go) cuts the whole buffer into segments instead.
+// ring_broadcast.go) cuts its buffers into segs instead.
 type collective struct {
 	seq            uint64
 	buf            []byte
 	dt             reduce.DType
 	op             reduce.Op
-	root           int // the broadcast's root; -1 for an all-reduce
+	root           int      // the broadcast's root; -1 for an all-reduce
+	segs           [][]byte // the broadcast's segments
 	hdr            [hdrLen]byte
 	es, base, rem  int
 	segElems, nseg int
@@ -325,7 +326,7 @@ func (c *Comm) checkHeader(col *collective, got *[hdrLen]byte) error {
 	count := binary.LittleEndian.Uint64(got[12:])
 	return fmt.Errorf("%s #%d on rank %d: %w: rank %d is at #%d with %d x %v, %s; this rank has %d x %v, %s",
 		col.what(), col.seq, c.rank, failure.ErrMismatch, prev, seq, count, reduce.DType(got[20]), hdrKind(got),
-		len(col.buf)/col.es, col.dt, hdrKind(&col.hdr))
+		binary.LittleEndian.Uint64(col.hdr[12:]), col.dt, hdrKind(&col.hdr))
 }
 
 // watchSuccessor reads the connection to the successor, which carries no

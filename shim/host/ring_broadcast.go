@@ -21,23 +21,29 @@ import (
 // hdrBroadcast is a broadcast's op byte in the header: no reduce.Op has it.
 const hdrBroadcast = 0xff
 
-// newBroadcast describes a broadcast of buf from root: the whole buffer cut
-// into nseg segments of segElems elements.
-func newBroadcast(c *Comm, buf []byte, dt reduce.DType, root int) *collective {
-	col := newCollective(c, buf, dt, reduce.Sum)
+// newBroadcast describes a broadcast of bufs from root: each buffer cut
+// into segments of segElems elements at most, none of them empty. Ranks
+// that cut the same bytes differently still agree: the stream carries
+// them in order.
+func newBroadcast(c *Comm, bufs [][]byte, dt reduce.DType, root int) *collective {
+	col := newCollective(c, nil, dt, reduce.Sum)
 	col.root = root
-	count := len(buf) / col.es
-	col.nseg = (count + col.segElems - 1) / col.segElems
+	seg, count := col.segElems*col.es, 0
+	for _, b := range bufs {
+		count += len(b) / col.es
+		for off := 0; off < len(b); off += seg {
+			col.segs = append(col.segs, b[off:min(off+seg, len(b))])
+		}
+	}
+	col.nseg = len(col.segs)
+	binary.LittleEndian.PutUint64(col.hdr[12:], uint64(count))
 	col.hdr[21] = hdrBroadcast
 	binary.LittleEndian.PutUint16(col.hdr[22:], uint16(root))
 	return col
 }
 
 // broadcastSegment returns segment k of a broadcast.
-func (col *collective) broadcastSegment(k int) []byte {
-	lo := k * col.segElems * col.es
-	return col.buf[lo:min(lo+col.segElems*col.es, len(col.buf))]
-}
+func (col *collective) broadcastSegment(k int) []byte { return col.segs[k] }
 
 // what names the collective in errors.
 func (col *collective) what() string {
@@ -56,8 +62,8 @@ func hdrKind(h *[hdrLen]byte) string {
 }
 
 // broadcast runs the chain on the caller's goroutine (runRing).
-func (r ringCarrier) broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error {
-	return r.c.runRing(ctx, newBroadcast(r.c, buf, dt, root))
+func (r ringCarrier) broadcast(ctx context.Context, bufs [][]byte, dt reduce.DType, root int) error {
+	return r.c.runRing(ctx, newBroadcast(r.c, bufs, dt, root))
 }
 
 // sendBroadcast sends the header and, on the root, the buffer; elsewhere

@@ -111,11 +111,17 @@ static void one_rank(void) {
     EXPECT(ddpshim_work_wait(w), DDPSHIM_OK);
     EXPECT(ddpshim_work_free(w), DDPSHIM_OK);
 
-    EXPECT(ddpshim_broadcast(h, f, 5, DDPSHIM_FLOAT32, 1, 0, 0, &w), DDPSHIM_ERR_INVALID); /* no rank 1 */
+    void *one[1] = {f}, *none[1] = {NULL};
+    int64_t five[1] = {5}, minus[1] = {-1};
+    EXPECT(ddpshim_broadcast(h, one, five, 1, DDPSHIM_FLOAT32, 1, 0, 0, &w), DDPSHIM_ERR_INVALID); /* no rank 1 */
     CHECK(strstr(ddpshim_last_error(), "root 1") != NULL, "bad root message: %s", ddpshim_last_error());
-    EXPECT(ddpshim_broadcast(h, f, 5, DDPSHIM_FLOAT32, 0, 0, 0, NULL), DDPSHIM_ERR_INVALID);
-    EXPECT(ddpshim_broadcast(h, f, 5, 99, 0, 0, 0, &w), DDPSHIM_ERR_INVALID);
-    EXPECT(ddpshim_broadcast(h, NULL, 5, DDPSHIM_FLOAT32, 0, 0, 0, &w), DDPSHIM_ERR_INVALID);
+    EXPECT(ddpshim_broadcast(h, one, five, 1, DDPSHIM_FLOAT32, 0, 0, 0, NULL), DDPSHIM_ERR_INVALID);
+    EXPECT(ddpshim_broadcast(h, one, five, 1, 99, 0, 0, 0, &w), DDPSHIM_ERR_INVALID);
+    EXPECT(ddpshim_broadcast(h, none, five, 1, DDPSHIM_FLOAT32, 0, 0, 0, &w), DDPSHIM_ERR_INVALID);
+    EXPECT(ddpshim_broadcast(h, one, minus, 1, DDPSHIM_FLOAT32, 0, 0, 0, &w), DDPSHIM_ERR_INVALID);
+    EXPECT(ddpshim_broadcast(h, NULL, five, 1, DDPSHIM_FLOAT32, 0, 0, 0, &w), DDPSHIM_ERR_INVALID);
+    EXPECT(ddpshim_broadcast(h, one, NULL, 1, DDPSHIM_FLOAT32, 0, 0, 0, &w), DDPSHIM_ERR_INVALID);
+    EXPECT(ddpshim_broadcast(h, one, five, -1, DDPSHIM_FLOAT32, 0, 0, 0, &w), DDPSHIM_ERR_INVALID);
 
     EXPECT(ddpshim_allreduce(h, f, 5, DDPSHIM_FLOAT32, DDPSHIM_AVG, NULL, 7, 3, &w), DDPSHIM_OK);
     EXPECT(ddpshim_work_wait(w), DDPSHIM_OK);
@@ -131,10 +137,13 @@ static void one_rank(void) {
     EXPECT(ddpshim_comm_info(h, info, 3), DDPSHIM_ERR_INVALID);
     EXPECT(ddpshim_comm_info(h, info, sizeof info), DDPSHIM_OK);
     CHECK(strstr(info, "\"collectives\":2") != NULL, "comm_info: %s", info);
-    EXPECT(ddpshim_broadcast(h, f, 5, DDPSHIM_FLOAT32, 0, 0, 0, &w), DDPSHIM_OK);
+    EXPECT(ddpshim_broadcast(h, one, five, 1, DDPSHIM_FLOAT32, 0, 0, 0, &w), DDPSHIM_OK);
     EXPECT(ddpshim_work_wait(w), DDPSHIM_OK);
     EXPECT(ddpshim_work_free(w), DDPSHIM_OK);
     CHECK(f[0] == 1 && f[4] == 5, "a broadcast in a world of one changed the data: %g %g", f[0], f[4]);
+    EXPECT(ddpshim_broadcast(h, NULL, NULL, 0, DDPSHIM_FLOAT32, 0, 0, 0, &w), DDPSHIM_OK); /* nothing: the ranks meet */
+    EXPECT(ddpshim_work_wait(w), DDPSHIM_OK);
+    EXPECT(ddpshim_work_free(w), DDPSHIM_OK);
 
     EXPECT(ddpshim_abort(h, "test abort"), DDPSHIM_OK);
     EXPECT(ddpshim_abort(h, NULL), DDPSHIM_OK); /* idempotent */
@@ -213,14 +222,18 @@ static void two_ranks(const char *extra) {
             }
         }
 
-    /* Broadcasts from each root, queued between all-reduces: every rank
-     * ends with the root's bytes, and the all-reduce after them agrees. */
+    /* Broadcasts from each root, queued between all-reduces, the buffer
+     * cut in two where each rank likes: every rank ends with the root's
+     * bytes, and the all-reduce after them agrees. */
     int64_t wb[2];
     for (int root = 0; root < 2; root++) {
         for (int r = 0; r < 2; r++)
             for (int i = 0; i < N; i++) f64[r][i] = r * 1000.0 + i;
-        for (int r = 0; r < 2; r++)
-            EXPECT(ddpshim_broadcast(h[r], f64[r], N, DDPSHIM_FLOAT64, root, 1, 7, &wb[r]), DDPSHIM_OK);
+        for (int r = 0; r < 2; r++) {
+            void *parts[2] = {f64[r], f64[r] + 100 + r};
+            int64_t counts[2] = {100 + r, N - 100 - r};
+            EXPECT(ddpshim_broadcast(h[r], parts, counts, 2, DDPSHIM_FLOAT64, root, 1, 7, &wb[r]), DDPSHIM_OK);
+        }
         for (int r = 0; r < 2; r++)
             EXPECT(ddpshim_allreduce(h[r], f32[r], N, DDPSHIM_FLOAT32, DDPSHIM_SUM, NULL, 1, 8, &w[r]), DDPSHIM_OK);
         for (int r = 0; r < 2; r++) {

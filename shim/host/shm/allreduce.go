@@ -35,7 +35,9 @@ type job struct {
 	deadline    time.Time
 	ctxDeadline bool // deadline is ctx's
 	locked      bool // the caller's goroutine is locked to its thread (OnLockedThread)
-	buf         []byte
+	buf         []byte // an all-reduce's
+	vec         vec    // a broadcast's buffers
+	size        int    // bytes in all
 	dt          reduce.DType
 	op          reduce.Op
 	hdrOp       uint32 // op as the header says it: op, or broadcastOp|root
@@ -80,17 +82,22 @@ func (c *Comm) slotSeg(q int, t uint32, ch, n int) []byte {
 // order, so the counters may wrap.
 func reached(v, want uint32) bool { return int32(v-want) >= 0 }
 
-// run runs collective seq: an all-reduce, or with root >= 0 a broadcast
-// of root's buf.
-func (c *Comm) run(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op, seq uint32, root int) error {
+// run runs collective seq: an all-reduce of bufs[0], or with root >= 0 a
+// broadcast of root's bufs.
+func (c *Comm) run(ctx context.Context, bufs [][]byte, dt reduce.DType, op reduce.Op, seq uint32, root int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	j := job{ctx: ctx, buf: buf, dt: dt, op: op, hdrOp: uint32(op), seq: seq, base: c.step, es: dt.Size(), locked: onLockedThread(ctx)}
+	j := job{ctx: ctx, dt: dt, op: op, hdrOp: uint32(op), seq: seq, base: c.step, es: dt.Size(), locked: onLockedThread(ctx)}
 	if root >= 0 {
 		j.hdrOp = broadcastOp | uint32(root)
+		j.vec = bufs
+		j.size = j.vec.size()
+	} else {
+		j.buf = bufs[0]
+		j.size = len(j.buf)
 	}
-	j.count = len(buf) / j.es
+	j.count = j.size / j.es
 	j.per, j.extra = j.count/c.world, j.count%c.world
 	j.segElems = c.seg / j.es
 	j.deadline = time.Now().Add(c.timeout)
@@ -127,7 +134,7 @@ func (c *Comm) run(ctx context.Context, buf []byte, dt reduce.DType, op reduce.O
 	if root >= 0 {
 		return c.runBroadcast(&j, root)
 	}
-	if c.direct && int64(len(buf)) >= c.directMin {
+	if c.direct && int64(j.size) >= c.directMin {
 		return c.runDirect(&j)
 	}
 

@@ -2,7 +2,9 @@ package shm
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/ddp-agent/ddp-agent/shim/reduce"
 )
@@ -21,21 +23,21 @@ func opName(op uint32) string {
 	return reduce.Op(op).String()
 }
 
-// runBroadcast copies root's buffer into the others': with single copy,
-// each rank reads it straight from root's memory; staged, root copies it
-// through its slot, a whole ring entry (world segments) per step. The
+// runBroadcast copies root's buffers into the others': with single copy,
+// each rank reads them straight from root's memory; staged, root copies
+// them through its slot, a whole ring entry (world segments) per step. The
 // counters keep their meaning for the collectives around it: every rank
 // ends with in, red and done at the last step, as after an all-reduce.
 func (c *Comm) runBroadcast(j *job, root int) error {
-	if c.direct && int64(len(j.buf)) >= c.directMin {
+	if c.direct && int64(j.size) >= c.directMin {
 		return c.broadcastDirect(j, root)
 	}
 	entry := c.world * c.seg // one ring entry of a slot
-	steps := max(1, (len(j.buf)+entry-1)/entry)
+	steps := max(1, (j.size+entry-1)/entry)
 	me := c.ctl[c.rank]
 	for k := range steps {
 		t := j.base + uint32(k)
-		lo, hi := min(k*entry, len(j.buf)), min((k+1)*entry, len(j.buf))
+		lo, hi := min(k*entry, j.size), min((k+1)*entry, j.size)
 		if c.rank == root {
 			for p := range c.world {
 				if p == root {
@@ -46,7 +48,7 @@ func (c *Comm) runBroadcast(j *job, root int) error {
 				}
 			}
 			off := int(t%depth) * entry
-			copy(c.slots[root][off:off+hi-lo], j.buf[lo:hi])
+			j.vec.gather(c.slots[root][off:off+hi-lo], lo)
 			c.publish(me.in, t+1)
 			c.publish(me.done, t+1)
 			continue
@@ -60,7 +62,7 @@ func (c *Comm) runBroadcast(j *job, root int) error {
 			}
 		}
 		off := int(t%depth) * entry
-		copy(j.buf[lo:hi], c.slots[root][off:off+hi-lo])
+		j.vec.scatter(lo, c.slots[root][off:off+hi-lo])
 		c.publish(me.in, t+1)
 		c.publish(me.red, t+1)
 		c.publish(me.done, t+1)
@@ -96,14 +98,16 @@ func (c *Comm) checkPeers(j *job, me rankCtl, end uint32) error {
 	return nil
 }
 
-// broadcastDirect is runBroadcast's single copy: root publishes its
-// buffer's address; the others read it and say done; root returns once all
-// have, so nobody reads its buffer afterwards.
+// broadcastDirect is runBroadcast's single copy: root publishes the
+// address of a table of its buffers (table); each of the others reads the
+// table, then every buffer in one process_vm_readv, and says done; root
+// returns once all have, so nobody reads its memory afterwards.
 func (c *Comm) broadcastDirect(j *job, root int) error {
 	me := c.ctl[c.rank]
 	next := j.base + 1
 	if c.rank == root {
-		atomic.StoreUint64(me.addr, uint64(addrOf(j.buf)))
+		t := table(j.vec)
+		atomic.StoreUint64(me.addr, uint64(uintptr(unsafe.Pointer(&t[0]))))
 		c.publish(me.in, next)
 		if err := c.checkPeers(j, me, next); err != nil {
 			return err
@@ -116,6 +120,7 @@ func (c *Comm) broadcastDirect(j *job, root int) error {
 				return err
 			}
 		}
+		runtime.KeepAlive(t) // the peers read it until their done
 		c.publish(me.done, next)
 		c.step = next
 		return nil
@@ -127,7 +132,11 @@ func (c *Comm) broadcastDirect(j *job, root int) error {
 		return err
 	}
 	src := peer{rank: root, pid: int(atomic.LoadUint32(c.ctl[root].pid)), addr: uintptr(atomic.LoadUint64(c.ctl[root].addr))}
-	if err := vmRead(src.pid, j.buf, src.addr); err != nil {
+	remote, err := readTable(src.pid, src.addr, j.size)
+	if err == nil {
+		err = vmReadVec(src.pid, j.vec, remote)
+	}
+	if err != nil {
 		return c.peerMemError(src, err)
 	}
 	c.publish(me.in, next)

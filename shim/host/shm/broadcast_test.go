@@ -14,7 +14,9 @@ import (
 
 // TestBroadcast: every root's buffer reaches every rank bit for bit, staged
 // (over several ring entries, wrapping the slot) and single copy, with
-// all-reduces in between on the same communicators.
+// all-reduces in between on the same communicators. Each rank cuts its
+// buffer into pieces its own way (pieces), an empty one among them: the
+// bytes go in order whatever the cuts.
 func TestBroadcast(t *testing.T) {
 	for _, world := range []int{1, 2, 3, 4} {
 		for _, direct := range []bool{false, true} {
@@ -33,7 +35,7 @@ func TestBroadcast(t *testing.T) {
 						bufs := make([][]byte, world)
 						errs := allRanks(comms, func(r int, c *Comm) error {
 							bufs[r] = inputs(reduce.BFloat16, r, count, salt)
-							return c.Broadcast(context.Background(), bufs[r], reduce.BFloat16, root)
+							return c.Broadcast(context.Background(), pieces(bufs[r], 2*(1+r*131), 2*(7001+r*1999)), reduce.BFloat16, root)
 						})
 						want := inputs(reduce.BFloat16, root, count, salt)
 						for r, err := range errs {
@@ -53,6 +55,17 @@ func TestBroadcast(t *testing.T) {
 	}
 }
 
+// pieces cuts b after its first first bytes, leaves an empty buffer
+// there, and cuts the rest every every bytes.
+func pieces(b []byte, first, every int) [][]byte {
+	first = min(first, len(b))
+	out := [][]byte{b[:first], {}}
+	for rest := b[first:]; len(rest) > 0; rest = rest[min(every, len(rest)):] {
+		out = append(out, rest[:min(every, len(rest))])
+	}
+	return out
+}
+
 // TestBroadcastMismatch: ranks that disagree on the collective (a broadcast
 // against an all-reduce, or two roots) fail with failure.ErrMismatch instead of
 // exchanging data.
@@ -63,12 +76,12 @@ func TestBroadcastMismatch(t *testing.T) {
 	}{
 		{"broadcast/all-reduce", func(r int, c *Comm, buf []byte) error {
 			if r == 0 {
-				return c.Broadcast(context.Background(), buf, reduce.Float32, 0)
+				return c.Broadcast(context.Background(), [][]byte{buf}, reduce.Float32, 0)
 			}
 			return c.AllReduce(context.Background(), buf, reduce.Float32, reduce.Sum)
 		}},
 		{"roots", func(r int, c *Comm, buf []byte) error {
-			return c.Broadcast(context.Background(), buf, reduce.Float32, r%2)
+			return c.Broadcast(context.Background(), [][]byte{buf}, reduce.Float32, r%2)
 		}},
 	} {
 		for _, direct := range []bool{false, true} {

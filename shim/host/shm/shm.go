@@ -333,24 +333,28 @@ func (c *Comm) stopErr() error {
 // promptly too, and later calls fail at once. Calls must not overlap; an
 // overlapping call returns an error without touching the collective.
 func (c *Comm) AllReduce(ctx context.Context, buf []byte, dt reduce.DType, op reduce.Op) error {
-	return c.collective(ctx, "all-reduce", buf, dt, op, -1)
+	return c.collective(ctx, "all-reduce", [][]byte{buf}, dt, op, -1)
 }
 
-// Broadcast copies root's buf into every other rank's buf: a collective like
-// AllReduce (the same ordering, arguments, errors and breakage), and as
-// AllReduce's results, bit-identical. dt only sizes the elements (the
-// ranks check that they agree on it). The ranks of a host use it to hand
-// the result that their leader brought back from the other hosts to the
-// rest (package host's hierarchy).
-func (c *Comm) Broadcast(ctx context.Context, buf []byte, dt reduce.DType, root int) error {
+// Broadcast copies root's buffers into every other rank's: a collective
+// like AllReduce (the same ordering, arguments, errors and breakage), and
+// as AllReduce's results, bit-identical. bufs are taken as one run of
+// bytes, in order: every rank passes buffers of the same lengths (the
+// ranks check that the totals agree). dt only sizes the elements (the
+// ranks check that they agree on it; each buffer holds whole elements).
+// The ranks of a host use it to hand the result that their leader brought
+// back from the other hosts to the rest (package host's hierarchy), and
+// package host's Broadcast goes through it.
+func (c *Comm) Broadcast(ctx context.Context, bufs [][]byte, dt reduce.DType, root int) error {
 	if root < 0 || root >= c.world {
 		return fmt.Errorf("shm broadcast on rank %d: root %d out of range for world %d", c.rank, root, c.world)
 	}
-	return c.collective(ctx, "broadcast", buf, dt, reduce.Sum, root)
+	return c.collective(ctx, "broadcast", bufs, dt, reduce.Sum, root)
 }
 
-// collective runs an all-reduce (root < 0) or a broadcast from root.
-func (c *Comm) collective(ctx context.Context, what string, buf []byte, dt reduce.DType, op reduce.Op, root int) error {
+// collective runs an all-reduce of bufs[0] (root < 0) or a broadcast of
+// bufs from root.
+func (c *Comm) collective(ctx context.Context, what string, bufs [][]byte, dt reduce.DType, op reduce.Op, root int) error {
 	if !c.busy.CompareAndSwap(false, true) {
 		return fmt.Errorf("shm %s on rank %d: another collective is running on this communicator", what, c.rank)
 	}
@@ -374,10 +378,16 @@ func (c *Comm) collective(ctx context.Context, what string, buf []byte, dt reduc
 		err = fmt.Errorf("invalid dtype %v", dt)
 	case !op.Valid():
 		err = fmt.Errorf("invalid op %v", op)
-	case len(buf)%dt.Size() != 0:
-		err = fmt.Errorf("buffer of %d bytes is not a whole number of %v", len(buf), dt)
 	default:
-		err = c.run(ctx, buf, dt, op, seq, root)
+		for _, b := range bufs {
+			if len(b)%dt.Size() != 0 {
+				err = fmt.Errorf("buffer of %d bytes is not a whole number of %v", len(b), dt)
+				break
+			}
+		}
+		if err == nil {
+			err = c.run(ctx, bufs, dt, op, seq, root)
+		}
 	}
 	if err != nil {
 		err = fmt.Errorf("shm %s %d on rank %d of %d: %w", what, seq, c.rank, c.world, err)

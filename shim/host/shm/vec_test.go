@@ -1,0 +1,86 @@
+package shm
+
+import (
+	"bytes"
+	"os"
+	"runtime"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestVec: gather and scatter move a vec's bytes in order across its
+// buffers, empty ones included, from any offset.
+func TestVec(t *testing.T) {
+	v := vec{make([]byte, 3), nil, make([]byte, 5), {}, make([]byte, 1)}
+	src := []byte("abcdefghi")
+	v.scatter(0, src)
+	if got := bytes.Join(v, nil); !bytes.Equal(got, src) {
+		t.Fatalf("scatter: %q", got)
+	}
+	for off := range len(src) {
+		for n := 0; off+n <= len(src); n++ {
+			dst := make([]byte, n)
+			v.gather(dst, off)
+			if !bytes.Equal(dst, src[off:off+n]) {
+				t.Errorf("gather %d bytes at %d: %q", n, off, dst)
+			}
+		}
+	}
+	v.scatter(4, []byte("XYZ"))
+	if got := string(bytes.Join(v, nil)); got != "abcdXYZhi" {
+		t.Errorf("scatter at 4: %q", got)
+	}
+	if v.size() != 9 {
+		t.Errorf("size %d", v.size())
+	}
+}
+
+// TestVMReadVec: a receiver's buffers cut one way fill from a root's cut
+// another, more pieces on each side than one process_vm_readv takes
+// (iovMax), through the table the root publishes (this process stands for
+// both).
+func TestVMReadVec(t *testing.T) {
+	const size = 3*iovMax*7 + 5
+	src := make([]byte, size)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	// The root: pieces of 7 bytes and an empty one.
+	var root vec
+	for off := 0; off < size; off += 7 {
+		root = append(root, src[off:min(off+7, size)])
+		if off == 70 {
+			root = append(root, nil)
+		}
+	}
+	tab := table(root)
+	remote, err := readTable(os.Getpid(), uintptr(unsafe.Pointer(&tab[0])), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(remote) != (size+6)/7 {
+		t.Fatalf("%d remote buffers, want %d (the empty one left out)", len(remote), (size+6)/7)
+	}
+	// The receiver: pieces of 3 bytes, then one large one.
+	dst := make([]byte, size)
+	var local vec
+	for off := 0; off < 3*2000; off += 3 {
+		local = append(local, dst[off:off+3])
+	}
+	local = append(local, dst[3*2000:])
+	if err := vmReadVec(os.Getpid(), local, remote); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, src) {
+		t.Fatal("the receiver's bytes differ from the root's")
+	}
+	if _, err := readTable(os.Getpid(), uintptr(unsafe.Pointer(&tab[0])), size+1); err == nil {
+		t.Error("a table of other sizes than this rank's: no error")
+	}
+	runtime.KeepAlive(tab)
+	if err := vmReadVec(os.Getpid(), vec{make([]byte, 4)}, []unix.RemoteIovec{{Base: 8, Len: 4}}); err == nil {
+		t.Error("reading an unmapped address: no error")
+	}
+}
