@@ -91,14 +91,18 @@ def _warm(path: Optional[str]) -> int:
 def _warm_torch() -> None:
     """Runs what a first training step imports on its way: torch 2.x imports torch._dynamo at the
     first optimizer (1.3 s of the 1.5 s a spare took to join, on the 2-core VM). On the CPU and
-    with the RNG state restored; CUDA waits for the rank's device."""
+    with the RNG state restored; CUDA waits for the rank's device. Then the state move's own
+    operations (_state.warm)."""
     import torch
+
+    from . import _state
 
     with torch.random.fork_rng(devices=[]):
         model = torch.nn.Linear(2, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         model(torch.zeros(1, 2)).sum().backward()
         optimizer.step()
+    _state.warm()
 
 
 def main(argv: List[str]) -> None:

@@ -1,16 +1,20 @@
 """Moving the model's and optimizer's state from a healthy rank to the others, for a re-formation in process.
 
 The state goes through the new hook's host communicator when there is one
-(CPU tensors, the shim's host transport): each tensor all-reduced in
-place with SUM, the source's values against the others' negative zeros
-(the tensors under SMALL_BYTES packed into one collective per dtype).
-A sum whose other terms are all -0.0 is the source's value bit for bit
-(-0.0 is the identity of IEEE addition, where +0.0 would turn a -0.0 into
-+0.0), so this is a broadcast through the shim. On the 2-core VM the
-survivors' state phase took 75-85 ms this way, 87-120 ms through gloo's
-broadcasts, tensor by tensor (docs/in-process.md). Without that
-communicator (CUDA tensors, a hook-less wrap), and for dtypes the shim
-does not reduce, torch.distributed's broadcast does it.
+(CPU tensors, the shim's host transport): one broadcast from the source
+(ddpshim_broadcast) of every tensor of SMALL_BYTES and more whose bytes are
+whole 4-byte words, each straight from the source's memory into the
+others', and of one buffer that packs the rest, whatever their dtypes.
+Over shared memory a receiver reads the source's tensors once, in one
+system call. Without that communicator (CUDA tensors, a hook-less wrap),
+and for tensors that are not contiguous, torch.distributed's broadcast
+does it.
+
+The state went through all-reduces before (the source's values against the
+receivers' negative zeros, the identity of IEEE addition), one per tensor:
+every byte was read and written twice after the receivers had filled their
+buffers, and each collective paid a round of the ranks' synchronisation.
+docs/in-process.md has the figures.
 """
 
 import time
@@ -20,14 +24,13 @@ import torch
 import torch.distributed as dist
 
 from . import _shim
-from ._buckets import DTYPES
 
-# The bucket that labels the state's all-reduces in ddp-agent's telemetry:
-# no DDP bucket has that index, so they never take a gradient
-# collective's key.
+# The bucket that labels the state's broadcast in ddp-agent's telemetry: no
+# DDP bucket has that index, so it never takes a gradient collective's key.
 STATE_BUCKET = 2**31 - 1
 
-# Tensors smaller than this go into one collective per dtype (move).
+# Tensors smaller than this are packed into one buffer (move): copying
+# them costs less than reading each from the source.
 SMALL_BYTES = 64 << 10
 
 
@@ -37,71 +40,89 @@ def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.
 
     Every rank passes its tensors in the same order, shapes and dtypes
     (the layout the source published). label_step is the step the
-    all-reduces carry in the agent's telemetry.
+    broadcast carries in the agent's telemetry.
     """
-    if comm is not None:
-        # Every rank here before the clock starts, and the communicator's
-        # first collective (its setup) paid: the time is the move's.
-        one = torch.zeros(1)
-        work = comm.allreduce(one.data_ptr(), 1, _shim.DType.FLOAT32, _shim.Op.SUM, step=label_step, bucket=STATE_BUCKET)
-        try:
-            work.wait()
-        finally:
-            work.free()
-    t0 = time.monotonic()
-    big, rest, moved = [], [], []
-    small: Dict[torch.dtype, List[torch.Tensor]] = {}
+    big, small, rest, moved = [], [], [], []
     seen = set()
     for t in tensors:
         alias = (t.data_ptr(), t.numel(), t.dtype)
         if alias in seen:
-            # A tied weight, twice in the state dict: summed twice, it would
-            # double on the receivers.
-            continue
+            continue  # a tied weight, twice in the state dict
         seen.add(alias)
         moved.append(t)
-        if comm is None or t.device.type != "cpu" or t.dtype not in DTYPES or t.is_complex() or not t.is_contiguous():
+        nbytes = t.numel() * t.element_size()
+        if comm is None or t.device.type != "cpu" or not t.is_contiguous():
             rest.append(t)
-        elif t.numel() * t.element_size() < SMALL_BYTES:
-            small.setdefault(t.dtype, []).append(t)
+        elif nbytes < SMALL_BYTES or nbytes % 4:
+            small.append(t)
         else:
             big.append(t)
-    # The small tensors (biases, norms' weights, counters), one
-    # collective per dtype: each collective pays a round of the ranks'
-    # handshakes, and 16 of them took 1.5-2 times as long as one of the
-    # same bytes (docs/in-process.md).
-    packed = [(torch.cat([t.reshape(-1) for t in group]), group) for group in small.values()]  # the source's values
-    sums = big + [flat for flat, _ in packed]
-    if rank != src:
-        # Every buffer ready before the first collective: queued back to
-        # back, the transport runs them without waiting on this loop.
-        for t in sums:
-            t.fill_(-0.0 if t.dtype.is_floating_point else 0)
-    works = []
-    try:
-        for t in sums:
-            works.append(_sum_in_place(comm, t, label_step))
-        for w in works:
-            w.wait()
-    finally:
-        for w in works:
-            w.free()
-    if rank != src:
-        for flat, group in packed:
-            offset = 0
-            for t in group:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+    packed = None
+    if comm is not None:
+        packed = _pack(small, rank == src)
+        # Every rank ready, its buffers listed and the source's small
+        # tensors packed, before the clock starts (the ranks wait for each
+        # other here anyway), and the communicator's first collective (its
+        # setup) paid: the time is the move's.
+        _meet(comm, label_step)
+    t0 = time.monotonic()
+    if comm is not None and packed is not None:
+        words = big + [packed]
+        work = comm.broadcast([t.data_ptr() for t in words], [t.numel() * t.element_size() // 4 for t in words],
+                              _shim.DType.INT32, src, step=label_step, bucket=STATE_BUCKET)
+        try:
+            work.wait()
+        finally:
+            work.free()
+        if rank != src:
+            _unpack(packed, small)
     for t in rest:
         _broadcast(t, src)
     return sum(t.numel() * t.element_size() for t in moved), round((time.monotonic() - t0) * 1e3, 1)
 
 
-def _sum_in_place(comm: _shim.Comm, t: torch.Tensor, label_step: int) -> Any:
-    """Queues t's all-reduce (SUM, in place) on comm; returns the work."""
-    shim_dtype, per_element = DTYPES[t.dtype]
-    return comm.allreduce(t.data_ptr(), t.numel() * per_element, shim_dtype, _shim.Op.SUM, step=label_step,
-                          bucket=STATE_BUCKET)
+def _meet(comm: _shim.Comm, label_step: int) -> None:
+    """Waits for every rank of comm (a one-element all-reduce)."""
+    one = torch.zeros(1)
+    work = comm.allreduce(one.data_ptr(), 1, _shim.DType.FLOAT32, _shim.Op.SUM, step=label_step, bucket=STATE_BUCKET)
+    try:
+        work.wait()
+    finally:
+        work.free()
+
+
+def warm() -> None:
+    """Runs move's local part once on small tensors, before a re-formation needs it (InProcess, a warm spare).
+
+    A process's first use of each of torch's operations costs more than
+    the operation: packing and unpacking train.py's 31 KB of small tensors
+    took 0.4 ms the first time and 0.03 ms the third, on the 2-core VM.
+    """
+    tensors = [torch.zeros(3), torch.zeros(2, dtype=torch.int64), torch.zeros((), dtype=torch.bool)]
+    _unpack(_pack(tensors, False), tensors)
+    _pack(tensors, True)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """t's bytes as a flat uint8 view (t contiguous)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _pack(tensors: List[torch.Tensor], source: bool) -> torch.Tensor:
+    """One buffer of whole 4-byte words for tensors' bytes: filled with them on the source, empty elsewhere."""
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    if not source:
+        return torch.empty(size + -size % 4, dtype=torch.uint8)
+    return torch.cat([_bytes(t) for t in tensors] + [torch.zeros(-size % 4, dtype=torch.uint8)])
+
+
+def _unpack(packed: torch.Tensor, tensors: List[torch.Tensor]) -> None:
+    """Copies _pack's buffer back into tensors."""
+    offset = 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        _bytes(t).copy_(packed[offset:offset + n])
+        offset += n
 
 
 def _broadcast(t: torch.Tensor, src: int) -> None:
@@ -138,7 +159,11 @@ def apply_layout(optimizer: Any, layout: Dict[str, Any]) -> None:
     for i, k, shape, dtype in layout["tensors"]:
         old = optimizer.state.get(params[i], {}).get(k)
         ok = isinstance(old, torch.Tensor) and tuple(old.shape) == shape and old.dtype == dtype
-        state.setdefault(params[i], {})[k] = old if ok else torch.empty(shape, dtype=dtype, device=params[i].device)
+        # Zeros, as torch's optimizers make their state (zeros_like, clone):
+        # the pages are this process's before the move writes them. Left
+        # empty, they faulted in during the broadcast, one at a time: 2 ms
+        # of a 4.2 MB move on the 2-core VM, three times the copy itself.
+        state.setdefault(params[i], {})[k] = old if ok else torch.zeros(shape, dtype=dtype, device=params[i].device)
     for i, k, v in layout["values"]:
         state.setdefault(params[i], {})[k] = v
     optimizer.state.clear()

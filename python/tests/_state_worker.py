@@ -28,14 +28,18 @@ def main() -> None:
         torch.randint(-9, 9, (64,), generator=g),  # int64: a counter
         tied,
         tied,  # a tied weight: the state dict has it twice
-        torch.randn(10, generator=g) > 0,  # bool: not the shim's, broadcast
-        torch.randn(6, 4, generator=g).t(),  # not contiguous: broadcast
-        torch.randn(300, 100, generator=g),  # 120 KB: a collective of its own, the small ones packed in one per dtype
+        torch.randn(10, generator=g) > 0,  # bool: its bytes, packed
+        torch.randn(6, 4, generator=g).t(),  # not contiguous: torch's broadcast
+        torch.randn(300, 100, generator=g),  # 120 KB: a collective of its own, the small ones packed in one
+        torch.randn(40001, generator=g).half(),  # 80002 bytes: a collective of 2-byte elements
+        torch.randint(0, 255, (70001,), generator=g, dtype=torch.uint8),  # an odd number of bytes: packed
+        torch.randn((), generator=g),  # 0-dim
+        torch.randn(20, generator=g, dtype=torch.complex64),
     ]
     nbytes, ms = _state.move(tensors, src, rank, comm, label_step=0)
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype != torch.bool else t.numpy().tobytes())
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     print(f"rank {rank} digest {h.hexdigest()[:16]} bytes {nbytes} signbit0 {bool(torch.signbit(floats[0]))} "
           f"signbit1 {bool(torch.signbit(floats[1]))}", flush=True)
     hook.close()
