@@ -33,8 +33,8 @@ const (
 type job struct {
 	ctx         context.Context
 	deadline    time.Time
-	ctxDeadline bool // deadline is ctx's
-	locked      bool // the caller's goroutine is locked to its thread (OnLockedThread)
+	ctxDeadline bool   // deadline is ctx's
+	locked      bool   // the caller's goroutine is locked to its thread (OnLockedThread)
 	buf         []byte // an all-reduce's
 	vec         vec    // a broadcast's buffers
 	size        int    // bytes in all
