@@ -40,7 +40,9 @@ both ranks have completed step 12: in process, the first two keep their
 workers and the third's join their re-formation; the restarts start all
 three nodes' workers again, from the step-10 checkpoint. The figure goes
 from the third launcher's start to the moment every rank of the world of 3
-has completed a step in it.
+has completed a step in it; a second table gives the first two nodes'
+pause, from the later of their last steps in the world of 2 to that
+moment.
 
 The three launchers take turns run by run, so drift in the machine's load
 hits them alike. Every rank logs, through $TRAIN_STEP_LOG, the wall clock
@@ -220,7 +222,12 @@ def joined(events: list, t0: float) -> dict:
     if not done:
         sys.exit("join: no step completed by every rank of the world of 3")
     before = {e["step"] for e in events if e["event"] == "step" and e.get("world") == 2}
-    return {"recovery_s": min(done) - t0, "lost_steps": len(before & set(by_step))}
+    last = {}  # each of the first two ranks' last step in the world of 2
+    for e in events:
+        if e["event"] == "step" and e.get("world") == 2:
+            last[e["rank"]] = max(last.get(e["rank"], 0.0), e["t"])
+    return {"recovery_s": min(done) - t0, "lost_steps": len(before & set(by_step)),
+            "pause_s": min(done) - max(last.values())}
 
 
 def serves_store(out) -> bool:
@@ -341,6 +348,14 @@ def main() -> None:
         lost = sorted({r["lost_steps"] for r in results[k]})
         print(f"| {k} | {statistics.median(rec):.3f} s ({rec[0]:.3f}-{rec[-1]:.3f}) | {', '.join(map(str, lost))} | "
               f"{statistics.median(rec) / base:.1f}x |")
+    if args.fault == "join":
+        print("\nThe first two nodes' pause: from the later of their last steps in the world of 2 to the moment every "
+              "rank of the world of 3 has completed a step (one step's own 0.1 s sleep and compute included):\n")
+        print("| path | pause (median, min-max) |")
+        print("|---|---|")
+        for k in kinds:
+            pause = sorted(r["pause_s"] for r in results[k])
+            print(f"| {k} | {statistics.median(pause):.3f} s ({pause[0]:.3f}-{pause[-1]:.3f}) |")
     moved = [r for r in results["in-process"] if "state_bytes" in r]
     if moved:
         nbytes = moved[0]["state_bytes"]
