@@ -39,6 +39,12 @@ func (r *run) loop(ctx context.Context) error {
 	defer r.health.set(phaseStopped)
 	var ended []backoff.Attempt // how the attempts so far ended, for the restart backoff
 	var kept *attempt           // the last attempt, whose workers wait to carry on (keep.go)
+	warm := r.startWarm(ctx)    // the first attempt's workers, started before the rendezvous (warm.go)
+	defer func() {
+		if warm != nil { // no round came to give them ranks
+			warm.Stop(syscall.SIGKILL, 0)
+		}
+	}()
 	for n := 0; ; n++ {
 		if kept == nil { // kept workers wait in their re-formation: no backoff
 			if err := r.waitBackoff(ctx, ended); err != nil {
@@ -64,7 +70,8 @@ func (r *run) loop(ctx context.Context) error {
 			at, kept = r.carryOn(ctx, kept, rd, n), nil
 		}
 		if at == nil {
-			at, err = r.start(ctx, n, rd, waitStart)
+			at, err = r.start(ctx, n, rd, waitStart, warm)
+			warm = nil
 		}
 		switch {
 		case err != nil && at != nil: // a signal or a drain while the workers were spawned
@@ -129,8 +136,8 @@ func (r *run) noRound(ctx context.Context, n int, err error) error {
 // start starts attempt n's workers in round r and begins watching them.
 // When ctx ends while the workers are spawned, it returns the attempt with
 // the workers started so far, and ctx's cause, for the caller to stop.
-func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.Time) (*attempt, error) {
-	at := &attempt{n: n, gen: rd.Generation, r: rd, dir: filepath.Join(r.runDir, "attempt_"+strconv.Itoa(n))}
+func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.Time, warm *supervisor.Group) (*attempt, error) {
+	at := &attempt{n: n, gen: rd.Generation, r: rd, dir: r.attemptDir(n)}
 	r.mu.Lock()
 	r.last = at
 	r.mu.Unlock()
@@ -139,7 +146,7 @@ func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.T
 	r.setGroup(nil, 0) // the last attempt's workers are gone: no ranks on the GPUs until the next start
 	r.faults.Clear()   // what is queued belongs to the last attempt
 	at.started = time.Now()
-	at.g = supervisor.New(spec, r.log)
+	at.g = r.adoptWarm(warm, spec, n)
 	r.setGroup(at.g, rd.RankOffset) // before the first worker runs: it may dial the control socket at once
 	sctx, stop := r.faults.Bound(ctx)
 	defer stop()

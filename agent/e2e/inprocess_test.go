@@ -317,13 +317,16 @@ func checkCarried(t *testing.T, kept, all []*agentRun, steps, world int, logs fu
 
 // TestLateNodeJoinsInProcess: two nodes under --spares 1 train; a third
 // joins. The first two agents keep their workers through the rescale and
-// move them into the world of 6; the third starts its workers to join
-// their re-formation, as spares given their ranks at once, with the state
-// of a healthy peer. Nobody restarts, no checkpoint is read, and all six
-// ranks end with the same parameters.
+// move them into the world of 6; the third starts its workers warm before
+// it joins the rendezvous, and gives them their ranks to join the others'
+// re-formation, with the state of a healthy peer. Nobody restarts, no
+// checkpoint is read, and all six ranks end with the same parameters.
 func TestLateNodeJoinsInProcess(t *testing.T) {
 	budget(t, 80*time.Second)
-	j, steps := carryJob(t, "2:3", 40)
+	// The first two train on while the third's workers import torch (3-6 s
+	// on torch 2.x under the suite's load): enough steps that it joins
+	// well before the end.
+	j, steps := carryJob(t, "2:3", 120)
 	a := j.startHost()
 	b := j.start()
 	logs := func() string { return a.logs() + "\n----\n" + b.logs() }
@@ -332,12 +335,16 @@ func TestLateNodeJoinsInProcess(t *testing.T) {
 	c := j.start()
 	waitAll(t, 3*time.Minute, a, b, c)
 	logs = func() string { return a.logs() + "\n----\n" + b.logs() + "\n----\n" + c.logs() }
-	checkCarried(t, []*agentRun{a, b}, []*agentRun{a, b, c}, 40, 6, logs)
+	checkCarried(t, []*agentRun{a, b}, []*agentRun{a, b, c}, 120, 6, logs)
 	switch e := c.stderr.String(); {
 	case !strings.Contains(e, `msg="warm spares: the other nodes' workers carry on from the last generation in process; these start to join their re-formation"`):
 		t.Fatalf("the new node's workers did not start to join\n%s", logs())
 	case strings.Count(e, "joined re-formation 1 in process as a new worker") != 2:
 		t.Fatalf("want the new node's two workers to join in process\n%s", logs())
+	case !strings.Contains(e, `msg="workers started warm, before this node joins the rendezvous" component=ddp-agent ready=2 nproc=2`):
+		t.Fatalf("the new node's workers did not start warm before it joined\n%s", logs())
+	case strings.Count(e, "(local rank 0, join)")+strings.Count(e, "(local rank 1, join)") != 2:
+		t.Fatalf("want the two warm workers given their ranks to join\n%s", logs())
 	}
 	// Loosely: 2.8 s on the idle VM, most of it the new workers' start.
 	if at, ok := firstStepOf(steps, 6, joined); !ok || at.Sub(joined) > 30*time.Second {

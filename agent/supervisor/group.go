@@ -255,7 +255,14 @@ func (g *Group) Start(ctx context.Context) error {
 			g.setState(StateHealthy) // what runs is stopped as a running group is
 			return fmt.Errorf("started %d of %d workers: %w", lr, g.spec.NProc, cause)
 		}
-		w, err := g.startWorker(Worker{LocalRank: lr, Rank: g.spec.RankOffset + lr})
+		id := Worker{LocalRank: lr, Rank: g.spec.RankOffset + lr}
+		if w := g.startFromWarm(id); w != nil { // StartWarm's
+			g.mu.Lock()
+			g.workers = append(g.workers, w)
+			g.mu.Unlock()
+			continue
+		}
+		w, err := g.startWorker(id)
 		if err != nil {
 			g.Stop(syscall.SIGTERM, time.Second)
 			return fmt.Errorf("start worker local rank %d: %w", lr, err)
@@ -331,6 +338,7 @@ type launch struct {
 	place   Placement
 	env     func(errorFile, noteFile string) []string
 	assign  *os.File // the read end of a spare's assignment pipe (its fd 3); nil for a worker
+	ready   *os.File // the write end of a warm start's ready pipe (its fd 4; StartWarm); nil otherwise
 	spare   *spare   // a spare's, set before its exit can be routed (exited)
 	store   bool     // the job's store's process
 }
@@ -408,6 +416,9 @@ func (g *Group) spawn(l launch) (*worker, error) {
 	cmd.Stdout, cmd.Stderr = outW, errW
 	if l.assign != nil {
 		cmd.ExtraFiles = []*os.File{l.assign} // fd 3
+	}
+	if l.ready != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, l.ready) // fd 4
 	}
 	// Pdeathsig fires when the thread that forked the child exits; the Go
 	// runtime only ends threads whose goroutine locked them and exited, and

@@ -36,14 +36,22 @@ type spare struct {
 	n        int      // its number in the attempt: spare0, spare1, ...
 	pipe     *os.File // the write end of its assignment pipe; nil once written or released
 	assigned bool     // it took a rank (under Group.mu)
+	warm     bool     // StartWarm's: Start makes it a worker (under Group.mu)
 }
 
 // Assignment is the line a spare reads when it takes a rank: the
-// variables to set before the training script runs.
+// variables to set before the training script runs, and how the script
+// runs (Mode).
 type Assignment struct {
 	Rank      int               `json:"rank"`
 	LocalRank int               `json:"local_rank"`
 	Env       map[string]string `json:"env"`
+	// Mode: "" takes a dead worker's rank in the survivors' re-formation
+	// (Replace); "start" and "join" are a worker started warm (StartWarm),
+	// which starts the job's script as torchrun would, or joins the
+	// re-formation of workers carried on from the last generation
+	// (Spec.Join).
+	Mode string `json:"mode,omitempty"`
 }
 
 // AddSpare starts one more warm spare, unless the attempt is over (its
@@ -60,7 +68,11 @@ func (g *Group) AddSpare() {
 // Closed is closed when the attempt is over for spares.
 func (g *Group) Closed() <-chan struct{} { return g.closedCh }
 
-func (g *Group) startSpare() {
+func (g *Group) startSpare() { g.startSpareReady(nil) }
+
+// startSpareReady starts a spare; with ready, the write end of a pipe that
+// becomes its fd 4 (StartWarm), on which it says its imports are done.
+func (g *Group) startSpareReady(ready *os.File) *worker {
 	g.mu.Lock()
 	n := g.spareSeq
 	g.spareSeq++
@@ -68,7 +80,7 @@ func (g *Group) startSpare() {
 	r, wp, err := os.Pipe()
 	if err != nil {
 		g.log.Warn("warm spare not started", "spare", n, "err", err)
-		return
+		return nil
 	}
 	spec := g.spec
 	var streams Streams
@@ -76,24 +88,31 @@ func (g *Group) startSpare() {
 		streams = spec.Streams(0) // where the job's output goes; it is no rank's yet
 	}
 	w, err := g.spawn(launch{id: Worker{LocalRank: -1, Rank: -1}, dir: "spare_" + strconv.Itoa(n), streams: streams,
-		prefix: "[spare" + strconv.Itoa(n) + "]:", argv: spec.SpareArgv, assign: r, spare: &spare{n: n, pipe: wp},
-		env: func(errorFile, noteFile string) []string { return spareEnv(spec, errorFile, noteFile) }})
+		prefix: "[spare" + strconv.Itoa(n) + "]:", argv: spec.SpareArgv, assign: r, ready: ready, spare: &spare{n: n, pipe: wp},
+		env: func(errorFile, noteFile string) []string {
+			env := spareEnv(spec, errorFile, noteFile)
+			if ready != nil {
+				env = append(env, envname.SpareReadyFD+"=4")
+			}
+			return env
+		}})
 	r.Close() // the child has its copy
 	if err != nil {
 		wp.Close()
 		g.log.Warn("warm spare not started", "spare", n, "err", err)
-		return
+		return nil
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	select {
 	case <-w.done: // gone already: exited said so
 		wp.Close()
-		return
+		return nil
 	default:
 	}
 	g.spares = append(g.spares, w)
 	g.log.Info("warm spare started", "spare", n, "pid", w.pid)
+	return w
 }
 
 // spareEnv is a spare's environment: a worker's without the variables of
@@ -128,38 +147,49 @@ func (g *Group) Replace(rank int) (int, error) {
 	default:
 		return 0, fmt.Errorf("replace rank %d: its worker (pid %d) is still running", rank, dead.pid)
 	}
-	a := Assignment{Rank: dead.Rank, LocalRank: dead.LocalRank, Env: worldEnv(g.spec)}
-	a.Env["RANK"], a.Env["LOCAL_RANK"], a.Env["ROLE_RANK"] = strconv.Itoa(dead.Rank), strconv.Itoa(dead.LocalRank), strconv.Itoa(dead.Rank)
+	g.spares = g.spares[1:]
+	if err := g.give(sp, dead.Worker, ""); err != nil { // it died meanwhile; its exit is dropped as an idle spare's
+		return 0, fmt.Errorf("replace rank %d: %w", rank, err)
+	}
+	g.workers[i] = sp
+	g.replaced = append(g.replaced, dead)
+	g.state = StateHealthy
+	return sp.pid, nil
+}
+
+// give writes spare sp's assignment, rank id in mode (Assignment.Mode),
+// and makes it that rank's worker; an error means it died meanwhile. The
+// caller holds g.mu and has taken sp out of g.spares.
+func (g *Group) give(sp *worker, id Worker, mode string) error {
+	a := Assignment{Rank: id.Rank, LocalRank: id.LocalRank, Env: worldEnv(g.spec), Mode: mode}
+	a.Env["RANK"], a.Env["LOCAL_RANK"], a.Env["ROLE_RANK"] = strconv.Itoa(id.Rank), strconv.Itoa(id.LocalRank), strconv.Itoa(id.Rank)
+	a.Env["TORCHELASTIC_USE_AGENT_STORE"] = pyBool(g.spec.AgentStore) // a warm start's spec was provisional
 	if g.spec.VirtualLocalRank {
 		a.Env["LOCAL_RANK"] = "0"
 	}
 	if g.spec.Place != nil {
 		// Its GPU's variables; a binding prefix cannot bind a process
 		// that runs already, so a spare keeps the CPUs it started on.
-		maps.Copy(a.Env, g.spec.Place(dead.LocalRank).Env)
+		maps.Copy(a.Env, g.spec.Place(id.LocalRank).Env)
 	}
 	var streams Streams
 	if g.spec.Streams != nil {
-		streams = g.spec.Streams(dead.LocalRank)
+		streams = g.spec.Streams(id.LocalRank)
 	}
 	// Before the line: what it prints as the rank shows as the rank's.
-	prefix := []byte(RenderPrefix(streams.Prefix, g.spec.Role, dead.Worker))
+	prefix := []byte(RenderPrefix(streams.Prefix, g.spec.Role, id))
 	sp.stdout.setPrefix(prefix)
 	sp.stderr.setPrefix(prefix)
 	line, _ := json.Marshal(a) // a map of strings and ints: cannot fail
 	_, err := sp.spare.pipe.Write(append(line, '\n'))
 	sp.spare.pipe.Close()
 	sp.spare.pipe = nil
-	g.spares = g.spares[1:]
-	if err != nil { // it died meanwhile; its exit is dropped as an idle spare's
-		return 0, fmt.Errorf("replace rank %d: assign spare %d (pid %d): %w", rank, sp.spare.n, sp.pid, err)
+	if err != nil {
+		return fmt.Errorf("assign spare %d (pid %d): %w", sp.spare.n, sp.pid, err)
 	}
-	sp.Worker = dead.Worker
+	sp.Worker = id
 	sp.spare.assigned = true
-	g.workers[i] = sp
-	g.replaced = append(g.replaced, dead)
-	g.state = StateHealthy
-	return sp.pid, nil
+	return nil
 }
 
 // releaseSpares ends the idle spares: the attempt is over. Each has its

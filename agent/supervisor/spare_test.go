@@ -22,6 +22,11 @@ import (
 func spareHelper() {
 	fmt.Printf("spare ready fd=%s RANK=%q LOCAL_RANK=%q JOIN=%q\n", os.Getenv(envname.SpareFD), os.Getenv("RANK"),
 		os.Getenv("LOCAL_RANK"), os.Getenv(envname.Join))
+	if os.Getenv(envname.SpareReadyFD) == "4" { // started warm: say so on fd 4 (StartWarm)
+		ready := os.NewFile(4, "ready")
+		ready.Write([]byte{'r'})
+		ready.Close()
+	}
 	if os.Getenv(envname.SpareFD) == "" { // a joining worker: its rank is given already
 		return
 	}
@@ -43,9 +48,9 @@ func spareHelper() {
 		time.Sleep(time.Minute)
 		return
 	}
-	fmt.Printf("spare assigned rank %d local rank %d RANK=%s LOCAL_RANK=%s GPU=%s WORLD_SIZE=%s GROUP_RANK=%s GENERATION=%s\n",
+	fmt.Printf("spare assigned rank %d local rank %d RANK=%s LOCAL_RANK=%s GPU=%s WORLD_SIZE=%s GROUP_RANK=%s GENERATION=%s mode=%q AGENT_STORE=%s\n",
 		a.Rank, a.LocalRank, a.Env["RANK"], a.Env["LOCAL_RANK"], a.Env["CUDA_VISIBLE_DEVICES"], a.Env["WORLD_SIZE"],
-		a.Env["GROUP_RANK"], a.Env[envname.Generation])
+		a.Env["GROUP_RANK"], a.Env[envname.Generation], a.Mode, a.Env["TORCHELASTIC_USE_AGENT_STORE"])
 }
 
 func spareSpec(t *testing.T, mode string, nproc, spares int) (*Spec, *buffer) {

@@ -30,6 +30,10 @@ const (
 	// SpareFD is set only for a warm spare (--spares): the descriptor
 	// from which it reads the rank it takes.
 	SpareFD = "DDP_AGENT_SPARE_FD"
+	// SpareReadyFD is set only for a process the agent starts warm before
+	// its node joins the rendezvous: the descriptor it writes one byte to,
+	// and closes, once its imports are done (supervisor.Group.StartWarm).
+	SpareReadyFD = "DDP_AGENT_SPARE_READY_FD"
 	// WorldFile is set under --spares: the file where the agent writes
 	// the world of a later generation that the workers carry on into, in
 	// process, when a node was lost (ddp_agent.InProcess reads it).

@@ -11,6 +11,7 @@ GENERATION = "DDP_AGENT_GENERATION"  # the job's generation: set only under `ddp
 BOOTSTRAP = "DDP_AGENT_BOOTSTRAP"  # "external": the communicators bootstrap through torch's store
 STACK_DIR = "DDP_AGENT_STACK_DIR"  # where a hang report's Python stacks are written
 SPARE_FD = "DDP_AGENT_SPARE_FD"  # a warm spare's only: the fd it reads its rank from (--spares)
+SPARE_READY_FD = "DDP_AGENT_SPARE_READY_FD"  # a process started warm before its node joins: the fd it says ready on
 WORLD_FILE = "DDP_AGENT_WORLD_FILE"  # under --spares: the new world the workers carry on into (InProcess)
 JOIN = "DDP_AGENT_JOIN"  # a new worker that joins the others' re-formation in process (_spare)
 

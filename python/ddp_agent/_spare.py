@@ -17,6 +17,10 @@ variables that make it that rank. The spare sets them, arranges for the
 script's ``init_process_group`` to join the survivors' re-formation
 (``inprocess._expect_join``) and runs the script as ``__main__``, which
 reaches ``ddp_agent.InProcess`` and trains from the step the others retry.
+The agent also starts its node's first workers this way, warm before the
+node joins the rendezvous (``$DDP_AGENT_SPARE_READY_FD``: one byte written
+there says the imports are done): their line's ``mode`` is ``"start"`` (the
+script runs as under torchrun) or ``"join"`` (as with ``$DDP_AGENT_JOIN``).
 Where the node that served the workers' store was lost and this node
 serves the next one, the line is ``{"store": {"addr": ..., "port": ...}}``
 instead: the spare serves the store (``_store.serve``).
@@ -114,6 +118,7 @@ def main(argv: List[str]) -> None:
         _run(module, target, args, new=True)
         return
     fd = int(os.environ.pop(_env.SPARE_FD))  # not for the script's own children
+    ready = os.environ.pop(_env.SPARE_READY_FD, None)
     import torch  # the cost a new worker pays after a fault; this process pays it before
 
     from . import hook, inprocess  # noqa: F401
@@ -122,6 +127,9 @@ def main(argv: List[str]) -> None:
     n = _warm(_source(module, target))
     print(f"ddp_agent: warm spare ready (pid {os.getpid()}): torch {torch.__version__} and {n} modules of "
           f"{target} imported in {time.monotonic() - t0:.2f} s", file=sys.stderr, flush=True)
+    if ready is not None:  # the agent waits for this before its node joins the rendezvous
+        with os.fdopen(int(ready), "wb") as f:
+            f.write(b"r")
     with os.fdopen(fd, "rb") as f:
         line = f.readline()
     if not line:
@@ -134,16 +142,19 @@ def main(argv: List[str]) -> None:
         _store.serve(str(assignment["store"]["addr"]), str(assignment["store"]["port"]))
         return
     os.environ.update({str(k): str(v) for k, v in assignment["env"].items()})
+    mode = assignment.get("mode", "replace")
     print(f"ddp_agent: warm spare (pid {os.getpid()}) takes rank {assignment['rank']} "
-          f"(local rank {assignment['local_rank']})", file=sys.stderr, flush=True)
-    _run(module, target, args)
+          f"(local rank {assignment['local_rank']}{'' if mode == 'replace' else ', ' + mode})", file=sys.stderr, flush=True)
+    # "start": the job's first workers, the script as torchrun runs it.
+    _run(module, target, args, new=mode == "join", join=mode != "start")
 
 
-def _run(module: bool, target: str, args: List[str], new: bool = False) -> None:
-    """Runs the script as ``__main__``, its ``init_process_group`` joining the others' re-formation."""
-    from . import inprocess
+def _run(module: bool, target: str, args: List[str], new: bool = False, join: bool = True) -> None:
+    """Runs the script as ``__main__``; with join, its ``init_process_group`` joins the others' re-formation."""
+    if join:
+        from . import inprocess
 
-    inprocess._expect_join(new=new)
+        inprocess._expect_join(new=new)
     sys.argv = [target, *args]
     if module:
         runpy.run_module(target, run_name="__main__", alter_sys=True)

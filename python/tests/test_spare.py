@@ -88,6 +88,32 @@ def test_assigned_spare_runs_the_script_as_the_rank(tmp_path):
             "init _expect_join.<locals>.init_process_group") in out, out + err
 
 
+def test_warm_start_says_ready_then_runs_as_the_mode_says(tmp_path):
+    """A first worker started warm ($DDP_AGENT_SPARE_READY_FD): one byte on that fd once its imports are
+    done, before any rank is given; then "start" runs the script as torchrun would (torch's own
+    init_process_group), "join" as a new worker joining the others' re-formation."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(fd=_env.SPARE_READY_FD))
+    for mode, init in (("start", "init_process_group"), ("join", "_expect_join.<locals>.init_process_group")):
+        r, w = os.pipe()
+        rr, rw = os.pipe()
+        env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), **{_env.SPARE_FD: str(r), _env.SPARE_READY_FD: str(rw)})
+        env.pop("RANK", None)
+        p = subprocess.Popen([sys.executable, "-u", "-m", "ddp_agent._spare", str(script)], env=env,
+                             pass_fds=(r, rw), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        os.close(r)
+        os.close(rw)
+        with os.fdopen(rr, "rb") as ready:
+            assert ready.read() == b"r", p.communicate(timeout=120)  # the byte, then the end: it closed the fd
+        line = {"rank": 2, "local_rank": 0, "env": {"RANK": "2", "LOCAL_RANK": "0", "ROLE_RANK": "2"}, "mode": mode}
+        with os.fdopen(w, "w") as f:
+            f.write(json.dumps(line) + "\n")
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert f"takes rank 2 (local rank 0, {mode})" in err
+        assert f"script ran as __main__ argv [] RANK 2 LOCAL_RANK 0 fd None init {init}" in out, out + err
+
+
 def test_joining_worker_runs_the_script_at_once(tmp_path):
     """$DDP_AGENT_JOIN: a new worker with its rank already, no pipe; it runs the script to join the others."""
     script = tmp_path / "train.py"
