@@ -29,8 +29,9 @@ from . import _shim
 # DDP bucket has that index, so it never takes a gradient collective's key.
 STATE_BUCKET = 2**31 - 1
 
-# Tensors smaller than this are packed into one buffer (move): copying
-# them costs less than reading each from the source.
+# Tensors smaller than this go into one packed buffer (move). They were
+# packed when each tensor was a collective of its own; in one broadcast of
+# a list each could be an entry of its own, which is not measured yet.
 SMALL_BYTES = 64 << 10
 
 
