@@ -28,6 +28,7 @@ var ErrNotInit = errors.New("the group has started")
 // Call it before Start, from Start's goroutine.
 func (g *Group) StartWarm(ctx context.Context, n int, bound time.Duration) int {
 	ready := make(chan bool, n)
+	started := 0
 	for range n {
 		r, w, err := os.Pipe()
 		if err != nil {
@@ -48,6 +49,7 @@ func (g *Group) StartWarm(ctx context.Context, n int, bound time.Duration) int {
 		g.mu.Lock()
 		sp.spare.warm = true
 		g.mu.Unlock()
+		started++
 		go func() {
 			defer r.Close()
 			var b [1]byte
@@ -55,14 +57,6 @@ func (g *Group) StartWarm(ctx context.Context, n int, bound time.Duration) int {
 			ready <- k == 1
 		}()
 	}
-	g.mu.Lock()
-	started := 0
-	for _, sp := range g.spares {
-		if sp.spare.warm {
-			started++
-		}
-	}
-	g.mu.Unlock()
 	t := time.NewTimer(bound)
 	defer t.Stop()
 	n = 0
