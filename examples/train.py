@@ -126,6 +126,9 @@ def parse_args():
                         "has closed: a slow teardown, so that the peers it failed may exit before it does")
     p.add_argument("--in-process", action="store_true",
                    help="retry a failed step in the same processes (ddp_agent.InProcess; needs --comm-hook ddp-agent)")
+    p.add_argument("--hold-before-loop", default="",
+                   help="wait until this file exists before the training loop (tests: a node joins while the "
+                        "workers start)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds")
     p.add_argument("--slow-rank", type=int, default=-1, help="rank made slow before its backward (default: none)")
     p.add_argument("--slow-steps", default="", help="comma-separated steps at which --slow-rank is slow")
@@ -236,6 +239,8 @@ def main():
         ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb)
         return ddp, ddp_agent.register(ddp, transport=args.transport) if ddp_agent is not None else None
 
+    while args.hold_before_loop and not os.path.exists(args.hold_before_loop):
+        time.sleep(0.05)
     if args.in_process:
         # A step that raises on any rank is retried, in these processes,
         # from the last step every rank completed (docs/in-process.md).

@@ -341,8 +341,12 @@ func TestLateNodeJoinsInProcess(t *testing.T) {
 		t.Fatalf("the new node's workers did not start to join\n%s", logs())
 	case strings.Count(e, "joined re-formation 1 in process as a new worker") != 2:
 		t.Fatalf("want the new node's two workers to join in process\n%s", logs())
-	case !strings.Contains(e, `msg="workers started warm, before this node joins the rendezvous" component=ddp-agent ready=2 nproc=2`):
+	case !strings.Contains(e, `msg="workers started warm, before this node joins the running job" component=ddp-agent ready=2 nproc=2`):
 		t.Fatalf("the new node's workers did not start warm before it joined\n%s", logs())
+	case !strings.Contains(a.stderr.String(), `msg="workers start warm while this node joins the rendezvous"`):
+		// The job's start does not wait for the imports: the nodes join
+		// the first round as they start, not as their imports end.
+		t.Fatalf("the first node waited for its workers' imports to join the job's first round\n%s", logs())
 	case strings.Count(e, "(local rank 0, join)")+strings.Count(e, "(local rank 1, join)") != 2:
 		t.Fatalf("want the two warm workers given their ranks to join\n%s", logs())
 	}
@@ -352,6 +356,43 @@ func TestLateNodeJoinsInProcess(t *testing.T) {
 			at.Sub(joined), logs())
 	} else {
 		t.Logf("the third agent's start to a step completed by every rank of the world of 6: %v", at.Sub(joined).Round(time.Millisecond))
+	}
+}
+
+// TestNodeJoinsWhileWorkersStart: a third node joins while the first two
+// nodes' workers are still starting (held after init_process_group, before
+// InProcess opens their communicators), and the agents move them into the
+// world of 6 before they reach it. Their first open finds the agent's
+// generation moved on, and they re-form in process as after a failed step
+// (step 0), with the new node's workers: nobody restarts. Before, that
+// open's error ended the workers, and the job restarted (a CI run, where a
+// node joined seconds after the job's start).
+func TestNodeJoinsWhileWorkersStart(t *testing.T) {
+	budget(t, 80*time.Second)
+	j, _ := carryJob(t, "2:3", 20)
+	hold := filepath.Join(t.TempDir(), "go")
+	j.script = append(j.script, "--hold-before-loop", hold)
+	a := j.startHost()
+	b := j.start()
+	logs := func() string { return a.logs() + "\n----\n" + b.logs() }
+	waitFor(t, 2*time.Minute, func() bool {
+		return len(ranksSeen(a.stdout.String())[4])+len(ranksSeen(b.stdout.String())[4]) == 4
+	}, logs)
+	c := j.start()
+	logs = func() string { return a.logs() + "\n----\n" + b.logs() + "\n----\n" + c.logs() }
+	waitFor(t, time.Minute, func() bool {
+		return strings.Count(a.stderr.String()+b.stderr.String(), `msg="workers carry on in process into the new generation"`) == 2
+	}, logs)
+	if err := os.WriteFile(hold, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitAll(t, 3*time.Minute, a, b, c)
+	checkCarried(t, []*agentRun{a, b}, []*agentRun{a, b, c}, 20, 6, logs)
+	if n := regexp.MustCompile(`re-formed in process, generation 1: rank \d's step 0 failed \(ShimError: `).FindAllString(a.stderr.String()+b.stderr.String(), -1); len(n) != 4 {
+		t.Fatalf("%d of the first four workers re-formed from their first open, want 4\n%s", len(n), logs())
+	}
+	if n := strings.Count(c.stderr.String(), "joined re-formation 1 in process as a new worker"); n != 2 {
+		t.Fatalf("%d of the new node's workers joined in process, want 2\n%s", n, logs())
 	}
 }
 

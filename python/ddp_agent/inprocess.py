@@ -237,7 +237,19 @@ class InProcess:
             self._join(joined)
         else:
             self._store = _job_store(self.timeout)
-            self.ddp, self.hook = self._wrapped()
+            self.ddp = self.hook = None
+            try:
+                self._wrapped()
+            except Exception as e:
+                if self.hook is None:  # wrap itself raised: the script's error, not a fault
+                    raise
+                # The communicator's first open failed: a peer failed before
+                # its first step, or ddp-agent moved the workers on while they
+                # started (a node joined or was lost: the agent's generation
+                # is past this process's, or it aborted the communicators to
+                # hold the workers for the next one). A fault like a step's,
+                # re-formed the same way, before the first step (step 0).
+                self._reform(0, e, time.monotonic())
 
     def steps(self, first: int, stop: int) -> Iterator[int]:
         """Yields the steps first..stop-1; after a re-formation, the step to retry and on from there."""
@@ -346,8 +358,9 @@ class InProcess:
         except Exception as e:
             log.warning("ddp_agent: telling ddp-agent of re-formation %d: %s", info["generation"], e)
 
-    def _wrapped(self) -> Tuple[torch.nn.Module, Any]:
-        """Calls wrap, and opens the hook's host communicator now rather than at the first bucket.
+    def _wrapped(self) -> None:
+        """Calls wrap, keeps its DDP model and hook, and opens the hook's host communicator now rather than at
+        the first bucket.
 
         Open on every rank, the communicator carries a fault at once: a rank
         that fails before its first backward aborts it, and its peers, in
@@ -355,11 +368,10 @@ class InProcess:
         timeout for a rank that will never open it. (CUDA buckets open their
         NCCL communicator at the first bucket, as without this loop.)
         """
-        ddp, hook = self._wrap(self.model)
+        self.ddp, self.hook = self._wrap(self.model)
         on_cpu = all(p.device.type == "cpu" for p in self.model.parameters())
-        if hook is not None and on_cpu and getattr(hook, "transport", None) in ("auto", "host"):
-            hook._comms.open("host")
-        return ddp, hook
+        if self.hook is not None and on_cpu and getattr(self.hook, "transport", None) in ("auto", "host"):
+            self.hook._comms.open("host")  # a failure leaves the hook for _abort to close
 
     def _abort(self, err: BaseException) -> None:
         """Aborts this rank's communicators (no goodbye: the peers fail at once) and drops the DDP model."""
@@ -519,7 +531,7 @@ class InProcess:
             # the model goes first, through torch.distributed.
             before = _state.move(model, src, self.rank, None, label_step=base - 1)
             model = []
-        self.ddp, self.hook = self._wrapped()
+        self._wrapped()
         _continue_steps(self.hook, base)
         comms = getattr(self.hook, "_comms", None)
         comm = comms.get("host") if comms is not None else None
