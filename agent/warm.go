@@ -13,17 +13,20 @@ import (
 
 // Under --spares the first attempt's workers start warm: before this node
 // joins the rendezvous, its agent starts them as warm spares
-// (supervisor.StartWarm), waits for their imports, and joins then; the
-// round's group gives them their ranks. A node that joins a running job
-// holds the others up only for its workers' script and state: the job
-// learns of the node when it joins, and until then the others train on.
-// Its workers' imports would otherwise come after the others had stopped
-// to re-form with them (1.4-1.7 s for torch alone on the 2-core VM). A
-// job's first start pays the same imports, before its rendezvous rather
-// than after.
+// (supervisor.StartWarm), and the round's group gives them their ranks.
+// Where the job has a generation running, the node waits for their
+// imports before it joins: the job learns of the node when it joins, so
+// the others train on meanwhile and stop only for its workers' script and
+// state, not for their interpreter and torch (1.4-1.7 s for torch alone
+// on the 2-core VM). Where it has none (the job's start), the node joins
+// at once and the imports overlap the rendezvous: waiting for them there
+// spread the nodes' joins by their import times (seconds apart under
+// load), and a node past the round's last call missed the first round,
+// to rescale the job moments later.
 
-// warmBound bounds the wait for the warm workers' imports: past it the
-// node joins anyway, and a worker not ready yet takes its rank when it is.
+// warmBound bounds the wait for the warm workers' imports before a node
+// joins a running job: past it the node joins anyway, and a worker not
+// ready yet takes its rank when it is.
 const warmBound = 2 * time.Minute
 
 // attemptDir is attempt n's directory: its workers' error files, logs and
@@ -49,11 +52,23 @@ func (r *run) startWarm(ctx context.Context) *supervisor.Group {
 			}
 		}
 	}
+	bound := time.Duration(0)
+	running, err := r.j.rz.Running(ctx)
+	if err != nil { // the rendezvous that follows says more
+		r.log.Warn("could not tell whether the job is running; joining without waiting for the warm workers", "err", err)
+	}
+	if running {
+		bound = warmBound
+	}
 	g := supervisor.New(spec, r.log)
 	t := time.Now()
-	n := g.StartWarm(ctx, spec.NProc, warmBound)
-	r.log.Info("workers started warm, before this node joins the rendezvous", "ready", n, "nproc", spec.NProc,
-		"took", time.Since(t).Round(time.Millisecond))
+	n := g.StartWarm(ctx, spec.NProc, bound)
+	if running {
+		r.log.Info("workers started warm, before this node joins the running job", "ready", n, "nproc", spec.NProc,
+			"took", time.Since(t).Round(time.Millisecond))
+	} else {
+		r.log.Info("workers start warm while this node joins the rendezvous", "nproc", spec.NProc)
+	}
 	return g
 }
 

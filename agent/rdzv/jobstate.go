@@ -35,6 +35,24 @@ func (e *Membership) readState(ctx context.Context) (*State, int64, int64, error
 	return &st, kv.ModRevision, resp.Header.Revision, nil
 }
 
+// Running is whether the job has a generation running, which a node that
+// joins now ends: its members stop to take the node in. Read only; false
+// where the store has no state yet or a malformed one (Next replaces
+// that).
+func (e *Membership) Running(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, e.key(stateKey))
+	if err != nil {
+		return false, fmt.Errorf("rendezvous store at %s: read state: %w", e.cfg.Endpoint, err)
+	}
+	var st State
+	if len(resp.Kvs) == 0 || decode(e.key(stateKey), resp.Kvs[0].Value, &st) != nil || st.check() != nil {
+		return false, nil
+	}
+	return st.Phase == Running, nil
+}
+
 // check rejects a state that parses but that no agent wrote: the members
 // must have the ranks 0..n-1 once each, and at least one worker.
 func (st *State) check() error {

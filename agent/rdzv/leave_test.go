@@ -11,10 +11,17 @@ func TestLateNodeRescalesAndLeavingIsNoFault(t *testing.T) {
 	dial := testStore(t)
 	cfg := testConfig(t, 1, 3)
 	a, b := open(t, dial(), cfg), open(t, dial(), cfg)
+	if running, err := a.Running(t.Context()); err != nil || running {
+		t.Fatalf("Running before the first round: %v, %v", running, err)
+	}
 	rounds := nextAll(t, a, b)
 	checkRounds(t, rounds)
 
 	c := open(t, dial(), cfg)
+	// A node about to join can tell that its join would stop the others.
+	if running, err := c.Running(t.Context()); err != nil || !running {
+		t.Fatalf("Running with a round closed: %v, %v", running, err)
+	}
 	var cr *Round
 	done := make(chan error, 1)
 	go func() {

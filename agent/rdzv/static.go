@@ -65,6 +65,10 @@ func (s *Static) Leave(string) {}
 // and no round that a lost node ends.
 func (s *Static) CheckPeers(context.Context) PeerCheck { return PeersAnswered }
 
+// Running is false: a static job's nodes are all there from the start,
+// and none joins later.
+func (s *Static) Running(context.Context) (bool, error) { return false, nil }
+
 // OfferStore makes the next rounds' port for the workers' store port; 0
 // goes back to MasterPort.
 func (s *Static) OfferStore(port int) { s.offered = port }

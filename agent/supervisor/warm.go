@@ -9,20 +9,18 @@ import (
 )
 
 // A node's first workers can start warm (StartWarm): the agent starts its
-// workers' processes as spares before its node joins the rendezvous, waits
-// for their imports, and only then joins. When the round closes, Start
-// gives each one a rank instead of starting a process (startFromWarm).
-// A node that joins a running job then holds the others up for its
-// workers' script and state, not for their interpreter and torch: the
-// others keep training while it imports, since the job learns of the node
-// only when it joins.
+// workers' processes as spares before its node joins the rendezvous, and
+// may wait for their imports before it joins (a node joining a running
+// job: the others then train on while it imports). When the round
+// closes, Start gives each one a rank instead of starting a process
+// (startFromWarm); one still importing takes it when it is done.
 
 // ErrNotInit is Adopt's error once the group has started.
 var ErrNotInit = errors.New("the group has started")
 
 // StartWarm starts n warm spares that Start will make its workers, and
 // waits until each has said its imports are done, has exited, ctx is done
-// or bound has passed. It returns how many said so. The group's spec may
+// or bound has passed (0: it does not wait). It returns how many said so. The group's spec may
 // be provisional (a round's values are not known yet): Adopt replaces it
 // before Start, and each process is told its world in its assignment.
 // Call it before Start, from Start's goroutine.

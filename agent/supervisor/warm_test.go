@@ -81,14 +81,13 @@ func TestStartWarm(t *testing.T) {
 }
 
 // TestStartWarmStart: a round that starts the job (no Join) gives the warm
-// processes mode "start".
+// processes mode "start". StartWarm does not wait for them here (the
+// job's start): the process still starting reads its rank once it is up.
 func TestStartWarmStart(t *testing.T) {
 	spec, out := spareSpec(t, "ok", 1, 0)
 	g := New(spec, quiet())
 	t.Cleanup(func() { g.Stop(syscall.SIGTERM, time.Second) })
-	if n := g.StartWarm(context.Background(), 1, 30*time.Second); n != 1 {
-		t.Fatalf("StartWarm: %d ready, want 1\n%s", n, out)
-	}
+	g.StartWarm(context.Background(), 1, 0)
 	if err := g.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -112,6 +112,9 @@ type Rendezvous interface {
 	// already, to workers that carry on into the next round; 0 goes back
 	// to the configured port, or a free one.
 	OfferStore(port int)
+	// Running is whether the job has a generation running, which this
+	// node's join would end (the members stop to take it in).
+	Running(ctx context.Context) (bool, error)
 }
 
 // Joined is an open rendezvous and what goes with it; the caller owns it
