@@ -202,9 +202,9 @@ func (r *run) report(b rootcause.Blame, at *attempt, mon *hostmon.Monitor) strin
 
 // rootSettle bounds how long a failed attempt waits for its root cause to
 // show itself (at most the stop timeout): a worker of this node that a
-// victim named and that has not exited yet (it closed its communicator at
-// interpreter exit and is still tearing down), or another node's agent
-// telling the rendezvous about its own worker, with its report.
+// victim named, or that wrote its error file before the first exit, and
+// that has not exited yet (it is still tearing down), or another node's
+// agent telling the rendezvous about its own worker, with its report.
 const rootSettle = 5 * time.Second
 
 // workerFailure works out the root cause of the attempt, whose first
@@ -238,8 +238,11 @@ func (r *run) workerFailure(ctx context.Context, at *attempt) *fault.WorkerFaile
 			return &fault.WorkerFailedError{Blame: b.LostPeer(at.r.Reason()), Decided: now}
 		case b.Root < 0 || b.Exit != nil || b.Elsewhere != "" || left <= 0 || ctx.Err() != nil:
 		case b.Local:
-			r.log.Info("a worker failed only because another failed first: waiting for that one to exit",
-				"rank", b.Root, "victims", b.VictimRanks(), "wait", left.Round(time.Millisecond))
+			msg := "a worker failed only because another failed first: waiting for that one to exit"
+			if len(b.Victims) == 0 { // no notes (no hook): its error file says it raised first
+				msg = "a worker raised before the first to exit: waiting for it to exit"
+			}
+			r.log.Info(msg, "rank", b.Root, "victims", b.VictimRanks(), "wait", left.Round(time.Millisecond))
 			if !at.g.WaitExited(ctx, b.Root, left) { // else its exit, error file and stderr go into the report
 				deadline = time.Now() // once more with what the workers noted meanwhile, then decide
 			}

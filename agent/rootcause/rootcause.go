@@ -25,7 +25,10 @@ import (
 // connection leaves a note naming the peer (supervisor.PeerFailure), and
 // every worker's note says when it first closed a communicator. A worker
 // with a peer failure is a victim of that peer, and the root cause is the
-// earliest failure that is not a victim's, at its earliest sign. The
+// earliest failure that is not a victim's, at its earliest sign. Without
+// the hook there are no notes, and the workers' error files say who
+// raised first: a rank's is written as its exception leaves main, before
+// the teardown that drops its connections. The
 // decisions here are pure; the outcomes come from
 // supervisor.Group.Outcomes.
 
@@ -145,8 +148,16 @@ func (v victimOf) root(outs []supervisor.Outcome, cutoff time.Time) (int, time.T
 		}
 	}
 	for _, o := range outs {
-		if _, victim := v[o.Rank]; !victim && failedBy(o, cutoff) {
+		if _, victim := v[o.Rank]; victim {
+			continue
+		}
+		switch {
+		case failedBy(o, cutoff):
 			seen(o.Rank, failedAt(o))
+		case !o.Raised.IsZero() && !o.Raised.After(cutoff):
+			// It raised and is still tearing down (or exited after the
+			// cutoff): its exit may come after its victims'.
+			seen(o.Rank, o.Raised)
 		}
 	}
 	var lastNote time.Time
@@ -193,15 +204,19 @@ func failedBy(o supervisor.Outcome, cutoff time.Time) bool {
 }
 
 // failedAt is when a worker that failed was first seen failing: when it
-// closed its communicator, if it did, else its exit. A rank that raises
-// closes its communicator at interpreter exit, and its peers fail then,
-// maybe long before it has exited; its exit would make it look later than
-// its victims' victims on other nodes.
+// wrote its error file or closed its communicator, whichever came first,
+// else its exit. A rank that raises writes the file as the exception
+// leaves main and closes its communicator at interpreter exit, and its
+// peers fail then, maybe long before it has exited; its exit would make
+// it look later than its victims, or their victims on other nodes.
 func failedAt(o supervisor.Outcome) time.Time {
-	if !o.Closed.IsZero() && o.Closed.Before(o.Exit.Time) {
-		return o.Closed
+	at := o.Exit.Time
+	for _, t := range []time.Time{o.Closed, o.Raised} {
+		if !t.IsZero() && t.Before(at) {
+			at = t
+		}
 	}
-	return o.Exit.Time
+	return at
 }
 
 // classify fills in the Blame of root, first seen failing at at: its
@@ -263,6 +278,8 @@ func (b Blame) rootLine() string {
 		return b.Exit.Error()
 	case b.Elsewhere != "":
 		return "the job moved to a new generation first: " + b.Elsewhere
+	case b.Local && b.Seen == "": // no victim named it: it raised (its error file)
+		return fmt.Sprintf("worker rank %d raised and has not exited yet", b.Root)
 	case b.Local:
 		return fmt.Sprintf("worker rank %d %s and has not exited yet", b.Root, peerDid(b.Seen))
 	case b.Seen != "":

@@ -40,6 +40,12 @@ func closedAt(o supervisor.Outcome, ms int) supervisor.Outcome {
 	return o
 }
 
+// raisedAt adds when o wrote its error file.
+func raisedAt(o supervisor.Outcome, ms int) supervisor.Outcome {
+	o.Raised = at(ms)
+	return o
+}
+
 func killed(rank, ms int) supervisor.Outcome {
 	o := exited(rank, -1, ms)
 	o.Exit.Signal = syscall.SIGKILL
@@ -119,6 +125,17 @@ func TestBlame(t *testing.T) {
 		{name: "a note after its own close is an echo",
 			outs: []supervisor.Outcome{closedAt(noted(running(0), 7, "lost", 900), 300), noted(exited(1, 1, 700), 7, "lost", 500)},
 			root: 0, local: true, victims: []int{1}},
+		{name: "no notes: the first to raise, though it exited last",
+			outs: []supervisor.Outcome{raisedAt(exited(0, 1, 2400), 300), raisedAt(exited(1, 1, 2350), 2320)},
+			root: 0, local: true, exit: true, others: []int{1},
+			reason: []string{"worker rank 0 (local rank 0, pid 100) exited with code 1"}},
+		{name: "no notes: the first to raise, still tearing down",
+			outs: []supervisor.Outcome{raisedAt(running(0), 300), raisedAt(exited(1, 1, 2350), 2320)},
+			root: 0, local: true, others: []int{1},
+			reason: []string{"worker rank 0 raised and has not exited yet"}},
+		{name: "an error file after the cutoff is the agent's stopping",
+			outs:   []supervisor.Outcome{raisedAt(running(0), 950), exited(1, 1, 900)},
+			cutoff: at(920), root: 1, local: true, exit: true},
 		{name: "a tie goes to the lower rank",
 			outs: []supervisor.Outcome{exited(2, 1, 500), exited(1, 1, 500)},
 			root: 1, local: true, exit: true, others: []int{2}},

@@ -11,7 +11,8 @@ import (
 
 // TestOutcomes: a worker that failed only because its peer closed is
 // reaped first; Outcomes has its exit and its shim's note, and the peer,
-// still running, without an exit until WaitExited has seen it go.
+// still running, without an exit until WaitExited has seen it go, and
+// when it wrote its error file.
 func TestOutcomes(t *testing.T) {
 	spec, _, _ := testSpec(t, "peernote", 2, Streams{})
 	g := start(t, spec)
@@ -38,6 +39,10 @@ func TestOutcomes(t *testing.T) {
 	}
 	if e := out[0].Exit; e == nil || e.Code != 2 || !e.Time.After(out[1].Exit.Time) {
 		t.Errorf("rank 0's exit %+v, want code 2 after rank 1's", e)
+	}
+	if r := out[0].Raised; r.IsZero() || r.After(out[0].Exit.Time) || !out[1].Raised.IsZero() {
+		t.Errorf("rank 0 raised at %v (exit %v), rank 1 at %v: want rank 0's error file's time, before its exit, and none for rank 1",
+			r, out[0].Exit.Time, out[1].Raised)
 	}
 	if g.WaitExited(context.Background(), 7, time.Millisecond) {
 		t.Error("WaitExited of a rank that is not this group's")

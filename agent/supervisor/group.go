@@ -582,6 +582,12 @@ type Outcome struct {
 	// Closed is when it first closed a communicator (its shim's note), zero
 	// if it never did: its peers saw it go then, maybe long before its exit.
 	Closed time.Time
+	// Raised is when it wrote its error file (torchelastic's @record, as
+	// its exception left main), zero if it has not: it was failing then,
+	// though its exit may come seconds later (atexit handlers, its
+	// interpreter's teardown), after its victims' exits. Without the hook
+	// it is the only sign of who raised first.
+	Raised time.Time
 }
 
 // Outcomes returns every worker's outcome so far, in local rank order. It
@@ -599,6 +605,9 @@ func (g *Group) Outcomes() []Outcome {
 		var err error
 		if o.Closed, o.Peer, err = readCommNote(w.noteFile, g.spec.WorldSize); err != nil && !errors.Is(err, os.ErrNotExist) {
 			g.log.Warn("unreadable communicator note", "rank", w.Rank, "path", w.noteFile, "err", err)
+		}
+		if fi, err := os.Stat(w.errorFile); err == nil && fi.Size() > 0 {
+			o.Raised = fi.ModTime()
 		}
 		out = append(out, o)
 	}

@@ -98,11 +98,12 @@ func helper(mode string) {
 	case "errorfile":
 		os.WriteFile(os.Getenv("TORCHELASTIC_ERROR_FILE"), []byte(`{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback:\n  line 1", "timestamp": "1700000000"}}}`), 0o644)
 		os.Exit(1)
-	case "peernote": // rank 1 notes that rank 0 closed and exits 1 first; rank 0 exits 2 later
+	case "peernote": // rank 1 notes that rank 0 closed and exits 1 first; rank 0 raises (its error file) and exits 2 later
 		if rank == 1 {
 			os.WriteFile(os.Getenv("DDP_AGENT_COMM_NOTE_FILE"), []byte(`{"communicator": "c", "rank": 1, "world_size": 2, "peer": 0, "kind": "closed", "time_unix_nano": 1700000000000000000, "message": "rank 0 closed its communicator"}`), 0o644)
 			os.Exit(1)
 		}
+		os.WriteFile(os.Getenv("TORCHELASTIC_ERROR_FILE"), []byte(`{"message": "RuntimeError: raised"}`), 0o644)
 		os.WriteFile(os.Getenv("DDP_AGENT_COMM_NOTE_FILE"), []byte(`{"closed_unix_nano": 1699999999000000000, "rank": 0, "world_size": 2}`), 0o644)
 		time.Sleep(300 * time.Millisecond)
 		os.Exit(2)
