@@ -15,7 +15,7 @@ TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py
 # Lightning and Hugging Face Accelerate (from PyPI, in that venv) under
 # ddp-agent run and under their own launchers beside a sidecar.
 TORCH2_PYTHON ?=
-TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted|TestSidecarNamesStragglerUnderTorchrun|TestLightningUnderAgent|TestLightningUnderTorchrunWithSidecar|TestAccelerateUnderAgent|TestAccelerateLaunchWithSidecar|TestWarmSpare|TestLostNodeShrinksInProcess|TestLostStoreNodeShrinksInProcess|TestLateNodeJoinsInProcess)$$/^raise$$
+TORCH2_E2E ?= ^(TestEnvMatchesTorchrun|TestHookTrainUnderAgent|TestHookTrainUnderTorchrun|TestHookNCCLUniqueIDThroughAgent|TestHookWorkerDiesAgentRestarts|TestHangReportedWithStackAndRestarted|TestSidecarNamesStragglerUnderTorchrun|TestLightningUnderAgent|TestLightningUnderTorchrunWithSidecar|TestAccelerateUnderAgent|TestAccelerateLaunchWithSidecar|TestWarmSpare|TestLostNodeShrinksInProcess|TestLostStoreNodeShrinksInProcess|TestLateNodeJoinsInProcess|TestNodeJoinsWhileWorkersStart|TestNodeJoinsAsJobEnds)$$/^raise$$
 
 .PHONY: build wheel test test-quick test-deploy demo demo-fault bench bench-links lint fuzz clean
 

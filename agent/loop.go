@@ -31,6 +31,9 @@ type attempt struct {
 	// carry: its workers outlive it, to carry on into the next round in
 	// process (keep.go); set by recover.
 	carry bool
+	// joined: its workers started to join the other nodes' workers,
+	// carried on into its round (Spec.Join; latejoin.go).
+	joined bool
 }
 
 // loop runs attempts until the job succeeds, fails, this node drains, or
@@ -93,6 +96,8 @@ func (r *run) loop(ctx context.Context) error {
 			return err
 		case f == nil:
 			return r.succeed(ctx, at)
+		case r.finishedWithout(ctx, at, f):
+			return nil
 		}
 		r.health.set(phaseRestarting)
 		if done, err := r.recover(ctx, at, f); done {
@@ -158,6 +163,7 @@ func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.T
 		return nil, fmt.Errorf("attempt %d: %w", n, err)
 	}
 	r.observe(ctx, at)
+	at.joined = spec.Join
 	if spec.Join {
 		r.log.Info("warm spares: the other nodes' workers carry on from the last generation in process; these start to join their re-formation",
 			"generation", at.gen)

@@ -129,6 +129,8 @@ def parse_args():
     p.add_argument("--hold-before-loop", default="",
                    help="wait until this file exists before the training loop (tests: a node joins while the "
                         "workers start)")
+    p.add_argument("--hold-after-loop", default="",
+                   help="wait until this file exists after the training loop (tests: a node joins as the job ends)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds")
     p.add_argument("--slow-rank", type=int, default=-1, help="rank made slow before its backward (default: none)")
     p.add_argument("--slow-steps", default="", help="comma-separated steps at which --slow-rank is slow")
@@ -304,6 +306,8 @@ def main():
                 time.sleep(args.sleep_per_step)
             step_log("step", rank, step, attempt, world_size)
 
+    while args.hold_after_loop and not os.path.exists(args.hold_after_loop):
+        time.sleep(0.05)
     if rank == 0:
         say(f"done: steps={args.steps} final_loss={loss_value:.4f} world_size={world_size}")
         print_step_times(args, step_times)

@@ -396,6 +396,47 @@ func TestNodeJoinsWhileWorkersStart(t *testing.T) {
 	}
 }
 
+// TestNodeJoinsAsJobEnds: a third node joins as the first two nodes'
+// workers finish (held after their training loop until the agents have
+// moved them into the world of 6). They complete the job without
+// re-forming, and their store goes with them: the new node's workers,
+// started to join them, fail on it. The job finished without that node,
+// and its agent says so and exits 0, as the others do. Before, it
+// restarted its workers and waited out the join timeout, to exit 1.
+func TestNodeJoinsAsJobEnds(t *testing.T) {
+	budget(t, 60*time.Second)
+	j, steps := carryJob(t, "2:3", 10)
+	hold := filepath.Join(t.TempDir(), "go")
+	j.script = append(j.script, "--hold-after-loop", hold)
+	a := j.startHost()
+	b := j.start()
+	logs := func() string { return a.logs() + "\n----\n" + b.logs() }
+	waitFor(t, 2*time.Minute, func() bool { return lastStep(steps, 4) >= 10 }, logs)
+	c := j.start()
+	logs = func() string { return a.logs() + "\n----\n" + b.logs() + "\n----\n" + c.logs() }
+	waitFor(t, time.Minute, func() bool {
+		return strings.Count(a.stderr.String()+b.stderr.String(), `msg="workers carry on in process into the new generation"`) == 2 &&
+			strings.Contains(c.stderr.String(), `msg="workers started"`)
+	}, logs)
+	if err := os.WriteFile(hold, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*agentRun{a, b, c} {
+		if code := r.waitHint(time.Minute, "(the job ends within seconds of the hold's end)"); code != 0 {
+			t.Fatalf("an agent exited %d, want 0\n%s", code, logs())
+		}
+	}
+	switch e := c.stderr.String(); {
+	case !strings.Contains(e, `msg="the job finished without this node: the other nodes' workers completed it before this node's joined them"`):
+		t.Fatalf("the new node did not say the job finished without it\n%s", logs())
+	case strings.Contains(e, "restarting worker group"):
+		t.Fatalf("the new node restarted its workers\n%s", logs())
+	}
+	if !strings.Contains(a.stdout.String()+b.stdout.String(), "done: steps=10") {
+		t.Fatalf("the first two nodes did not finish the job\n%s", logs())
+	}
+}
+
 // stepLine is one line of train.py's $TRAIN_STEP_LOG.
 type stepLine struct {
 	Event string  `json:"event"`

@@ -58,6 +58,13 @@ func (e *Membership) Succeed(ctx context.Context, r *Round) error {
 	return nil
 }
 
+// OthersDone waits up to d for every other node of round r to have
+// finished its workers (Succeed), and reports whether they all have: the
+// job's work is done without this node's.
+func (e *Membership) OthersDone(ctx context.Context, r *Round, d time.Duration) bool {
+	return e.waitAllDone(ctx, e.key(doneDir+genKey(r.Generation)+"/"), r.NNodes-1, d)
+}
+
 // markTimeout bounds the write that marks the job succeeded. The other
 // nodes, seeing every node done, stop their store members at once; with
 // the store hosted by the agents that can take its quorum before the write

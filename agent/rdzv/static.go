@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"time"
 )
 
 // Static is the rendezvous of a job whose nodes are fixed by the command
@@ -68,6 +69,10 @@ func (s *Static) CheckPeers(context.Context) PeerCheck { return PeersAnswered }
 // Running is false: a static job's nodes are all there from the start,
 // and none joins later.
 func (s *Static) Running(context.Context) (bool, error) { return false, nil }
+
+// OthersDone is false: no node of a static job tells the others it
+// finished.
+func (s *Static) OthersDone(context.Context, *Round, time.Duration) bool { return false }
 
 // OfferStore makes the next rounds' port for the workers' store port; 0
 // goes back to MasterPort.

@@ -27,17 +27,19 @@ func LooksLikeLostPeer(e *supervisor.WorkerExitError) bool {
 	}
 	words = append(words, e.StderrTail...)
 	// What torch's backends say when a peer's process or link went away
-	// under a collective.
+	// under a collective, in lower case: the versions differ in case
+	// (torch 2.x's TCP store says "Failed to recv, got 0 bytes").
 	signs := []string{
-		"Connection closed by peer",   // gloo
-		"Connection reset by peer",    // gloo, the TCP store
+		"connection closed by peer",   // gloo
+		"connection reset by peer",    // gloo, the TCP store
 		"remote process exited",       // NCCL's ncclRemoteError
-		"ncclRemoteError",             // NCCL
-		"Broken pipe",                 // the TCP store
-		"Socket Timeout",              // gloo
+		"ncclremoteerror",             // NCCL
+		"broken pipe",                 // the TCP store
+		"socket timeout",              // gloo
 		"failed to recv, got 0 bytes", // the TCP store
 	}
 	for _, w := range words {
+		w = strings.ToLower(w)
 		for _, sign := range signs {
 			if strings.Contains(w, sign) {
 				return true

@@ -333,8 +333,10 @@ func TestLostPeer(t *testing.T) {
 	gloo.Exit.StderrTail = []string{"RuntimeError: [./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:26532"}
 	own := exited(0, 1, 10)
 	own.Exit.StderrTail = []string{"ValueError: bad batch"}
-	if !LooksLikeLostPeer(gloo.Exit) || LooksLikeLostPeer(own.Exit) || LooksLikeLostPeer(running(1).Exit) {
-		t.Fatal("LooksLikeLostPeer: want true for gloo's lost connection only")
+	store := exited(0, 1, 10) // torch 2.x's TCP store, in its error file
+	store.Exit.ErrorFile = &supervisor.ErrorFile{Message: "ReformError: the workers' store failed (Failed to recv, got 0 bytes. Connection was likely closed.)"}
+	if !LooksLikeLostPeer(gloo.Exit) || !LooksLikeLostPeer(store.Exit) || LooksLikeLostPeer(own.Exit) || LooksLikeLostPeer(running(1).Exit) {
+		t.Fatal("LooksLikeLostPeer: want true for gloo's and the store's lost connections only")
 	}
 	outs := []supervisor.Outcome{gloo, exited(1, 1, 20)}
 	b := Decide(outs, at(30))

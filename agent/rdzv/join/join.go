@@ -115,6 +115,9 @@ type Rendezvous interface {
 	// Running is whether the job has a generation running, which this
 	// node's join would end (the members stop to take it in).
 	Running(ctx context.Context) (bool, error)
+	// OthersDone waits up to d for every other node of round r to have
+	// finished its workers, and reports whether they all have.
+	OthersDone(ctx context.Context, r *rdzv.Round, d time.Duration) bool
 }
 
 // Joined is an open rendezvous and what goes with it; the caller owns it
