@@ -12,32 +12,82 @@ import (
 // A node that joins in a job's last steps, under --spares, starts its
 // workers to join the others' re-formation (Spec.Join); the others may
 // complete the job before they re-form. Their store then goes with them,
-// and the new workers fail on it, having done nothing: the job finished
-// without this node, as when its round never came (noRound). Before, the
-// agent took it for a fault, restarted its workers, and waited out the
-// join timeout for nodes that had left, to exit 1.
+// and the new workers, having done nothing, fail on it or wait for it (a
+// client that never connected waits out its 60 s timeout): the job
+// finished without this node, as when its round never came (noRound).
+// Before, the agent took it for a fault, restarted its workers, and
+// waited out the join timeout for nodes that had left, to exit 1.
 
 // othersDoneWait bounds the wait for the other nodes to mark their
-// workers done: their store stops with their workers, moments before
-// their agents tell the rendezvous (Succeed).
+// workers done, after this node's failed (their store stops with their
+// workers, moments before their agents tell the rendezvous), and is the
+// grace this node's workers get to end on their own once the others are
+// done (they had joined, and finish with them).
 const othersDoneWait = 5 * time.Second
 
+// othersDonePoll is how often a node whose workers started to join looks
+// for the other nodes' workers all done: one count of keys in the store.
+const othersDonePoll = time.Second
+
+// watchOthersDone ends the round of attempt at, whose workers started to
+// join the others' re-formation, once every other node of the round has
+// finished its workers and this node's have not ended within
+// othersDoneWait: they have nothing left to join (finishedWithout). It
+// returns when ctx ends: the attempt's wait is over.
+func (r *run) watchOthersDone(ctx context.Context, at *attempt) {
+	for sleepCtx(ctx, othersDonePoll) {
+		if !r.j.rz.OthersDone(ctx, at.r, 0) {
+			continue
+		}
+		if sleepCtx(ctx, othersDoneWait) {
+			r.faults.Report(fault.Round(at.gen, "the other nodes' workers finished the job before this node's joined them"))
+		}
+		return
+	}
+}
+
+// sleepCtx sleeps d, or until ctx ends; it reports whether it slept d.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // finishedWithout reports whether the job finished without this node's
-// workers, whose failure is f: they were started to join the others'
-// re-formation, failed on a lost connection (the store), and every other
-// node of the round has finished its workers. Then it stops the workers,
-// marks this node's part of the round done, so the job is marked
-// succeeded, and the run ends as one that succeeded.
+// workers, whose attempt ended with fault f: they were started to join
+// the others' re-formation, and every other node of the round has
+// finished its workers. Where a worker failed on a lost connection (the
+// others' store, gone with them) it waits up to othersDoneWait for them
+// to say so; any other fault (a node lost, a worker's own error) is
+// handled at once as ever. Then it stops the workers, marks this node's
+// part of the round done, so the job is marked succeeded, and the run
+// ends as one that succeeded.
 func (r *run) finishedWithout(ctx context.Context, at *attempt, f *fault.Fault) bool {
-	wf, ok := fault.As[*fault.WorkerFailedError](f)
-	if !at.joined || !ok || !rootcause.LooksLikeLostPeer(wf.Blame.Exit) || !r.j.rz.OthersDone(ctx, at.r, othersDoneWait) {
+	if !at.joined {
+		return false
+	}
+	wait := time.Duration(0)
+	if wf, ok := fault.As[*fault.WorkerFailedError](f); ok && rootcause.LooksLikeLostPeer(wf.Blame.Exit) {
+		wait = othersDoneWait
+	}
+	// Bounded: a store without its quorum (the fault may be its node's)
+	// holds a read for seconds, and the fault's handling must not wait.
+	octx, cancel := context.WithTimeout(ctx, wait+time.Second)
+	done := r.j.rz.OthersDone(octx, at.r, wait)
+	cancel()
+	if !done {
 		return false
 	}
 	at.r.Stop()
 	at.g.Stop(syscall.SIGTERM, r.cfg.StopTimeout)
 	r.events.report(r.log, at.gen, r.srv.Conns)
 	r.log.Info("the job finished without this node: the other nodes' workers completed it before this node's joined them",
-		"generation", at.gen, "error", wf.Blame.Exit.Error())
+		"generation", at.gen, "fault", f.Reason)
 	if err := r.j.rz.Succeed(ctx, at.r); err != nil {
 		r.log.Warn("tell the rendezvous this node finished", "err", err)
 	}

@@ -241,10 +241,11 @@ func (r *run) spec(rd *rdzv.Round, attemptDir string) *supervisor.Spec {
 // queue.
 func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 	rctx, end := context.WithCancel(ctx)
-	watched := make(chan struct{})
+	watched, joinWatched := make(chan struct{}), make(chan struct{})
 	defer func() {
 		end()
 		<-watched // no round fault of this attempt is reported after it
+		<-joinWatched
 	}()
 	// The group's end: nil when every worker succeeded, ctx's error, or
 	// the supervisor's own; a worker's failure is reported as a fault
@@ -284,6 +285,12 @@ func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 		case <-at.r.Done():
 			r.faults.Report(fault.Round(at.gen, at.r.Reason()))
 		case <-rctx.Done():
+		}
+	}()
+	go func() {
+		defer close(joinWatched)
+		if at.joined {
+			r.watchOthersDone(rctx, at)
 		}
 	}()
 	var f *fault.Fault
