@@ -35,26 +35,25 @@ const othersDonePoll = time.Second
 // othersDoneWait: they have nothing left to join (finishedWithout). It
 // returns when ctx ends: the attempt's wait is over.
 func (r *run) watchOthersDone(ctx context.Context, at *attempt) {
-	for sleepCtx(ctx, othersDonePoll) {
+	tick := time.NewTicker(othersDonePoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 		if !r.j.rz.OthersDone(ctx, at.r, 0) {
 			continue
 		}
-		if sleepCtx(ctx, othersDoneWait) {
+		grace := time.NewTimer(othersDoneWait)
+		defer grace.Stop()
+		select {
+		case <-ctx.Done():
+		case <-grace.C:
 			r.faults.Report(fault.Round(at.gen, "the other nodes' workers finished the job before this node's joined them"))
 		}
 		return
-	}
-}
-
-// sleepCtx sleeps d, or until ctx ends; it reports whether it slept d.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }
 

@@ -369,23 +369,15 @@ func TestLateNodeJoinsInProcess(t *testing.T) {
 // node joined seconds after the job's start).
 func TestNodeJoinsWhileWorkersStart(t *testing.T) {
 	budget(t, 80*time.Second)
-	j, _ := carryJob(t, "2:3", 20)
-	hold := filepath.Join(t.TempDir(), "go")
-	j.script = append(j.script, "--hold-before-loop", hold)
-	a := j.startHost()
-	b := j.start()
+	h := startHeld(t, 20, "--hold-before-loop")
+	a, b := h.a, h.b
 	logs := func() string { return a.logs() + "\n----\n" + b.logs() }
 	waitFor(t, 2*time.Minute, func() bool {
 		return len(ranksSeen(a.stdout.String())[4])+len(ranksSeen(b.stdout.String())[4]) == 4
 	}, logs)
-	c := j.start()
+	c := h.start()
 	logs = func() string { return a.logs() + "\n----\n" + b.logs() + "\n----\n" + c.logs() }
-	waitFor(t, time.Minute, func() bool {
-		return strings.Count(a.stderr.String()+b.stderr.String(), `msg="workers carry on in process into the new generation"`) == 2
-	}, logs)
-	if err := os.WriteFile(hold, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	h.releaseMoved(c, logs)
 	waitAll(t, 3*time.Minute, a, b, c)
 	checkCarried(t, []*agentRun{a, b}, []*agentRun{a, b, c}, 20, 6, logs)
 	if n := regexp.MustCompile(`re-formed in process, generation 1: rank \d's step 0 failed \(ShimError: `).FindAllString(a.stderr.String()+b.stderr.String(), -1); len(n) != 4 {
@@ -405,22 +397,13 @@ func TestNodeJoinsWhileWorkersStart(t *testing.T) {
 // restarted its workers and waited out the join timeout, to exit 1.
 func TestNodeJoinsAsJobEnds(t *testing.T) {
 	budget(t, 60*time.Second)
-	j, steps := carryJob(t, "2:3", 10)
-	hold := filepath.Join(t.TempDir(), "go")
-	j.script = append(j.script, "--hold-after-loop", hold)
-	a := j.startHost()
-	b := j.start()
+	h := startHeld(t, 10, "--hold-after-loop")
+	a, b := h.a, h.b
 	logs := func() string { return a.logs() + "\n----\n" + b.logs() }
-	waitFor(t, 2*time.Minute, func() bool { return lastStep(steps, 4) >= 10 }, logs)
-	c := j.start()
+	waitFor(t, 2*time.Minute, func() bool { return lastStep(h.steps, 4) >= 10 }, logs)
+	c := h.start()
 	logs = func() string { return a.logs() + "\n----\n" + b.logs() + "\n----\n" + c.logs() }
-	waitFor(t, time.Minute, func() bool {
-		return strings.Count(a.stderr.String()+b.stderr.String(), `msg="workers carry on in process into the new generation"`) == 2 &&
-			strings.Contains(c.stderr.String(), `msg="workers started"`)
-	}, logs)
-	if err := os.WriteFile(hold, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	h.releaseMoved(c, logs)
 	for _, r := range []*agentRun{a, b, c} {
 		if code := r.waitHint(time.Minute, "(the job ends within seconds of the hold's end)"); code != 0 {
 			t.Fatalf("an agent exited %d, want 0\n%s", code, logs())
@@ -434,6 +417,37 @@ func TestNodeJoinsAsJobEnds(t *testing.T) {
 	}
 	if !strings.Contains(a.stdout.String()+b.stdout.String(), "done: steps=10") {
 		t.Fatalf("the first two nodes did not finish the job\n%s", logs())
+	}
+}
+
+// heldJob is carryJob's job with nnodes 2:3 whose train.py holds its
+// workers at a point (a --hold-* flag) until the test releases them, its
+// first two agents started.
+type heldJob struct {
+	*job
+	steps, hold string // train.py's step log; the file that releases the workers
+	a, b        *agentRun
+}
+
+func startHeld(t *testing.T, steps int, flag string) *heldJob {
+	j, log := carryJob(t, "2:3", steps)
+	h := &heldJob{job: j, steps: log, hold: filepath.Join(t.TempDir(), "go")}
+	j.script = append(j.script, flag, h.hold)
+	h.a = j.startHost()
+	h.b = j.start()
+	return h
+}
+
+// releaseMoved releases the workers once the first two agents have moved
+// theirs into the round that c joined, and c has started its own.
+func (h *heldJob) releaseMoved(c *agentRun, logs func() string) {
+	h.t.Helper()
+	waitFor(h.t, time.Minute, func() bool {
+		return strings.Count(h.a.stderr.String()+h.b.stderr.String(), `msg="workers carry on in process into the new generation"`) == 2 &&
+			strings.Contains(c.stderr.String(), `msg="workers started"`)
+	}, logs)
+	if err := os.WriteFile(h.hold, nil, 0o644); err != nil {
+		h.t.Fatal(err)
 	}
 }
 
