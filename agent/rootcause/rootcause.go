@@ -28,9 +28,8 @@ import (
 // earliest failure that is not a victim's, at its earliest sign. Without
 // the hook there are no notes, and the workers' error files say who
 // raised first: a rank's is written as its exception leaves main, before
-// the teardown that drops its connections. The
-// decisions here are pure; the outcomes come from
-// supervisor.Group.Outcomes.
+// the teardown that drops its connections. The decisions here are pure;
+// the outcomes come from supervisor.Group.Outcomes.
 
 // Blame is the root cause of a failed attempt as this node sees it.
 type Blame struct {
