@@ -121,8 +121,11 @@ func TestWatchdogTimesOnTheGPU(t *testing.T) {
 			if off := time.Duration(ev.TEnd - enqueued.UnixNano()); off < time.Duration(i+1)*55*time.Millisecond || off > time.Duration(i+1)*60*time.Millisecond+100*time.Millisecond {
 				t.Errorf("rank %d event %d ends %v after the first enqueue", r, i, off)
 			}
-			if ev.TArrive > ev.TStart {
-				t.Errorf("rank %d event %d: arrived after it started on the GPU", r, i)
+			// The GPU's times reach the host clock through an anchor
+			// (nccl.clock), known to half its Record+Sync round trip: ms
+			// under load. The first collective starts as it arrives.
+			if ev.TArrive > ev.TStart+int64(10*time.Millisecond) {
+				t.Errorf("rank %d event %d: arrived %v after it started on the GPU", r, i, time.Duration(ev.TArrive-ev.TStart))
 			}
 		}
 	}
