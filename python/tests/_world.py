@@ -8,6 +8,7 @@ test instead of the suite.
 
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -29,8 +30,29 @@ class RankResult(NamedTuple):
 
 
 def free_port() -> int:
-    """Returns a TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as s:
+    """Returns a TCP port that was free a moment ago on 127.0.0.1, below the kernel's ephemeral range.
+
+    A worker binds the port a second or more later, once it has imported
+    torch. A port of the ephemeral range (what binding port 0 gives) may be
+    taken meanwhile as the local port of any outgoing connection on the
+    machine: CI saw rank 0 fail with EADDRINUSE while other suites ran.
+    Below the range only another test's choice can take it.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(10000, max(10001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a machine whose low ports are all taken
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
