@@ -20,10 +20,10 @@ var ErrNotInit = errors.New("the group has started")
 
 // StartWarm starts n warm spares that Start will make its workers, and
 // waits until each has said its imports are done, has exited, ctx is done
-// or bound has passed (0: it does not wait). It returns how many said so. The group's spec may
-// be provisional (a round's values are not known yet): Adopt replaces it
-// before Start, and each process is told its world in its assignment.
-// Call it before Start, from Start's goroutine.
+// or bound has passed (0: it does not wait). It returns how many said so.
+// The group's spec may be provisional (a round's values are not known
+// yet): Adopt replaces it before Start, and each process is told its
+// world in its assignment. Call it before Start, from Start's goroutine.
 func (g *Group) StartWarm(ctx context.Context, n int, bound time.Duration) int {
 	ready := make(chan bool, n)
 	started := 0
