@@ -129,6 +129,10 @@ def parse_args():
     p.add_argument("--hold-before-loop", default="",
                    help="wait until this file exists before the training loop (tests: a node joins while the "
                         "workers start)")
+    p.add_argument("--hold-in-loop", default="",
+                   help="wait until this file exists before step --hold-step (tests: a node joins while the "
+                        "others train)")
+    p.add_argument("--hold-step", type=int, default=10, help="the step --hold-in-loop waits before")
     p.add_argument("--hold-after-loop", default="",
                    help="wait until this file exists after the training loop (tests: a node joins as the job ends)")
     p.add_argument("--sleep-per-step", type=float, default=0.0, help="seconds")
@@ -257,6 +261,8 @@ def main():
     loss_fn = nn.CrossEntropyLoss()
     step_times = []  # seconds: forward, backward (with the gradient all-reduce), optimizer step
     for step in steps:
+        while args.hold_in_loop and step == args.hold_step and not os.path.exists(args.hold_in_loop):
+            time.sleep(0.05)
         if loop is not None:  # a node lost under --spares: the survivors carry on, renumbered
             rank, world_size = loop.rank, loop.world_size
         with step_context(step) as ddp:
