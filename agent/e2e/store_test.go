@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,5 +179,50 @@ func TestQuorumLostFailsFast(t *testing.T) {
 	// 12.3 s (15.2 s while the exit's Leave waited 3 s on the store).
 	if took > 18*time.Second {
 		t.Errorf("the survivor took %v to give up on the store\n%s", took.Round(time.Second), survivor.logs())
+	}
+}
+
+// TestStoreKeeperLastOutStopsAtOnce: three agents, three store members.
+// The first two nodes' workers finish, and their agents wait out the exit
+// barrier (5 s) for the third's; the second leaves, handing its member
+// over. The third's workers finish after that: its agent sees every node
+// done and stops its member without handing it over, which leaves the
+// store's keeper (the first) with a member gone and no quorum. The keeper,
+// last out, stops its own member at once. Before, it tried to hand it
+// over and waited that out for the quorum (a CI run).
+func TestStoreKeeperLastOutStopsAtOnce(t *testing.T) {
+	budget(t, 40*time.Second)
+	dir := t.TempDir()
+	hold := func(name string) []string {
+		return []string{"sh", "-c", "while [ ! -e " + filepath.Join(dir, name) + " ]; do sleep 0.05; done"}
+	}
+	j := newJob(t, "3", 0, 0)
+	j.args[3] = "1" // --nproc-per-node 1
+	j.args = append(j.args, "--no-python")
+	j.script = hold("first")
+	a, b := j.startHost(), j.start()
+	j.script = hold("third")
+	c := j.start()
+	all := []*agentRun{a, b, c}
+	waitFor(t, time.Minute, func() bool {
+		in, _ := members(all)
+		return len(in) == 3 && strings.Contains(c.stderr.String(), `msg="workers started"`)
+	}, allLogs(all...))
+	release := func(name string) {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release("first")
+	if code := b.waitHint(time.Minute, "(it leaves after the exit barrier, 5 s)"); code != 0 {
+		t.Fatalf("the second agent exited %d\n%s", code, allLogs(all...)())
+	}
+	if !strings.Contains(b.stderr.String(), "handed over this agent's store member") {
+		t.Fatalf("the second agent did not hand its member over\n%s", allLogs(all...)())
+	}
+	release("third")
+	waitAll(t, time.Minute, c, a)
+	if strings.Contains(a.stderr.String(), "store member not handed over") {
+		t.Fatalf("the keeper, last out, tried to hand its member over\n%s", allLogs(all...)())
 	}
 }

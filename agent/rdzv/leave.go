@@ -49,12 +49,16 @@ func (e *Membership) Succeed(ctx context.Context, r *Round) error {
 		// so that this agent knows nobody needs the store any more.
 		done = e.waitAllDone(ctx, doneDir, r.NNodes, exitBarrier)
 	}
+	// The store's keeper that saw every other agent leave is the last one
+	// out, whether or not it saw their workers finish: a node that
+	// finished past exitBarrier saw every node done and stopped its store
+	// member without handing it over (done), and handing this one over
+	// would wait out its timeout for a quorum gone with that member (5 s
+	// in a CI run). Nobody is left to hand it to.
+	alone := e.cfg.keeps() && e.waitOthersGone(ctx, false)
 	e.mu.Lock()
-	e.jobDone = done
+	e.jobDone = done || alone
 	e.mu.Unlock()
-	if e.cfg.keeps() {
-		e.waitOthersGone(ctx, false)
-	}
 	return nil
 }
 
@@ -110,9 +114,10 @@ func (e *Membership) Succeeded() bool {
 }
 
 // JobDone reports whether Succeed saw every node's workers of the last
-// generation finish: the job is over, and the store is needed by no one but
-// the agents leaving it, so a replicated store's member need not be handed
-// over (handing over concurrently, agents that finish together find each
+// generation finish, or (in the store's keeper) every other agent leave:
+// the job is over, and the store is needed by no one but the agents
+// leaving it, so a replicated store's member need not be handed over
+// (handing over concurrently, agents that finish together find each
 // other's members orphaned and wait out etcd's timeouts).
 func (e *Membership) JobDone() bool {
 	e.mu.Lock()
@@ -144,13 +149,14 @@ func (e *Membership) Drain(ctx context.Context) {
 
 // waitOthersGone blocks while other agents are registered and the job is
 // not over for them, polling twice a second; it returns when ctx is done.
-// With onlyIfOver it returns at once unless the job is over.
-func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
+// With onlyIfOver it returns at once unless the job is over. It reports
+// whether it saw no other agent registered: this one is the last.
+func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) (alone bool) {
 	e.mu.Lock()
 	waited := e.waited
 	e.mu.Unlock()
 	if waited {
-		return
+		return false
 	}
 	defer func() {
 		e.mu.Lock()
@@ -168,7 +174,7 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 			clientv3.OpGet(e.key(stateKey), clientv3.WithSerializable())).Commit()
 		cancel()
 		if err != nil {
-			return
+			return false
 		}
 		// Once the job is over, the others only need a moment to see it
 		// and leave; do not wait on one that is stuck.
@@ -202,10 +208,10 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 			}
 		}
 		if others == 0 {
-			return
+			return true
 		}
 		if onlyIfOver && !over {
-			return
+			return false
 		}
 		if over {
 			// Agents that all said they succeeded need the store only a
@@ -220,7 +226,7 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 				overSince = time.Now()
 			} else if time.Since(overSince) > limit {
 				e.log.Warn("leaving although other agents are still registered", "others", others, "active", active)
-				return
+				return false
 			}
 		}
 		if !logged {
@@ -228,7 +234,7 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) {
 			logged = true
 		}
 		if !sleep(ctx, 500*time.Millisecond) {
-			return
+			return false
 		}
 	}
 }
