@@ -487,8 +487,10 @@ func TestRefusedAgents(t *testing.T) {
 	}
 	waitAll(t, 3*time.Minute, host, b)
 	// The intruder's entry has no lease: no agent, nothing to wait for
-	// at the end (the store's host waited 2 × 10 s for it).
-	if strings.Contains(host.stderr.String(), "leaving although other agents are still registered") {
+	// at the end (the store's host waited 2 × 10 s for it). The host may
+	// still give up on the other agent, slow to leave under load (a CI
+	// run): the warning names the nodes it waited for.
+	if m := regexp.MustCompile(`msg="leaving although other agents are still registered".*`).FindString(host.stderr.String()); strings.Contains(m, "intruder") {
 		t.Errorf("the store's host waited for the garbage entry to leave\n%s", host.logs())
 	}
 }

@@ -191,7 +191,8 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) (alone
 				isMember[m.Node] = true
 			}
 		}
-		others, active := 0, 0
+		var others []string // the other agents' nodes, named in the log
+		active := 0
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 			node := strings.TrimPrefix(string(kv.Key), e.key(nodesDir))
 			// An agent's entry lives on its lease; one without a lease
@@ -200,14 +201,14 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) (alone
 				continue
 			}
 			if node != e.node && (isMember[node] || !known || over) {
-				others++
+				others = append(others, node)
 				var n NodeInfo
 				if decode(string(kv.Key), kv.Value, &n) != nil || n.State == NodeActive {
 					active++
 				}
 			}
 		}
-		if others == 0 {
+		if len(others) == 0 {
 			return true
 		}
 		if onlyIfOver && !over {
@@ -225,12 +226,13 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) (alone
 			if overSince.IsZero() {
 				overSince = time.Now()
 			} else if time.Since(overSince) > limit {
-				e.log.Warn("leaving although other agents are still registered", "others", others, "active", active)
+				e.log.Warn("leaving although other agents are still registered", "others", len(others), "active", active,
+					"nodes", others)
 				return false
 			}
 		}
 		if !logged {
-			e.log.Info("waiting for the other agents to finish: this agent hosts the rendezvous store", "others", others)
+			e.log.Info("waiting for the other agents to finish: this agent hosts the rendezvous store", "others", len(others))
 			logged = true
 		}
 		if !sleep(ctx, 500*time.Millisecond) {
