@@ -192,24 +192,26 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) (alone
 			}
 		}
 		var others []string // the other agents' nodes, named in the log
-		active := 0
+		active, spares := 0, 0
 		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 			node := strings.TrimPrefix(string(kv.Key), e.key(nodesDir))
 			// An agent's entry lives on its lease; one without a lease
 			// (written by hand, or garbage) is no agent and never leaves.
-			if kv.Lease == 0 {
+			if kv.Lease == 0 || node == e.node {
 				continue
 			}
-			if node != e.node && (isMember[node] || !known || over) {
-				others = append(others, node)
-				var n NodeInfo
-				if decode(string(kv.Key), kv.Value, &n) != nil || n.State == NodeActive {
-					active++
-				}
+			if known && !over && !isMember[node] {
+				spares++ // waited for by no one, but it may hold a store member
+				continue
+			}
+			others = append(others, node)
+			var n NodeInfo
+			if decode(string(kv.Key), kv.Value, &n) != nil || n.State == NodeActive {
+				active++
 			}
 		}
 		if len(others) == 0 {
-			return true
+			return spares == 0 // a spare agent may still hold a store member
 		}
 		if onlyIfOver && !over {
 			return false
