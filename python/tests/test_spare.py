@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -139,14 +140,26 @@ def test_spare_serves_the_store(tmp_path):
     p = subprocess.Popen([sys.executable, "-u", "-m", "ddp_agent._spare", str(script)], env=env, pass_fds=(r,),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     os.close(r)
+    err = ""
     try:
         with os.fdopen(w, "w") as f:
             f.write(json.dumps({"store": {"addr": "127.0.0.1", "port": port}}) + "\n")
         client = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60))
         client.set("k", "v")
         assert client.get("k") == b"v" and p.poll() is None
+        # The server answers before its TCPStore constructor returns, and
+        # so before it says it serves (a CI run ended it in between): wait
+        # for the line, or the process's end, at most 60 s.
+        timer = threading.Timer(60, p.terminate)
+        timer.start()
+        for line in p.stderr:
+            err += line
+            if "serving the job's store on port" in line:
+                break
+        timer.cancel()
     finally:
         p.terminate()
-        out, err = p.communicate(timeout=30)
+        out, rest = p.communicate(timeout=30)
+        err += rest
     assert "serves the job's store" in err and f"serving the job's store on port {port}" in err, err
     assert "script ran" not in out
