@@ -126,6 +126,9 @@ def parse_args():
                         "has closed: a slow teardown, so that the peers it failed may exit before it does")
     p.add_argument("--in-process", action="store_true",
                    help="retry a failed step in the same processes (ddp_agent.InProcess; needs --comm-hook ddp-agent)")
+    p.add_argument("--hold-before-init", default="",
+                   help="wait until this file exists before init_process_group (tests: a node's workers that "
+                        "never reach the others' store)")
     p.add_argument("--hold-before-loop", default="",
                    help="wait until this file exists before the training loop (tests: a node joins while the "
                         "workers start)")
@@ -221,6 +224,8 @@ def main():
         backend, device = "gloo", torch.device("cpu")
     say(f"rank {rank}/{world_size} local_rank {local_rank} restart_count {restart_count} "
           f"backend {backend} device {device}")
+    while args.hold_before_init and not os.path.exists(args.hold_before_init):
+        time.sleep(0.05)
     dist.init_process_group(backend, init_method="env://")
 
     torch.manual_seed(args.seed)  # the same initial weights and teacher on every rank

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -399,11 +400,49 @@ func TestNodeJoinsWhileWorkersStart(t *testing.T) {
 // restarted its workers and waited out the join timeout, to exit 1.
 func TestNodeJoinsAsJobEnds(t *testing.T) {
 	budget(t, 60*time.Second)
+	c, logs := joinAsJobEnds(t)
+	// Its workers failed on the others' store: the fault that ended them
+	// is theirs, not the watch's (TestJoinedWorkersNeverConnect).
+	if strings.Contains(c.stderr.String(), watchFault) {
+		t.Fatalf("the new node's workers did not fail on the others' store\n%s", logs())
+	}
+}
+
+// TestJoinedWorkersNeverConnect: the same, with the new node's workers
+// held before init_process_group, so they never reach the others' store
+// and fail on nothing (as a client that never connected waits out its
+// 60 s timeout). The agent's own watch of the store's done markers finds
+// the other nodes done, gives its workers othersDoneWait to end, and ends
+// the attempt: the job finished without this node, and it exits 0.
+func TestJoinedWorkersNeverConnect(t *testing.T) {
+	budgetAlongside(t, 60*time.Second)
+	never := filepath.Join(t.TempDir(), "never")
+	c, logs := joinAsJobEnds(t, "--hold-before-init", never)
+	if !strings.Contains(c.stderr.String(), watchFault) {
+		t.Fatalf("the agent's watch did not end the new node's attempt\n%s", logs())
+	}
+	if strings.Contains(c.stdout.String()+c.stderr.String(), "moved to the workers' new store") || strings.Contains(c.stderr.String(), "joined re-formation") {
+		t.Fatalf("the new node's workers went past their hold\n%s", logs())
+	}
+}
+
+// watchFault is the fault the agent's watch reports (watchOthersDone), as
+// its log line gives it.
+const watchFault = `fault="the other nodes' workers finished the job before this node's joined them"`
+
+// joinAsJobEnds runs the jobs of TestNodeJoinsAsJobEnds: a third node
+// joins, with script the extra arguments of its train.py, as the first
+// two nodes' workers finish. It checks that every agent exits 0, the
+// first two having completed the job, and that the third says the job
+// finished without it, its workers never restarted; it returns the third.
+func joinAsJobEnds(t *testing.T, script ...string) (*agentRun, func() string) {
 	h := startHeld(t, 10, "--hold-after-loop")
 	a, b := h.a, h.b
 	logs := func() string { return a.logs() + "\n----\n" + b.logs() }
 	waitFor(t, 2*time.Minute, func() bool { return lastStep(h.steps, 4) >= 10 }, logs)
-	c := h.start()
+	third := *h.job
+	third.script = append(slices.Clone(h.script), script...)
+	c := third.start()
 	logs = func() string { return a.logs() + "\n----\n" + b.logs() + "\n----\n" + c.logs() }
 	h.releaseMoved(c, logs)
 	for _, r := range []*agentRun{a, b, c} {
@@ -420,6 +459,7 @@ func TestNodeJoinsAsJobEnds(t *testing.T) {
 	if !strings.Contains(a.stdout.String()+b.stdout.String(), "done: steps=10") {
 		t.Fatalf("the first two nodes did not finish the job\n%s", logs())
 	}
+	return c, logs
 }
 
 // heldJob is carryJob's job with nnodes 2:3 whose train.py holds its
