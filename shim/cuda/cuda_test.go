@@ -78,6 +78,10 @@ func TestEventsTimeAKernel(t *testing.T) {
 	if err != nil || !ctx.Valid() {
 		t.Fatalf("context: %v %v", ctx, err)
 	}
+	// A thread keeps its context, as in CUDA: this one goes back to Go's
+	// pool without it, or a later test's goroutine run there would find
+	// one where it wants none (the watchdog's query below, under -count 2).
+	defer l.Bind(cuda.Context{})
 	s, err := l.NewStream()
 	if err != nil {
 		t.Fatal(err)
@@ -130,6 +134,7 @@ func TestEventsTimeAKernel(t *testing.T) {
 			res <- err
 			return
 		}
+		defer l.Bind(cuda.Context{})
 		if done, err := l.Done(end); done || err != nil {
 			res <- fmt.Errorf("done at once: %v %v", done, err)
 			return
@@ -164,6 +169,7 @@ func TestHungKernel(t *testing.T) {
 	if _, err := l.Current(nil); err != nil {
 		t.Fatal(err)
 	}
+	defer l.Bind(cuda.Context{}) // as in TestEventsTimeAKernel
 	s, _ := l.NewStream()
 	defer l.DestroyStream(s)
 	end, _ := l.NewEvent()
