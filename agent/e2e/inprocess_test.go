@@ -218,6 +218,7 @@ func TestLostStoreNodeShrinksInProcess(t *testing.T) {
 // bound; it returns the two.
 func shrinkInProcess(t *testing.T, store bool) (*agentRun, *agentRun) {
 	j, steps := carryJob(t, "1:3", 30)
+	j.allJoin()
 	all := []*agentRun{j.startHost(), j.start(), j.start()}
 	logs := func() string { return all[0].logs() + "\n----\n" + all[1].logs() + "\n----\n" + all[2].logs() }
 	waitFor(t, 2*time.Minute, func() bool { return lastStep(steps, 6) >= 10 }, logs)

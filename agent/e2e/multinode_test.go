@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,6 +45,20 @@ type job struct {
 
 // fastConf keeps faults cheap in tests: a node is lost after 2 s of silence.
 const fastConf = "keep_alive_interval=1,keep_alive_max_attempt=2,last_call_timeout=1,join_timeout=60"
+
+// allJoin makes the job's first round wait for all its nodes, for a test
+// that starts them together and wants them all in that round: it closes
+// as the last one joins (its last call is 60 s, not fastConf's 1 s). In a
+// CI run under load the third agent of TestLostNodeShrinksInProcess
+// joined the round 1 s after the other two, which closed it in a world of
+// 4; the job took the node in later, and the test failed on that world.
+func (j *job) allJoin() {
+	i := slices.Index(j.args, fastConf)
+	if i < 0 {
+		j.t.Fatalf("no --rdzv-conf %s in %q", fastConf, j.args)
+	}
+	j.args[i] = strings.Replace(fastConf, "last_call_timeout=1", "last_call_timeout=60", 1)
+}
 
 func newJob(t *testing.T, nnodes string, maxRestarts int, steps int, extra ...string) *job {
 	ckpt := t.TempDir()
@@ -211,6 +226,7 @@ func lostNodeWithin(t *testing.T, what string, victim int, bound time.Duration, 
 		extra = append(extra, "--in-process")
 	}
 	j := newJob(t, "1:3", 2, 30, extra...)
+	j.allJoin()
 	if len(spares) > 0 && spares[0] {
 		j.args = append(j.args, "--spares", "1")
 		j.env = []string{"PYTHONPATH=" + filepath.Join(repoRoot, "python")}
