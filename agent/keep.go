@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -67,12 +68,35 @@ func carriesOn(old, next *rdzv.Round) (bool, string) {
 		// A round closed by an agent from before MasterNode: which node
 		// serves the store is unknown.
 		return false, "the new generation does not say which node serves the workers' store"
+	case next.PlainNodes != "":
+		return false, plainWhy(next.PlainNodes)
 	case !next.Carry || !next.AgentStore:
 		return false, "the new generation does not carry the workers on (a worker's fault ended the last, or its store is not an agent's)"
 	case next.NProc != old.NProc:
 		return false, "this node's number of workers changed"
 	}
 	return true, ""
+}
+
+// plainWhy says why workers cannot carry on into a round whose nodes
+// differ in --spares, from the round's PlainNodes ("node a", "nodes a, b").
+func plainWhy(plain string) string {
+	if strings.HasPrefix(plain, "nodes ") {
+		return plain + " run without --spares: their workers cannot join the others' re-formation"
+	}
+	return plain + " runs without --spares: its workers cannot join the others' re-formation"
+}
+
+// warnPlain tells, once per set of nodes (seen: the last one told), that
+// round rd's nodes differ in --spares, and returns the set told. A node
+// without it (a launcher's flags that differ) would otherwise pass
+// unnoticed until a change of the job's nodes restarts every worker.
+func (r *run) warnPlain(rd *rdzv.Round, seen string) string {
+	if rd.PlainNodes != "" && rd.PlainNodes != seen {
+		r.log.Warn("the job's nodes differ in --spares: a change of its nodes restarts every worker, as without spares; give every node the same --spares",
+			"without", rd.PlainNodes, "this_node", r.cfg.Spares, "generation", rd.Generation)
+	}
+	return rd.PlainNodes
 }
 
 // storeMoves is whether the workers carried from round old into round

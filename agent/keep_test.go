@@ -50,6 +50,10 @@ func TestCarriesOn(t *testing.T) {
 		{"rank 0's store", func(r *rdzv.Round) { r.AgentStore = false }, "does not carry the workers on"},
 		{"an older leader", func(r *rdzv.Round) { r.MasterNode = "" }, "does not say which node"},
 		{"other nproc", func(r *rdzv.Round) { r.NProc = 4 }, "number of workers changed"},
+		{"a node without --spares", func(r *rdzv.Round) { r.Carry, r.PlainNodes = false, "node c" },
+			"node c runs without --spares: its workers cannot join"},
+		{"nodes without --spares", func(r *rdzv.Round) { r.Carry, r.PlainNodes = false, "nodes c, d" },
+			"nodes c, d run without --spares: their workers cannot join"},
 	}
 	for _, tc := range tests {
 		next := rdzv.Round{NProc: old.NProc, MasterNode: old.MasterNode, MasterAddr: old.MasterAddr, MasterPort: old.MasterPort,

@@ -42,6 +42,7 @@ func (r *run) loop(ctx context.Context) error {
 	defer r.health.set(phaseStopped)
 	var ended []backoff.Attempt // how the attempts so far ended, for the restart backoff
 	var kept *attempt           // the last attempt, whose workers wait to carry on (keep.go)
+	var plain string            // the nodes without --spares last told of (warnPlain)
 	warm := r.startWarm(ctx)    // the first attempt's workers, started before the rendezvous (warm.go)
 	defer func() {
 		if warm != nil { // no round came to give them ranks
@@ -68,6 +69,7 @@ func (r *run) loop(ctx context.Context) error {
 			r.release(kept, "no next round")
 			return r.noRound(ctx, n, err)
 		}
+		plain = r.warnPlain(rd, plain)
 		var at *attempt
 		if kept != nil {
 			at, kept = r.carryOn(ctx, kept, rd, n), nil

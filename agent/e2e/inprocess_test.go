@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -564,4 +565,57 @@ func firstStepOf(path string, world int, since time.Time) (time.Time, bool) {
 		}
 	}
 	return time.Unix(0, int64(best*1e9)), best > 0
+}
+
+// TestNodeWithoutSparesJoins: two nodes under --spares 1 train; a third
+// joins without --spares. Its workers cannot join the others'
+// re-formation in process (its agent starts no warm workers and serves no
+// store), so the round that takes it in does not carry the others'
+// workers on: every agent says which node lacks --spares, and the job
+// restarts its workers at once, as without spares, rather than leaving the
+// first two nodes' workers to wait out InProcess's timeout (60 s) for
+// workers that never come.
+func TestNodeWithoutSparesJoins(t *testing.T) {
+	budgetAlongside(t, 45*time.Second)
+	h := startHeld(t, 20, "--hold-in-loop")
+	a, b := h.a, h.b
+	logs := func() string { return a.logs() + "\n----\n" + b.logs() }
+	waitFor(t, 2*time.Minute, func() bool { return lastStep(h.steps, 4) >= 9 }, logs)
+	third := *h.job
+	i := slices.Index(third.args, "--spares")
+	third.args = slices.Delete(slices.Clone(third.args), i, i+2)
+	c := third.start()
+	logs = func() string { return a.logs() + "\n----\n" + b.logs() + "\n----\n" + c.logs() }
+	waitFor(t, time.Minute, func() bool { return strings.Contains(c.stderr.String(), `msg="workers started"`) }, logs)
+	released := h.release()
+	waitAll(t, 3*time.Minute, a, b, c)
+	var out strings.Builder
+	for _, r := range []*agentRun{a, b, c} {
+		out.WriteString(r.stdout.String())
+	}
+	why := regexp.MustCompile(`msg="warm spares: the workers cannot carry on into the new generation in process; restarting them" component=ddp-agent why="node \S+ runs without --spares: its workers cannot join the others' re-formation"`)
+	for _, r := range []*agentRun{a, b} {
+		if !why.MatchString(r.stderr.String()) {
+			t.Fatalf("want the first two agents to restart their workers, naming the node without --spares\n%s", logs())
+		}
+	}
+	plain := regexp.MustCompile(`msg="the job's nodes differ in --spares: a change of its nodes restarts every worker, as without spares; give every node the same --spares" component=ddp-agent without="node \S+" this_node=(\d)`)
+	for i, r := range []*agentRun{a, b, c} {
+		if m := plain.FindStringSubmatch(r.stderr.String()); m == nil || (m[1] == "0") != (r == c) {
+			t.Fatalf("agent %d did not say which node runs without --spares: %q\n%s", i, m, logs())
+		}
+	}
+	switch o := out.String(); {
+	case !strings.Contains(o, "done: steps=20") || !strings.Contains(o, "world_size=6"):
+		t.Fatalf("training did not finish in a world of 6\n%s", logs())
+	case strings.Contains(o, "ReformError"):
+		t.Fatalf("a worker waited out its re-formation\n%s", logs())
+	}
+	if d := paramDigests(out.String()); len(d) != 6 || slices.ContainsFunc(slices.Collect(maps.Values(d)), func(v string) bool { return v != d[0] }) {
+		t.Fatalf("params digests %v, want ranks 0-5 equal\n%s", d, logs())
+	}
+	if strings.Contains(out.String(), "restart_count 1") {
+		t.Fatalf("the restart was counted as a fault\n%s", logs())
+	}
+	t.Logf("the hold's end to the job's end: %v", time.Since(released).Round(time.Millisecond))
 }

@@ -1,8 +1,10 @@
 package rdzv
 
 import (
+	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -96,24 +98,32 @@ func decideClose(v roundView, rule closeRule) closeDecision {
 
 // closedRound picks the members of a closing round and their group ranks
 // (see assign), and group rank 0's join: the workers' store is the one it
-// offered (its port, and whether its agent serves it).
-func closedRound(prev []Member, joiners []joiner, max int) (members []Member, master JoinInfo) {
+// offered (its port, and whether its agent serves it). plain are the
+// members whose agents would serve no store (no --spares), in group rank
+// order.
+func closedRound(prev []Member, joiners []joiner, max int) (members []Member, master JoinInfo, plain []string) {
 	list := make([]joiner, len(joiners))
 	copy(list, joiners)
 	sort.Slice(list, func(a, b int) bool { return list[a].rev < list[b].rev })
 	members = assign(prev, list, max)
+	byNode := make(map[string]JoinInfo, len(list))
 	for _, j := range list {
-		if j.Node == members[0].Node {
-			master = j.JoinInfo
+		byNode[j.Node] = j.JoinInfo
+	}
+	master = byNode[members[0].Node]
+	for _, m := range members {
+		if !byNode[m.Node].AgentStore {
+			plain = append(plain, m.Node)
 		}
 	}
-	return members, master
+	return members, master, plain
 }
 
-// runningState is the state that closes the round of st with members:
-// the member list itself lives at membersKey and one key per member under
-// assignPrefix, which the closer writes first.
-func runningState(st State, members []Member, master JoinInfo, membersKey, assignPrefix string, now time.Time) State {
+// runningState is the state that closes the round of st with members, of
+// which plain serve no store (closedRound): the member list itself lives
+// at membersKey and one key per member under assignPrefix, which the
+// closer writes first.
+func runningState(st State, members []Member, master JoinInfo, plain []string, membersKey, assignPrefix string, now time.Time) State {
 	next := st
 	next.Phase = Running
 	next.Since = now
@@ -127,9 +137,27 @@ func runningState(st State, members []Member, master JoinInfo, membersKey, assig
 	next.MasterPort = master.MasterPort
 	next.AgentStore = master.AgentStore
 	next.MasterNode = members[0].Node
-	next.Carry = carries(st, master)
+	next.PlainNodes = ""
+	if len(plain) > 0 && len(plain) < len(members) {
+		next.PlainNodes = nodeList(plain)
+	}
+	next.Carry = carries(st, master) && next.PlainNodes == ""
 	next.LastStore = ""
 	return next
+}
+
+// nodeList names nodes for a log line: "node a", "nodes a, b, c", or,
+// past three, "nodes a, b, c and 7 more"; the state that carries it
+// reaches every agent at every change, so it stays short at any size.
+func nodeList(nodes []string) string {
+	switch n := len(nodes); {
+	case n == 1:
+		return "node " + nodes[0]
+	case n <= 3:
+		return "nodes " + strings.Join(nodes, ", ")
+	default:
+		return fmt.Sprintf("nodes %s and %d more", strings.Join(nodes[:3], ", "), n-3)
+	}
 }
 
 // carries is whether the workers of the last round carry on into the

@@ -116,7 +116,7 @@ func TestClosedRound(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			joiners := slices.Clone(tc.joiners)
-			ms, master := closedRound(tc.prev, tc.joiners, tc.max)
+			ms, master, _ := closedRound(tc.prev, tc.joiners, tc.max)
 			port := master.MasterPort
 			var got string
 			for i, m := range ms {
@@ -143,7 +143,7 @@ func TestRunningState(t *testing.T) {
 		{Node: "a", Addr: "10.0.0.1", GroupRank: 0, NProc: 4, RankOffset: 0},
 		{Node: "b", Addr: "10.0.0.2", GroupRank: 1, NProc: 2, RankOffset: 4},
 	}
-	got := runningState(st, members, JoinInfo{Node: "a", MasterPort: 29500, AgentStore: true}, "members/7/a", "assign/7/a/", t0)
+	got := runningState(st, members, JoinInfo{Node: "a", MasterPort: 29500, AgentStore: true}, nil, "members/7/a", "assign/7/a/", t0)
 	want := State{Generation: 7, Phase: Running, Reason: "node x lost", Since: t0, Failures: 2, MaxRestarts: 3,
 		NNodes: 2, MembersKey: "members/7/a", AssignPrefix: "assign/7/a/", WorldSize: 6, MasterAddr: "10.0.0.1", MasterPort: 29500,
 		AgentStore: true, MasterNode: "a"}
@@ -152,6 +152,66 @@ func TestRunningState(t *testing.T) {
 	}
 	if err := got.check(); err != nil {
 		t.Fatalf("got a state that fails its check: %v", err)
+	}
+}
+
+// TestClosedRoundPlain: closedRound names the members whose agents would
+// serve no store (no --spares), in group rank order; a joiner left out of
+// the round is not one.
+func TestClosedRoundPlain(t *testing.T) {
+	j := func(node string, rev int64, store bool) joiner {
+		return joiner{JoinInfo: JoinInfo{Node: node, NProc: 2, MasterPort: 4000, AgentStore: store}, rev: rev}
+	}
+	prev := []Member{{Node: "a", GroupRank: 0}, {Node: "b", GroupRank: 1}}
+	_, master, plain := closedRound(prev, []joiner{j("c", 1, false), j("b", 2, true), j("a", 3, true), j("d", 4, false)}, 3)
+	if !master.AgentStore || master.Node != "a" || !slices.Equal(plain, []string{"c"}) {
+		t.Fatalf("got master %+v, plain %q; want a's join, and [c] (d stays out)", master, plain)
+	}
+	_, _, plain = closedRound(nil, []joiner{j("x", 1, false), j("y", 2, true), j("z", 3, false)}, 3)
+	if !slices.Equal(plain, []string{"x", "z"}) {
+		t.Fatalf("got plain %q, want [x z]", plain)
+	}
+}
+
+// TestPlainNodesNeverCarry: a round whose nodes differ in --spares names
+// those without it, and never carries workers on, since theirs can neither
+// wait in a re-formation nor join one; where all agree it names none.
+func TestPlainNodesNeverCarry(t *testing.T) {
+	st := State{Generation: 3, Phase: Joining, End: RoundEnd{Kind: EndNodeJoined, Node: "c"}, LastStore: "a:4000"}
+	members := []Member{{Node: "a", NProc: 2}, {Node: "b", GroupRank: 1, NProc: 2, RankOffset: 2}, {Node: "c", GroupRank: 2, NProc: 2, RankOffset: 4}}
+	master := JoinInfo{Node: "a", MasterPort: 4000, AgentStore: true}
+	for _, tc := range []struct {
+		name      string
+		plain     []string
+		master    JoinInfo
+		wantPlain string
+		wantCarry bool
+	}{
+		{"every node under --spares", nil, master, "", true},
+		{"one without", []string{"c"}, master, "node c", false},
+		{"group rank 0 without", []string{"a"}, JoinInfo{Node: "a", MasterPort: 4000}, "node a", false},
+		{"none under --spares", []string{"a", "b", "c"}, JoinInfo{Node: "a", MasterPort: 4000}, "", false},
+	} {
+		got := runningState(st, members, tc.master, tc.plain, "m", "a/", time.Time{})
+		if got.PlainNodes != tc.wantPlain || got.Carry != tc.wantCarry {
+			t.Errorf("%s: got plain %q carry %v, want %q %v", tc.name, got.PlainNodes, got.Carry, tc.wantPlain, tc.wantCarry)
+		}
+	}
+}
+
+func TestNodeList(t *testing.T) {
+	for _, tc := range []struct {
+		nodes []string
+		want  string
+	}{
+		{[]string{"a"}, "node a"},
+		{[]string{"a", "b"}, "nodes a, b"},
+		{[]string{"a", "b", "c"}, "nodes a, b, c"},
+		{[]string{"a", "b", "c", "d", "e"}, "nodes a, b, c and 2 more"},
+	} {
+		if got := nodeList(tc.nodes); got != tc.want {
+			t.Errorf("nodeList(%q) = %q, want %q", tc.nodes, got, tc.want)
+		}
 	}
 }
 

@@ -181,11 +181,11 @@ func (e *Membership) lead(ctx context.Context, st *State, stateRev, stateRead in
 // closeRound writes the members of the round, if the state is still the
 // one the round opened with.
 func (e *Membership) closeRound(ctx context.Context, st *State, stateRev int64, prev []Member, joiners []joiner, why string) error {
-	members, master := closedRound(prev, joiners, e.cfg.NNodesMax)
+	members, master, plain := closedRound(prev, joiners, e.cfg.NNodesMax)
 	gen := genKey(st.Generation)
 	// Keyed by the closer too: should two leaders close the same round,
 	// the loser's keys cannot overwrite the winner's.
-	next := runningState(*st, members, master, e.key(membersDir+gen+"/"+e.node), e.key(assignDir+gen+"/"+e.node+"/"), time.Now())
+	next := runningState(*st, members, master, plain, e.key(membersDir+gen+"/"+e.node), e.key(assignDir+gen+"/"+e.node+"/"), time.Now())
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	// The member keys go first, in batches that fit etcd's default limit

@@ -23,6 +23,9 @@ type Round struct {
 	// Carry: the last round's workers may carry on into this one in
 	// process, and new workers join them (State.Carry).
 	Carry bool
+	// PlainNodes: the members without --spares where others have it
+	// (State.PlainNodes).
+	PlainNodes string
 
 	once   sync.Once
 	done   chan struct{}
@@ -37,7 +40,7 @@ func newRound(st *State, m Member) *Round {
 	return &Round{
 		Generation: st.Generation, GroupRank: m.GroupRank, NNodes: st.Nodes(), RankOffset: m.RankOffset, NProc: m.NProc,
 		WorldSize: st.WorldSize, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort, AgentStore: st.AgentStore, Restarts: st.Failures,
-		MasterNode: st.MasterNode, Carry: st.Carry, done: make(chan struct{}),
+		MasterNode: st.MasterNode, Carry: st.Carry, PlainNodes: st.PlainNodes, done: make(chan struct{}),
 	}
 }
 

@@ -153,6 +153,11 @@ type State struct {
 	// it, or it never ran).
 	Carry     bool   `json:"carry,omitempty"`
 	LastStore string `json:"last_store,omitempty"`
+	// PlainNodes names the members whose agents serve no workers' store
+	// (no --spares) where the others' do ("node a", "nodes a, b and 3
+	// more"; "" when all agree). Their workers can neither wait in a
+	// re-formation nor join one, so no round with them carries workers on.
+	PlainNodes string `json:"plain_nodes,omitempty"`
 }
 
 // Nodes is how many nodes the generation has.
