@@ -58,7 +58,7 @@ test: build
 	  nccl=$$($$py2 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))') && \
 	  test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; $$(dirname $$go)/gofmt -l $$(git ls-files '*.go'); exit 1; } && \
 	  $$go vet ./... && \
-	  $$go run ./scripts/sizes -top 0 && \
+	  $$go run ./scripts/sizes -top 0 && scripts/no-binaries.sh && \
 	  DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_PYTHON=$(PYTHON) DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
 	  DDP_AGENT_REQUIRE_NCCL=1 DDP_AGENT_TEST_NCCL_LIB=$$nccl \
 	    $$go run ./scripts/testtime -o .cache/test-times.json -- $$go test -json -race -count=1 -parallel 3 -timeout 50m ./... && \
@@ -165,7 +165,7 @@ bench-links: build
 
 lint:
 	@go=$$(scripts/deps.sh go) && test -z "$$($$(dirname $$go)/gofmt -l $$(git ls-files '*.go'))" && $$go vet ./... && \
-	  $$go run ./scripts/sizes && echo "lint: passed (gofmt, go vet, file and function sizes)"
+	  $$go run ./scripts/sizes && scripts/no-binaries.sh && echo "lint: passed (gofmt, go vet, file and function sizes, no build outputs tracked)"
 
 fuzz:
 	@go=$$(scripts/deps.sh go) && $$go test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./wire
