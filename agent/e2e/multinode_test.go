@@ -513,6 +513,9 @@ func TestRefusedAgents(t *testing.T) {
 
 // TestStaticMultiNode runs two nodes with fixed ranks and no store, as
 // torchrun's static backend does; the hook bootstraps through torch's store.
+// The second node names the master as torchrun's static backend takes it
+// too, --rdzv-backend static --rdzv-endpoint HOST:PORT; before, that
+// endpoint was ignored and the node's workers dialled port 29500.
 func TestStaticMultiNode(t *testing.T) {
 	budgetAlongside(t, 45*time.Second)
 	needTorch(t)
@@ -521,8 +524,11 @@ func TestStaticMultiNode(t *testing.T) {
 	script := []string{filepath.Join(repoRoot, "examples", "train.py"), "--steps", "10", "--log-every", "5", "--ckpt-dir", ckpt}
 	var agents []*agentRun
 	for rank := 0; rank < 2; rank++ {
-		args := append([]string{"--nnodes", "2", "--node-rank", strconv.Itoa(rank), "--nproc-per-node", "2",
-			"--master-addr", "127.0.0.1", "--master-port", strconv.Itoa(port)}, script...)
+		master := []string{"--master-addr", "127.0.0.1", "--master-port", strconv.Itoa(port)}
+		if rank == 1 {
+			master = []string{"--rdzv-backend", "static", "--rdzv-endpoint", fmt.Sprintf("127.0.0.1:%d", port)}
+		}
+		args := append(append([]string{"--nnodes", "2", "--node-rank", strconv.Itoa(rank), "--nproc-per-node", "2"}, master...), script...)
 		agents = append(agents, startAgent(t, nil, args...))
 	}
 	waitAll(t, 3*time.Minute, agents...)

@@ -263,7 +263,7 @@ var flagSpecs = []flagSpec{
 	{name: "master-addr", help: "address of the rank 0 node, static rendezvous (default 127.0.0.1)"},
 	{name: "master-port", help: "port for the workers' store (default: a free port for each attempt; 29500 for a static multi-node job)"},
 	{name: "max-restarts", def: "0", help: "restarts of the job after faults (worker failures, lost nodes) before it fails; scale events do not count"},
-	{name: "spares", def: "0", help: "warm spare workers on this node for scripts that use ddp_agent.InProcess: each imports torch and the script's modules, then waits; when a worker dies (a signal: SIGKILL, the OOM killer), a spare takes its rank and the other workers keep their processes (docs/in-process.md); not for rank 0, nor with --no-python"},
+	{name: "spares", def: "0", help: "warm spare workers on this node for scripts that use ddp_agent.InProcess: each imports torch and the script's modules, then waits; when a worker dies (a signal: SIGKILL, the OOM killer), a spare takes its rank and the other workers keep their processes (docs/in-process.md); rank 0's too, as the agent then serves the workers' store; not with --no-python"},
 	{name: "monitor-interval", def: "5", help: "accepted for torchrun compatibility; worker exits are noticed at once"},
 	{name: "stop-timeout", def: "10s", help: "grace period between SIGTERM and SIGKILL when stopping workers"},
 	{name: "shutdown-timeout", help: "torchrun 2.x's name for --stop-timeout (seconds)"},
@@ -293,7 +293,7 @@ var flagSpecs = []flagSpec{
 	{name: "module", short: "m", bool: true, help: "run the script as a Python module (python -m)"},
 	{name: "no-python", bool: true, help: "run the script directly, not through the Python interpreter"},
 	{name: "run-path", bool: true, help: "accepted for torchrun compatibility: the script runs as python -u script.py either way"},
-	{name: "python", def: "python3", help: "Python interpreter for the workers (env DDP_AGENT_PYTHON, or PYTHON_EXEC as with torchrun)"},
+	{name: "python", def: "python3", help: "Python interpreter for the workers (env DDP_AGENT_PYTHON, or PYTHON_EXEC as with torchrun); the ddp-agent command that pip installs defaults to the interpreter it was installed with"},
 	{name: "print-completion", help: "print a completion script for bash, zsh or tcsh and exit (ddp-agent run --print-completion bash >> ~/.bashrc), as torchrun >= 2.9"},
 	{name: "log-level", def: "info", help: "agent log level: debug, info, warn, error"},
 	{name: "use-env", bool: true, help: "accepted for compatibility with torch.distributed.launch; always on"},
@@ -787,7 +787,9 @@ Flags:
 	}
 	b.WriteString(`
 Exit codes: 0 all workers succeeded; 1 the job failed (restarts exhausted);
-2 usage error; 128+N the agent was stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP).
+2 usage error; 3 this node drained (a GPU fault, --straggler-action drain, a
+plugin's finding); 128+N the agent was stopped by signal N (130 SIGINT, 143
+SIGTERM, 129 SIGHUP).
 `)
 	return b.String()
 }

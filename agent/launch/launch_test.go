@@ -254,6 +254,14 @@ func TestParseErrors(t *testing.T) {
 		{"node rank with c10d", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint h:1 --node-rank 1 train.py", "--node-rank is for the static"},
 		{"c10d with a list", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint h:1,g:1 train.py", "takes one endpoint"},
 		{"standalone on two nodes", "--standalone --nnodes 2 train.py", "--standalone is for one node"},
+		{"standalone with a node rank", "--standalone --node-rank 1 train.py", "--node-rank 1: --standalone is one node"},
+		{"endpoint not host:port", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint bad::endpoint:: train.py", "is neither a host name nor an IP address"},
+		{"endpoint port out of range", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:99999 train.py", "must be 1..65535"},
+		{"endpoint port 0 for two nodes", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint h:0 train.py", "port 0 picks a free port"},
+		{"endpoint without a host", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint :29400 train.py", "names no host"},
+		{"etcd URL without a host", "--nnodes 2 --rdzv-backend etcd --rdzv-endpoint http:// train.py", "not a URL with a host"},
+		{"static endpoint without a port", "--nnodes 2 --rdzv-backend static --rdzv-endpoint h train.py", "want the master's HOST:PORT"},
+		{"static endpoint and master differ", "--nnodes 2 --rdzv-backend static --rdzv-endpoint h:1 --master-addr g train.py", "name different masters"},
 		{"rdzv conf unknown key", "--rdzv-conf jion_timeout=5 train.py", "unknown key \"jion_timeout\""},
 		{"rdzv conf bad value", "--rdzv-conf join_timeout=soon train.py", "join_timeout"},
 		{"rdzv conf short ttl", "--rdzv-conf keep_alive_interval=0.5,keep_alive_max_attempt=2 train.py", "at least 2s"},
@@ -365,6 +373,36 @@ func TestParsePETNodeRank(t *testing.T) {
 	}
 	if _, err := Parse(strings.Fields("--rdzv-backend c10d --rdzv-endpoint h:1 --node-rank 1 train.py"), getenv, fourCPUs); err == nil {
 		t.Error("--node-rank on the command line with c10d was accepted")
+	}
+}
+
+// TestParseStandaloneIgnoresPETNodeRank: a PET_NODE_RANK left in the
+// environment does not make --standalone's only worker rank 1 of 1, which
+// waited forever in init_process_group; torchrun ignores it too.
+func TestParseStandaloneIgnoresPETNodeRank(t *testing.T) {
+	getenv := func(k string) string { return map[string]string{"PET_NODE_RANK": "1"}[k] }
+	c, err := Parse(strings.Fields("--standalone --nproc-per-node 2 train.py"), getenv, fourCPUs)
+	if err != nil || c.NodeRank != 0 {
+		t.Fatalf("--standalone under PET_NODE_RANK=1: got %+v, %v; want node rank 0", c, err)
+	}
+}
+
+// TestParseStaticEndpoint: under the static backend --rdzv-endpoint is
+// the workers' master, as in torchrun; --master-addr and --master-port
+// may say the same.
+func TestParseStaticEndpoint(t *testing.T) {
+	for _, args := range []string{
+		"--nnodes 2 --node-rank 1 --rdzv-backend static --rdzv-endpoint 10.1.2.3:29530 train.py",
+		"--nnodes 2 --node-rank 1 --rdzv-backend static --rdzv-endpoint 10.1.2.3:29530 --master-addr 10.1.2.3 --master-port 29530 train.py",
+	} {
+		c, err := Parse(strings.Fields(args), noEnv, fourCPUs)
+		if err != nil || c.MasterAddr != "10.1.2.3" || c.MasterPort != 29530 || c.Dynamic() {
+			t.Errorf("%s: got %+v, %v; want master 10.1.2.3:29530, static", args, c, err)
+		}
+	}
+	c, err := Parse(strings.Fields("--rdzv-backend c10d --rdzv-endpoint localhost:0 train.py"), noEnv, fourCPUs)
+	if err != nil || !c.Dynamic() {
+		t.Errorf("c10d on port 0 for one node: got %+v, %v; want accepted", c, err)
 	}
 }
 

@@ -1,7 +1,9 @@
 package launch
 
 import (
+	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -196,7 +198,19 @@ func (c *Config) checkRendezvous(set map[string]bool) error {
 		if set["rdzv-endpoint"] {
 			return usagef("--standalone hosts its own store; drop --rdzv-endpoint, or drop --standalone")
 		}
+		if set["node-rank"] && c.NodeRank != 0 {
+			return usagef("--node-rank %d: --standalone is one node, group rank 0; drop --node-rank", c.NodeRank)
+		}
+		// A PET_NODE_RANK left in the environment (a Kubeflow pod's) is
+		// ignored, as torchrun does: kept, it gave the only worker RANK 1 of
+		// WORLD_SIZE 1, and init_process_group waited forever.
+		c.NodeRank = 0
 		return nil
+	}
+	if c.RdzvBackend == "static" && c.RdzvEndpoint != "" {
+		if err := c.staticEndpoint(set); err != nil {
+			return err
+		}
 	}
 	if c.RdzvBackend == "static" || c.RdzvEndpoint == "" {
 		if c.RdzvBackend != "static" && c.NNodesMax > 1 {
@@ -226,11 +240,72 @@ func (c *Config) checkRendezvous(set map[string]bool) error {
 	if len(c.Endpoints()) == 0 {
 		return usagef("--rdzv-endpoint %q names no store", c.RdzvEndpoint)
 	}
+	for _, ep := range c.Endpoints() {
+		if err := checkEndpoint(ep, c.NNodesMax == 1); err != nil {
+			return usagef("--rdzv-endpoint %q: %v", c.RdzvEndpoint, err)
+		}
+	}
 	if !c.ExternalStore() && len(c.Endpoints()) > 1 {
 		return usagef("--rdzv-backend c10d takes one endpoint (the agent that hosts the store); for an etcd cluster use --rdzv-backend etcd")
 	}
 	if c.RdzvID == "" {
 		c.RdzvID = "none" // what torchrun uses when --rdzv-id is not given: the same on every node
+	}
+	return nil
+}
+
+// staticEndpoint takes --rdzv-endpoint HOST:PORT under the static backend
+// as the workers' master, as torchrun does (its static rendezvous serves
+// there); ignored, every node but rank 0's dialled its own loopback. It
+// must agree with --master-addr and --master-port where they are given.
+func (c *Config) staticEndpoint(set map[string]bool) error {
+	host, p, err := net.SplitHostPort(strings.TrimSpace(c.RdzvEndpoint))
+	if err != nil || host == "" {
+		return usagef("--rdzv-backend static --rdzv-endpoint %q: want the master's HOST:PORT, as --master-addr and --master-port give it", c.RdzvEndpoint)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 1 || port > 65535 {
+		return usagef("--rdzv-backend static --rdzv-endpoint %q: the port must be 1..65535", c.RdzvEndpoint)
+	}
+	if (set["master-addr"] && c.MasterAddr != host) || (set["master-port"] && c.MasterPort != port) {
+		return usagef("--rdzv-endpoint %s and --master-addr/--master-port %s:%d name different masters; give one of them",
+			c.RdzvEndpoint, c.MasterAddr, c.MasterPort)
+	}
+	c.MasterAddr, c.MasterPort = host, port
+	return nil
+}
+
+// checkEndpoint rejects a store endpoint (from Endpoints) that no dial can
+// reach, before anything starts: a bad one was retried as "not reachable
+// yet" until the join timeout (10 minutes by default). Port 0, a free port
+// that the agent picks as it hosts the store, is for a job of one node
+// (alone): no other node could find it.
+func checkEndpoint(ep string, alone bool) error {
+	if strings.Contains(ep, "://") {
+		u, err := url.Parse(ep)
+		if err != nil || u.Host == "" {
+			return fmt.Errorf("%q is not a URL with a host", ep)
+		}
+		ep = u.Host
+		if u.Port() == "" {
+			return nil
+		}
+	}
+	host, p, err := net.SplitHostPort(ep)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q is not HOST:PORT", ep)
+	case host == "":
+		return fmt.Errorf("%q names no host", ep)
+	case strings.Contains(host, ":") && net.ParseIP(host) == nil:
+		return fmt.Errorf("%q is neither a host name nor an IP address", host)
+	}
+	port, err := strconv.Atoi(p)
+	switch {
+	case err != nil || port < 0 || port > 65535:
+		return fmt.Errorf("the port of %q must be 1..65535", ep)
+	case port == 0 && !alone:
+		return fmt.Errorf("port 0 picks a free port as the store starts, which the other nodes cannot know; give the port")
 	}
 	return nil
 }
