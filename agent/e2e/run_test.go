@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -236,6 +237,50 @@ func TestAgentSignalsStopWorkers(t *testing.T) {
 				t.Errorf("%d workers saw KeyboardInterrupt after %v\n%s", interrupted, tc.sig, r.logs())
 			}
 		})
+	}
+}
+
+// TestSignalWhileDiallingTheStore: a signal while the agent still dials
+// the rendezvous store (nobody serves it yet) exits 128+N, as it does once
+// the job runs. Before, the cancelled dial was an "agent error", exit 1.
+func TestSignalWhileDiallingTheStore(t *testing.T) {
+	budget(t, 15*time.Second)
+	endpoint := fmt.Sprintf("127.0.0.1:%d", freePort(t)) // nothing listens there
+	r := startAgent(t, nil, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+		"--rdzv-conf", "is_host=false", "--no-python", "--", "/bin/true")
+	waitFor(t, 20*time.Second, func() bool { return strings.Contains(r.stderr.String(), "rendezvous store not reachable yet") }, r.logs)
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	if code := r.wait(10 * time.Second); code != 143 {
+		t.Fatalf("exit code %d, want 143\n%s", code, r.logs())
+	}
+	if !strings.Contains(r.stderr.String(), `msg="agent stopped by signal" component=ddp-agent signal=terminated`) {
+		t.Fatalf("the agent did not say the signal stopped it\n%s", r.logs())
+	}
+}
+
+// TestWarnsWhenPythonHasNoTorch: workers' interpreter that finds no torch
+// package (a python3 from PATH that is not the job's: a pyenv shim) draws
+// one warning naming it and --python before the workers start; one that
+// has torch draws none.
+func TestWarnsWhenPythonHasNoTorch(t *testing.T) {
+	budget(t, 10*time.Second)
+	needTorch(t)
+	bare := filepath.Join(t.TempDir(), "python-without-site")
+	if err := os.WriteFile(bare, []byte("#!/bin/sh\nexec "+python+" -S \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const warning = `level=WARN msg="the workers' Python finds no torch package: if the script uses PyTorch, give --python (or DDP_AGENT_PYTHON) the interpreter that has it"`
+	for _, tc := range []struct {
+		python string
+		warns  bool
+	}{{bare, true}, {python, false}} {
+		r := startAgent(t, nil, "--python", tc.python, "--standalone", "--nproc-per-node", "1", "dumpenv.py")
+		if code := r.wait(20 * time.Second); code != 0 {
+			t.Fatalf("--python %s: exit code %d, want 0\n%s", tc.python, code, r.logs())
+		}
+		if got := strings.Contains(r.stderr.String(), warning+" component=ddp-agent python="+tc.python); got != tc.warns {
+			t.Fatalf("--python %s: warned %v, want %v\n%s", tc.python, got, tc.warns, r.logs())
+		}
 	}
 }
 

@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -10,26 +12,36 @@ import (
 
 // torchVersionScript prints the version of the torch package that the
 // interpreter would import, read from torch/version.py without importing
-// torch (an import costs seconds; this costs one interpreter start).
-const torchVersionScript = `import importlib.util, os, re
+// torch (an import costs seconds; this costs one interpreter start), or
+// exits 3 when it finds no torch package.
+const torchVersionScript = `import importlib.util, os, re, sys
 s = importlib.util.find_spec("torch")
-if s and s.origin:
+if not s:
+    sys.exit(3)
+if s.origin:
     t = open(os.path.join(os.path.dirname(s.origin), "version.py")).read()
     m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", t, re.M)
     print(m.group(1) if m else "")
 `
 
+// ErrNoTorch: the workers' interpreter ran and finds no torch package.
+var ErrNoTorch = errors.New("no torch package")
+
 // TorchVersion returns the version of PyTorch that python would import
-// ("2.11.0+cu130"), or "" when it cannot tell (no torch, no python, the
-// probe took longer than timeout). It blocks for one interpreter start.
-func TorchVersion(ctx context.Context, python string, timeout time.Duration) string {
+// ("2.11.0+cu130"); "" and ErrNoTorch when python finds none; "" and
+// another error when it cannot tell (no python, the probe took longer
+// than timeout). It blocks for one interpreter start.
+func TorchVersion(ctx context.Context, python string, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, python, "-c", torchVersionScript).Output()
-	if err != nil {
-		return ""
+	if ee, ok := errors.AsType[*exec.ExitError](err); ok && ee.ExitCode() == 3 {
+		return "", ErrNoTorch
 	}
-	return strings.TrimSpace(string(out))
+	if err != nil {
+		return "", fmt.Errorf("probe %s for torch: %w", python, err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // asyncErrorHandlingVars names the variables that turn on ProcessGroupNCCL's

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,10 +68,21 @@ func TestTorchVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("PYTHONPATH", dir)
-	if got := TorchVersion(context.Background(), python, 10*time.Second); got != "2.11.0+cu130" {
-		t.Errorf("got %q, want %q", got, "2.11.0+cu130")
+	if got, err := TorchVersion(context.Background(), python, 10*time.Second); got != "2.11.0+cu130" || err != nil {
+		t.Errorf("got %q, %v; want %q", got, err, "2.11.0+cu130")
 	}
-	if got := TorchVersion(context.Background(), filepath.Join(dir, "no-such-python"), 10*time.Second); got != "" {
-		t.Errorf("missing interpreter: got %q, want \"\"", got)
+	if got, err := TorchVersion(context.Background(), filepath.Join(dir, "no-such-python"), 10*time.Second); got != "" || err == nil || errors.Is(err, ErrNoTorch) {
+		t.Errorf("missing interpreter: got %q, %v; want \"\" and an error other than ErrNoTorch", got, err)
+	}
+	// An interpreter that runs and finds no torch (-S: no site-packages,
+	// where the machine's torch may be): the user's --python is likely not
+	// the one the job needs (main warns).
+	t.Setenv("PYTHONPATH", t.TempDir())
+	bare := filepath.Join(dir, "bare-python")
+	if err := os.WriteFile(bare, []byte("#!/bin/sh\nexec "+python+" -S \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := TorchVersion(context.Background(), bare, 10*time.Second); got != "" || !errors.Is(err, ErrNoTorch) {
+		t.Errorf("no torch on the path: got %q, %v; want ErrNoTorch", got, err)
 	}
 }

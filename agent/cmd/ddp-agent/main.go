@@ -165,14 +165,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	}
 	// The workers' torch picks the names of a few variables; one
 	// interpreter start, while the GPUs are placed.
-	torchVersion := make(chan string, 1)
-	go func() {
-		if cfg.NoPython {
-			torchVersion <- ""
-			return
-		}
-		torchVersion <- supervisor.TorchVersion(context.Background(), cfg.Python, 5*time.Second)
-	}()
+	torchVersion := probeTorch(cfg)
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by Parse
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("component", "ddp-agent")
@@ -209,7 +202,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	}()
 
 	rc := runConfig(cfg, os.Getenv)
-	rc.TorchVersion = <-torchVersion
+	rc.TorchVersion = (<-torchVersion).use(cfg, log)
 	rc.GPUs = gpus
 	if rc.Spares > 0 {
 		rc.SpareEnv = spareEnv(os.Getenv("PYTHONPATH"))
@@ -238,10 +231,51 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &ended):
 		log.Error("job failed", "err", err)
 		return 1
+	case errors.As(context.Cause(ctx), &sigErr):
+		// The signal came while the agent was setting up (dialling the
+		// rendezvous store): the error is that step's cancellation, and
+		// the exit says the signal, as it does once the job runs.
+		log.Info("agent stopped by signal", "signal", sigErr.Signal.String(), "while", err)
+		return 128 + int(sigErr.Signal)
 	default:
 		log.Error("agent error", "err", err)
 		return 1
 	}
+}
+
+// probedTorch is what probeTorch found of the workers' PyTorch.
+type probedTorch struct {
+	version string
+	err     error
+}
+
+// probeTorch starts looking for the workers' PyTorch version (one
+// interpreter start, while the GPUs are placed).
+func probeTorch(cfg *launch.Config) <-chan probedTorch {
+	ch := make(chan probedTorch, 1)
+	go func() {
+		if cfg.NoPython {
+			ch <- probedTorch{}
+			return
+		}
+		v, err := supervisor.TorchVersion(context.Background(), cfg.Python, 5*time.Second)
+		ch <- probedTorch{v, err}
+	}()
+	return ch
+}
+
+// use returns the version found, and warns when the workers' interpreter
+// has no torch: torchrun runs the workers under its own interpreter, and
+// ddp-agent from a checkout under python3 from PATH, which may not be the
+// job's (a pyenv or conda shim). Said once before every worker fails on
+// its import.
+func (p probedTorch) use(cfg *launch.Config, log *slog.Logger) string {
+	if errors.Is(p.err, supervisor.ErrNoTorch) {
+		python, _ := exec.LookPath(cfg.Python)
+		log.Warn("the workers' Python finds no torch package: if the script uses PyTorch, give --python (or DDP_AGENT_PYTHON) the interpreter that has it",
+			"python", cfg.Python, "path", python)
+	}
+	return p.version
 }
 
 // startGuard starts the guard that kills what the agent started once the
