@@ -254,11 +254,11 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 		return nil, err
 	}
 	replicated := cfg.Backend == Hosted && cfg.NNodesMax >= storeReplicas
-	srv, endpoints, err := o.hostStore(ctx, sec, replicated)
+	srv, endpoints, taken, err := o.hostStore(ctx, sec, replicated)
 	if err != nil {
 		return fail(err)
 	}
-	if cli, err = o.dialStore(ctx, endpoints, srv != nil, sec.client); err != nil {
+	if cli, err = o.dialStore(ctx, endpoints, srv != nil, taken, sec.client); err != nil {
 		return fail(err)
 	}
 	addr, err := o.localAddr(endpoints[0])

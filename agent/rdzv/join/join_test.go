@@ -3,7 +3,10 @@ package join
 import (
 	"context"
 	"log/slog"
+	"net"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
 )
@@ -71,4 +74,38 @@ func TestOpenWithoutStore(t *testing.T) {
 	if _, err := Open(context.Background(), Config{Backend: Backend(9)}, Node{JobID: "j"}, log); err == nil {
 		t.Errorf("unknown backend: got nil, want an error")
 	}
+}
+
+// TestPortTakenByAnotherProgram: the store's port on this host is held by
+// a program that accepts connections but is no store (torchrun's c10d
+// TCPStore on 29400, say). The agent, finding it taken, would be that
+// program's client; it gives up after a few dials and says another
+// program holds the port, instead of retrying "not reachable yet" for the
+// join timeout (10 minutes by default).
+func TestPortTakenByAnotherProgram(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	cfg := Config{Backend: Hosted, Endpoints: []string{ln.Addr().String()}, NNodesMin: 2, NNodesMax: 2,
+		JoinTimeout: 10 * time.Minute, LastCall: time.Second, TTL: 3 * time.Second, Prefix: "/ddp-agent/v1/"}
+	start := time.Now()
+	_, err = Open(context.Background(), cfg, Node{JobID: "j", NProc: 1}, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "another program holds the port") {
+		t.Fatalf("Open: got %v, want the port named as another program's", err)
+	}
+	if took := time.Since(start); took > 2*time.Minute {
+		t.Fatalf("Open gave up after %v, want within a few dials", took)
+	}
+	t.Logf("gave up after %v: %v", time.Since(start).Round(time.Millisecond), err)
 }

@@ -17,20 +17,21 @@ import (
 // address toward it.
 
 // hostStore starts the embedded store when this agent should host it,
-// and returns it (nil when it does not) with the endpoints to dial.
-func (o *opener) hostStore(ctx context.Context, sec *storeSecurity, replicated bool) (*store.Server, []string, error) {
+// and returns it (nil when it does not) with the endpoints to dial, and
+// whether it found the store's port taken as it went to host it.
+func (o *opener) hostStore(ctx context.Context, sec *storeSecurity, replicated bool) (*store.Server, []string, bool, error) {
 	cfg := o.cfg
 	endpoints := cfg.Endpoints
 	hostIt, err := o.shouldHost(endpoints)
 	if err != nil || !hostIt {
-		return nil, endpoints, err
+		return nil, endpoints, false, err
 	}
 	// etcd binds only to IP addresses: a host name (the usual
 	// --rdzv-endpoint $(hostname):29400) becomes the local address it
 	// resolves to.
 	addr, err := bindAddr(stripScheme(endpoints[0]))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	scfg := store.ServerConfig{ClientAddr: addr, Logger: o.log.With("subsystem", "etcd"), TLS: sec.server, PeerTLS: sec.peer,
 		QuotaBytes: cfg.StoreQuota}
@@ -39,7 +40,7 @@ func (o *opener) hostStore(ctx context.Context, sec *storeSecurity, replicated b
 		// on the address the other agents reach it at.
 		host, _, _ := net.SplitHostPort(addr)
 		if scfg.PeerAddr, err = store.FreeAddr(host); err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 	}
 	srv, err := store.Start(ctx, scfg)
@@ -47,20 +48,30 @@ func (o *opener) hostStore(ctx context.Context, sec *storeSecurity, replicated b
 	case errors.Is(err, store.ErrAddrInUse):
 		// Another agent on this host started it first: be its client.
 		o.log.Info("rendezvous store already hosted on this host; joining it as a client", "endpoint", endpoints[0])
-		return nil, endpoints, nil
+		return nil, endpoints, true, nil
 	case err != nil:
-		return nil, nil, fmt.Errorf("host the rendezvous store: %w", err)
+		return nil, nil, false, fmt.Errorf("host the rendezvous store: %w", err)
 	}
 	o.log.Info("hosting the rendezvous store (embedded etcd)", "endpoint", srv.Endpoint())
-	return srv, []string{srv.Endpoint()}, nil
+	return srv, []string{srv.Endpoint()}, false, nil
 }
+
+// strangerDials is how many failed dials of a store whose port this agent
+// found taken, while something there still accepts connections, tell a
+// program that is not a store from an agent's store still starting (up
+// to about 5 s each; an agent's etcd answers within a second of binding
+// its port).
+const strangerDials = 3
 
 // dialStore connects to the store. The agent that hosts it may start
 // after this one, as with torchrun's c10d: unless this agent hosts it,
-// keep trying for the join timeout.
-func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted bool, tlsFiles *store.TLSFiles) (*store.Client, error) {
+// keep trying for the join timeout. taken: this agent found the store's
+// port on this host taken as it went to host it; if whatever holds it
+// accepts connections but never answers as a store, that is another
+// program (a torchrun c10d store on 29400), and waiting would not help.
+func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted, taken bool, tlsFiles *store.TLSFiles) (*store.Client, error) {
 	deadline := time.Now().Add(o.cfg.JoinTimeout)
-	for {
+	for failed := 1; ; failed++ {
 		cli, err := store.Dial(ctx, store.ClientConfig{Endpoints: endpoints, TLS: tlsFiles, Logger: o.log,
 			FailFastAfter: cmp.Or(o.cfg.StoreTimeout, rdzv.DefaultStoreTimeout), CutFrozen: true})
 		if err == nil {
@@ -72,12 +83,30 @@ func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted bool,
 		if ctx.Err() != nil || time.Now().After(deadline) || hosted {
 			return nil, err
 		}
+		if taken && failed >= strangerDials && accepts(ctx, stripScheme(endpoints[0])) {
+			return nil, fmt.Errorf("%w; %s was taken when this agent went to host the store there, and what listens on it accepts connections "+
+				"but has not answered as a ddp-agent rendezvous store (etcd) in %d tries: another program holds the port "+
+				"(torchrun's c10d store uses 29400 too); give the job's --rdzv-endpoint another port, or stop that program",
+				err, endpoints[0], failed)
+		}
 		o.log.Warn("rendezvous store not reachable yet; retrying", "err", err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// accepts reports whether something listens at addr (host:port) and
+// takes a TCP connection.
+func accepts(ctx context.Context, addr string) bool {
+	d := net.Dialer{Timeout: time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // shouldHost decides whether this agent starts the embedded store: for
