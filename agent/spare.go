@@ -77,6 +77,7 @@ func (r *run) refill(at *attempt) {
 		defer t.Stop()
 		select {
 		case <-reformed:
+			at.g.Settled()
 		case <-t.C:
 		case <-at.g.Closed():
 			return

@@ -128,6 +128,32 @@ func TestWarmSpare(t *testing.T) {
 	}
 }
 
+// TestSpareWithoutInProcess: --spares with a script that does not use
+// ddp_agent.InProcess. Rank 0 is SIGKILLed, a spare takes its rank and
+// starts the script again from its top, and rank 1, which cannot re-form,
+// fails; the agent then stops the spare. The root cause is rank 0's death
+// by SIGKILL, with a word on the spare the others never re-formed with.
+// Before, it was the spare, "killed by signal 15", the agent's own stop.
+func TestSpareWithoutInProcess(t *testing.T) {
+	budgetAlongside(t, 20*time.Second)
+	needTorch(t)
+	r := startAgent(t, []string{"PYTHONPATH=" + filepath.Join(repoRoot, "python")}, append([]string{"--spares", "1", "--max-restarts", "0"},
+		hookTrainArgs(trainPy(), "--steps", "30", "--log-every", "10", "--ckpt-every", "0", "--fail-rank", "0", "--fail-at-step", "5",
+			"--fail-signal", "KILL")...)...)
+	if code := r.wait(2 * time.Minute); code != 1 {
+		t.Fatalf("exit code %d, want 1\n%s", code, r.logs())
+	}
+	reports := rootCauseReports(r.stderr.String())
+	root := regexp.MustCompile(`^  worker rank 0 \(local rank 0, pid \d+\) killed by signal 9 \(killed\), \S+ after start\n` +
+		`  a warm spare \(pid \d+\) took its rank, and the other workers never re-formed with it`)
+	if len(reports) != 1 || !root.MatchString(reports[0]) {
+		t.Fatalf("want one report naming rank 0's SIGKILL and the spare that took its rank, got %q\n%s", reports, r.logs())
+	}
+	if !strings.Contains(r.stderr.String(), "msg=\"worker died: a warm spare takes its rank") {
+		t.Fatalf("no spare took rank 0\n%s", r.logs())
+	}
+}
+
 // TestWarmSpareHangOnAnotherNode: two nodes under --spares 1, rank 3 (the
 // second node's) hangs before its backward. The leader finds the hang,
 // sees every rank that never arrived on the other node and leaves it to

@@ -27,6 +27,9 @@ func (b Blame) LogAttrs(attempt int, started time.Time) []any {
 	if e := b.Exit; e != nil {
 		attrs = append(attrs, "local_rank", e.LocalRank, "pid", e.PID, "exit_code", e.Code, "signal", signalName(e),
 			"after", e.Time.Sub(started).Round(time.Millisecond))
+		if e.SparePID != 0 {
+			attrs = append(attrs, "spare_pid", e.SparePID)
+		}
 	} else {
 		attrs = append(attrs, "local", b.Local)
 	}
@@ -45,6 +48,10 @@ func Format(b Blame, attempt, maxRestarts int, started time.Time, pids map[int]i
 	fmt.Fprintf(&s, "==== ddp-agent: root cause (attempt %d, restarts used %d of %d) ====\n", attempt, attempt, maxRestarts)
 	if e := b.Exit; e != nil {
 		fmt.Fprintf(&s, "  %v, %s after start\n", e, e.Time.Sub(started).Round(time.Millisecond))
+		if e.SparePID != 0 {
+			fmt.Fprintf(&s, "  a warm spare (pid %d) took its rank, and the other workers never re-formed with it "+
+				"(--spares is for scripts that use ddp_agent.InProcess)\n", e.SparePID)
+		}
 	} else {
 		fmt.Fprintf(&s, "  %s\n", b.rootLine())
 		if !b.Local && b.Root >= 0 {

@@ -289,6 +289,25 @@ func TestFormatReport(t *testing.T) {
 	}
 }
 
+// TestFormatPendingSpare: a rank whose warm spare the others never
+// re-formed with is reported by its dead worker's death, and the report
+// says a spare took it (supervisor's Outcomes, before Settled).
+func TestFormatPendingSpare(t *testing.T) {
+	root := exited(0, -1, 700)
+	root.Exit.Signal, root.Exit.SparePID = syscall.SIGKILL, 205
+	b := Decide([]supervisor.Outcome{root, noted(exited(1, 1, 900), 0, "lost", 750)}, at(2000))
+	got := Format(b, 0, 0, t0, map[int]int{0: 205, 1: 101}, hostmon.NewMonitor(slog.New(slog.DiscardHandler)))
+	for _, want := range []string{
+		"\n  worker rank 0 (local rank 0, pid 100) killed by signal 9 (killed), 700ms after start\n" +
+			"  a warm spare (pid 205) took its rank, and the other workers never re-formed with it (--spares is for scripts that use ddp_agent.InProcess)\n",
+		"rank 1 failed only because rank 0 dropped its connection",
+	} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("report lacks %q:\n%s", want, got)
+		}
+	}
+}
+
 // TestBlameElsewhere: when another node's agent told the rendezvous
 // first, its reason is the root cause here too.
 func TestBlameElsewhere(t *testing.T) {

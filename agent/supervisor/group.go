@@ -151,6 +151,10 @@ type WorkerExitError struct {
 	StderrTail           []string       // last lines of its stderr
 	ErrorFile            *ErrorFile     // what it wrote to TORCHELASTIC_ERROR_FILE, if anything
 	Time                 time.Time      // when it was reaped
+	// SparePID, in Outcomes, is the warm spare that took the rank of this
+	// dead worker (Replace) and that the others have not re-formed with
+	// yet (Settled): the attempt failed with the spare still in its place.
+	SparePID int
 }
 
 // Failed reports whether the worker failed: a code other than 0, or a signal.
@@ -197,10 +201,11 @@ type Group struct {
 	state   State
 	workers []*worker // one per local rank, appended by Start; Replace swaps one for a spare
 	// spares wait to be assigned; replaced are the dead workers whose
-	// ranks spares took, in order (spare.go).
-	spares, replaced []*worker
-	spareSeq         int     // spares started so far: the next one's number
-	store            *worker // the job's store's process, when this group hosts it
+	// ranks spares took, in order (spare.go); pending are those of them
+	// whose spares the others have not re-formed with yet (Settled).
+	spares, replaced, pending []*worker
+	spareSeq                  int     // spares started so far: the next one's number
+	store                     *worker // the job's store's process, when this group hosts it
 
 	// spawnMu orders starting a spare against the attempt's end: once
 	// closed (releaseSpares), no spare starts, and closedCh is closed.
@@ -595,11 +600,25 @@ type Outcome struct {
 // reaped worker's stderr to end.
 func (g *Group) Outcomes() []Outcome {
 	var out []Outcome
+	g.mu.Lock()
+	pending := slices.Clone(g.pending)
+	g.mu.Unlock()
 	for _, w := range g.list() {
 		o := Outcome{Rank: w.Rank, LocalRank: w.LocalRank, PID: w.pid}
+		if i := slices.IndexFunc(pending, func(d *worker) bool { return d.Rank == w.Rank }); i >= 0 {
+			// A spare took a dead worker's rank, and the others never
+			// re-formed with it (a script without InProcess starts again
+			// from its top, and its peers fail): the rank failed when its
+			// worker died, not when the agent stopped the spare.
+			dead := *g.exitError(pending[i])
+			dead.SparePID = w.pid
+			o.PID, o.Exit, w = dead.PID, &dead, pending[i]
+		}
 		select {
 		case <-w.done:
-			o.Exit = g.exitError(w)
+			if o.Exit == nil {
+				o.Exit = g.exitError(w)
+			}
 		default:
 		}
 		var err error

@@ -126,7 +126,8 @@ func spareEnv(s *Spec, errorFile, noteFile string) []string {
 // an idle warm spare (AddSpare starts another, when the caller sees fit:
 // a spare importing torch beside the re-forming workers slows them). It returns
 // the spare's pid. The dead worker's outcome is kept out of Outcomes and
-// PIDs from now on. Call it from Wait's goroutine, between Waits.
+// PIDs from now on, but for the rank's exit while the spare is pending
+// (Settled). Call it from Wait's goroutine, between Waits.
 func (g *Group) Replace(rank int) (int, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -153,8 +154,18 @@ func (g *Group) Replace(rank int) (int, error) {
 	}
 	g.workers[i] = sp
 	g.replaced = append(g.replaced, dead)
+	g.pending = append(g.pending, dead)
 	g.state = StateHealthy
 	return sp.pid, nil
+}
+
+// Settled says that the spares given ranks so far took them: the others
+// re-formed with them. Until then, Outcomes gives such a rank the dead
+// worker's exit (WorkerExitError.SparePID).
+func (g *Group) Settled() {
+	g.mu.Lock()
+	g.pending = nil
+	g.mu.Unlock()
 }
 
 // give writes spare sp's assignment, rank id in mode (Assignment.Mode),

@@ -105,9 +105,16 @@ func TestSpareTakesDeadRank(t *testing.T) {
 	if _, err := g.RankOf(dead); err == nil {
 		t.Errorf("RankOf(dead worker %d) admitted it", dead)
 	}
+	// Until the others are said to have re-formed with the spare, rank 1
+	// failed when its worker died: a spare the others never took (a
+	// script without InProcess) is not the rank's failure.
+	if o := g.Outcomes()[1]; o.PID != dead || o.Exit == nil || o.Exit.Signal != syscall.SIGKILL || o.Exit.SparePID != pid {
+		t.Errorf("Outcomes before Settled: rank 1 %+v (exit %+v), want the dead worker's death, with the spare's pid", o, o.Exit)
+	}
+	g.Settled()
 	for _, o := range g.Outcomes() {
 		if o.PID == dead {
-			t.Errorf("Outcomes has the replaced worker: %+v", o)
+			t.Errorf("Outcomes has the replaced worker after Settled: %+v", o)
 		}
 	}
 	if g.State() != StateSucceeded {
