@@ -379,6 +379,8 @@ func TestCommandLine(t *testing.T) {
 		{"contradiction", []string{"run", "-m", "--no-python", "x"}, 2, "", "contradict"},
 		{"no script", []string{"run", "--nproc-per-node", "2"}, 2, "", "missing the training script"},
 		{"flags without run", []string{"--standalone", "--nproc-per-node", "2", "x.py"}, 2, "", "did you mean ddp-agent run --standalone"},
+		{"script without run", []string{"x.py", "--lr", "0.1"}, 2, "", "x.py is a script, not a command: did you mean ddp-agent run x.py"},
+		{"program not executable", []string{"run", "--no-python", "testdata/dumpenv.py"}, 2, "", "testdata/dumpenv.py is not executable"},
 		{"no interpreter", []string{"run", "--python", "/nonexistent/python3", "x.py"}, 2, "", "--python /nonexistent/python3: not found"},
 		{"no program", []string{"run", "--no-python", "no-such-program-here"}, 2, "", "no-such-program-here: not found in $PATH"},
 	}

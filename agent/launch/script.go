@@ -43,6 +43,9 @@ func (c *Config) CheckCommand(f Finder) error {
 		return usagef("%s: %v", c.Script, err)
 	case fi.IsDir():
 		return usagef("%s is a directory: name the training script", c.Script)
+	case c.NoPython && fi.Mode().Perm()&0o111 == 0:
+		// exec would fail for every worker, as an "agent error" at start.
+		return usagef("%s is not executable (--no-python runs the script as a program): chmod +x it, or drop --no-python", c.Script)
 	}
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 )
 
 func TestCheckCommand(t *testing.T) {
-	files := fstest.MapFS{"train.py": {}, "dir": {Mode: fs.ModeDir}}
+	files := fstest.MapFS{"train.py": {}, "dir": {Mode: fs.ModeDir}, "bin/run.sh": {Mode: 0o755}, "bin/plain.sh": {Mode: 0o644}}
 	f := Finder{
 		Stat: func(p string) (fs.FileInfo, error) { return fs.Stat(files, p) },
 		LookPath: func(file string) (string, error) {
@@ -31,6 +31,8 @@ func TestCheckCommand(t *testing.T) {
 		{Config{NoPython: true, Python: "python9", Script: "sleep"}, ""},
 		{Config{NoPython: true, Script: "frob"}, "frob: not found in $PATH"},
 		{Config{NoPython: true, Script: "./run.sh"}, "./run.sh: no such file"},
+		{Config{NoPython: true, Script: "bin/run.sh"}, ""},
+		{Config{NoPython: true, Script: "bin/plain.sh"}, "bin/plain.sh is not executable"},
 	} {
 		err := tc.cfg.CheckCommand(f)
 		switch {

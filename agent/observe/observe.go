@@ -133,9 +133,6 @@ func Open(ctx context.Context, cfg Config, job Job, policy Policy) (*Observer, e
 		o.Watch.Close()
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
-	if u := exp.MetricsURL(); u != "" {
-		job.Log.Info("Prometheus metrics", "url", u)
-	}
 	o.Exp = exp
 	o.Watch.SetExporter(exp)
 	return o, nil

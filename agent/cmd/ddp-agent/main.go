@@ -133,6 +133,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ddp-agent: %s is a flag, not a command: did you mean ddp-agent run %s ...?\n", args[0], args[0])
 		return 2
 	}
+	if strings.HasSuffix(args[0], ".py") {
+		// torchrun's habit too: the script first, as `torchrun train.py`.
+		fmt.Fprintf(stderr, "ddp-agent: %s is a script, not a command: did you mean ddp-agent run %s ...?\n", args[0], args[0])
+		return 2
+	}
 	fmt.Fprintf(stderr, "ddp-agent: unknown command %q (commands: run, sidecar, status, topo, plugins, token, version, help)\n", args[0])
 	return 2
 }
