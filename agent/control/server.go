@@ -336,7 +336,9 @@ func (c *serverConn) admit(id uint32, m wire.KVSet) bool {
 // readFailed logs a read error and answers protocol errors with BadRequest.
 func (c *serverConn) readFailed(ctx context.Context, id uint32, err error) {
 	switch {
-	case ctx.Err() != nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
+	case ctx.Err() != nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET):
+		// ECONNRESET: a worker that was stopped or died with a frame of
+		// ours unread; its exit is reported where it counts.
 		c.log.Debug("worker disconnected", "err", err)
 	case errors.Is(err, errFrameTimeout):
 		c.log.Warn("worker stopped halfway through a frame, closing connection", "frame_timeout", c.s.cfg.FrameTimeout, "err", err)
