@@ -188,7 +188,7 @@ func (r *run) move(at *attempt, old *rdzv.Round) error {
 			"new", net.JoinHostPort(rd.MasterAddr, strconv.Itoa(rd.MasterPort)), "from_spare", spareUsed)
 	}
 	if spareUsed {
-		r.refill(at)
+		r.refill(at, 0)
 	}
 	return writeWorld(r.worldFile(), newWorld(rd, ranks))
 }

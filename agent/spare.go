@@ -56,7 +56,7 @@ func (r *run) replace(at *attempt, e *supervisor.WorkerExitError) bool {
 		"after", e.Time.Sub(at.started).Round(time.Millisecond), "spares_idle", at.g.Spares())
 	r.mon.SetWorkers(at.g.PIDs())
 	r.tell(event{kind: evReplaced, at: at, dead: e, sparePID: pid})
-	r.refill(at)
+	r.refill(at, e.PID)
 	return true
 }
 
@@ -64,25 +64,44 @@ func (r *run) replace(at *attempt, e *supervisor.WorkerExitError) bool {
 // rank waits for the re-formation it joined to be reported.
 const spareRefillWait = 10 * time.Second
 
-// refill starts a spare in place of the one just given a rank, once a
+// spareSettleWait bounds how long a replacement stays pending without a
+// report of the re-formation (a script whose InProcess runs without the
+// hook reports none): past InProcess's default timeout (60 s), survivors
+// that could not re-form with the spare have failed already.
+const spareSettleWait = 90 * time.Second
+
+// refill starts a spare in place of the one just given the rank of the
+// worker of pid dead (0: none died, the spare serves the store), once a
 // worker of this node has reported the re-formation (the retried step
 // completed), or after spareRefillWait. Started at once, its torch import
 // took a core from the re-forming workers: on the 2-core VM the state
 // moved at two thirds of the speed, and the first step took 590-640 ms
-// instead of 390 ms.
-func (r *run) refill(at *attempt) {
+// instead of 390 ms. The replacement is settled (supervisor's Settled)
+// on that report, or after spareSettleWait.
+func (r *run) refill(at *attempt, dead int) {
 	reformed := r.reformed.next() // not a report of an earlier re-formation
 	r.goBackground(func() {
-		t := time.NewTimer(spareRefillWait)
-		defer t.Stop()
+		settle := time.NewTimer(spareSettleWait)
+		defer settle.Stop()
+		refill := time.NewTimer(spareRefillWait)
+		defer refill.Stop()
 		select {
 		case <-reformed:
-			at.g.Settled()
-		case <-t.C:
+			at.g.Settled(dead)
+			at.g.AddSpare()
+			return
+		case <-refill.C:
+			at.g.AddSpare()
 		case <-at.g.Closed():
 			return
 		}
-		at.g.AddSpare()
+		select {
+		case <-reformed:
+		case <-settle.C:
+		case <-at.g.Closed():
+			return
+		}
+		at.g.Settled(dead)
 	})
 }
 

@@ -6,12 +6,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 found=
-# git marks a file without text as "-text" in the index.
-while read -r f; do
+# git marks a file without text as "-text" in the index; each entry is
+# "i/... w/... attr/...<TAB>path", NUL-terminated (any path, spaces too).
+while IFS= read -r -d '' entry; do
+	info=${entry%%$'\t'*} f=${entry#*$'\t'}
+	case $info in i/-text*) ;; *) continue ;; esac
 	if [ -f "$f" ] && [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = '177ELF' ]; then
 		found="$found $f"
 	fi
-done < <(git ls-files --eol | awk '$1 == "i/-text" { print $NF }')
+done < <(git ls-files --eol -z)
 if [ -n "$found" ]; then
 	echo "build outputs tracked by git (git rm --cached them):$found" >&2
 	exit 1

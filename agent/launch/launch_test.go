@@ -259,6 +259,7 @@ func TestParseErrors(t *testing.T) {
 		{"endpoint port out of range", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:99999 train.py", "must be 1..65535"},
 		{"endpoint port 0 for two nodes", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint h:0 train.py", "port 0 picks a free port"},
 		{"endpoint without a host", "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint :29400 train.py", "names no host"},
+		{"etcd on port 0", "--rdzv-backend etcd --rdzv-endpoint e1:0 train.py", "port 0 picks a free port"},
 		{"etcd URL without a host", "--nnodes 2 --rdzv-backend etcd --rdzv-endpoint http:// train.py", "not a URL with a host"},
 		{"static endpoint without a port", "--nnodes 2 --rdzv-backend static --rdzv-endpoint h train.py", "want the master's HOST:PORT"},
 		{"static endpoint and master differ", "--nnodes 2 --rdzv-backend static --rdzv-endpoint h:1 --master-addr g train.py", "name different masters"},
@@ -403,6 +404,11 @@ func TestParseStaticEndpoint(t *testing.T) {
 	c, err := Parse(strings.Fields("--rdzv-backend c10d --rdzv-endpoint localhost:0 train.py"), noEnv, fourCPUs)
 	if err != nil || !c.Dynamic() {
 		t.Errorf("c10d on port 0 for one node: got %+v, %v; want accepted", c, err)
+	}
+	for _, ep := range []string{"[::1]:29400", "[fe80::1%eth0]:29400", "node-0.job:29400"} {
+		if _, err := Parse(strings.Fields("--nnodes 2 --rdzv-backend c10d --rdzv-endpoint "+ep+" train.py"), noEnv, fourCPUs); err != nil {
+			t.Errorf("c10d at %s: %v, want accepted", ep, err)
+		}
 	}
 }
 

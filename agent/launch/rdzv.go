@@ -3,6 +3,7 @@ package launch
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -241,7 +242,8 @@ func (c *Config) checkRendezvous(set map[string]bool) error {
 		return usagef("--rdzv-endpoint %q names no store", c.RdzvEndpoint)
 	}
 	for _, ep := range c.Endpoints() {
-		if err := checkEndpoint(ep, c.NNodesMax == 1); err != nil {
+		// Port 0 picks a free port as the agent hosts the store: c10d only.
+		if err := checkEndpoint(ep, c.NNodesMax == 1 && !c.ExternalStore()); err != nil {
 			return usagef("--rdzv-endpoint %q: %v", c.RdzvEndpoint, err)
 		}
 	}
@@ -279,7 +281,7 @@ func (c *Config) staticEndpoint(set map[string]bool) error {
 // reach, before anything starts: a bad one was retried as "not reachable
 // yet" until the join timeout (10 minutes by default). Port 0, a free port
 // that the agent picks as it hosts the store, is for a job of one node
-// (alone): no other node could find it.
+// whose agent hosts it (alone): no other node could find it.
 func checkEndpoint(ep string, alone bool) error {
 	if strings.Contains(ep, "://") {
 		u, err := url.Parse(ep)
@@ -297,7 +299,7 @@ func checkEndpoint(ep string, alone bool) error {
 		return fmt.Errorf("%q is not HOST:PORT", ep)
 	case host == "":
 		return fmt.Errorf("%q names no host", ep)
-	case strings.Contains(host, ":") && net.ParseIP(host) == nil:
+	case strings.Contains(host, ":") && !validIP(host):
 		return fmt.Errorf("%q is neither a host name nor an IP address", host)
 	}
 	port, err := strconv.Atoi(p)
@@ -308,4 +310,11 @@ func checkEndpoint(ep string, alone bool) error {
 		return fmt.Errorf("port 0 picks a free port as the store starts, which the other nodes cannot know; give the port")
 	}
 	return nil
+}
+
+// validIP reports whether host is an IP address, an IPv6 one with a zone
+// (fe80::1%eth0) too.
+func validIP(host string) bool {
+	_, err := netip.ParseAddr(host)
+	return err == nil
 }

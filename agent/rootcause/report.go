@@ -50,7 +50,7 @@ func Format(b Blame, attempt, maxRestarts int, started time.Time, pids map[int]i
 		fmt.Fprintf(&s, "  %v, %s after start\n", e, e.Time.Sub(started).Round(time.Millisecond))
 		if e.SparePID != 0 {
 			fmt.Fprintf(&s, "  a warm spare (pid %d) took its rank, and the other workers never re-formed with it "+
-				"(--spares is for scripts that use ddp_agent.InProcess)\n", e.SparePID)
+				"(a script without ddp_agent.InProcess cannot)\n", e.SparePID)
 		}
 	} else {
 		fmt.Fprintf(&s, "  %s\n", b.rootLine())

@@ -299,7 +299,7 @@ func TestFormatPendingSpare(t *testing.T) {
 	got := Format(b, 0, 0, t0, map[int]int{0: 205, 1: 101}, hostmon.NewMonitor(slog.New(slog.DiscardHandler)))
 	for _, want := range []string{
 		"\n  worker rank 0 (local rank 0, pid 100) killed by signal 9 (killed), 700ms after start\n" +
-			"  a warm spare (pid 205) took its rank, and the other workers never re-formed with it (--spares is for scripts that use ddp_agent.InProcess)\n",
+			"  a warm spare (pid 205) took its rank, and the other workers never re-formed with it (a script without ddp_agent.InProcess cannot)\n",
 		"rank 1 failed only because rank 0 dropped its connection",
 	} {
 		if !strings.Contains(got, want) {

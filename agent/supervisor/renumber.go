@@ -38,6 +38,10 @@ func (g *Group) Renumber(w World) map[int]int {
 	spec.NodeRank, spec.NNodes, spec.RestartCount = w.NodeRank, w.NNodes, w.RestartCount
 	spec.MasterAddr, spec.MasterPort = w.MasterAddr, w.MasterPort
 	g.spec = &spec
+	// The workers carry on into a new world: whatever replacement was
+	// pending, they re-formed since, and its dead worker's old rank means
+	// nothing in the new numbering (Outcomes).
+	g.pending = nil
 	ranks := make(map[int]int, len(g.workers))
 	for _, wk := range g.workers {
 		wk.Rank = w.RankOffset + wk.LocalRank

@@ -159,13 +159,18 @@ func (g *Group) Replace(rank int) (int, error) {
 	return sp.pid, nil
 }
 
-// Settled says that the spares given ranks so far took them: the others
-// re-formed with them. Until then, Outcomes gives such a rank the dead
-// worker's exit (WorkerExitError.SparePID).
-func (g *Group) Settled() {
+// Settled says that the spare that took the rank of the dead worker of
+// pid dead took it: the others re-formed with it. Until then, Outcomes
+// gives that rank the dead worker's exit (WorkerExitError.SparePID). A
+// group that is failing (a worker exited since) or closed stays as it
+// is: its root cause may have been decided on that exit already.
+func (g *Group) Settled(dead int) {
 	g.mu.Lock()
-	g.pending = nil
-	g.mu.Unlock()
+	defer g.mu.Unlock()
+	if g.state != StateHealthy || g.closed {
+		return
+	}
+	g.pending = slices.DeleteFunc(g.pending, func(w *worker) bool { return w.pid == dead })
 }
 
 // give writes spare sp's assignment, rank id in mode (Assignment.Mode),

@@ -51,6 +51,9 @@ func spareHelper() {
 	fmt.Printf("spare assigned rank %d local rank %d RANK=%s LOCAL_RANK=%s GPU=%s WORLD_SIZE=%s GROUP_RANK=%s GENERATION=%s mode=%q AGENT_STORE=%s\n",
 		a.Rank, a.LocalRank, a.Env["RANK"], a.Env["LOCAL_RANK"], a.Env["CUDA_VISIBLE_DEVICES"], a.Env["WORLD_SIZE"],
 		a.Env["GROUP_RANK"], a.Env[envname.Generation], a.Mode, a.Env["TORCHELASTIC_USE_AGENT_STORE"])
+	if os.Getenv("SPARE_HOLD") != "" { // it trains on in its rank, until stopped
+		time.Sleep(time.Minute)
+	}
 }
 
 func spareSpec(t *testing.T, mode string, nproc, spares int) (*Spec, *buffer) {
@@ -111,14 +114,14 @@ func TestSpareTakesDeadRank(t *testing.T) {
 	if o := g.Outcomes()[1]; o.PID != dead || o.Exit == nil || o.Exit.Signal != syscall.SIGKILL || o.Exit.SparePID != pid {
 		t.Errorf("Outcomes before Settled: rank 1 %+v (exit %+v), want the dead worker's death, with the spare's pid", o, o.Exit)
 	}
-	g.Settled()
-	for _, o := range g.Outcomes() {
-		if o.PID == dead {
-			t.Errorf("Outcomes has the replaced worker after Settled: %+v", o)
-		}
-	}
 	if g.State() != StateSucceeded {
 		t.Errorf("state %v, want succeeded", g.State())
+	}
+	// Settled after the attempt's end changes nothing: its root cause may
+	// have been decided on the dead worker's exit.
+	g.Settled(dead)
+	if o := g.Outcomes()[1]; o.PID != dead {
+		t.Errorf("Outcomes after a late Settled: rank 1 %+v, want the dead worker's still", o)
 	}
 	// The new spare ended with the attempt, and none starts after it.
 	select {
@@ -193,6 +196,45 @@ func TestSparesEndWithTheAttempt(t *testing.T) {
 		t.Errorf("Stop left %d processes", n)
 	}
 	t.Logf("Stop of a worker and a spare took %v", time.Since(began))
+}
+
+// TestPendingReplacement: a spare's replacement of a dead worker stays
+// pending, and Outcomes gives the rank the dead worker's exit, until
+// Settled names that dead worker (another pid changes nothing), or until
+// Renumber moves the group into a new world.
+func TestPendingReplacement(t *testing.T) {
+	replaced := func() (*Group, int, int) {
+		spec, out := spareSpec(t, "selfkillif:1", 2, 1)
+		spec.SpareEnv = append(spec.SpareEnv, "SPARE_HOLD=1")
+		g := start(t, spec)
+		waitFor(t, func() bool { return strings.Contains(out.String(), "[spare0]:spare ready fd=3") })
+		var e *WorkerExitError
+		if err := g.Wait(context.Background()); !errors.As(err, &e) || e.Rank != 1 {
+			t.Fatalf("Wait: got %v, want rank 1 killed", err)
+		}
+		pid, err := g.Replace(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := g.Outcomes()[1]; o.PID != e.PID || o.Exit == nil || o.Exit.SparePID != pid {
+			t.Fatalf("Outcomes after Replace: rank 1 %+v, want the dead worker %d's exit with spare %d", o, e.PID, pid)
+		}
+		return g, e.PID, pid
+	}
+	g, dead, spare := replaced()
+	g.Settled(dead + 100000)
+	if o := g.Outcomes()[1]; o.PID != dead {
+		t.Errorf("Settled of another pid: rank 1 %+v, want still pending", o)
+	}
+	g.Settled(dead)
+	if o := g.Outcomes()[1]; o.PID != spare || o.Exit != nil {
+		t.Errorf("Outcomes after Settled: rank 1 %+v, want the running spare %d", o, spare)
+	}
+	g, _, spare = replaced()
+	g.Renumber(World{Generation: 1, RankOffset: 2, WorldSize: 4, NodeRank: 1, NNodes: 2})
+	if o := g.Outcomes()[1]; o.PID != spare || o.Rank != 3 || o.Exit != nil {
+		t.Errorf("Outcomes after Renumber: local rank 1 %+v, want the running spare %d as rank 3", o, spare)
+	}
 }
 
 // TestRenumberThenReplace: a group moved into another world (Renumber,

@@ -237,9 +237,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		log.Error("job failed", "err", err)
 		return 1
 	case errors.As(context.Cause(ctx), &sigErr):
-		// The signal came while the agent was setting up (dialling the
-		// rendezvous store): the error is that step's cancellation, and
-		// the exit says the signal, as it does once the job runs.
+		// The signal came first, and the error is what it cancelled: a
+		// step of the agent's setup, such as dialling the rendezvous
+		// store. The exit says the signal, as it does once the job runs.
 		log.Info("agent stopped by signal", "signal", sigErr.Signal.String(), "while", err)
 		return 128 + int(sigErr.Signal)
 	default:
