@@ -43,13 +43,9 @@ func StartCluster(ctx context.Context, n int, logger *slog.Logger) (*Cluster, er
 }
 
 func startCluster(ctx context.Context, n int, logger *slog.Logger) (*Cluster, error) {
-	peers := make([]string, n)
-	for i := range peers {
-		addr, err := FreeAddr("127.0.0.1")
-		if err != nil {
-			return nil, fmt.Errorf("start etcd cluster: %w", err)
-		}
-		peers[i] = addr
+	peers, err := freeAddrs("127.0.0.1", n)
+	if err != nil {
+		return nil, fmt.Errorf("start etcd cluster: %w", err)
 	}
 	initial := make([]string, n)
 	for i, p := range peers {
@@ -114,6 +110,23 @@ func (c *Cluster) Close() error {
 		errs = append(errs, c.Stop(i))
 	}
 	return errors.Join(errs...)
+}
+
+// freeAddrs picks n different free ports on host, as FreeAddr does, each
+// held until all are picked: one closed at once was free again for the
+// next pick, and a cluster of a CI run got the same peer port twice
+// ("initial cluster ... has duplicate url").
+func freeAddrs(host string, n int) ([]string, error) {
+	addrs := make([]string, n)
+	for i := range addrs {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("pick a free port on %s: %w", host, err)
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
+	}
+	return addrs, nil
 }
 
 // FreeAddr returns host with a port that was free a moment ago, for an

@@ -342,14 +342,11 @@ func (r *Replicas) dropOwn() {
 // member that never comes up does not count against the quorum, then
 // promoted once it has caught up.
 func (r *Replicas) join(ctx context.Context, voters int) error {
-	clientAddr, err := FreeAddr(r.cfg.Host)
+	addrs, err := freeAddrs(r.cfg.Host, 2) // two different ports
 	if err != nil {
 		return err
 	}
-	peerAddr, err := FreeAddr(r.cfg.Host)
-	if err != nil {
-		return err
-	}
+	clientAddr, peerAddr := addrs[0], addrs[1]
 	peerScheme := "http"
 	if r.cfg.PeerTLS != nil {
 		peerScheme = "https"
