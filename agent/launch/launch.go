@@ -20,7 +20,6 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/pluginhost"
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
-	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
 // Std selects which of a worker's standard streams a --redirects or --tee
@@ -330,28 +329,7 @@ func lookupFlag(arg string) (*flagSpec, error) {
 // getenv supplies PET_* defaults and DDP_AGENT_PYTHON. It returns ErrHelp
 // for -h/--help and a *UsageError for anything that cannot be run.
 func Parse(args []string, getenv func(string) string, host Host) (*Config, error) {
-	raw := rawFlags{}
-	set := map[string]bool{} // given on the command line or through PET_*
-	for _, f := range flagSpecs {
-		raw[f.name] = f.def
-		if v := getenv("PET_" + strings.ToUpper(strings.ReplaceAll(f.name, "-", "_"))); v != "" {
-			raw[f.name] = v
-			set[f.name] = true
-		}
-	}
-	raw["rdzv-token"] = getenv(envname.RdzvToken) // a secret is better kept out of argv
-	raw["plugins-env"] = getenv(envname.Plugins)
-	// torchrun runs workers under its own interpreter, or PYTHON_EXEC.
-	for _, env := range []string{"PYTHON_EXEC", envname.Python} {
-		if v := getenv(env); v != "" {
-			raw["python"] = v
-		}
-	}
-
-	// torchrun reads PET_NODE_RANK only for the static backend, and Kubeflow
-	// Trainer sets it on every pod whatever the backend: from the environment
-	// it does not contradict a store's ranks as --node-rank does.
-	petNodeRank := set["node-rank"]
+	raw, set, fromEnv := fromEnvironment(getenv)
 	i := 0
 	for ; i < len(args); i++ {
 		a := args[i]
@@ -384,7 +362,7 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 			return nil, &CompletionError{Script: script}
 		}
 		again := set[f.name]
-		petNodeRank = petNodeRank && f.name != "node-rank"
+		fromEnv[f.name] = false           // given here, not by the environment alone (dropEnvOnly)
 		set[f.name] = true                // given twice: the last one wins, as with argparse
 		if f.repeat && again && !f.bool { // ... unless it is one of ddp-agent's repeatable ones
 			if !hasVal {
@@ -416,9 +394,7 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 		return nil, usagef("missing the training script (ddp-agent run [flags] script.py [args...])")
 	}
 	c := &Config{Script: args[i], ScriptArgs: append([]string(nil), args[i+1:]...)}
-	if petNodeRank {
-		delete(set, "node-rank")
-	}
+	raw.dropEnvOnly(set, fromEnv)
 	if err := raw.fill(c, set, host); err != nil {
 		return nil, err
 	}
@@ -541,9 +517,9 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 		}
 		c.MasterPort = n
 	}
-	if c.Standalone && (set["master-addr"] || set["master-port"]) { // on the command line or as PET_*
+	if c.Standalone && (set["master-addr"] || set["master-port"]) { // on the command line (Parse drops PET_MASTER_*)
 		// torchrun's --standalone picks its own port; a fixed one would be silently ignored there.
-		return usagef("--standalone picks a free master port itself; drop --master-addr/--master-port (or PET_MASTER_*), or drop --standalone")
+		return usagef("--standalone picks a free master port itself; drop --master-addr/--master-port, or drop --standalone")
 	}
 	c.RdzvToken = r["rdzv-token"]
 	if err := rdzv.CheckToken(c.RdzvToken); err != nil {

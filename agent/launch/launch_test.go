@@ -386,6 +386,25 @@ func TestParseStandaloneIgnoresPETNodeRank(t *testing.T) {
 	if err != nil || c.NodeRank != 0 {
 		t.Fatalf("--standalone under PET_NODE_RANK=1: got %+v, %v; want node rank 0", c, err)
 	}
+	// Kubeflow Trainer sets PET_MASTER_ADDR and PET_MASTER_PORT on every
+	// pod too: under --standalone (or PET_STANDALONE) they are ignored, as
+	// torchrun does; the flags themselves are still refused.
+	kubeflow := map[string]string{"PET_NODE_RANK": "1", "PET_MASTER_ADDR": "job-0", "PET_MASTER_PORT": "23456"}
+	for _, tc := range []struct {
+		args string
+		env  map[string]string
+	}{
+		{"--standalone train.py", kubeflow},
+		{"train.py", map[string]string{"PET_STANDALONE": "1", "PET_MASTER_ADDR": "job-0", "PET_MASTER_PORT": "23456"}},
+	} {
+		c, err := Parse(strings.Fields(tc.args), func(k string) string { return tc.env[k] }, fourCPUs)
+		if err != nil || c.MasterAddr != "" || c.MasterPort != 0 || c.NodeRank != 0 {
+			t.Errorf("%s under %v: got %+v, %v; want accepted, no master, node rank 0", tc.args, tc.env, c, err)
+		}
+	}
+	if _, err := Parse(strings.Fields("--standalone --master-port 23456 train.py"), getenv, fourCPUs); err == nil {
+		t.Error("--standalone --master-port on the command line was accepted")
+	}
 }
 
 // TestParseStaticEndpoint: under the static backend --rdzv-endpoint is
@@ -440,8 +459,11 @@ func TestParseEnvironmentCompat(t *testing.T) {
 	if err != nil || !c.Standalone {
 		t.Errorf("PET_STANDALONE=1: got %v, %v; want standalone", c, err)
 	}
-	if _, err := Parse([]string{"--standalone", "train.py"}, env(map[string]string{"PET_MASTER_PORT": "29500"}), fourCPUs); err == nil {
-		t.Error("--standalone with PET_MASTER_PORT was accepted")
+	// PET_MASTER_PORT (Kubeflow sets it on every pod) is ignored under
+	// --standalone, as torchrun does; --master-port itself is refused
+	// (TestParseErrors).
+	if c, err := Parse([]string{"--standalone", "train.py"}, env(map[string]string{"PET_MASTER_PORT": "29500"}), fourCPUs); err != nil || c.MasterPort != 0 {
+		t.Errorf("--standalone with PET_MASTER_PORT: got %+v, %v; want it ignored", c, err)
 	}
 }
 
