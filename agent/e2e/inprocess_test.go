@@ -602,7 +602,7 @@ func firstStepOf(path string, world int, since time.Time) (time.Time, bool) {
 // first two nodes' workers to wait out InProcess's timeout (60 s) for
 // workers that never come.
 func TestNodeWithoutSparesJoins(t *testing.T) {
-	budgetAlongside(t, 45*time.Second)
+	budgetAlongside(t, 60*time.Second) // 31-48 s in CI runs beside the others
 	h := startHeld(t, 20, "--hold-in-loop")
 	a, b := h.a, h.b
 	logs := func() string { return a.logs() + "\n----\n" + b.logs() }
