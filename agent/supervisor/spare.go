@@ -165,9 +165,14 @@ func (g *Group) Replace(rank int) (int, error) {
 // group that is failing (a worker exited since) or closed stays as it
 // is: its root cause may have been decided on that exit already.
 func (g *Group) Settled(dead int) {
+	select {
+	case <-g.closedCh: // g.closed is spawnMu's
+		return
+	default:
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.state != StateHealthy || g.closed {
+	if g.state != StateHealthy {
 		return
 	}
 	g.pending = slices.DeleteFunc(g.pending, func(w *worker) bool { return w.pid == dead })
