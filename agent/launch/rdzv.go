@@ -261,14 +261,12 @@ func (c *Config) checkRendezvous(set map[string]bool) error {
 // there); ignored, every node but rank 0's dialled its own loopback. It
 // must agree with --master-addr and --master-port where they are given.
 func (c *Config) staticEndpoint(set map[string]bool) error {
-	host, p, err := net.SplitHostPort(strings.TrimSpace(c.RdzvEndpoint))
-	if err != nil || host == "" {
-		return usagef("--rdzv-backend static --rdzv-endpoint %q: want the master's HOST:PORT, as --master-addr and --master-port give it", c.RdzvEndpoint)
+	ep := strings.TrimSpace(c.RdzvEndpoint)
+	if err := checkEndpoint(ep, false); err != nil || strings.Contains(ep, "://") {
+		return usagef("--rdzv-backend static --rdzv-endpoint %q: want the master's HOST:PORT (1..65535), as --master-addr and --master-port give it", c.RdzvEndpoint)
 	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 1 || port > 65535 {
-		return usagef("--rdzv-backend static --rdzv-endpoint %q: the port must be 1..65535", c.RdzvEndpoint)
-	}
+	host, p, _ := net.SplitHostPort(ep) // checked
+	port, _ := strconv.Atoi(p)
 	if (set["master-addr"] && c.MasterAddr != host) || (set["master-port"] && c.MasterPort != port) {
 		return usagef("--rdzv-endpoint %s and --master-addr/--master-port %s:%d name different masters; give one of them",
 			c.RdzvEndpoint, c.MasterAddr, c.MasterPort)
