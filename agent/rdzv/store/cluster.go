@@ -134,10 +134,9 @@ func freeAddrs(host string, n int) ([]string, error) {
 // URL is in every member's initial cluster); another process may take it
 // in between, which the callers' starts report.
 func FreeAddr(host string) (string, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	addrs, err := freeAddrs(host, 1)
 	if err != nil {
-		return "", fmt.Errorf("pick a free port on %s: %w", host, err)
+		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return addrs[0], nil
 }
