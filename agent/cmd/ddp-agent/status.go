@@ -38,7 +38,8 @@ Flags (torchrun's underscore spelling works too: --rdzv_endpoint):
   --rdzv-token TOKEN     the job's --rdzv-token (default $DDP_AGENT_RDZV_TOKEN): with
                          one, the embedded store admits only clients that have it
   --json                 print one JSON object instead of a table
-  --timeout DURATION     give up on an unreachable store after this long (default 5s)
+  --timeout DURATION     give up on a store that does not answer after this long
+                         (default 5s); a refused connection fails at once
 
 Exit codes: 0 the job (or the list of jobs) was shown; 1 the store is
 unreachable or holds no such job; 2 usage error.
@@ -195,7 +196,11 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		defer job.Close()
 		tlsCfg = job.Files
 	}
-	cli, err := store.Dial(context.Background(), store.ClientConfig{Endpoints: f.endpoints, TLS: tlsCfg, DialTimeout: f.timeout})
+	cli, err := store.Dial(context.Background(), store.ClientConfig{Endpoints: f.endpoints, TLS: tlsCfg, DialTimeout: f.timeout, RefusedIsFinal: true})
+	if store.NothingListens(err) {
+		// The whole of gRPC's account says no more than this.
+		return fail("nothing listens at %s (connection refused): is the job running, and is this the --rdzv-endpoint (and backend) it was given?", where)
+	}
 	if err != nil {
 		return fail("%v", err)
 	}

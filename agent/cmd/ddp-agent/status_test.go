@@ -346,12 +346,41 @@ func TestStatusUnreachableStore(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
+
+	// A refused connection is the answer: no waiting out --timeout.
 	begin := time.Now()
-	code, out, errOut := runCLI("status", "--rdzv-endpoint", addr, "--timeout", "1s")
+	code, out, errOut := runCLI("status", "--rdzv-endpoint", addr, "--timeout", "60s")
 	took := time.Since(begin)
 	t.Logf("took %v: %s", took, errOut)
 	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 ||
-		!strings.HasPrefix(errOut, "ddp-agent status: rendezvous store at "+addr+" unreachable after 1s") {
+		!strings.HasPrefix(errOut, "ddp-agent status: nothing listens at "+addr+" (connection refused): is the job running") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if took > 30*time.Second {
+		t.Fatalf("a refused connection took %v", took)
+	}
+
+	// Something that accepts and never answers is waited for, up to --timeout.
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Close()
+	go func() {
+		for {
+			c, err := mute.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	begin = time.Now()
+	code, out, errOut = runCLI("status", "--rdzv-endpoint", mute.Addr().String(), "--timeout", "1s")
+	took = time.Since(begin)
+	t.Logf("took %v: %s", took, errOut)
+	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 ||
+		!strings.HasPrefix(errOut, "ddp-agent status: rendezvous store at "+mute.Addr().String()+" unreachable after 1s") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if took > 3*time.Second {

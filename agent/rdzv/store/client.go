@@ -48,6 +48,10 @@ type ClientConfig struct {
 	// stops answering while another answers (frozen.go). For the agent's
 	// long-lived client; a one-shot command needs no probes.
 	CutFrozen bool
+	// RefusedIsFinal: a refused connection fails Dial at once. For a
+	// one-shot command, to which nothing listening is the answer; the
+	// agent retries it, as the store may still be starting.
+	RefusedIsFinal bool
 }
 
 // Client is a connection to the rendezvous store. It is what the agent
@@ -154,7 +158,7 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		return nil, fmt.Errorf("dial rendezvous store at %s: %w", where, err)
 	}
 
-	if err := checkReachable(ctx, cli, timeout); err != nil {
+	if err := checkReachable(ctx, cli, timeout, cfg.RefusedIsFinal); err != nil {
 		cli.Close()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("dial rendezvous store at %s: %w", where, ctx.Err())
@@ -164,6 +168,9 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		}
 		if Refused(err) {
 			return nil, fmt.Errorf("rendezvous store at %s refused the connection: %w", where, err)
+		}
+		if cfg.RefusedIsFinal && NothingListens(err) {
+			return nil, fmt.Errorf("nothing listens at %s (connection refused): %w", where, err)
 		}
 		return nil, fmt.Errorf("rendezvous store at %s unreachable after %v: %w", where, timeout, err)
 	}
@@ -192,14 +199,14 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 // that each failure says why: a TLS refusal (a wrong token, no
 // certificate) will not pass on a retry and is returned at once (it took
 // the whole timeout, 5 s); a refused connection may be a store still
-// starting, and is retried.
-func checkReachable(ctx context.Context, cli *clientv3.Client, timeout time.Duration) error {
+// starting, and is retried unless refusedIsFinal.
+func checkReachable(ctx context.Context, cli *clientv3.Client, timeout time.Duration, refusedIsFinal bool) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cluster := pb.NewClusterClient(cli.ActiveConnection())
 	for {
 		_, err := cluster.MemberList(ctx, &pb.MemberListRequest{Linearizable: true})
-		if err == nil || Refused(err) {
+		if err == nil || Refused(err) || (refusedIsFinal && NothingListens(err)) {
 			return err
 		}
 		select {
@@ -304,6 +311,13 @@ func (f *TLSFiles) caPool() (*x509.CertPool, error) {
 		return nil, fmt.Errorf("TLS CA %s: no PEM certificates in file", f.CAFile)
 	}
 	return pool, nil
+}
+
+// NothingListens says whether err is a connection refused at the TCP level:
+// no store (nor anything else) listens at the address, or not yet. A
+// non-wait-for-ready request fails so only once every endpoint has.
+func NothingListens(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "connection refused")
 }
 
 // Refused reports whether a Dial error says the store and this client do
