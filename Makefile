@@ -1,8 +1,10 @@
 # Every target installs what it needs through scripts/deps.sh (Go modules;
 # Debian's python3-torch and python3-pytest when `import torch` fails).
 PYTHON  ?= /usr/bin/python3
+# The release is the Python package's; the commit says which build of it.
+RELEASE := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' python/ddp_agent/__init__.py)
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X main.version=$(VERSION)
+LDFLAGS := -X main.version=$(RELEASE) -X main.commit=$(VERSION)
 # The demos' checkpoints and logs: in the checkout, not a path shared with other users.
 DEMO_DIR ?= $(CURDIR)/.cache/demo
 TORCHRUN_COMPAT ?= $(CURDIR)/scripts/torchrun_compat.py

@@ -44,6 +44,9 @@ type Config struct {
 	// the log's one-line record: the agent's stderr when that is a
 	// terminal (Terminal); nil keeps them in the record, escaped.
 	Console io.Writer
+	// Version is the agent's release, the resource's service.version; ""
+	// leaves it out.
+	Version string
 }
 
 // Terminal returns f when it is a terminal, else nil: Config.Console for
@@ -126,7 +129,7 @@ func Open(ctx context.Context, cfg Config, job Job, policy Policy) (*Observer, e
 	if job.Metrics {
 		metrics = cfg.MetricsAddr
 	}
-	exp, err := export.New(ctx, export.Config{JobID: job.ID, NodeRank: job.NodeRank, Host: host, Topology: job.Topology,
+	exp, err := export.New(ctx, export.Config{JobID: job.ID, NodeRank: job.NodeRank, Host: host, Topology: job.Topology, Version: cfg.Version,
 		Endpoint: cfg.OTelEndpoint, Protocol: cfg.OTLPProtocol, SampleRatio: cfg.TraceSample, TraceDir: job.TraceDir,
 		MetricsAddr: metrics, Health: job.Health, Hub: job.Hub, Worker: o.Watch.Worker, Logger: job.Log})
 	if err != nil {

@@ -134,6 +134,9 @@ def test_pip_install_offline(tmp_path):
     r = run([str(py), "-m", "pip", "show", "ddp-agent"], env=env)
     assert f"Version: {pkg_version}" in r.stdout, r.stdout
     assert (venv / "bin" / "ddp-agent").is_file(), "no ddp-agent console command"
+    # The command names the release pip names, then the build.
+    r = run([str(venv / "bin" / "ddp-agent"), "version"], env=env)
+    assert r.stdout.startswith(f"ddp-agent {pkg_version} ("), r.stdout
 
 
 def check_command_without_torch(agent: pathlib.Path, env: dict, tmp_path: pathlib.Path) -> None:

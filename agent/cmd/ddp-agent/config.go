@@ -67,6 +67,7 @@ func runConfig(cfg *launch.Config, getenv func(string) string) agent.Config {
 				MetricsAddr:   cfg.MetricsAddr,
 				MetricsLinger: cfg.MetricsLinger,
 				StragglerCost: cfg.StragglerCost,
+				Version:       version,
 			},
 			// Parse checked the action against the same names.
 			StragglerAction:  straggler.Action(cfg.StragglerAction),

@@ -29,8 +29,19 @@ import (
 	"github.com/ddp-agent/ddp-agent/internal/envname"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version (the release, the Python package's __version__) and commit (git
+// describe) are set at build time with -ldflags "-X main.version=... -X
+// main.commit=...", as the Makefile does.
+var version, commit = "dev", ""
+
+// versionLine is what `ddp-agent version` prints: the release first, as
+// pip and the wheel name it, then where it was built from.
+func versionLine(version, commit string) string {
+	if commit != "" && commit != version {
+		return fmt.Sprintf("ddp-agent %s (%s, %s, %s/%s)", version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	}
+	return fmt.Sprintf("ddp-agent %s (%s, %s/%s)", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
 
 const usage = `ddp-agent: a node agent for PyTorch DDP training, in place of torchrun.
 
@@ -92,7 +103,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, rdzv.NewToken())
 		return 0
 	case "version", "--version":
-		fmt.Fprintf(stdout, "ddp-agent %s (%s, %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		fmt.Fprintln(stdout, versionLine(version, commit))
 		return 0
 	case "help", "-h", "--help":
 		if len(args) > 1 {
@@ -116,7 +127,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 				fmt.Fprint(stdout, tokenUsage)
 				return 0
 			case "version":
-				fmt.Fprintln(stdout, "Usage: ddp-agent version\n\nPrints the version of ddp-agent and of the Go toolchain that built it.")
+				fmt.Fprintln(stdout, "Usage: ddp-agent version\n\nPrints the release of ddp-agent (the Python package's version), the commit\nit was built from and the Go toolchain that built it.")
 				return 0
 			case "help":
 				fmt.Fprint(stdout, usage)

@@ -117,6 +117,7 @@ func runSidecar(args []string, stdout, stderr io.Writer) int {
 	if f, ok := stderr.(*os.File); ok { // a hang's stacks, readable on a terminal
 		cfg.Telemetry.Console = observe.Terminal(f)
 	}
+	cfg.Telemetry.Version = version
 	sc, err := sidecar.New(cfg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "ddp-agent sidecar: %v\n", err)

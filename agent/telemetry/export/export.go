@@ -53,6 +53,7 @@ type Config struct {
 	NodeRank int
 	Host     string
 	Topology string // a one-line GPU topology summary; "" on a CPU node
+	Version  string // the agent's release: service.version; "" leaves it out
 
 	// Endpoint is the OTLP collector (--otel-endpoint): host:port
 	// (plaintext), or an http:// or https:// URL (for http/protobuf the
@@ -262,6 +263,9 @@ func (e *Exporter) resource(ctx context.Context) (*resource.Resource, error) {
 	}
 	if e.cfg.Topology != "" {
 		attrs = append(attrs, attribute.String("ddp.topology", e.cfg.Topology))
+	}
+	if e.cfg.Version != "" {
+		attrs = append(attrs, attribute.String("service.version", e.cfg.Version))
 	}
 	// OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME come last: what the
 	// user sets wins.

@@ -108,7 +108,7 @@ func cleanEnv(t *testing.T) {
 }
 
 func config(endpoint string, ratio float64) Config {
-	return Config{JobID: job, NodeRank: 0, Host: "node0", Topology: "4x GPU, NVLink", Endpoint: endpoint,
+	return Config{JobID: job, NodeRank: 0, Host: "node0", Topology: "4x GPU, NVLink", Version: "0.1.0", Endpoint: endpoint,
 		SampleRatio: ratio, StepDelay: time.Minute, Worker: worker, Logger: slog.New(slog.DiscardHandler),
 		exportTimeout: 2 * time.Second}
 }
@@ -229,7 +229,7 @@ func checkResource(t *testing.T, sp otlptest.Span) {
 	t.Helper()
 	res := sp.Resource
 	want := map[string]any{"service.name": "ddp-agent", "ddp.job_id": job, "ddp.node_rank": int64(0), "host.name": "node0",
-		"ddp.topology": "4x GPU, NVLink"}
+		"ddp.topology": "4x GPU, NVLink", "service.version": "0.1.0"}
 	if rank, ok := sp.Attr("ddp.rank").(int64); ok {
 		r := strconv.Itoa(int(rank))
 		want["service.name"] = "ddp-agent rank " + r
