@@ -208,6 +208,10 @@ def test_wheel_runs_ddp_job(tmp_path):
     r = run([str(agent), "run", "--standalone", "--nproc-per-node", "2", "which.py"], env=env, cwd=work)
     ran = sorted(line.split()[2] for line in r.stdout.splitlines() if "worker python" in line)
     assert ran == [str(py), str(py)], f"workers ran on {ran}, not {py}:\n{r.stdout}\n{r.stderr}"
+    # python -m ddp_agent is the same command (as python -m torch.distributed.run is torchrun).
+    r = run([str(py), "-m", "ddp_agent", "run", "--standalone", "--nproc-per-node", "2", "which.py"], env=env, cwd=work)
+    ran = sorted(line.split()[2] for line in r.stdout.splitlines() if "worker python" in line)
+    assert ran == [str(py), str(py)], f"python -m ddp_agent: workers ran on {ran}, not {py}:\n{r.stdout}\n{r.stderr}"
 
     check_command_without_torch(agent, env, tmp_path)
 
