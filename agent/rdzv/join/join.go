@@ -133,7 +133,10 @@ type Joined struct {
 	NodeLocalKV bool
 	Endpoint    string        // the store, for logs and `ddp-agent status`; "" none
 	Client      *store.Client // the store's client, for the agent's own reads; nil none
-	close       func()
+	// Replicated: this agent takes part in keeping the embedded store's
+	// members (it starts one when the store has too few).
+	Replicated bool
+	close      func()
 }
 
 // Close leaves the store: it drains the rendezvous, hands this agent's
@@ -261,6 +264,14 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 	if cli, err = o.dialStore(ctx, endpoints, srv != nil, taken, sec.client); err != nil {
 		return fail(err)
 	}
+	if cfg.Backend == Hosted && srv == nil {
+		// The agent that hosts the store chose by its --nnodes whether
+		// the store takes members; that choice is the job's, as its
+		// other settings are, whatever this agent's flags say.
+		if replicated, err = cli.Replicable(ctx); err != nil {
+			return fail(err)
+		}
+	}
 	addr, err := o.localAddr(endpoints[0])
 	if err != nil {
 		return fail(err)
@@ -289,6 +300,7 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 		KV:         newKV(cfg.Backend, cli, rdzv.KVPrefix(prefix)),
 		Endpoint:   strings.Join(endpoints, ","),
 		Client:     cli,
+		Replicated: replicated,
 		close: func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			e.Drain(ctx)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 func TestBackend(t *testing.T) {
@@ -108,4 +109,44 @@ func TestPortTakenByAnotherProgram(t *testing.T) {
 		t.Fatalf("Open gave up after %v, want within a few dials", took)
 	}
 	t.Logf("gave up after %v: %v", time.Since(start).Round(time.Millisecond), err)
+}
+
+// TestReplicationIsTheHosts: whether the embedded store keeps several
+// members is the hosting agent's choice, by its --nnodes, as the job's
+// other settings are. A node started with a larger --nnodes once tried
+// to add a member to a store started for one, whose peer URL (port 0) it
+// could not dial: etcd logged "bootstrap failed" every second. One with a
+// smaller --nnodes left a replicated store a member short.
+func TestReplicationIsTheHosts(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		hostMax, joinMax int
+		want             bool
+	}{
+		{"host for 2 nodes, joiner for 3", 2, 3, false},
+		{"host for 3 nodes, joiner for 2", 3, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ep, err := store.FreeAddr("127.0.0.1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			open := func(host bool, nnodesMax int) *Joined {
+				cfg := Config{Backend: Hosted, Endpoints: []string{ep}, IsHost: &host, NNodesMin: 2, NNodesMax: nnodesMax,
+					JoinTimeout: time.Minute, LastCall: time.Second, TTL: 3 * time.Second, Prefix: "/ddp-agent/v1/"}
+				j, err := Open(t.Context(), cfg, Node{JobID: "j", NProc: 1}, slog.New(slog.DiscardHandler))
+				if err != nil {
+					t.Fatalf("Open (host %v, --nnodes 2:%d): %v", host, nnodesMax, err)
+				}
+				t.Cleanup(j.Close)
+				return j
+			}
+			if got := open(true, tc.hostMax).Replicated; got != (tc.hostMax >= storeReplicas) {
+				t.Errorf("host: Replicated %v", got)
+			}
+			if got := open(false, tc.joinMax).Replicated; got != tc.want {
+				t.Errorf("joiner: Replicated %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -495,7 +495,18 @@ func (r *Replicas) handOver(ctx context.Context, id uint64) error {
 	if err != nil {
 		return fmt.Errorf("hand over store member %x: %w", id, err)
 	}
-	if len(ml.Members) <= 1 {
+	// The last voter stays, learners or not: with the reconfiguration
+	// check off (server.go), etcd would apply its removal, and raft
+	// panics on a cluster without voters ("removed all voters"), taking
+	// the agent down. A learner is a member another agent was adding
+	// when this one left; its agent takes it back.
+	voters := 0
+	for _, m := range ml.Members {
+		if m.ID != id && !m.IsLearner {
+			voters++
+		}
+	}
+	if voters == 0 {
 		return nil
 	}
 	// Leaving while another member is gone (not yet removed) would leave
@@ -530,4 +541,25 @@ func (r *Replicas) handOver(ctx context.Context, id uint64) error {
 	}
 	r.log.Info("handed over this agent's store member", "member", fmt.Sprintf("%x", id))
 	return nil
+}
+
+// Replicable says whether the store can take more members. One started
+// for a single member (ServerConfig without PeerAddr) advertises peer
+// port 0, which a member that joined could not dial: it would fail to
+// bootstrap, again and again.
+func (c *Client) Replicable(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, replicaOpTimeout)
+	defer cancel()
+	resp, err := c.etcd.MemberList(ctx)
+	if err != nil {
+		return false, fmt.Errorf("list the store's members: %w", err)
+	}
+	for _, m := range resp.Members {
+		for _, u := range m.PeerURLs {
+			if pu, err := url.Parse(u); err != nil || pu.Port() == "" || pu.Port() == "0" {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
 }

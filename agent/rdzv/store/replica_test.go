@@ -303,3 +303,35 @@ func TestJobCADeterministic(t *testing.T) {
 		t.Errorf("empty token: %v", err)
 	}
 }
+
+// TestHandOverLeavesTheLastVoter: the agent whose member is the store's
+// only voter leaves while another agent's member is a learner (added a
+// moment before, not yet promoted). Its handover once removed it all the
+// same, and raft panicked on a cluster without voters, taking the agent's
+// process down.
+func TestHandOverLeavesTheLastVoter(t *testing.T) {
+	agents, _ := startReplicated(t, 1, "")
+	waitVoters(t, agents[0].cli.Etcd(), 1, 30*time.Second)
+	peer, err := FreeAddr("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A learner that never starts: as far as the cluster knows, one that
+	// another agent is starting.
+	cli := agents[0].cli.Etcd()
+	if _, err := cli.MemberAddAsLearner(t.Context(), []string{"http://" + peer}); err != nil {
+		t.Fatal(err)
+	}
+	own := agents[0].rep.ownID
+	if err := agents[0].rep.Close(t.Context()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	agents[0].cli.Close()
+	agents[0].cli = nil
+	// This process is still alive (raft's panic would have ended it); the
+	// member was closed, not removed: nothing to read it through now, so
+	// check what Close returned and that the manager let go of it.
+	if agents[0].rep.ownID != 0 || own == 0 {
+		t.Fatalf("own member %x, after Close %x", own, agents[0].rep.ownID)
+	}
+}
