@@ -24,6 +24,9 @@ type nodeLease struct {
 	// ended: this agent stopped the keep-alives itself (Close, or the
 	// store said the lease is gone), so the loss is no news to warn about.
 	ended atomic.Bool
+	// revoked: Leave revoked it; Close's second revoke only drew a
+	// "lease not found" warning from the store's log.
+	revoked atomic.Bool
 }
 
 // Lease is the lease's id.

@@ -254,10 +254,7 @@ func (e *Membership) Leave(reason string) {
 	if st == NodeActive {
 		e.state = NodeLeft
 	}
-	lease := clientv3.NoLease
-	if e.lease != nil {
-		lease = e.lease.Lease()
-	}
+	l := e.lease
 	lost := e.storeLost
 	e.mu.Unlock()
 	if lost {
@@ -270,9 +267,11 @@ func (e *Membership) Leave(reason string) {
 			e.log.Debug("mark node left", "err", err)
 		}
 	}
-	if lease != clientv3.NoLease {
-		if _, err := e.cli.Revoke(ctx, lease); err != nil {
+	if l != nil {
+		if _, err := e.cli.Revoke(ctx, l.Lease()); err != nil {
 			e.log.Debug("revoke lease", "err", err)
+		} else {
+			l.revoked.Store(true)
 		}
 	}
 }

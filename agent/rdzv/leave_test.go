@@ -2,9 +2,15 @@ package rdzv
 
 import (
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
 )
 
 func TestLateNodeRescalesAndLeavingIsNoFault(t *testing.T) {
@@ -84,5 +90,59 @@ func TestSucceedEndsTheJobForSpares(t *testing.T) {
 	case <-r.Done():
 		t.Fatalf("success ended the round as if superseded: %s", r.Reason())
 	default:
+	}
+}
+
+// storeLog is an embedded store's log, for a test to read.
+type storeLog struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *storeLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *storeLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// TestLeaveThenCloseRevokesOnce: an agent stopped by a signal leaves, then
+// closes. Close revoked the lease Leave had revoked, and the store's host
+// logged a WARN "failed to apply request ... lease not found" on every
+// SIGTERM of a multi-node job.
+func TestLeaveThenCloseRevokesOnce(t *testing.T) {
+	logs := &storeLog{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	srv, err := store.Start(t.Context(), store.ServerConfig{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	cli, err := store.Dial(t.Context(), store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	e, err := Open(t.Context(), cli, testConfig(t, 1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Leave("received terminated")
+	e.Close() // its revoke, if any, is applied (and logged) before it returns
+	if got := logs.String(); strings.Contains(got, "lease not found") {
+		t.Fatalf("the store logged a second revoke:\n%s", got)
+	}
+	// The lease is gone all the same: nothing of the node is left.
+	resp, err := cli.Etcd().Get(t.Context(), testConfig(t, 1, 2).Prefix+nodesDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count != 0 {
+		t.Fatalf("%d node keys left after Leave and Close", resp.Count)
 	}
 }

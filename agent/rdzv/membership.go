@@ -179,6 +179,9 @@ func (e *Membership) Close() {
 			skip = true
 		default:
 		}
+		if l.revoked.Load() { // by Leave
+			skip = true
+		}
 		l.end()
 		if !skip {
 			ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
