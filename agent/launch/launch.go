@@ -330,6 +330,7 @@ func lookupFlag(arg string) (*flagSpec, error) {
 // for -h/--help and a *UsageError for anything that cannot be run.
 func Parse(args []string, getenv func(string) string, host Host) (*Config, error) {
 	raw, set, fromEnv := fromEnvironment(getenv)
+	took := "" // the last flag that took the next argument as its value
 	i := 0
 	for ; i < len(args); i++ {
 		a := args[i]
@@ -388,9 +389,14 @@ func Parse(args []string, getenv func(string) string, host Host) (*Config, error
 			}
 			i++
 			raw[f.name] = args[i]
+			took = f.name
 		}
 	}
 	if i >= len(args) {
+		if took != "" && strings.HasSuffix(raw[took], ".py") {
+			// --nproc-per-node train.py: the flag's value forgotten.
+			return nil, usagef("missing the training script: --%s took %s as its value (ddp-agent run [flags] script.py [args...])", took, raw[took])
+		}
 		return nil, usagef("missing the training script (ddp-agent run [flags] script.py [args...])")
 	}
 	c := &Config{Script: args[i], ScriptArgs: append([]string(nil), args[i+1:]...)}

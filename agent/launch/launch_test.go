@@ -276,6 +276,7 @@ func TestParseErrors(t *testing.T) {
 		{"redirects out of range", "--redirects 4 train.py", "--redirects"},
 		{"tee malformed", "--tee 0=1 train.py", "--tee"},
 		{"missing script", "--nproc-per-node 2", "missing the training script"},
+		{"a flag took the script", "--standalone --nproc-per-node train.py", "missing the training script: --nproc-per-node took train.py as its value"},
 		{"missing value", "--nproc-per-node", "needs a value"},
 		{"ambiguous prefix", "--m 1 train.py", "ambiguous flag --m could be"},
 		{"bad PET bool", "train.py", "not a boolean"},
