@@ -23,7 +23,7 @@ func TestSidecarFlagsDocumented(t *testing.T) {
 	}
 	var help bytes.Buffer
 	_, _, _ = sidecarFlags([]string{"-h"}, func(string) string { return "" }, &help)
-	taken := regexp.MustCompile(`(?m)^  -([a-z][a-z-]*)`).FindAllStringSubmatch(help.String(), -1)
+	taken := regexp.MustCompile(`(?m)^  --([a-z][a-z-]*)`).FindAllStringSubmatch(help.String(), -1)
 	if len(taken) < 5 {
 		t.Fatalf("found %d flags in the sidecar's -h:\n%s", len(taken), help.String())
 	}

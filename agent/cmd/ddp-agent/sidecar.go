@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -36,30 +35,34 @@ The socket is $DDP_AGENT_SOCKET, else $XDG_RUNTIME_DIR/ddp-agent/sidecar.sock,
 else $TMPDIR (or /tmp)/ddp-agent-sidecar-<uid>/sidecar.sock, in a directory
 that must be the user's alone; only processes of the same user are admitted. See docs/sidecar.md.
 
-Flags:
+Flags (torchrun's underscore spelling works too: --metrics_addr):
 `
 
-// sidecarFlags parses the sidecar's command line into its config.
-func sidecarFlags(args []string, getenv func(string) string, out io.Writer) (sidecar.Config, slog.Level, error) {
+// sidecarFlags parses the sidecar's command line into its config. On -h
+// or --help it writes the help to help and returns flag.ErrHelp.
+func sidecarFlags(args []string, getenv func(string) string, help io.Writer) (sidecar.Config, slog.Level, error) {
 	fs := flag.NewFlagSet("ddp-agent sidecar", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.Usage = func() {
-		fmt.Fprint(out, sidecarUsage)
-		fs.PrintDefaults()
-	}
 	var cfg sidecar.Config
 	var level string
 	var plugins []string
 	fs.StringVar(&cfg.Socket, "socket", "", "the control socket's path (default: $DDP_AGENT_SOCKET, else the per-user path above)")
 	fs.StringVar(&cfg.LogDir, "log-dir", "", "write each job's Perfetto trace files into DIR/<job id> (without an OTLP collector for traces)")
 	checkTelemetry := observe.Flags(fs, &cfg.Telemetry)
-	fs.DurationVar(&cfg.Linger, "job-linger", sidecar.DefaultLinger, "how long a job whose workers all disconnected is kept (its launcher's restart brings them back); then its traces are flushed")
+	cfg.Linger = sidecar.DefaultLinger
+	fs.Func("job-linger", fmt.Sprintf("how long a job whose workers all disconnected is kept (its launcher's restart brings them back); then its traces are flushed; seconds, or like 90s (default %gs)", sidecar.DefaultLinger.Seconds()), func(s string) (err error) {
+		cfg.Linger, err = parseSeconds(s)
+		return err
+	})
 	fs.Func("plugin", "a plugin, as for ddp-agent run: NAME[,key=value...] or /path/to/plugin[,key=value...] (repeatable; also $DDP_AGENT_PLUGINS)", func(s string) error {
 		plugins = append(plugins, s)
 		return nil
 	})
 	fs.StringVar(&level, "log-level", "info", "the sidecar's log: debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, "sidecar"); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(help, sidecarUsage)
+			printFlags(help, fs)
+		}
 		return cfg, 0, err
 	}
 	if fs.NArg() > 0 {
@@ -85,14 +88,12 @@ func sidecarFlags(args []string, getenv func(string) string, out io.Writer) (sid
 }
 
 func runSidecar(args []string, stdout, stderr io.Writer) int {
-	cfg, level, err := sidecarFlags(args, os.Getenv, stderr)
+	cfg, level, err := sidecarFlags(args, os.Getenv, stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
-		if !strings.Contains(err.Error(), "flag provided but not defined") {
-			fmt.Fprintf(stderr, "ddp-agent sidecar: %v\n", err)
-		}
+		fmt.Fprintf(stderr, "ddp-agent sidecar: %v\n", err)
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("component", "ddp-agent-sidecar")

@@ -37,7 +37,41 @@ func TestSidecarFlags(t *testing.T) {
 		}
 	}
 	var out strings.Builder
-	if code := run([]string{"help", "sidecar"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), "-job-linger") {
+	if code := run([]string{"help", "sidecar"}, &out, io.Discard); code != 0 || !strings.Contains(out.String(), "\n  --job-linger VALUE ") {
 		t.Errorf("help sidecar: %d\n%s", code, out.String())
+	}
+}
+
+// TestSidecarFlagStyle: the sidecar's command line reads as run's and
+// status's do (torchrun's style), not as Go's flag package would.
+func TestSidecarFlagStyle(t *testing.T) {
+	getenv := func(string) string { return "" }
+	// torchrun's underscore spelling, = or a separate value, seconds
+	cfg, _, err := sidecarFlags([]string{"--metrics_addr", "--weird:0", "--job_linger=90", "--log_dir", "/l"}, getenv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Telemetry.MetricsAddr != "--weird:0" || cfg.Linger != 90*time.Second || cfg.LogDir != "/l" {
+		t.Errorf("got metrics %q, linger %v, log dir %q", cfg.Telemetry.MetricsAddr, cfg.Linger, cfg.LogDir)
+	}
+	// one line for a mistake, exit 2; the help on stdout, exit 0
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bogus"}, "ddp-agent sidecar: unknown flag --bogus (see ddp-agent help sidecar)\n"},
+		{[]string{"-bogus=1"}, "ddp-agent sidecar: unknown flag --bogus (see ddp-agent help sidecar)\n"},
+		{[]string{"--metrics-addr"}, "ddp-agent sidecar: flag --metrics-addr needs a value\n"},
+		{[]string{"--job-linger", "soon"}, "ddp-agent sidecar: invalid value \"soon\" for flag --job-linger: \"soon\" is not a positive duration (seconds, or like 500ms)\n"},
+	} {
+		var stdout, stderr strings.Builder
+		if code := run(append([]string{"sidecar"}, c.args...), &stdout, &stderr); code != 2 || stdout.Len() != 0 || stderr.String() != c.want {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2, stderr %q", c.args, code, stdout.String(), stderr.String(), c.want)
+		}
+	}
+	var stdout, stderr strings.Builder
+	if code := run([]string{"sidecar", "--help"}, &stdout, &stderr); code != 0 || stderr.Len() != 0 ||
+		!strings.HasPrefix(stdout.String(), "Usage: ddp-agent sidecar") || !strings.Contains(stdout.String(), "\n  --plugin VALUE ") {
+		t.Errorf("--help: exit %d, stderr %q, stdout:\n%s", code, stderr.String(), stdout.String())
 	}
 }
