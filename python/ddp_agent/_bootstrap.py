@@ -12,6 +12,7 @@ import datetime
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -56,9 +57,16 @@ class Communicators:
     """
 
     def __init__(
-        self, name: str, rank: int, world_size: int, timeout_ms: int, failure: Optional[FirstError] = None
+        self,
+        name: str,
+        rank: int,
+        world_size: int,
+        timeout_ms: int,
+        failure: Optional[FirstError] = None,
+        group: Any = None,
     ) -> None:
         self.name = name
+        self.group = group
         self.rank = rank
         self.world_size = world_size
         self.timeout_ms = timeout_ms
@@ -68,6 +76,7 @@ class Communicators:
         self._failure = failure if failure is not None else FirstError(name, rank)
         self._opened: Dict[str, _shim.Comm] = {}
         self._open_errors: Dict[str, BaseException] = {}
+        self._attempt: Optional[str] = None
 
     def name_of(self, transport: str) -> str:
         """Returns the name of the transport's communicator."""
@@ -190,7 +199,7 @@ class Communicators:
         if cfg["bootstrap"] != "external" or self.world_size != _sidecar.world_size():
             return
         key = f"sidecar_relay_{cfg['transport']}"
-        store = _store(self.name)
+        store = self.store(self.name)
         if self.rank == 0:  # after its open, or its failure (comm None): never leave the others waiting
             relay = str(comm.info().get("sidecar_relay") or "") if comm is not None and cfg.get("sidecar") else ""
             store.set(key, relay)
@@ -241,7 +250,7 @@ class Communicators:
         Blocks until every rank of the group has published, or the timeout
         (then raises ShimError TIMEOUT naming the first missing rank).
         """
-        store = _store(name)
+        store = self.store(name)
         store.set(f"{key}_{self.rank}", value)
         deadline = time.monotonic() + self.timeout_ms / 1000
         for r in range(self.world_size):  # one at a time, to name a missing rank
@@ -258,6 +267,19 @@ class Communicators:
             value if r == self.rank else bytes(store.get(f"{key}_{r}")).decode("utf-8")
             for r in range(self.world_size)
         ]
+
+    def store(self, name: str) -> Any:
+        """The namespace of communicator name, for this attempt of the job, in torch's default store.
+
+        Where the store can outlive the attempt (a launcher's agent serves
+        it), the first call agrees with the other ranks on the attempt: a
+        collective over the hook's group, which every rank reaches at the
+        same bucket, as it does the bucket's own collectives.
+        """
+        if self._attempt is None:
+            shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            self._attempt = _attempt_token(self.group, self.rank) if shared else ""
+        return _store(f"{name}/{self._attempt}" if self._attempt else name)
 
     def abort(self, transport: str, reason: str) -> None:
         """Aborts the transport's communicator, if open; logs (never raises) a failure."""
@@ -303,15 +325,38 @@ def _gpu_uuid(device: Optional[torch.device]) -> str:
 
 
 def _store(name: str) -> Any:
-    """Returns the namespace of communicator name in torch's default store (raises if there is none).
-
-    Not named by TORCHELASTIC_RESTART_COUNT: after torchrun's rescale that
-    count differs between nodes (a node whose worker failed counts a
-    restart, the others do not), and ranks named apart waited for each
-    other until the bootstrap's timeout. No attempt reads another's keys
-    without it: torchrun 2.x's agent makes a new store for every retry
-    (and older 2.x prefix the default store by the attempt), 1.13's workers
-    serve a new one on a new port each round, and ddp-agent's store lives
-    one attempt.
-    """
+    """Returns the namespace name in torch's default store (raises if there is none)."""
     return dist.PrefixStore(f"ddp_agent/{name}/", dist.distributed_c10d._get_default_store())
+
+
+def _attempt_token(group: Any, rank: int) -> str:
+    """A token that the group's ranks share and no earlier attempt of the job had.
+
+    torch's default store can outlive an attempt: torchrun 2.5 and later
+    hand the workers their agent's TCPStore, one server for every restart
+    (dynamic_rendezvous keeps its _shared_tcp_store_server; pytorch#135712),
+    and ddp-agent's own, under --spares, serves several generations. Keys
+    named alike would then be read from the attempt before: the peers' old
+    addresses, on which the bootstrap waited out its timeout (600 s).
+    TORCHELASTIC_RESTART_COUNT cannot name the attempt: after a rescale it
+    differs between nodes (a node whose worker failed counts a restart, the
+    others do not), and ranks named apart waited for each other the same.
+
+    So the group's rank 0 draws a random number (not from torch's
+    generator, which the script's results depend on) and broadcasts it over
+    the group: on the CPU where the group has gloo, else on the current
+    CUDA device, which is the bucket's when called from the hook.
+    """
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    backend = str(dist.get_backend(group)).lower()
+    device = torch.device("cpu")
+    if "gloo" not in backend and "nccl" in backend:
+        device = torch.device("cuda", torch.cuda.current_device())
+    value = secrets.randbits(62) if rank == 0 else 0
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    src = 0
+    if group is not dist.distributed_c10d._get_default_group():
+        src = dist.get_process_group_ranks(group)[0]  # the group's rank 0, as a global rank
+    dist.broadcast(t, src=src, group=group)
+    return format(int(t.item()), "x")

@@ -142,7 +142,7 @@ class Hook:
         self.name = name
         self._failure = FirstError(name, self.rank)
         self._schedule = Schedule(name, self.rank)
-        self._comms = Communicators(name, self.rank, self.world_size, timeout_ms, self._failure)
+        self._comms = Communicators(name, self.rank, self.world_size, timeout_ms, self._failure, group)
         self._agreement = NcclAgreement(self._comms, self._failure)
         self._host = HostTransport(self._comms, self._failure, compression)
         self._nccl = NcclTransport(self._comms, self._agreement, self._failure, compression, launch)

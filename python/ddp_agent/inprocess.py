@@ -84,9 +84,12 @@ def _prefix() -> str:
     ddp-agent's generation keeps a generation's keys from another's: the
     workers carried into the next one keep their store. Not the restart
     count, which after torchrun's rescale differs between nodes (as the
-    hook's bootstrap keys showed, _bootstrap._store), and separates
-    nothing: every attempt has a new store, or (older torch 2.x) a default
-    store prefixed by the attempt.
+    hook's bootstrap keys showed, _bootstrap._store). Under ddp-agent every
+    generation has its generation's prefix, and under torch 1.13's torchrun
+    a store of its own. torchrun 2.5 and later serve every restart the
+    same store, where a restarted attempt's re-formations would meet the
+    keys of the attempt before's (the hook's bootstrap agrees on a token
+    for that, _bootstrap._attempt_token; this does not yet).
     """
     generation = os.environ.get(_env.GENERATION, "0")
     return f"ddp_agent/inprocess/generation_{generation}"

@@ -15,6 +15,7 @@ across ranks and against the built-in run. Scenarios:
                 torch.cuda must not be touched
     nccl_fail   the hook with --transport where NCCL fails (the fake's knobs, or no NCCL):
                 records how the step failed and how the hook's next call did
+    stale       the hook on a store that holds an earlier attempt's bootstrap keys
 
 The process leaves with os._exit after a barrier: on PyTorch 1.13, tearing
 down gloo at interpreter exit can hang (see examples/train.py).
@@ -356,6 +357,28 @@ def scenario_nccl(args, keep: list) -> dict:
     return result
 
 
+def scenario_stale(args, keep: list) -> dict:
+    """An attempt on a store that an earlier attempt left its keys in, as torchrun 2.5 and later hand
+    every restart their agent's store: each rank leaves the bootstrap key that a dead communicator of
+    its left, then trains with the hook, rank 1 late, so that rank 0 finds its stale key first."""
+    from ddp_agent import _bootstrap
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    result = {"builtin": train("default", False, keep)}
+    name = "ddp_agent-0"  # the hook's name: this process's first registration
+    dead = ddp_agent._shim.Comm.open(_bootstrap.Communicators(name, rank, world_size, 5000).config("host"))
+    _bootstrap._store(name).set(f"rank_{rank}", dead.bootstrap_info())
+    dead.close()
+    dist.barrier()
+    # What the launcher says of such a store. Set after init_process_group, which would otherwise
+    # take it for a store the launcher serves.
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    if rank == 1:
+        time.sleep(3)
+    result["hooked"] = train("default", True, keep, hook_kwargs=dict(transport="host"))
+    return result
+
+
 class Bucket:
     """What the hook reads of a dist.GradBucket, for calling it outside DDP."""
 
@@ -422,7 +445,7 @@ def scenario_nccl_fail(args, keep: list) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["parity", "join", "dataloader", "die", "absent", "nccl", "nccl_fail"])
+    p.add_argument("scenario", choices=["parity", "join", "dataloader", "die", "absent", "nccl", "nccl_fail", "stale"])
     p.add_argument("--out", required=True)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--timeout", type=float, default=60)

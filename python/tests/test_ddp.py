@@ -292,3 +292,17 @@ def test_ranks_of_different_restart_counts_bootstrap(tmp_path):
     _world.check_ok(results)
     res = load(tmp_path, 2)
     assert_bit_identical([r["none"] for r in res], "host, restart counts 1 and 0")
+
+
+def test_bootstrap_ignores_an_earlier_attempts_keys(tmp_path):
+    """torchrun 2.5 and later give every restart the same store (their agent's), and the hook's bootstrap
+    read the addresses the attempt before had left there: rank 0 dialled a dead peer until the timeout,
+    and the restarted job hung (a first-hour review found it under torch 2.15's torchrun). The keys are
+    now named by a token the ranks agree on over their group."""
+    results = _world.run_world(tmp_path, 2, ["stale", "--out", str(tmp_path)], timeout=150)
+    _world.check_ok(results)
+    res = load(tmp_path, 2)
+    assert_bit_identical([r["hooked"] for r in res], "hook after stale keys")
+    for rank in range(2):
+        assert_close(res[rank]["hooked"]["params"], res[rank]["builtin"]["params"], f"rank {rank}")
+
