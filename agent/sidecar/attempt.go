@@ -59,9 +59,13 @@ func (j *job) admit(p control.Peer, w worker) (wire.Welcome, error) {
 		j.mu.Unlock()
 		return wire.Welcome{}, err
 	}
+	var restarted []uint64 // the generations the launcher restarted
 	if fresh {
 		if j.begun {
 			j.sc.log.Info("a new attempt of the job: watching it", "job", j.id, "from_generation", j.gen, "to_generation", w.gen)
+			for g := j.gen; g < w.gen; g++ {
+				restarted = append(restarted, g)
+			}
 		}
 		j.endAttempt()
 		j.gen, j.shape, j.begun = w.gen, shapeOf(w), true
@@ -76,6 +80,12 @@ func (j *job) admit(p control.Peer, w worker) (wire.Welcome, error) {
 	j.setMonitored()
 	gen := j.gen
 	j.mu.Unlock()
+	// A later restart count is the launcher's restart after a fault (a
+	// rescale keeps the count), which ddp_restarts_total counts as it
+	// does under ddp-agent run: one per generation that ended so.
+	for _, g := range restarted {
+		j.obs.Exp.Fault(g, fmt.Sprintf("the launcher restarted the job (its restart count went from %d to %d)", g, g+1), true)
+	}
 	if fresh {
 		j.plan(w, planned)
 	}

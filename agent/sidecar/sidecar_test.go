@@ -3,8 +3,10 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -320,5 +322,52 @@ func TestLeaderWithoutFollowers(t *testing.T) {
 	}
 	if strings.Contains(lb.String(), "hang: step") {
 		t.Errorf("a hang reported\n%s", lb.String())
+	}
+}
+
+// TestRestartsCounted: a later generation of a job is its launcher's
+// restart after a fault, and ddp_restarts_total counts it, one per
+// generation that ended so, as under ddp-agent run (it stayed 0 under the
+// sidecar while torchrun restarted the job). A rerun under the same id
+// (its count starts over) is no restart.
+func TestRestartsCounted(t *testing.T) {
+	sc, _ := startSidecar(t, Config{Linger: time.Minute, Telemetry: observe.Config{HangTimeout: time.Minute, MetricsAddr: "127.0.0.1:0"}})
+	restarts := func() string {
+		resp, err := http.Get(sc.hub.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		for line := range strings.SplitSeq(string(body), "\n") {
+			if strings.HasPrefix(line, "ddp_restarts_total{") && strings.Contains(line, `ddp_job_id="job-r"`) {
+				return line[strings.LastIndex(line, " ")+1:]
+			}
+		}
+		return "(none)\n" + string(body)
+	}
+	a0, _, err := dial(t, sc, hello("job-r", 0, 0, 0, 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := restarts(); got != "0" {
+		t.Fatalf("at generation 0: ddp_restarts_total %s, want 0", got)
+	}
+	a0.Close()
+	a2, _, err := dial(t, sc, hello("job-r", 2, 0, 0, 1, 1)) // generation 1's workers never connected
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := restarts(); got != "2" {
+		t.Fatalf("at generation 2: ddp_restarts_total %s, want 2", got)
+	}
+	j := sc.lookup("job-r")
+	a2.Close()
+	waitFor(t, func() bool { j.mu.Lock(); defer j.mu.Unlock(); return len(j.peers) == 0 })
+	if _, _, err := dial(t, sc, hello("job-r", 0, 0, 0, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := restarts(); got != "2" {
+		t.Fatalf("after a rerun at generation 0: ddp_restarts_total %s, want still 2", got)
 	}
 }
