@@ -481,6 +481,9 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 		return usagef("%v", err)
 	}
 	c.OTelEndpoint, c.MetricsAddr = r["otel-endpoint"], r["metrics-addr"]
+	if err := observe.CheckMetricsAddr(c.MetricsAddr); err != nil {
+		return usagef("%v", err)
+	}
 	if c.MetricsLinger, err = r.seconds("metrics-linger"); err != nil {
 		return err
 	}

@@ -17,6 +17,9 @@ func Flags(fs *flag.FlagSet, c *Config) (check func() error) {
 		if c.HangTimeout, c.HangAuto, err = ParseHangTimeout(hang); err != nil {
 			return err
 		}
+		if err := CheckMetricsAddr(c.MetricsAddr); err != nil {
+			return err
+		}
 		if c.TraceSample, err = ParseTraceSample(sample); err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package observe
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"time"
 )
@@ -30,6 +31,23 @@ func ParseHangTimeout(v string) (d time.Duration, auto bool, err error) {
 		return 0, false, fmt.Errorf("--hang-timeout %v is below a second: healthy collectives would look hung (0 disables it)", d)
 	}
 	return d, false, nil
+}
+
+// CheckMetricsAddr checks --metrics-addr, a host:port to listen on ("" is
+// none): a malformed one is the command line's mistake, said before
+// anything starts, not a listener's failure at run time.
+func CheckMetricsAddr(v string) error {
+	if v == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr %q is not host:port or :port (e.g. :9464)", v)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || (p == 0 && port != "0") {
+		return fmt.Errorf("--metrics-addr %q: the port must be a number from 0 to 65535", v)
+	}
+	return nil
 }
 
 // ParseTraceSample reads --trace-sample, a share from 0 to 1.

@@ -3,7 +3,7 @@ changes is ``ddp_agent.register`` on the model ``prepare`` returns, and
 ``hook.close()`` at the end (docs/accelerate.md).
 
     ddp-agent run --standalone --nproc-per-node 2 examples/frameworks/accelerate_train.py
-    accelerate launch --cpu --num_processes 2 examples/frameworks/accelerate_train.py   # beside a sidecar
+    accelerate launch --multi_gpu --num_processes 2 examples/frameworks/accelerate_train.py   # beside a sidecar (on a CPU too: --cpu starts one process)
 
 CPU and gloo. The faults the tests inject: --fail-rank raises at
 --fail-at-step on the first attempt; --slow-rank sleeps --slow-seconds in

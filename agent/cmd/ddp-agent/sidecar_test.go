@@ -30,7 +30,7 @@ func TestSidecarFlags(t *testing.T) {
 	}
 	for _, bad := range [][]string{
 		{"--hang-timeout", "0.5"}, {"--hang-timeout", "soon"}, {"--trace-sample", "2"}, {"--straggler-cost", "1"},
-		{"--job-linger", "10ms"}, {"--log-level", "loud"}, {"train.py"}, {"--plugin", "exec,=x"}, {"--nope"},
+		{"--job-linger", "10ms"}, {"--metrics-addr", ":99999"}, {"--log-level", "loud"}, {"train.py"}, {"--plugin", "exec,=x"}, {"--nope"},
 	} {
 		if _, _, err := sidecarFlags(bad, getenv, io.Discard); err == nil {
 			t.Errorf("%v: accepted", bad)
