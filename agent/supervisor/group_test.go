@@ -92,6 +92,8 @@ func helper(mode string) {
 		for i := 0; i < n; i++ {
 			os.Stdout.Write(line)
 		}
+	case "torchprefix": // a traceback as torch 2.x's excepthook writes it, rank-prefixed
+		fmt.Fprintf(os.Stderr, "[rank%d]: Traceback (most recent call last):\nplain line\n", rank)
 	case "longline":
 		os.Stdout.Write(bytes.Repeat([]byte("y"), 200<<10))
 		os.Stdout.Write([]byte("\ntail-no-newline"))
@@ -381,6 +383,27 @@ func TestLongLinesAreSplit(t *testing.T) {
 	}
 	if last := lines[len(lines)-1]; last != "[rank0]:tail-no-newline" {
 		t.Errorf("last line: got %q, want the unterminated tail", last)
+	}
+}
+
+// TestTorchPrefixNotDoubled: torch 2.x's excepthook already puts
+// "[rank0]: " before each traceback line; the console showed
+// "[rank0]:[rank0]: Traceback". Lines without it are prefixed as ever.
+func TestTorchPrefixNotDoubled(t *testing.T) {
+	spec, _, errb := testSpec(t, "torchprefix", 2, consoleOnly)
+	g := start(t, spec)
+	if err := g.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		for _, want := range []string{fmt.Sprintf("\n[rank%d]: Traceback", r), fmt.Sprintf("[rank%d]:plain line\n", r)} {
+			if !strings.Contains("\n"+errb.String(), want) {
+				t.Errorf("no %q in:\n%s", want, errb.String())
+			}
+		}
+	}
+	if strings.Contains(errb.String(), "]:[rank") {
+		t.Errorf("a doubled prefix:\n%s", errb.String())
 	}
 }
 

@@ -125,6 +125,11 @@ func (s *stream) copy(r io.Reader) {
 
 func (s *stream) line(out *bytes.Buffer, line []byte) {
 	prefix := *s.prefix.Load()
+	if bytes.HasPrefix(line, prefix) {
+		// torch 2.x's excepthook puts "[rank0]: " before each line of a
+		// worker's traceback, which the default prefix would double.
+		prefix = nil
+	}
 	if s.keepTail {
 		s.remember(line)
 	}
