@@ -561,6 +561,9 @@ func TestPrometheus(t *testing.T) {
 			t.Errorf("metrics lack %s:\n%s", want, body)
 		}
 	}
+	if bytes.Contains(body, []byte("\n"+`ddp_stalls_total{ddp_job_id="job-1"} `)) {
+		t.Errorf("a ddp_stalls_total series without a rank:\n%s", body)
+	}
 	if !regexp.MustCompile(`(?m)^target_info{.*ddp_job_id="job-1".*ddp_topology="4x GPU, NVLink"`).Match(body) {
 		t.Errorf("metrics lack target_info with the resource:\n%s", body)
 	}

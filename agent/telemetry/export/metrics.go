@@ -69,9 +69,11 @@ const maxZeroRanks = 4096
 // zero makes the event counters exist at 0 from the start: a counter
 // that appears with its first increment has no earlier sample, so
 // Prometheus's increase() and rate() miss that first stall, hang or
-// restart, the one an alert is for.
+// restart, the one an alert is for. Not stalls: each rank's series starts
+// at 0 with the first collective (measure), before any stall can be, and
+// a series without a rank beside them made an empty group in a sum by
+// ddp_straggler_rank.
 func (in instruments) zero(ctx context.Context) {
-	in.stalls.Add(ctx, 0)
 	in.waited.Add(ctx, 0)
 	in.hangs.Add(ctx, 0)
 	in.restarts.Add(ctx, 0)
