@@ -176,6 +176,9 @@ class Communicators:
 
     def _add_sidecar(self, cfg: Dict[str, Any], device: Optional[torch.device]) -> None:
         """Points the communicator at the node's sidecar, when there is one (the job's world only, as with the agent)."""
+        if _sidecar.world_size() == -1:
+            _sidecar.say_unlaunched()
+            return
         if self.world_size != _sidecar.world_size():
             return
         sock = _sidecar.find()

@@ -124,6 +124,27 @@ def _env_int(*names: str, default: int) -> int:
     return default
 
 
+def say_unlaunched() -> None:
+    """Says once, when a sidecar listens, that it will not see this process: no launcher named its job.
+
+    mp.spawn, or a script that passes rank and world size to
+    init_process_group itself, leaves no WORLD_SIZE (nor RANK) in the
+    environment, from which the sidecar would learn the job's shape; the
+    job then trained unwatched without a word.
+    """
+    if _warned.get("unlaunched"):
+        return
+    _warned["unlaunched"] = True
+    sock = find()
+    if sock:
+        log.warning(
+            "ddp_agent: a sidecar listens at %s, but this process has no WORLD_SIZE (mp.spawn, or ranks given "
+            "to init_process_group directly), so it does not watch this job; set WORLD_SIZE, RANK, LOCAL_RANK "
+            "and LOCAL_WORLD_SIZE in each process, as torchrun does",
+            sock,
+        )
+
+
 def world_size() -> int:
     """The job's world from the launcher (-1: unknown): torchrun's WORLD_SIZE, else srun's task count."""
     return _env_int("WORLD_SIZE", "SLURM_NTASKS", default=-1)

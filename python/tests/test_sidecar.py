@@ -4,6 +4,7 @@ The sidecar itself and the whole path (torchrun, the hook, the sidecar's
 analysis and Abort) are tested end to end in agent/e2e/sidecar_test.go.
 """
 
+import logging
 import os
 import socket
 import stat
@@ -143,5 +144,26 @@ def test_under_srun(clean):
     try:
         cfg = h.config()
         assert (cfg["sidecar"], cfg["global_rank"], cfg["sidecar_job"]["job"]) == (path, 1, "slurm-9")
+    finally:
+        s.close()
+
+
+def test_says_once_that_a_sidecar_cannot_watch_an_unlaunched_process(clean, caplog, monkeypatch):
+    """mp.spawn (or ranks given to init_process_group directly) leaves no WORLD_SIZE, from which the
+    sidecar would learn the job's shape: such a job trained unwatched beside a sidecar, without a word."""
+    monkeypatch.setattr(_sidecar, "_warned", {})
+    h = Communicators("ddp_agent-1", rank=1, world_size=2, timeout_ms=5000)
+    with caplog.at_level(logging.WARNING, logger="ddp_agent"):
+        assert "sidecar" not in h.config()  # no sidecar there: nothing to say
+    assert not caplog.records
+    monkeypatch.setattr(_sidecar, "_warned", {})
+    path = _sidecar.default_socket()
+    s = listen(path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ddp_agent"):
+            assert "sidecar" not in h.config()
+            assert "sidecar" not in h.config()
+        said = [r.getMessage() for r in caplog.records if "has no WORLD_SIZE" in r.getMessage()]
+        assert len(said) == 1 and path in said[0], caplog.records
     finally:
         s.close()
