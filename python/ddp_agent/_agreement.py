@@ -91,6 +91,7 @@ class NcclAgreement:
 
     def _agree(self) -> NcclPlan:
         """Exchanges every rank's summary through torch's store and decides; blocks up to the timeout."""
+        self._comms.agree_attempt()  # first: a collective every rank must reach (Communicators.agree_attempt)
         mine = summary()
         name = self._comms.name_of("nccl")
         values = self._comms.exchange(name, "nccl", json.dumps(mine), f"NCCL check of {name}", "whether it has NCCL")

@@ -219,6 +219,7 @@ class Communicators:
             log.warning("ddp_agent: no relay endpoint from rank 0 for the sidecar: %s", e)
 
     def _bootstrap(self, transport: str, device: Optional[torch.device] = None) -> _shim.Comm:
+        self.agree_attempt()  # first: before anything that one rank alone could fail
         cfg = self.config(transport, device)
         if self.rank != 0:
             self._relay(cfg, None)
@@ -271,17 +272,24 @@ class Communicators:
             for r in range(self.world_size)
         ]
 
-    def store(self, name: str) -> Any:
-        """The namespace of communicator name, for this attempt of the job, in torch's default store.
+    def agree_attempt(self) -> None:
+        """Agrees with the group's other ranks on this attempt's token, once, where the store can outlive the attempt.
 
-        Where the store can outlive the attempt (a launcher's agent serves
-        it), the first call agrees with the other ranks on the attempt: a
-        collective over the hook's group, which every rank reaches at the
-        same bucket, as it does the bucket's own collectives.
+        That is where a launcher's agent serves the store
+        (TORCHELASTIC_USE_AGENT_STORE=True) and it is not ddp-agent, whose
+        generations each have keys of their own. The callers, the first
+        communicator's open and the NCCL check, call it before anything
+        else: it is a collective over the hook's group, which every rank
+        must reach whatever fails on it afterwards.
         """
-        if self._attempt is None:
-            shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            self._attempt = _attempt_token(self.group, self.rank) if shared else ""
+        if self._attempt is not None:
+            return
+        shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and not _sidecar.under_run()
+        self._attempt = _attempt_token(self.group, self.rank, self.timeout_ms) if shared else ""
+
+    def store(self, name: str) -> Any:
+        """The namespace of communicator name, for this attempt of the job, in torch's default store."""
+        self.agree_attempt()
         return _store(f"{name}/{self._attempt}" if self._attempt else name)
 
     def abort(self, transport: str, reason: str) -> None:
@@ -332,7 +340,7 @@ def _store(name: str) -> Any:
     return dist.PrefixStore(f"ddp_agent/{name}/", dist.distributed_c10d._get_default_store())
 
 
-def _attempt_token(group: Any, rank: int) -> str:
+def _attempt_token(group: Any, rank: int, timeout_ms: int) -> str:
     """A token that the group's ranks share and no earlier attempt of the job had.
 
     torch's default store can outlive an attempt: torchrun 2.5 and later
@@ -348,18 +356,37 @@ def _attempt_token(group: Any, rank: int) -> str:
     So the group's rank 0 draws a random number (not from torch's
     generator, which the script's results depend on) and broadcasts it over
     the group: on the CPU where the group has gloo, else on the current
-    CUDA device, which is the bucket's when called from the hook.
+    CUDA device for NCCL, which is the bucket's when called from the hook.
+    Another backend (no gloo, no NCCL) gets no token, and the keys no
+    attempt's name, as before. The wait is bounded by the hook's timeout,
+    not the group's (30 minutes on gloo), by polling the work: on NCCL a
+    wait() would only order the streams, and item() could block for good.
     """
     if group is None:
         group = dist.distributed_c10d._get_default_group()
     backend = str(dist.get_backend(group)).lower()
-    device = torch.device("cpu")
-    if "gloo" not in backend and "nccl" in backend:
+    if "gloo" in backend:
+        device = torch.device("cpu")
+    elif "nccl" in backend:
         device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        log.debug("ddp_agent: process group backend %s: the bootstrap keys are not named by the attempt", backend)
+        return ""
     value = secrets.randbits(62) if rank == 0 else 0
     t = torch.tensor([value], dtype=torch.int64, device=device)
     src = 0
     if group is not dist.distributed_c10d._get_default_group():
         src = dist.get_process_group_ranks(group)[0]  # the group's rank 0, as a global rank
-    dist.broadcast(t, src=src, group=group)
+    work = dist.broadcast(t, src=src, group=group, async_op=True)
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            raise ShimError(
+                Status.TIMEOUT,
+                f"not every rank of the hook's group reached its first bucket within {timeout_ms / 1000:g} s "
+                "(agreeing on the attempt that names the bootstrap's keys)",
+                "ddp_agent bootstrap",
+            )
+        time.sleep(0.001)
+    work.wait()  # raises the collective's own error, if it failed
     return format(int(t.item()), "x")

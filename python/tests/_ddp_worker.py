@@ -370,9 +370,6 @@ def scenario_stale(args, keep: list) -> dict:
     _bootstrap._store(name).set(f"rank_{rank}", dead.bootstrap_info())
     dead.close()
     dist.barrier()
-    # What the launcher says of such a store. Set after init_process_group, which would otherwise
-    # take it for a store the launcher serves.
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     if rank == 1:
         time.sleep(3)
     result["hooked"] = train("default", True, keep, hook_kwargs=dict(transport="host"))
@@ -457,10 +454,15 @@ def main() -> None:
     p.add_argument("--compressions", default="none", help="comma-separated: none, fp16, bf16")
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--step-sleep", type=float, default=0.0, help="nccl_fail: seconds between steps")
+    p.add_argument("--shared-store", action="store_true",
+                   help="say that the launcher's agent serves the store, as torchrun 2.x does (after init)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     dist.init_process_group("gloo")
+    if args.shared_store:
+        # Set after init_process_group, which would otherwise take the store for one a launcher serves.
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     rank = dist.get_rank()
     keep: list = []
     try:
