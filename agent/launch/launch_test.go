@@ -278,7 +278,7 @@ func TestParseErrors(t *testing.T) {
 		{"missing script", "--nproc-per-node 2", "missing the training script"},
 		{"a flag took the script", "--standalone --nproc-per-node train.py", "missing the training script: --nproc-per-node took train.py as its value"},
 		{"missing value", "--nproc-per-node", "needs a value"},
-		{"metrics port out of range", "--metrics-addr :99999 train.py", "--metrics-addr \":99999\": the port must be a number from 0 to 65535"},
+		{"metrics port out of range", "--metrics-addr :99999 train.py", "--metrics-addr \":99999\": the port must be a number from 0 to 65535, or a service name"},
 		{"metrics addr without a port", "--metrics-addr localhost train.py", "is not host:port"},
 		{"ambiguous prefix", "--m 1 train.py", "ambiguous flag --m could be"},
 		{"bad PET bool", "train.py", "not a boolean"},

@@ -44,8 +44,9 @@ func CheckMetricsAddr(v string) error {
 	if err != nil {
 		return fmt.Errorf("--metrics-addr %q is not host:port or :port (e.g. :9464)", v)
 	}
-	if p, err := strconv.ParseUint(port, 10, 16); err != nil || (p == 0 && port != "0") {
-		return fmt.Errorf("--metrics-addr %q: the port must be a number from 0 to 65535", v)
+	// A number from 0 to 65535, or a service name (:http), as net.Listen takes.
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("--metrics-addr %q: the port must be a number from 0 to 65535, or a service name", v)
 	}
 	return nil
 }

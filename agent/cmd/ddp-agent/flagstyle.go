@@ -24,6 +24,10 @@ func dashedArgs(fs *flag.FlagSet, args []string) []string {
 		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
 			return append(out, args[i:]...)
 		}
+		if strings.HasPrefix(a, "---") { // as the flag package would: refused there
+			out = append(out, a)
+			continue
+		}
 		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		if f := fs.Lookup(strings.ReplaceAll(name, "_", "-")); f != nil {
 			name = f.Name

@@ -202,11 +202,12 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		return fail("nothing listens at %s (connection refused): is the job running, and is this the --rdzv-endpoint (and backend) it was given?", where)
 	}
 	if err != nil {
-		if msg := err.Error(); strings.Contains(msg, "server preface") || strings.Contains(msg, "unreachable after") {
-			// What answers there is no etcd: often torch's TCPStore
-			// (torchrun's c10d rendezvous port, or MASTER_PORT), which
-			// resets the connection (1.13) or says nothing (2.x).
-			return fail("%v\n  (ddp-agent status reads the store of ddp-agent run, or an etcd; a torchrun job's store is torch's TCPStore, which it cannot read)", err)
+		if msg := err.Error(); strings.Contains(msg, "connection reset by peer") || strings.Contains(msg, "unreachable after") {
+			// Often torch's TCPStore answers there (torchrun's c10d
+			// rendezvous port, or MASTER_PORT): it resets the connection
+			// (1.13) or says nothing (2.x). Not a TLS store's EOF, which
+			// the store's own hint covers.
+			return fail("%v\n  (if that is a torchrun job's store, torch's TCPStore, ddp-agent status cannot read it: it reads the store of ddp-agent run, or an etcd)", err)
 		}
 		return fail("%v", err)
 	}

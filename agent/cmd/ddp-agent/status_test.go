@@ -379,7 +379,7 @@ func TestStatusUnreachableStore(t *testing.T) {
 	code, out, errOut = runCLI("status", "--rdzv-endpoint", mute.Addr().String(), "--timeout", "1s")
 	took = time.Since(begin)
 	t.Logf("took %v: %s", took, errOut)
-	if code != 1 || out != "" || !strings.Contains(errOut, "torch's TCPStore, which it cannot read") ||
+	if code != 1 || out != "" || !strings.Contains(errOut, "torch's TCPStore, ddp-agent status cannot read it") ||
 		!strings.HasPrefix(errOut, "ddp-agent status: rendezvous store at "+mute.Addr().String()+" unreachable after 1s") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
