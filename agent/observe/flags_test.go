@@ -50,8 +50,8 @@ func TestFlags(t *testing.T) {
 func TestCheckMetricsAddr(t *testing.T) {
 	for addr, ok := range map[string]bool{
 		"": true, ":9464": true, "127.0.0.1:0": true, "[::1]:9464": true, "localhost:65535": true,
-		":http": true, // a service name, as net.Listen takes
-		":": true, // an ephemeral port, as net.Listen takes it
+		":http":  true, // a service name, as net.Listen takes
+		":":      true, // an ephemeral port, as net.Listen takes it
 		":99999": false, "localhost": false, "9464": false, ":-1": false,
 	} {
 		if err := CheckMetricsAddr(addr); (err == nil) != ok {
