@@ -475,20 +475,8 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	if c.Spares, err = r.spares(c.NoPython); err != nil {
 		return err
 	}
-	// The telemetry options are read by observe's parsers, as the
-	// sidecar's flags are: one meaning for both modes.
-	if c.HangTimeout, c.HangAuto, err = observe.ParseHangTimeout(r["hang-timeout"]); err != nil {
-		return usagef("%v", err)
-	}
-	c.OTelEndpoint, c.MetricsAddr = r["otel-endpoint"], r["metrics-addr"]
-	if err := observe.CheckMetricsAddr(c.MetricsAddr); err != nil {
-		return usagef("%v", err)
-	}
-	if c.MetricsLinger, err = r.seconds("metrics-linger"); err != nil {
+	if err := r.telemetry(c); err != nil {
 		return err
-	}
-	if c.TraceSample, err = observe.ParseTraceSample(r["trace-sample"]); err != nil {
-		return usagef("%v", err)
 	}
 	if err := r.plugins(c); err != nil {
 		return err
@@ -564,6 +552,25 @@ func (r rawFlags) fill(c *Config, set map[string]bool, host Host) error {
 	case "debug", "info", "warn", "error":
 	default:
 		return usagef("--log-level %q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	return nil
+}
+
+// telemetry reads the telemetry options with observe's parsers, as the
+// sidecar's flags are: one meaning for both modes.
+func (r rawFlags) telemetry(c *Config) (err error) {
+	if c.HangTimeout, c.HangAuto, err = observe.ParseHangTimeout(r["hang-timeout"]); err != nil {
+		return usagef("%v", err)
+	}
+	c.OTelEndpoint, c.MetricsAddr = r["otel-endpoint"], r["metrics-addr"]
+	if err := observe.CheckMetricsAddr(c.MetricsAddr); err != nil {
+		return usagef("%v", err)
+	}
+	if c.MetricsLinger, err = r.seconds("metrics-linger"); err != nil {
+		return err
+	}
+	if c.TraceSample, err = observe.ParseTraceSample(r["trace-sample"]); err != nil {
+		return usagef("%v", err)
 	}
 	return nil
 }
