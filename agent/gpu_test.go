@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os/signal"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/observe"
 	"github.com/ddp-agent/ddp-agent/agent/placement"
 	"github.com/ddp-agent/ddp-agent/agent/supervisor"
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 	"github.com/ddp-agent/ddp-agent/nvml"
 	"github.com/ddp-agent/ddp-agent/nvml/health"
 	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
@@ -41,22 +40,7 @@ func TestMain(m *testing.M) {
 }
 
 // logBuf is a log sink tests can wait on.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuf struct{ syncbuf.Buffer }
 
 // wait returns the first line matching re, within d.
 func (l *logBuf) wait(t *testing.T, re string, d time.Duration) string {

@@ -2,7 +2,6 @@
 package e2e
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,10 +10,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 var (
@@ -114,30 +114,12 @@ func needTorch(t *testing.T) {
 	}
 }
 
-// syncBuf is a bytes.Buffer safe for a process's writer and a test's reader.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type agentRun struct {
 	t       *testing.T
 	cmd     *exec.Cmd
 	out     string // E2E_OUT: where test scripts write pids and envs
-	stdout  *syncBuf
-	stderr  *syncBuf
+	stdout  *syncbuf.Buffer
+	stderr  *syncbuf.Buffer
 	done    chan struct{}
 	code    int
 	started time.Time
@@ -148,7 +130,7 @@ type agentRun struct {
 // to a fresh directory, from the test data directory.
 func startAgent(t *testing.T, extraEnv []string, args ...string) *agentRun {
 	t.Helper()
-	r := &agentRun{t: t, out: t.TempDir(), stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
+	r := &agentRun{t: t, out: t.TempDir(), stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
 	r.cmd = exec.Command(agentBin, append([]string{"run", "--python", python}, args...)...)
 	r.cmd.Dir = filepath.Join(repoRoot, "agent", "e2e", "testdata")
 	r.cmd.Env = append(append(launcherFreeEnv(), "E2E_OUT="+r.out), extraEnv...)

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 func TestTrainToCompletion(t *testing.T) {
@@ -306,7 +308,7 @@ func TestClosedStdout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var errb syncBuf
+	var errb syncbuf.Buffer
 	cmd.Stderr = &errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -387,7 +389,7 @@ func TestCommandLine(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(agentBin, tc.args...)
-			var out, errb syncBuf
+			var out, errb syncbuf.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errb
 			_ = cmd.Run()
 			if code := cmd.ProcessState.ExitCode(); code != tc.wantCode {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 // bgProc is a process of a sidecar test run in the background: a sidecar,
@@ -22,8 +24,8 @@ type bgProc struct {
 	t       *testing.T
 	args    []string
 	cmd     *exec.Cmd
-	stdout  *syncBuf
-	stderr  *syncBuf
+	stdout  *syncbuf.Buffer
+	stderr  *syncbuf.Buffer
 	done    chan struct{}
 	code    int
 	started time.Time
@@ -31,7 +33,7 @@ type bgProc struct {
 
 func startBG(t *testing.T, env []string, args ...string) *bgProc {
 	t.Helper()
-	p := &bgProc{t: t, args: args, stdout: &syncBuf{}, stderr: &syncBuf{}, done: make(chan struct{})}
+	p := &bgProc{t: t, args: args, stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(args[0], args[1:]...)
 	p.cmd.Dir = repoRoot
 	p.cmd.Env = append(launcherFreeEnv(), env...)

@@ -4,13 +4,13 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv/store"
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 func TestLateNodeRescalesAndLeavingIsNoFault(t *testing.T) {
@@ -93,30 +93,12 @@ func TestSucceedEndsTheJobForSpares(t *testing.T) {
 	}
 }
 
-// storeLog is an embedded store's log, for a test to read.
-type storeLog struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *storeLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *storeLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // TestLeaveThenCloseRevokesOnce: an agent stopped by a signal leaves, then
 // closes. Close revoked the lease Leave had revoked, and the store's host
 // logged a WARN "failed to apply request ... lease not found" on every
 // SIGTERM of a multi-node job.
 func TestLeaveThenCloseRevokesOnce(t *testing.T) {
-	logs := &storeLog{}
+	logs := &syncbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	srv, err := store.Start(t.Context(), store.ServerConfig{Logger: log})
 	if err != nil {

@@ -11,12 +11,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/control"
 	"github.com/ddp-agent/ddp-agent/agent/observe"
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 	"github.com/ddp-agent/ddp-agent/shim/agentconn"
 	"github.com/ddp-agent/ddp-agent/wire"
 )
@@ -124,30 +124,12 @@ func TestClearStale(t *testing.T) {
 	}
 }
 
-// logBuf collects the sidecar's log for assertions.
-type logBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func startSidecar(t *testing.T, cfg Config) (*Sidecar, *logBuf) {
+func startSidecar(t *testing.T, cfg Config) (*Sidecar, *syncbuf.Buffer) {
 	t.Helper()
 	if cfg.Socket == "" {
 		cfg.Socket = filepath.Join(t.TempDir(), "sc", "sidecar.sock")
 	}
-	lb := &logBuf{}
+	lb := &syncbuf.Buffer{}
 	sc, err := New(cfg, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)

@@ -14,12 +14,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/internal/leaktest"
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 // TestMain doubles as the worker program: with SUPERVISOR_HELPER set, the
@@ -124,26 +124,9 @@ func helper(mode string) {
 	}
 }
 
-type buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-func testSpec(t *testing.T, mode string, nproc int, streams Streams) (*Spec, *buffer, *buffer) {
+func testSpec(t *testing.T, mode string, nproc int, streams Streams) (*Spec, *syncbuf.Buffer, *syncbuf.Buffer) {
 	t.Helper()
-	out, errb := &buffer{}, &buffer{}
+	out, errb := &syncbuf.Buffer{}, &syncbuf.Buffer{}
 	return &Spec{
 		Argv:         []string{os.Args[0]},
 		BaseEnv:      append(os.Environ(), "SUPERVISOR_HELPER="+mode),
@@ -508,7 +491,7 @@ func TestWaitCountsEarlyExits(t *testing.T) {
 
 func TestWaitWarnsAboutLingeringWorker(t *testing.T) {
 	spec, _, _ := testSpec(t, "sleepif:1", 2, consoleOnly)
-	logs := &buffer{}
+	logs := &syncbuf.Buffer{}
 	g := New(spec, slog.New(slog.NewTextHandler(logs, nil)))
 	g.lingerWarn = 100 * time.Millisecond
 	if err := g.Start(context.Background()); err != nil {

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 // fullDisk takes room bytes, then fails every write with ENOSPC until
@@ -39,7 +41,7 @@ func (d *fullDisk) Close() error { d.closed = true; return nil }
 // handed on when the file closes; a write that works again after a gap
 // first marks the gap in the file.
 func TestLogFileLoss(t *testing.T) {
-	var logs buffer
+	var logs syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	disk := &fullDisk{room: 10}
 	var losses []LogLoss
@@ -76,7 +78,7 @@ func TestLogFileLoss(t *testing.T) {
 
 // TestLogFileNoLoss: a file that took everything reports nothing.
 func TestLogFileNoLoss(t *testing.T) {
-	var logs buffer
+	var logs syncbuf.Buffer
 	called := false
 	l := newLogFile(&fullDisk{room: 100}, "x", 0, slog.New(slog.NewTextHandler(&logs, nil)), func(LogLoss) { called = true })
 	l.write([]byte("fits"))
@@ -91,7 +93,7 @@ func TestLogFileNoLoss(t *testing.T) {
 func TestStreamFileLossKeepsConsole(t *testing.T) {
 	disk := &fullDisk{room: 100}
 	var losses []LogLoss
-	var console buffer
+	var console syncbuf.Buffer
 	s := newStream([]byte("[rank0]:"), false)
 	s.console = NewConsole(&console)
 	s.file = newLogFile(disk, "stdout.log", 0, quiet(), func(l LogLoss) { losses = append(losses, l) })

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/internal/envname"
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 // spareHelper is the test binary as a warm spare: it says it is ready
@@ -56,7 +57,7 @@ func spareHelper() {
 	}
 }
 
-func spareSpec(t *testing.T, mode string, nproc, spares int) (*Spec, *buffer) {
+func spareSpec(t *testing.T, mode string, nproc, spares int) (*Spec, *syncbuf.Buffer) {
 	spec, out, _ := testSpec(t, mode, nproc, consoleOnly)
 	spec.Spares, spec.SpareArgv, spec.SpareEnv = spares, []string{os.Args[0]}, []string{"SUPERVISOR_HELPER=spare"}
 	spec.Place = func(lr int) Placement {
@@ -175,7 +176,7 @@ func TestSparesEndWithTheAttempt(t *testing.T) {
 
 	spec, _ = spareSpec(t, "sleep", 1, 1)
 	spec.SpareArgv = []string{"/bin/sh", "-c", "echo no module named ddp_agent >&2; exit 5"}
-	var logs buffer
+	var logs syncbuf.Buffer
 	g = New(spec, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err := g.Start(context.Background()); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 // TestStartCancelled: a context that ends while a large group is spawned
@@ -25,7 +27,7 @@ func TestStartCancelled(t *testing.T) {
 		}
 		return Placement{}
 	}
-	var logs buffer
+	var logs syncbuf.Buffer
 	g := New(spec, slog.New(slog.NewTextHandler(&logs, nil)))
 	err := g.Start(ctx)
 	if !errors.Is(err, stopped) || !strings.Contains(err.Error(), "started 6 of 1000 workers") {

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 // storeHelper is the test binary as the job's store (no RANK): it says so
@@ -33,7 +35,7 @@ func storeHelper(rank int, arg string) {
 	}
 }
 
-func storeSpec(t *testing.T, mode string, nodeRank int) (*Spec, *buffer) {
+func storeSpec(t *testing.T, mode string, nodeRank int) (*Spec, *syncbuf.Buffer) {
 	spec, out, _ := testSpec(t, mode, 2, consoleOnly)
 	spec.NodeRank, spec.RankOffset, spec.NNodes, spec.WorldSize = nodeRank, 2*nodeRank, 2, 4
 	spec.AgentStore, spec.StoreArgv = true, []string{os.Args[0]}

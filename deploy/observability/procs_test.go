@@ -10,37 +10,19 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
-
-// syncBuffer is a bytes.Buffer safe for a process's writes and the
-// test's reads at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // proc is a process the test started in a process group of its own; the
 // test's cleanup ends the group (SIGTERM, then SIGKILL after 10 s).
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  syncBuffer
+	out  syncbuf.Buffer
 	done chan struct{}
 	err  error // Wait's, once done is closed
 }

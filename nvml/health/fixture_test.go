@@ -1,7 +1,6 @@
 package health
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -15,26 +14,12 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 	"github.com/ddp-agent/ddp-agent/nvml/nvmltest"
 )
 
 // logBuffer collects what a watcher logs, for tests that count log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer struct{ syncbuf.Buffer }
 
 // count counts the lines that contain every one of subs.
 func (l *logBuffer) count(subs ...string) int {

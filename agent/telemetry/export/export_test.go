@@ -18,7 +18,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/otlptest"
 	"github.com/ddp-agent/ddp-agent/internal/leaktest"
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 func TestMain(m *testing.M) {
@@ -671,24 +671,6 @@ func count(evs []map[string]any, ph, name string) int {
 	return n
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestUnreachableEndpoint: a collector that refuses, or accepts and never
 // answers, costs a logged warning and a bounded Shutdown, never a hang.
 func TestUnreachableEndpoint(t *testing.T) {
@@ -722,7 +704,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 	for _, tc := range []struct{ name, addr string }{{"refused", refused}, {"silent", silent.Addr().String()}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cleanEnv(t)
-			var log syncBuffer
+			var log syncbuf.Buffer
 			cfg := config(tc.addr, 1)
 			cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
 			cfg.exportTimeout = 500 * time.Millisecond

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/telemetry/otlptest"
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 // TestWrongProtocol: gRPC spoken to an OTLP/HTTP port, or OTLP/HTTP to a
@@ -25,7 +26,7 @@ func TestWrongProtocol(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cleanEnv(t)
-			var log syncBuffer
+			var log syncbuf.Buffer
 			cfg := config(tc.endpoint, 1)
 			cfg.Protocol = tc.protocol
 			cfg.StepDelay = 10 * time.Millisecond
