@@ -345,10 +345,12 @@ def _attempt_token(group: Any, rank: int, timeout_ms: int) -> str:
 
     torch's default store can outlive an attempt: torchrun 2.5 and later
     hand the workers their agent's TCPStore, one server for every restart
-    (dynamic_rendezvous keeps its _shared_tcp_store_server; pytorch#135712),
-    and ddp-agent's own, under --spares, serves several generations. Keys
-    named alike would then be read from the attempt before: the peers' old
-    addresses, on which the bootstrap waited out its timeout (600 s).
+    (dynamic_rendezvous keeps its _shared_tcp_store_server; pytorch#135712).
+    Keys named alike would then be read from the attempt before: the peers'
+    old addresses, on which the bootstrap waited out its timeout (600 s).
+    (ddp-agent's own store under --spares outlives attempts too, but its
+    workers bootstrap through the agent, and their hooks' names differ
+    from one generation to the next: Communicators.agree_attempt skips it.)
     TORCHELASTIC_RESTART_COUNT cannot name the attempt: after a rescale it
     differs between nodes (a node whose worker failed counts a restart, the
     others do not), and ranks named apart waited for each other the same.
