@@ -322,7 +322,13 @@ func TestHandOverLeavesTheLastVoter(t *testing.T) {
 	if _, err := cli.MemberAddAsLearner(t.Context(), []string{"http://" + peer}); err != nil {
 		t.Fatal(err)
 	}
-	own := agents[0].rep.ownID
+	ownID := func() uint64 { // under the manager's lock, as it writes it
+		r := agents[0].rep
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.ownID
+	}
+	own := ownID()
 	if err := agents[0].rep.Close(t.Context()); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -331,7 +337,7 @@ func TestHandOverLeavesTheLastVoter(t *testing.T) {
 	// This process is still alive (raft's panic would have ended it); the
 	// member was closed, not removed: nothing to read it through now, so
 	// check what Close returned and that the manager let go of it.
-	if agents[0].rep.ownID != 0 || own == 0 {
-		t.Fatalf("own member %x, after Close %x", own, agents[0].rep.ownID)
+	if after := ownID(); after != 0 || own == 0 {
+		t.Fatalf("own member %x, after Close %x", own, after)
 	}
 }
