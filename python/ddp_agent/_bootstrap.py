@@ -284,8 +284,7 @@ class Communicators:
         """
         if self._attempt is not None:
             return
-        shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and not _sidecar.under_run()
-        self._attempt = _attempt_token(self.group, self.rank, self.timeout_ms) if shared else ""
+        self._attempt = attempt_token(self.group, self.rank, self.timeout_ms) if store_outlives_attempt() else ""
 
     def store(self, name: str) -> Any:
         """The namespace of communicator name, for this attempt of the job, in torch's default store."""
@@ -340,7 +339,15 @@ def _store(name: str) -> Any:
     return dist.PrefixStore(f"ddp_agent/{name}/", dist.distributed_c10d._get_default_store())
 
 
-def _attempt_token(group: Any, rank: int, timeout_ms: int) -> str:
+def store_outlives_attempt() -> bool:
+    """Whether torch's default store may hold an earlier attempt's keys: a launcher's agent serves it
+    (TORCHELASTIC_USE_AGENT_STORE=True), and that launcher is not ddp-agent, whose generations each have
+    keys of their own."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and not _sidecar.under_run()
+
+
+def attempt_token(group: Any, rank: int, timeout_ms: int, device: Optional[torch.device] = None,
+                  awaited: str = "of the hook's group reached its first bucket") -> str:
     """A token that the group's ranks share and no earlier attempt of the job had.
 
     torch's default store can outlive an attempt: torchrun 2.5 and later
@@ -350,19 +357,21 @@ def _attempt_token(group: Any, rank: int, timeout_ms: int) -> str:
     old addresses, on which the bootstrap waited out its timeout (600 s).
     (ddp-agent's own store under --spares outlives attempts too, but its
     workers bootstrap through the agent, and their hooks' names differ
-    from one generation to the next: Communicators.agree_attempt skips it.)
+    from one generation to the next: store_outlives_attempt says no.)
     TORCHELASTIC_RESTART_COUNT cannot name the attempt: after a rescale it
     differs between nodes (a node whose worker failed counts a restart, the
     others do not), and ranks named apart waited for each other the same.
 
     So the group's rank 0 draws a random number (not from torch's
     generator, which the script's results depend on) and broadcasts it over
-    the group: on the CPU where the group has gloo, else on the current
-    CUDA device for NCCL, which is the bucket's when called from the hook.
-    Another backend (no gloo, no NCCL) gets no token, and the keys no
-    attempt's name, as before. The wait is bounded by the hook's timeout,
-    not the group's (30 minutes on gloo), by polling the work: on NCCL a
-    wait() would only order the streams, and item() could block for good.
+    the group: on the CPU where the group has gloo, else for NCCL on device
+    when it is a CUDA device, or the current one, which is the bucket's when
+    called from the hook. Another backend (no gloo, no NCCL) gets no token,
+    and the keys no attempt's name, as before. The wait is bounded by
+    timeout_ms, not the group's timeout (30 minutes on gloo), by polling the
+    work: on NCCL a wait() would only order the streams, and item() could
+    block for good. awaited says, in the timeout's message, where every rank
+    calls this from.
     """
     if group is None:
         group = dist.distributed_c10d._get_default_group()
@@ -370,9 +379,10 @@ def _attempt_token(group: Any, rank: int, timeout_ms: int) -> str:
     if "gloo" in backend:
         device = torch.device("cpu")
     elif "nccl" in backend:
-        device = torch.device("cuda", torch.cuda.current_device())
+        if device is None or device.type != "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
     else:
-        log.debug("ddp_agent: process group backend %s: the bootstrap keys are not named by the attempt", backend)
+        log.debug("ddp_agent: process group backend %s: the store's keys are not named by the attempt", backend)
         return ""
     value = secrets.randbits(62) if rank == 0 else 0
     t = torch.tensor([value], dtype=torch.int64, device=device)
@@ -385,8 +395,8 @@ def _attempt_token(group: Any, rank: int, timeout_ms: int) -> str:
         if time.monotonic() > deadline:
             raise ShimError(
                 Status.TIMEOUT,
-                f"not every rank of the hook's group reached its first bucket within {timeout_ms / 1000:g} s "
-                "(agreeing on the attempt that names the bootstrap's keys)",
+                f"not every rank {awaited} within {timeout_ms / 1000:g} s "
+                "(agreeing on the attempt that names the store's keys)",
                 "ddp_agent bootstrap",
             )
         time.sleep(0.001)

@@ -72,14 +72,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import _env, _state
+from . import _bootstrap, _env, _state
 from . import hook as hook_module
 
 log = logging.getLogger("ddp_agent")
 
 
-def _prefix() -> str:
-    """The store namespace of this generation's re-formations.
+def _prefix(attempt: str = "") -> str:
+    """The store namespace of this generation's re-formations, in the attempt named attempt.
 
     ddp-agent's generation keeps a generation's keys from another's: the
     workers carried into the next one keep their store. Not the restart
@@ -87,11 +87,13 @@ def _prefix() -> str:
     hook's bootstrap keys showed, _bootstrap._store). Under ddp-agent every
     generation has its generation's prefix, and under torch 1.13's torchrun
     a store of its own. torchrun 2.5 and later serve every restart the
-    same store, where a restarted attempt's re-formations would meet the
-    keys of the attempt before's (the hook's bootstrap agrees on a token
-    for that, _bootstrap._attempt_token; this does not yet).
+    same store, where a restarted attempt's re-formations met the keys of
+    the attempt before: there attempt is the token the ranks agreed on at
+    the start (_bootstrap.attempt_token), "" elsewhere.
     """
     generation = os.environ.get(_env.GENERATION, "0")
+    if attempt:
+        return f"ddp_agent/inprocess/attempt_{attempt}/generation_{generation}"
     return f"ddp_agent/inprocess/generation_{generation}"
 
 Wrap = Callable[[torch.nn.Module], Tuple[torch.nn.Module, Any]]
@@ -157,7 +159,7 @@ def _expect_join(timeout: float = 60.0, new: bool = False) -> None:
 def _join(init: Callable[..., None], backend: Any, timeout: float) -> _Joined:
     t0 = time.monotonic()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store, prefix = _job_store(timeout), _prefix()
+    store, prefix = _job_store(timeout), _prefix()  # under ddp-agent, whose generations name the keys
     gen = 1
     while _arrived(store, f"{prefix}/{gen}", rank):  # this rank's earlier re-formations
         gen += 1
@@ -213,7 +215,17 @@ class InProcess:
         # on it: where rank 0 serves it (no --spares), its TCPStore server
         # lives as long as this reference.
         self._keep = dist.distributed_c10d._get_default_store()
-        self._prefix = _prefix()
+        # Every rank makes its InProcess at the start, healthy: the one
+        # moment to agree on the attempt's name, a collective, where the
+        # store can hold an earlier attempt's re-formations. (A warm spare
+        # runs under ddp-agent, whose store does not.)
+        self._attempt = ""
+        if _bootstrap.store_outlives_attempt():
+            param = next(iter(model.parameters()), None)
+            self._attempt = _bootstrap.attempt_token(None, self.rank, int(self.timeout * 1000),
+                                                     None if param is None else param.device,
+                                                     "reached ddp_agent.InProcess")
+        self._prefix = _prefix(self._attempt)
         self._wrap = wrap
         # The state's move runs once in this process first, on tiny
         # tensors: a source's first torch.cat of the small tensors took
@@ -483,7 +495,7 @@ class InProcess:
                            "TORCHELASTIC_RESTART_COUNT": str(world["restart_count"]),
                            _env.GENERATION: str(world["generation"])})
         self.rank, self.world_size = int(rank), size
-        self._prefix = _prefix()
+        self._prefix = _prefix()  # ddp-agent's world file: its generations name the keys, no attempt token
         log.warning("ddp_agent: rank %d of %d carries on in process as rank %d of %d (generation %d: the job's "
                     "nodes changed)", old[0], old[1], self.rank, self.world_size, world["generation"])
 

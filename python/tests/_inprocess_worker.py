@@ -1,6 +1,6 @@
 """One rank of a test world training under ddp_agent.InProcess, with faults injected on some ranks.
 
-    python _inprocess_worker.py --out DIR [--faults STEP:RANK:HOW,...] [--steps N] [--max-reforms N]
+    python _inprocess_worker.py --out DIR [--faults STEP:RANK:HOW,...] [--steps N] [--max-reforms N] [--shared-store]
 
 The i-th fault fires in generation i only (after i re-formations), so each
 is retried once. HOW is where rank RANK's step STEP raises:
@@ -53,10 +53,23 @@ def main() -> None:
     p.add_argument("--faults", default="", help="STEP:RANK:HOW,... (see above)")
     p.add_argument("--max-reforms", type=int, default=3)
     p.add_argument("--timeout", type=float, default=30)
+    p.add_argument("--shared-store", action="store_true",
+                   help="say that the launcher's agent serves the store, as torchrun 2.5+ does, and leave in it "
+                        "the first re-formation of an earlier attempt, whose ranks had completed step 50")
     args = p.parse_args()
     faults = [(int(a), int(b), how) for a, b, how in (f.split(":") for f in args.faults.split(",") if f)]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if args.shared_store:
+        # Set after init_process_group, which would otherwise take the store for one a launcher serves.
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        if rank == 0:
+            store, prefix = dist.distributed_c10d._get_default_store(), "ddp_agent/inprocess/generation_0/1"
+            for r in range(dist.get_world_size()):
+                store.set(f"{prefix}/rank{r}", "50 50")
+                store.add(f"{prefix}/in{r}", 1)
+                store.add(f"{prefix}/arrived", 1)
+        dist.barrier()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -72,3 +72,18 @@ def test_gives_up_after_max_reforms(tmp_path):
     for r in res:
         assert r["error"] is not None and r["generation"] == 2, _world.describe(results)
     assert "ReformError" in res[1]["error"] and "after 2 re-formations" in res[1]["error"], res[1]["error"]
+
+
+def test_reform_ignores_an_earlier_attempts_keys(tmp_path, reference):
+    """torchrun 2.5 and later give every restart the same store (their agent's), where a restarted attempt's
+    re-formation met the arrivals that the attempt before had left under the same name, and took a dead
+    rank's last step for its own. The re-formations' keys are now named by a token the ranks agree on when
+    they make their InProcess."""
+    res, results = run(tmp_path, "--faults", "3:1:forward", "--shared-store")
+    text = _world.describe(results)
+    for r in res:
+        assert r["error"] is None, text
+        assert r["pid_start"] == r["pid_end"], text
+        assert r["generation"] == 1 and r["reforms"][0]["retry"] == 3, r["reforms"]
+        assert r["reforms"][0]["completed"] == [2] * WORLD, r["reforms"]
+    assert [r["digest"] for r in res] == [reference] * WORLD, text
