@@ -12,8 +12,10 @@ package join
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -163,7 +165,7 @@ func Open(ctx context.Context, cfg Config, node Node, log *slog.Logger) (*Joined
 			close:       func() {},
 		}, nil
 	case Hosted, External:
-		return (&opener{cfg: cfg, node: node, log: log}).open(ctx)
+		return (&opener{cfg: cfg, node: node, log: log, lookupIP: net.LookupIP}).open(ctx)
 	}
 	return nil, fmt.Errorf("join job %q: unknown rendezvous backend %v", node.JobID, cfg.Backend)
 }
@@ -185,6 +187,25 @@ func masterAddr(cfg Config) string {
 	return "127.0.0.1"
 }
 
+// findStore hosts the store or dials it; it hosts it after all when the
+// endpoint's name comes to resolve to this host while it dials
+// (dialStore). The member it started, if any, is returned even with an
+// error, for the caller to close.
+func (o *opener) findStore(ctx context.Context, sec *storeSecurity, replicated bool) (*store.Server, []string, *store.Client, error) {
+	for {
+		srv, endpoints, taken, err := o.hostStore(ctx, sec, replicated)
+		if err != nil {
+			return srv, nil, nil, err
+		}
+		cli, err := o.dialStore(ctx, endpoints, srv != nil, taken, sec.client)
+		if errors.Is(err, errHostItNow) {
+			o.log.Info("the rendezvous endpoint resolves to this host now; hosting the store", "endpoint", endpoints[0])
+			continue
+		}
+		return srv, endpoints, cli, err
+	}
+}
+
 // handOverTimeout bounds handing this agent's store member over as it
 // leaves a running job; finishedHandOverTimeout when its own workers
 // finished, where a store that does not answer has most likely lost the
@@ -199,6 +220,9 @@ type opener struct {
 	cfg  Config
 	node Node
 	log  *slog.Logger
+	// lookupIP resolves the endpoint's host (net.LookupIP; a test's name
+	// that resolves only after a while).
+	lookupIP func(host string) ([]net.IP, error)
 }
 
 func (o *opener) open(ctx context.Context) (*Joined, error) {
@@ -257,11 +281,8 @@ func (o *opener) open(ctx context.Context) (*Joined, error) {
 		return nil, err
 	}
 	replicated := cfg.Backend == Hosted && cfg.NNodesMax >= storeReplicas
-	srv, endpoints, taken, err := o.hostStore(ctx, sec, replicated)
-	if err != nil {
-		return fail(err)
-	}
-	if cli, err = o.dialStore(ctx, endpoints, srv != nil, taken, sec.client); err != nil {
+	var endpoints []string
+	if srv, endpoints, cli, err = o.findStore(ctx, sec, replicated); err != nil {
 		return fail(err)
 	}
 	if cfg.Backend == Hosted && srv == nil {

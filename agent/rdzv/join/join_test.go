@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -149,4 +150,47 @@ func TestReplicationIsTheHosts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEndpointResolvesToThisHostLater: the host of a Kubernetes Job's
+// pod 0 names itself by its name under a headless Service, which resolves
+// only once the Service's DNS has the pod's record, possibly after the
+// agent started. The agent decided once that it did not host the store,
+// then dialed a store nobody would host until its join timeout. It now
+// asks again between dials, and hosts the store once the name is its own.
+func TestEndpointResolvesToThisHostLater(t *testing.T) {
+	ep, err := store.FreeAddr("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ep)
+	const name = "ddp-train-0.ddp-train.invalid"
+	var mu sync.Mutex
+	asked := 0
+	lookup := func(host string) ([]net.IP, error) {
+		if host != name {
+			return net.LookupIP(host)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if asked++; asked < 3 {
+			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+		}
+		return []net.IP{net.ParseIP("127.0.0.1")}, nil
+	}
+	cfg := Config{Backend: Hosted, Endpoints: []string{net.JoinHostPort(name, port)}, NNodesMin: 1, NNodesMax: 1,
+		JoinTimeout: 30 * time.Second, LastCall: time.Second, TTL: 3 * time.Second, Prefix: "/ddp-agent/v1/"}
+	o := &opener{cfg: cfg, node: Node{JobID: "j", NProc: 1}, log: slog.New(slog.DiscardHandler), lookupIP: lookup}
+	start := time.Now()
+	j, err := o.open(t.Context())
+	if err != nil {
+		t.Fatalf("open: got %v after %v, want the store hosted once its name resolved here", err, time.Since(start).Round(time.Millisecond))
+	}
+	defer j.Close()
+	if j.Endpoint != ep {
+		t.Errorf("endpoint: got %s, want the store this agent hosts at %s", j.Endpoint, ep)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("hosted the store after %d lookups, %v", asked, time.Since(start).Round(time.Millisecond))
 }

@@ -54,7 +54,7 @@ func (s *storeSecurity) close() {
 func (o *opener) replicate(cli *store.Client, srv *store.Server, sec *storeSecurity, prefix, addr string) (*store.Replicas, error) {
 	host := addr
 	if net.ParseIP(host) == nil {
-		ip := localIP(host)
+		ip := o.localIP(host)
 		if ip == nil {
 			return nil, fmt.Errorf("--local-addr %s: not an address of this host, which a store member could bind", addr)
 		}

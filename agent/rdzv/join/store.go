@@ -29,7 +29,7 @@ func (o *opener) hostStore(ctx context.Context, sec *storeSecurity, replicated b
 	// etcd binds only to IP addresses: a host name (the usual
 	// --rdzv-endpoint $(hostname):29400) becomes the local address it
 	// resolves to.
-	addr, err := bindAddr(stripScheme(endpoints[0]))
+	addr, err := o.bindAddr(stripScheme(endpoints[0]))
 	if err != nil {
 		return nil, nil, false, err
 	}
@@ -63,12 +63,22 @@ func (o *opener) hostStore(ctx context.Context, sec *storeSecurity, replicated b
 // its port).
 const strangerDials = 3
 
+// errHostItNow: the store's endpoint names this host now, which it did
+// not when this agent decided not to host the store.
+var errHostItNow = errors.New("the rendezvous endpoint now resolves to this host")
+
 // dialStore connects to the store. The agent that hosts it may start
 // after this one, as with torchrun's c10d: unless this agent hosts it,
 // keep trying for the join timeout. taken: this agent found the store's
 // port on this host taken as it went to host it; if whatever holds it
 // accepts connections but never answers as a store, that is another
 // program (a torchrun c10d store on 29400), and waiting would not help.
+//
+// Between tries, an agent that decided not to host the store by its
+// endpoint's name asks again (errHostItNow): a Kubernetes pod's own name
+// under a headless Service resolves only once the Service's DNS has its
+// record, which can be after the pod starts, and pod 0, deciding once,
+// waited for a store that nobody would host.
 func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted, taken bool, tlsFiles *store.TLSFiles) (*store.Client, error) {
 	deadline := time.Now().Add(o.cfg.JoinTimeout)
 	for failed := 1; ; failed++ {
@@ -82,6 +92,11 @@ func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted, take
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) || hosted {
 			return nil, err
+		}
+		if !hosted && !taken {
+			if hostIt, _ := o.shouldHost(endpoints); hostIt {
+				return nil, errHostItNow
+			}
 		}
 		if taken && failed >= strangerDials && accepts(ctx, stripScheme(endpoints[0])) {
 			return nil, fmt.Errorf("%w; %s was taken when this agent went to host the store there, and what listens on it accepts connections "+
@@ -124,7 +139,7 @@ func (o *opener) shouldHost(endpoints []string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("--rdzv-endpoint %s: %w", endpoints[0], err)
 	}
-	return localIP(host) != nil, nil
+	return o.localIP(host) != nil, nil
 }
 
 func stripScheme(ep string) string {
@@ -136,8 +151,8 @@ func stripScheme(ep string) string {
 
 // localIP returns the address of this machine that host names (loopback,
 // or an address of one of its interfaces), or nil.
-func localIP(host string) net.IP {
-	ips, err := net.LookupIP(host)
+func (o *opener) localIP(host string) net.IP {
+	ips, err := o.lookupIP(host)
 	if err != nil {
 		return nil
 	}
@@ -156,7 +171,7 @@ func localIP(host string) net.IP {
 }
 
 // bindAddr turns an endpoint host:port into an IP:port to listen on.
-func bindAddr(endpoint string) (string, error) {
+func (o *opener) bindAddr(endpoint string) (string, error) {
 	host, port, err := net.SplitHostPort(endpoint)
 	if err != nil {
 		return "", fmt.Errorf("--rdzv-endpoint %s: %w", endpoint, err)
@@ -164,7 +179,7 @@ func bindAddr(endpoint string) (string, error) {
 	if net.ParseIP(host) != nil || host == "localhost" {
 		return endpoint, nil
 	}
-	ip := localIP(host)
+	ip := o.localIP(host)
 	if ip == nil {
 		return "", fmt.Errorf("--rdzv-endpoint %s: %s is not an address of this host (set is_host=false in --rdzv-conf)", endpoint, host)
 	}
