@@ -41,13 +41,20 @@ func fromEnvironment(getenv func(string) string) (raw rawFlags, set, fromEnv map
 // static backend, and Kubeflow Trainer sets it on every pod whatever the
 // backend: from the environment it does not contradict a store's ranks as
 // --node-rank does. So with PET_MASTER_ADDR and PET_MASTER_PORT, which
-// Kubeflow sets too, under --standalone: torchrun ignores all three there.
+// Kubeflow sets too, under --standalone, c10d and etcd: torchrun ignores
+// them there (run.py: "master_port is only used for the static rendezvous
+// backend"). Under c10d, PET_MASTER_PORT had pinned every attempt's
+// workers' store to one port, which a manifest does not declare, where
+// the docs promise a free port per attempt.
 func (r rawFlags) dropEnvOnly(set, fromEnv map[string]bool) {
 	if fromEnv["node-rank"] {
 		delete(set, "node-rank")
 	}
 	standalone, err := r.bool("standalone")
-	if err != nil || !standalone { // a bad value is fill's to report
+	if err != nil { // a bad value is fill's to report
+		return
+	}
+	if !standalone && r["rdzv-backend"] == "static" {
 		return
 	}
 	for _, f := range flagSpecs {

@@ -371,6 +371,21 @@ func TestParsePETNodeRank(t *testing.T) {
 	if err != nil || c.NodeRank != 0 {
 		t.Errorf("c10d under PET_NODE_RANK=2: got %v, %v; want accepted, node rank 0 (the store's to assign)", c, err)
 	}
+	// Nor does PET_MASTER_PORT pin the workers' store under c10d or etcd,
+	// as torchrun ignores it there: each attempt picks a free port.
+	for _, backend := range []string{"c10d", "etcd"} {
+		args := "--nnodes 3:4 --rdzv-backend " + backend + " --rdzv-endpoint job-node-0-0.job:29400 train.py"
+		c, err = Parse(strings.Fields(args), getenv, fourCPUs)
+		if err != nil || c.MasterPort != 0 || c.MasterAddr != "" {
+			t.Errorf("%s under PET_MASTER_*: got master %q:%d, %v; want neither taken", backend, c.MasterAddr, c.MasterPort, err)
+		}
+	}
+	kubeflow["PET_RDZV_BACKEND"] = "c10d"
+	c, err = Parse(strings.Fields("--nnodes 3:4 --rdzv-endpoint job-node-0-0.job:29400 train.py"), getenv, fourCPUs)
+	if err != nil || c.MasterPort != 0 {
+		t.Errorf("PET_RDZV_BACKEND=c10d under PET_MASTER_PORT: got master port %d, %v; want it not taken", c.MasterPort, err)
+	}
+	delete(kubeflow, "PET_RDZV_BACKEND")
 	c, err = Parse([]string{"train.py"}, getenv, fourCPUs)
 	if err != nil || c.NodeRank != 2 || c.NNodesMax != 4 || c.MasterPort != 29500 {
 		t.Errorf("static under PET_*: got %+v, %v; want node rank 2 of 4, master port 29500", c, err)

@@ -42,6 +42,12 @@ func TestIndexedJobs(t *testing.T) {
 			if pod.RestartPolicy != corev1.RestartPolicyNever {
 				t.Errorf("restartPolicy %q, want Never (podFailurePolicy needs it)", pod.RestartPolicy)
 			}
+			if !deref(pod.ShareProcessNamespace, false) {
+				// Else the launcher (ddp-agent, torchrun) is the container's
+				// PID 1, which reaps no orphan: the workers' children that
+				// outlived them stayed zombies, more with every restart.
+				t.Error("shareProcessNamespace not set: the launcher would be PID 1 and reap no orphaned process")
+			}
 			checkHeadlessService(t, ms, j)
 			if failureAction(spec.PodFailurePolicy, "", 143, corev1.DisruptionTarget) != batchv1.PodFailurePolicyActionIgnore {
 				t.Error("a pod with the DisruptionTarget condition (evicted, preempted) is not ignored")
