@@ -566,6 +566,9 @@ func (r rawFlags) telemetry(c *Config) (err error) {
 	if err := observe.CheckMetricsAddr(c.MetricsAddr); err != nil {
 		return usagef("%v", err)
 	}
+	if err := observe.CheckOTelEndpoint(c.OTelEndpoint); err != nil {
+		return usagef("%v", err)
+	}
 	if c.MetricsLinger, err = r.seconds("metrics-linger"); err != nil {
 		return err
 	}

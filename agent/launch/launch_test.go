@@ -303,6 +303,8 @@ func TestParseErrors(t *testing.T) {
 		{"straggler confirm 0", "--straggler-confirm 0 train.py", "--straggler-confirm must be a duration above 0 (seconds, or like 90s), got \"0\""},
 		{"straggler confirm not a duration", "--straggler-confirm soon train.py", "--straggler-confirm must be a duration above 0"},
 		{"straggler prefix now ambiguous", "--straggler-c 0.1 train.py", "ambiguous flag --straggler-c"},
+		{"otel endpoint without a port", "--otel-endpoint nohostport train.py", "--otel-endpoint \"nohostport\": address nohostport: missing port in address"},
+		{"otel endpoint scheme", "--otel-endpoint ftp://x:1 train.py", "--otel-endpoint \"ftp://x:1\": scheme \"ftp\""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -322,6 +324,23 @@ func TestParseErrors(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
 				t.Errorf("got %q, want one line containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestParseOTelVariables: the OTEL_* variables the exporters read are
+// checked with the command line, a usage error (exit 2) before anything
+// starts; a wrong one once failed the job at run time (exit 1), with a
+// job_failed sent to the notifiers.
+func TestParseOTelVariables(t *testing.T) {
+	for name, value := range map[string]string{"OTEL_TRACES_EXPORTER": "jaeger", "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(name, value)
+			_, err := Parse([]string{"train.py"}, noEnv, fourCPUs)
+			var uerr *UsageError
+			if !errors.As(err, &uerr) || !strings.Contains(err.Error(), value) {
+				t.Errorf("%s=%s: got %v, want a usage error naming it", name, value, err)
 			}
 		})
 	}

@@ -20,6 +20,9 @@ func Flags(fs *flag.FlagSet, c *Config) (check func() error) {
 		if err := CheckMetricsAddr(c.MetricsAddr); err != nil {
 			return err
 		}
+		if err := CheckOTelEndpoint(c.OTelEndpoint); err != nil {
+			return err
+		}
 		if c.TraceSample, err = ParseTraceSample(sample); err != nil {
 			return err
 		}

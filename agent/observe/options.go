@@ -5,6 +5,8 @@ import (
 	"net"
 	"strconv"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/telemetry/export"
 )
 
 // The telemetry options' values, read the same way by both modes: the
@@ -49,6 +51,12 @@ func CheckMetricsAddr(v string) error {
 		return fmt.Errorf("--metrics-addr %q: the port must be a number from 0 to 65535, or a service name", v)
 	}
 	return nil
+}
+
+// CheckOTelEndpoint checks --otel-endpoint and the OTEL_* variables that
+// the exporters read (export.CheckEndpoint), before anything starts.
+func CheckOTelEndpoint(v string) error {
+	return export.CheckEndpoint(v)
 }
 
 // ParseTraceSample reads --trace-sample, a share from 0 to 1.

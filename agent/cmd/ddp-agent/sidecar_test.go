@@ -31,6 +31,7 @@ func TestSidecarFlags(t *testing.T) {
 	for _, bad := range [][]string{
 		{"--hang-timeout", "0.5"}, {"--hang-timeout", "soon"}, {"--trace-sample", "2"}, {"--straggler-cost", "1"},
 		{"--job-linger", "10ms"}, {"--metrics-addr", ":99999"}, {"--log-level", "loud"}, {"train.py"}, {"--plugin", "exec,=x"}, {"--nope"},
+		{"--otel-endpoint", "nohostport"},
 	} {
 		if _, _, err := sidecarFlags(bad, getenv, io.Discard); err == nil {
 			t.Errorf("%v: accepted", bad)

@@ -92,9 +92,23 @@ func otlpEndpoint(cfgEndpoint, protocol, signal string) (ep endpoint, ok bool, e
 		return ep, true, nil
 	}
 	if err := ep.parse(cfgEndpoint); err != nil {
-		return endpoint{}, false, fmt.Errorf("otel endpoint %q: %w", cfgEndpoint, err)
+		return endpoint{}, false, fmt.Errorf("--otel-endpoint %q: %w (want host:port for OTLP/gRPC, or an http:// or https:// URL)", cfgEndpoint, err)
 	}
 	return ep, true, nil
+}
+
+// CheckEndpoint checks what New would take the OTLP endpoints from:
+// cfgEndpoint (--otel-endpoint) and the OTEL_* variables, for both
+// signals. A mistake there is the command line's, to be said before
+// anything starts; New found it only after the plugins had started, and
+// the agent exited 1 with a job_failed sent to the notifiers.
+func CheckEndpoint(cfgEndpoint string) error {
+	for _, signal := range []string{"traces", "metrics"} {
+		if _, _, err := otlpEndpoint(cfgEndpoint, "", signal); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (ep *endpoint) parse(s string) error {
