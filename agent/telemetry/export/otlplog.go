@@ -132,6 +132,9 @@ func hint(ep endpoint, err error) string {
 		return "4317 is the OTLP/gRPC port: use grpc there (OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or --otel-endpoint host:4317), or http/protobuf on http://host:4318"
 	case has("connection refused"):
 		return "nothing listens there: is the collector running with an OTLP receiver on that port?"
+	case has("Unimplemented") && has("MetricsService"), has("404") && has("/v1/metrics"):
+		// Jaeger's OTLP receivers take traces only.
+		return "the endpoint takes no OTLP metrics (Jaeger takes traces only): send metrics to a collector, or set OTEL_METRICS_EXPORTER=none"
 	case ep.protocol == ProtocolGRPC && has("http2", "server preface", "malformed header", "HTTP/1"):
 		return "the endpoint does not speak gRPC: for an OTLP/HTTP receiver (usually port 4318) use http/protobuf"
 	case ep.protocol == ProtocolHTTP && has("malformed HTTP", "transport connection broken", "readLoopPeekFailLocked", "EOF", "404",

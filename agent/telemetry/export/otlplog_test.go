@@ -80,6 +80,9 @@ func TestHint(t *testing.T) {
 		{"http to grpc", ep(ProtocolHTTP, "c:9"), `malformed HTTP response "\x00\x00"`, "does not answer OTLP/HTTP"},
 		{"http to grpc, reset", ep(ProtocolHTTP, "c:9"), `Post "http://c:9/v1/traces": readfrom tcp a->b: write tcp a->b: write: connection reset by peer`, "does not answer OTLP/HTTP"},
 		{"http to grpc, closed under the write", ep(ProtocolHTTP, "c:9"), `Post "http://c:9/v1/traces": readfrom tcp a->b: write tcp a->b: use of closed network connection`, "does not answer OTLP/HTTP"},
+		{"metrics to jaeger, grpc", ep(ProtocolGRPC, "c:4317"), "rpc error: code = Unimplemented desc = unknown service opentelemetry.proto.collector.metrics.v1.MetricsService", "OTEL_METRICS_EXPORTER=none"},
+		{"metrics to jaeger, http", ep(ProtocolHTTP, "c:4318"), "failed to send metrics to http://c:4318/v1/metrics: 404 Not Found", "OTEL_METRICS_EXPORTER=none"},
+		{"traces path not found", ep(ProtocolHTTP, "c:4318"), "failed to send to http://c:4318/x/v1/traces: 404 Not Found", "check the URL path"},
 		{"other", ep(ProtocolGRPC, "c:9"), "permission denied", ""},
 	}
 	for _, tc := range tests {
