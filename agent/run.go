@@ -258,6 +258,14 @@ func (r *run) startPlugins() error {
 	}
 	cfg := pluginhost.Config{Specs: p.Specs, Job: r.runID, Dir: pluginhost.BundledDir(p.Dir)}
 	cfg.OnFinding = func(f pluginhost.Finding) { r.faults.Report(fault.Plugin(&fault.PluginError{Finding: f})) }
+	cfg.Attempt = func() (uint64, int) { // for the events told from outside the loop
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.last == nil {
+			return 0, 0
+		}
+		return r.last.gen, r.last.n
+	}
 	h, err := pluginhost.Start(cfg, r.log)
 	if err != nil {
 		return err

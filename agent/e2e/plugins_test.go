@@ -121,11 +121,19 @@ func TestPluginExecDrainsDuringRendezvous(t *testing.T) {
 func TestPluginRefused(t *testing.T) {
 	budget(t, 10*time.Second)
 	bins := buildMisbehave(t, "v2")
+	// Paths that exist but cannot run were started and retried forever,
+	// "permission denied" at each restart, with a job running unwatched.
+	notExec := filepath.Join(t.TempDir(), "plugin")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ spec, want string }{
 		{bins["v2"], "speaks plugin protocol 2, this ddp-agent speaks 1"},
 		{"exec,command=true,colour=blue", `unknown option "colour"`},
 		{"/nonexistent/plugin", "no such file"},
 		{"nosuchplugin", "no bundled plugin of that name"},
+		{notExec, "not executable"},
+		{t.TempDir(), "a directory, not an executable"},
 	} {
 		r := startAgent(t, nil, "--standalone", "--plugin", tc.spec, "timed.py", "30")
 		if code := r.wait(20 * time.Second); code != 2 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -133,9 +134,11 @@ func (d *helperDetector) Watch(ctx context.Context, emit func(detector.Finding) 
 	case "endwatch": // returns from Watch though the agent did not ask
 		return nil
 	case "crash":
-		// To fd 2 itself, as a panic writes (go-plugin's Serve points
-		// os.Stderr at a stream that may not be connected yet).
-		fmt.Fprintln(os.NewFile(2, "stderr"), "crashing on purpose")
+		// As a plugin writes its last words: os.Stderr and the log
+		// package, then exit (go-plugin's Serve points os.Stderr at a
+		// stream that dies with the process; the SDK's puts it back).
+		fmt.Fprintln(os.Stderr, "crashing on purpose")
+		log.Print("the log package's last line")
 		os.Exit(2)
 	}
 	t := time.NewTicker(d.every)
@@ -171,8 +174,14 @@ func (n *helperNotifier) Notify(ctx context.Context, ev notifier.Event) error {
 		return errors.New("the site's pager is down")
 	case "stuck": // never answers, whatever the deadline
 		select {}
+	case "deadline":
+		// Its side of the deadline passes first (its clock, a timeout of
+		// its own): DEADLINE_EXCEEDED comes back while the agent's ctx
+		// still runs, as it often does for a stuck one.
+		return context.DeadlineExceeded
 	}
 	helperNote("event %s %s", ev.Kind, ev.Message)
+	helperNote("attempt %s %d %d", ev.Kind, ev.Generation, ev.Attempt)
 	return nil
 }
 

@@ -31,6 +31,12 @@ type Config struct {
 	// warning (restart-workers, drain-node), each time it is sent. It must
 	// not block.
 	OnFinding func(Finding)
+	// Attempt, when set, is the job's current generation and attempt,
+	// stamped on each event that comes without them: a straggler, a
+	// detector's finding, a plugin's failure are told from outside the
+	// agent's loop, which alone knows them. The host's goroutines call
+	// it: it must be safe for concurrent use, and not block.
+	Attempt func() (generation uint64, attempt int)
 
 	StartTimeout  time.Duration // a plugin's handshake (default 10 s)
 	CallTimeout   time.Duration // Info, Configure (default 10 s)
@@ -169,8 +175,10 @@ func (h *Host) goRun(f func()) {
 	}()
 }
 
-// Notify queues ev for every notifier; it never blocks. A notifier whose
-// queue is full drops the event and counts it.
+// Notify queues ev for every notifier; it never blocks. It fills in what
+// ev leaves out: the time, the job, the node, and the current generation
+// and attempt (Config.Attempt). A notifier whose queue is full drops the
+// event and counts it.
 func (h *Host) Notify(ev notifier.Event) {
 	if h == nil {
 		return
@@ -184,9 +192,27 @@ func (h *Host) Notify(ev notifier.Event) {
 	if ev.Node == "" {
 		ev.Node = h.cfg.Node
 	}
+	if ev.Attempt == 0 && h.cfg.Attempt != nil {
+		ev.Generation, ev.Attempt = stamp(ev.Generation, h.cfg.Attempt)
+	}
 	for _, r := range h.runners {
 		r.enqueue(ev)
 	}
+}
+
+// stamp is the generation and attempt of an event told with generation
+// gen and attempt 0. Zero for both is none: the current ones. The current
+// generation is the current attempt's (each attempt runs in a round, each
+// round a generation of its own): a reformed event names its generation
+// alone. Any other generation is an earlier attempt's, whose number the
+// host does not know. Stamping the loop's events of generation 0's first
+// attempt, told while it is the current one, changes nothing.
+func stamp(gen uint64, current func() (uint64, int)) (uint64, int) {
+	curGen, curAttempt := current()
+	if gen == 0 || gen == curGen {
+		return curGen, curAttempt
+	}
+	return gen, 0
 }
 
 // Close delivers what the notifiers still hold, within flush, then stops

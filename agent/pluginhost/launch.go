@@ -82,6 +82,19 @@ func (p *proc) exitedWithin(d time.Duration) bool {
 	}
 }
 
+// exitedError says that the plugin exited, and how (its exit code, or
+// the signal that ended it) once go-plugin has reaped it: "exit status
+// 2" points at the plugin's own os.Exit, "signal: killed" at the OOM
+// killer or a person.
+func (p *proc) exitedError() error {
+	// go-plugin sets Exited after cmd.Wait, under its lock: once p.exited
+	// holds, ProcessState is written and safe to read.
+	if p.exited() && p.cmd != nil && p.cmd.ProcessState != nil {
+		return fmt.Errorf("the plugin exited (%s)", p.cmd.ProcessState)
+	}
+	return errors.New("the plugin exited")
+}
+
 // pluginSet is the agent's side of every plugin kind: go-plugin dispenses
 // the one a plugin's Info names.
 func pluginSet() goplugin.PluginSet {
@@ -116,7 +129,7 @@ func (h *Host) launch(ctx context.Context, sp Spec) (*proc, error) {
 		StartTimeout:     h.cfg.StartTimeout,
 		Stderr:           tail, // go-plugin also logs each stderr line through Logger
 		SyncStdout:       io.Discard,
-		SyncStderr:       tail, // the plugin's os.Stderr, once it serves
+		SyncStderr:       tail, // os.Stderr of a plugin served by go-plugin alone (the SDK's Serve writes it to fd 2)
 	})
 	p := &proc{client: client, cmd: cmd, stderr: tail}
 	if err := h.connect(ctx, sp, p); err != nil {

@@ -23,7 +23,7 @@ func (r *runner) deliver(p *proc) error {
 		case ev := <-r.q:
 			ctx, cancel := context.WithTimeout(r.h.ctx, r.h.cfg.NotifyTimeout)
 			err := p.not.Notify(ctx, ev)
-			timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
+			timedOut := outlived(ctx, err)
 			cancel()
 			r.pending.Add(-1)
 			if err == nil {
@@ -36,7 +36,7 @@ func (r *runner) deliver(p *proc) error {
 			case r.h.ctx.Err() != nil:
 				return nil
 			case !pluginsOwn(err) && p.exitedWithin(200*time.Millisecond):
-				return errors.New("the plugin exited")
+				return p.exitedError()
 			case timedOut:
 				if timeouts++; timeouts >= hungNotifies {
 					return fmt.Errorf("hung: %d Notify calls in a row outlived %s", timeouts, r.h.cfg.NotifyTimeout)
@@ -48,4 +48,13 @@ func (r *runner) deliver(p *proc) error {
 			}
 		}
 	}
+}
+
+// outlived reports whether a Notify call that returned err outlived its
+// deadline. The plugin's side of the call may see the deadline pass
+// first, and its DEADLINE_EXCEEDED arrive while ctx has not yet ended
+// (plugins.RPCError): counting ctx alone, a notifier that hung on every
+// call was seldom seen hung.
+func outlived(ctx context.Context, err error) bool {
+	return errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
 }

@@ -100,7 +100,9 @@ func (r *runner) serve(p *proc, sched detector.Schedule) error {
 	}
 	r.up.Store(false)
 	if p.exited() {
-		time.Sleep(100 * time.Millisecond) // its last stderr lines come over a stream of their own
+		// Its stderr is read to its end by now; a plugin not served by the
+		// SDK's Serve writes its os.Stderr over go-plugin's stream, which trails.
+		time.Sleep(100 * time.Millisecond)
 	}
 	err = p.stderr.wrap(err)
 	p.kill()

@@ -66,6 +66,30 @@ func TestCrashingPluginBacksOff(t *testing.T) {
 	pidsGone(t, notes)
 }
 
+// A plugin's last words before it exits (os.Stderr, the log package)
+// are in the failure's line, with its exit status, at every crash:
+// through go-plugin's stdio stream they were lost most of the time.
+func TestCrashingPluginsLastStderr(t *testing.T) {
+	path, _ := helperPlugin(t, t.TempDir(), "crasher", "detector:crash")
+	rec := newRecorder()
+	h, err := Start(Config{Specs: []Spec{{Name: "crasher", Path: path, Raw: path}},
+		FirstBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond}, rec.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const crashes = 6
+	fails := rec.waitFor(t, "plugin failed; restarting it", crashes)
+	h.Close(0)
+	for i, f := range fails[:crashes] {
+		err := f.attrs["err"]
+		for _, want := range []string{"the plugin exited (exit status 2)", "crashing on purpose", "the log package's last line"} {
+			if !strings.Contains(err, want) {
+				t.Errorf("crash %d: failure %q, want it to say %q", i+1, err, want)
+			}
+		}
+	}
+}
+
 // A plugin refused after the agent started (replaced by one that refuses
 // its options) does not stop the job: it is told once, then tried again
 // quietly every MaxBackoff in case it comes back.

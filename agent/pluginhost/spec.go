@@ -1,10 +1,14 @@
 package pluginhost
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ddp-agent/ddp-agent/plugins"
 )
@@ -86,16 +90,43 @@ func ParseSpecs(flags []string, env string) ([]Spec, error) {
 // binary as it is, a bundled plugin through ddp-agent-plugins in dir.
 func (s Spec) command(dir string) (string, []string, error) {
 	if s.Path != "" {
-		if _, err := os.Stat(s.Path); err != nil {
+		if err := runnable(s.Path); err != nil {
 			return "", nil, err // names the path, and RefusedError the plugin
 		}
 		return s.Path, nil, nil
 	}
 	bin := filepath.Join(dir, BundledBinary)
-	if _, err := os.Stat(bin); err != nil {
+	switch err := runnable(bin); {
+	case errors.Is(err, fs.ErrNotExist):
 		return "", nil, fmt.Errorf("plugin %s: the bundled plugins' binary is missing (%w); `make build` puts it next to ddp-agent, or set DDP_AGENT_PLUGIN_DIR", s.Name, err)
+	case err != nil:
+		return "", nil, fmt.Errorf("plugin %s: the bundled plugins' binary: %w", s.Name, err)
 	}
 	return bin, []string{s.Name}, nil
+}
+
+// runnable refuses a path that cannot be executed: missing, not a
+// regular file (a directory), or not executable by this process (no x
+// bit for it, a noexec mount). Started, each fails with "permission
+// denied" at every restart, forever; refused, the user hears it once,
+// before the job starts.
+func runnable(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		what := "not a regular file"
+		if fi.IsDir() {
+			what = "a directory"
+		}
+		return fmt.Errorf("%s: %s, not an executable", path, what)
+	}
+	// access(2) answers for this process's user, and for a noexec mount.
+	if err := unix.Access(path, unix.X_OK); err != nil {
+		return fmt.Errorf("%s: not executable (mode %s): %w", path, fi.Mode().Perm(), err)
+	}
+	return nil
 }
 
 // BundledDir is where ddp-agent-plugins is looked for: $DDP_AGENT_PLUGIN_DIR,

@@ -133,6 +133,14 @@ func TestSpecCommand(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(withBundled, BundledBinary), []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	noExec := filepath.Join(dir, "no-x")
+	if err := os.WriteFile(noExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bundledNoExec := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bundledNoExec, BundledBinary), []byte("#!/bin/sh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name     string
 		sp       Spec
@@ -145,6 +153,11 @@ func TestSpecCommand(t *testing.T) {
 		{name: "a missing external plugin", sp: Spec{Name: "gone", Path: filepath.Join(dir, "gone"), Raw: "gone-raw"}, err: "gone: no such file"},
 		{name: "a bundled plugin runs through ddp-agent-plugins", sp: Spec{Name: "exec"}, dir: withBundled, wantPath: filepath.Join(withBundled, BundledBinary), wantArgs: []string{"exec"}},
 		{name: "no ddp-agent-plugins", sp: Spec{Name: "exec"}, dir: dir, err: "the bundled plugins' binary is missing"},
+		// Run, each failed with "permission denied" at every restart.
+		{name: "an external plugin without execute bits", sp: Spec{Name: "no-x", Path: noExec}, err: noExec + ": not executable (mode -rw-r--r--): permission denied"},
+		{name: "an external plugin that is a directory", sp: Spec{Name: "site", Path: dir}, err: dir + ": a directory, not an executable"},
+		{name: "an external plugin that is a device", sp: Spec{Name: "null", Path: os.DevNull}, err: os.DevNull + ": not a regular file"},
+		{name: "ddp-agent-plugins without execute bits", sp: Spec{Name: "exec"}, dir: bundledNoExec, err: "the bundled plugins' binary: " + filepath.Join(bundledNoExec, BundledBinary) + ": not executable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path, args, err := tc.sp.command(tc.dir)

@@ -72,7 +72,7 @@ func (h *Host) watch(sp Spec, p *proc, sched detector.Schedule) error {
 	case h.ctx.Err() != nil:
 		return nil
 	case p.exitedWithin(200 * time.Millisecond):
-		return errors.New("the plugin exited")
+		return p.exitedError()
 	case err == nil:
 		return errors.New("the plugin ended its watch")
 	}
