@@ -19,15 +19,15 @@ type EventKind string
 const (
 	JobStarted    EventKind = "job_started"    // the agent started this node's part of the job
 	WorkerFailed  EventKind = "worker_failed"  // a worker of this node failed; Details["report"] is the root-cause report
-	Restarted     EventKind = "restarted"      // the job's workers restart (Details: restarts, max_restarts, reason)
-	Straggler     EventKind = "straggler"      // a persistent straggler was named (Rank; Details: cause, evidence)
-	Hang          EventKind = "hang"           // a collective hung (Details: missing ranks, stacks)
-	GPUFault      EventKind = "gpu_fault"      // an NVML health finding that stops workers
+	Restarted     EventKind = "restarted"      // the job's workers restart; Message says why (Details: restarts, max_restarts; none when another node's fault ended the round)
+	Straggler     EventKind = "straggler"      // a persistent straggler was named (Rank; Details: cause, late, share), or acted on (Details: action)
+	Hang          EventKind = "hang"           // a collective hung (Details: missing ranks, step, bucket, report with the stacks)
+	GPUFault      EventKind = "gpu_fault"      // an NVML health finding that stops workers (Details: action, for a GPU reset or a drain)
 	NodeLost      EventKind = "node_lost"      // the job moved to a new generation without a node
 	NodeJoined    EventKind = "node_joined"    // the job moved to a new generation with a new node
-	Reformed      EventKind = "reformed"       // the job's ranks re-formed in process after a fault, without a restart (Details: step, resume, source, phases)
-	HealthFinding EventKind = "health_finding" // a detector plugin's finding that is not healthy
-	PluginFailed  EventKind = "plugin_failed"  // a plugin crashed, hung or was refused
+	Reformed      EventKind = "reformed"       // the job's ranks re-formed in process after a fault, without a restart (Details: reform, step, resume, source, lost_steps, took_ms, error, <phase>_ms)
+	HealthFinding EventKind = "health_finding" // a detector plugin's verdict on a subject changed: a warning, an error, or cleared (severity ok) (Details: plugin, subject, severity, action)
+	PluginFailed  EventKind = "plugin_failed"  // a plugin crashed, hung, failed to start, or was refused on a restart (Details: plugin, restart_in)
 	JobFinished   EventKind = "job_finished"   // every worker of this node succeeded
 	JobFailed     EventKind = "job_failed"     // this node's part of the job ended in failure
 )

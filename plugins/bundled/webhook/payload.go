@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ddp-agent/ddp-agent/plugins/detector"
 	"github.com/ddp-agent/ddp-agent/plugins/notifier"
 )
 
@@ -60,12 +61,17 @@ func encodePayload(ev notifier.Event, now time.Time) ([]byte, error) {
 const maxTextLine = 200
 
 // summary is the event in one chat line:
-// ":rotating_light: job J on node N: worker_failed rank 1: <message's first line>".
+// ":rotating_light: job J on node N: worker_failed rank 1: <message's first line>";
+// a detector's finding says whose it is and what it asks, or that it
+// cleared: ":white_check_mark: job J on node N: health_finding disk on /data cleared: <message>".
 func summary(ev notifier.Event) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s job %s on node %s: %s", icon(ev.Kind), ev.Job, ev.Node, ev.Kind)
+	fmt.Fprintf(&b, "%s job %s on node %s: %s", icon(ev), ev.Job, ev.Node, ev.Kind)
 	if ev.Rank >= 0 {
 		fmt.Fprintf(&b, " rank %d", ev.Rank)
+	}
+	if ev.Kind == notifier.HealthFinding {
+		b.WriteString(findingVerdict(ev.Details))
 	}
 	if line := firstLine(ev.Message, maxTextLine); line != "" {
 		b.WriteString(": " + line)
@@ -75,16 +81,53 @@ func summary(ev notifier.Event) string {
 
 // icon is a chat emoji for how bad the event is: a job in trouble, one to
 // look at, or good news.
-func icon(k notifier.EventKind) string {
-	switch k {
+func icon(ev notifier.Event) string {
+	switch ev.Kind {
 	case notifier.WorkerFailed, notifier.GPUFault, notifier.Hang, notifier.NodeLost, notifier.PluginFailed, notifier.JobFailed:
 		return ":rotating_light:"
-	case notifier.Restarted, notifier.Straggler, notifier.HealthFinding:
+	case notifier.Restarted, notifier.Straggler:
 		return ":warning:"
+	case notifier.HealthFinding:
+		return findingIcon(ev.Details)
 	case notifier.JobStarted, notifier.JobFinished, notifier.NodeJoined:
 		return ":white_check_mark:"
 	}
 	return ":information_source:"
+}
+
+// findingIcon is a health_finding's emoji: by what it asks (a restart or
+// a drain is trouble), else by its severity (ok: it cleared).
+func findingIcon(d map[string]string) string {
+	switch {
+	case d["action"] == detector.ActionRestartWorkers.String(), d["action"] == detector.ActionDrainNode.String(),
+		d["severity"] == detector.SeverityError.String():
+		return ":rotating_light:"
+	case d["severity"] == detector.SeverityOK.String():
+		return ":white_check_mark:"
+	}
+	return ":warning:"
+}
+
+// findingVerdict is a health_finding's words after its kind: whose
+// finding, on what, and "cleared" or its severity and action:
+// " disk on /data cleared", " nic on eth0 error, drain-node".
+func findingVerdict(d map[string]string) string {
+	var b strings.Builder
+	if d["plugin"] != "" {
+		b.WriteString(" " + d["plugin"])
+	}
+	if d["subject"] != "" {
+		b.WriteString(" on " + d["subject"])
+	}
+	switch sev, act := d["severity"], d["action"]; {
+	case sev == detector.SeverityOK.String():
+		b.WriteString(" cleared")
+	case sev != "" && act != "" && act != detector.ActionNone.String():
+		b.WriteString(" " + sev + ", " + act)
+	case sev != "":
+		b.WriteString(" " + sev)
+	}
+	return b.String()
 }
 
 // firstLine is s's first non-blank line, cut to max runes with "…".

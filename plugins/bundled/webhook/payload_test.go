@@ -31,6 +31,37 @@ func TestSummary(t *testing.T) {
 	}
 }
 
+// A detector's finding reads as bad as it is, says whose it is and on
+// what, and a cleared one says so, as the agent's host sends them.
+func TestSummaryOfAFinding(t *testing.T) {
+	finding := func(sev, act, msg string) notifier.Event {
+		return notifier.Event{Kind: notifier.HealthFinding, Job: "j", Node: "n", Rank: -1, Message: msg,
+			Details: map[string]string{"plugin": "nic", "subject": "eth0", "severity": sev, "action": act}}
+	}
+	for _, tc := range []struct {
+		name string
+		ev   notifier.Event
+		want string
+	}{
+		{"a drain", finding("error", "drain-node", "link down"),
+			":rotating_light: job j on node n: health_finding nic on eth0 error, drain-node: link down"},
+		{"a restart", finding("error", "restart-workers", "link flapped"),
+			":rotating_light: job j on node n: health_finding nic on eth0 error, restart-workers: link flapped"},
+		{"an error that asks nothing", finding("error", "none", "CRC errors"),
+			":rotating_light: job j on node n: health_finding nic on eth0 error: CRC errors"},
+		{"a warning", finding("warning", "warn", "slow link"),
+			":warning: job j on node n: health_finding nic on eth0 warning, warn: slow link"},
+		{"cleared", finding("ok", "none", "fine"),
+			":white_check_mark: job j on node n: health_finding nic on eth0 cleared: fine"},
+		{"without details", notifier.Event{Kind: notifier.HealthFinding, Job: "j", Node: "n", Rank: -1, Message: "x"},
+			":warning: job j on node n: health_finding: x"},
+	} {
+		if got := summary(tc.ev); got != tc.want {
+			t.Errorf("%s:\n got %q\nwant %q", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestNewPayload(t *testing.T) {
 	now := time.Date(2026, 11, 26, 3, 4, 5, 6, time.UTC)
 	at := time.Date(2026, 11, 26, 4, 4, 5, 123456789, time.FixedZone("CET", 3600))
