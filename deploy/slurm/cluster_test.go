@@ -51,7 +51,10 @@ func startCluster(ctx context.Context, t *testing.T, repo string) *cluster {
 		t.Fatal(err)
 	}
 	conf := filepath.Join(dir, "slurm.conf")
-	c := &cluster{dir: dir, env: append(cleanEnv(), "SLURM_CONF="+conf)}
+	// The site's settings file (DDP_AGENT_SLURM_DEFAULTS, in place of
+	// /etc/default/ddp-agent-slurm), read by the prolog, the epilog and the
+	// jobs' sbatch scripts alike.
+	c := &cluster{dir: dir, env: append(cleanEnv(), "SLURM_CONF="+conf, "DDP_AGENT_SLURM_DEFAULTS="+siteDefaults(dir))}
 	t.Cleanup(c.stop)
 
 	key := make([]byte, 1024)
@@ -92,9 +95,20 @@ func startCluster(ctx context.Context, t *testing.T, repo string) *cluster {
 
 func (c *cluster) mungeSocket() string { return filepath.Join(c.dir, "munge/munge.socket") }
 
+// siteDefaults is the cluster's site settings file, as a site's
+// /etc/default/ddp-agent-slurm.
+func siteDefaults(dir string) string { return filepath.Join(dir, "ddp-agent-slurm") }
+
 // slurmConf is the configuration: two nodes on this host told apart by name
 // and port, process tracking through /proc (no cgroup setup needed in a
-// container), no accounting database (job states from scontrol).
+// container), no accounting database (job states from scontrol). As
+// README.md asks of a site: nohold_on_prolog_fail, so that a job whose
+// prolog failed on a node (a check exiting 3) runs on another instead of
+// waiting held, and KillWait=30 (Slurm's default), 15 s over the agent's
+// --stop-timeout. cred_expire=10 (120 by default) is also how long a
+// requeued job waits before it may start again, and sched_interval=2 (60)
+// how long it may wait then for the scheduler's next pass: seconds, not
+// minutes, for the requeue test.
 func slurmConf(dir string, ports []int) string {
 	return fmt.Sprintf(`ClusterName=ddptest
 SlurmctldHost=localhost
@@ -102,7 +116,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=%[1]s/munge/munge.socket
+AuthInfo=socket=%[1]s/munge/munge.socket,cred_expire=10
 SlurmctldPort=%[2]d
 StateSaveLocation=%[1]s/state
 SlurmdSpoolDir=%[1]s/spool/%%n
@@ -118,13 +132,14 @@ MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
 SchedulerType=sched/builtin
+SchedulerParameters=nohold_on_prolog_fail,sched_interval=2
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 Prolog=%[1]s/prolog
 Epilog=%[1]s/epilog
 PrologFlags=Alloc
-KillWait=15
+KillWait=30
 InactiveLimit=0
 MinJobAge=600
 SlurmdTimeout=60
@@ -136,18 +151,35 @@ PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=10 State=UP
 
 // writeHooks installs the prolog and epilog as a site would, through small
 // wrappers that point them at this cluster (slurmd gives them a bare
-// environment), and one health check that records each run.
+// environment), the site's settings file (the checks' directory and a drain
+// directory that is not the default), and one health check that records
+// each run.
 func (c *cluster) writeHooks(t *testing.T, repo string) {
 	t.Helper()
+	defaults := fmt.Sprintf("# as /etc/default/ddp-agent-slurm\nDDP_AGENT_CHECKS_DIR=%s/checks\nDDP_AGENT_DRAIN_DIR=%[1]s/drain\n", c.dir)
+	if err := os.WriteFile(siteDefaults(c.dir), []byte(defaults), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, hook := range []string{"prolog", "epilog"} {
-		script := fmt.Sprintf("#!/bin/sh\nexport SLURM_CONF=%s/slurm.conf DDP_AGENT_CHECKS_DIR=%[1]s/checks DDP_AGENT_DRAIN_DIR=%[1]s/drain\nexec %s/deploy/slurm/%s.sh\n",
-			c.dir, repo, hook)
-		if err := os.WriteFile(filepath.Join(c.dir, hook), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
+		c.writeHook(t, hook, filepath.Join(repo, "deploy/slurm", hook+".sh"))
 	}
 	check := fmt.Sprintf("#!/bin/sh\necho \"$SLURM_SCRIPT_CONTEXT $SLURM_JOB_ID $SLURMD_NODENAME\" >>%s/checks.log\necho ok\n", c.dir)
 	if err := os.WriteFile(filepath.Join(c.dir, "checks/10-record.sh"), []byte(check), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeHook points the cluster's Prolog or Epilog (hook) at script. slurmd
+// runs the wrapper anew for every job: it is replaced whole (a rename), never
+// rewritten in place under a shell that may be reading it.
+func (c *cluster) writeHook(t *testing.T, hook, script string) {
+	t.Helper()
+	wrapper := fmt.Sprintf("#!/bin/sh\nexport SLURM_CONF=%s/slurm.conf DDP_AGENT_SLURM_DEFAULTS=%s\nexec %s\n", c.dir, siteDefaults(c.dir), script)
+	path := filepath.Join(c.dir, hook)
+	if err := os.WriteFile(path+".new", []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
 		t.Fatal(err)
 	}
 }

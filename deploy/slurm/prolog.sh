@@ -1,10 +1,11 @@
 #!/bin/bash
-# Slurm Prolog (slurm.conf: Prolog=/etc/slurm/ddp-agent-prolog.sh): runs the
-# node's health checks before a job starts on it, as root, on every node of
-# the job. The checks are the scripts that `ddp-agent run --plugin
-# exec,command=CHECK` runs during the job, and follow the exec plugin's
-# contract (docs/plugin-sdk.md#the-exec-plugin): the first line of standard
-# output is the message, and the exit code says what to do:
+# Slurm Prolog (slurm.conf: Prolog=/etc/slurm/ddp-agent/prolog.sh, with
+# epilog.sh beside it, which runs this file by that name): runs the node's
+# health checks before a job starts on it, as root, on every node of the job.
+# The checks are the scripts that `ddp-agent run --plugin exec,command=CHECK`
+# runs during the job, and follow the exec plugin's contract
+# (docs/plugin-sdk.md#the-exec-plugin): the first line of standard output is
+# the message, and the exit code says what to do:
 #
 #   0 ok; 1 warning (logged); 2 error that a restart of the workers would fix
 #   (logged: there are no workers yet); 3 drain the node;
@@ -15,9 +16,14 @@
 # so this script runs the check scripts directly, with the same contract.
 #
 # A check exiting 3 drains the node with the check's message as the reason
-# and fails the prolog, so Slurm requeues the job on other nodes.
+# and fails the prolog, so Slurm requeues the job. Slurm then holds it
+# (Reason=launch_failed_requeued_held, until `scontrol release JOB`) unless
+# slurm.conf has SchedulerParameters=nohold_on_prolog_fail, with which the
+# job goes back to the queue and runs on another node (README.md).
 #
-# Settings: /etc/default/ddp-agent-slurm is sourced when it exists.
+# Settings: the site's file, $DDP_AGENT_SLURM_DEFAULTS (default
+# /etc/default/ddp-agent-slurm), is sourced when it exists; epilog.sh and the
+# sbatch scripts read the same file.
 #   DDP_AGENT_CHECKS_DIR   the checks: every executable file in it, in name
 #                          order (default /etc/ddp-agent/checks.d)
 #   DDP_AGENT_CHECK_TIMEOUT  seconds each check may take (default 10; keep the
@@ -26,8 +32,9 @@
 
 set -u
 export PATH="${PATH:+$PATH:}/usr/sbin:/usr/bin:/sbin:/bin" # slurmd's environment may have none
+defaults=${DDP_AGENT_SLURM_DEFAULTS:-/etc/default/ddp-agent-slurm}
 # shellcheck source=/dev/null
-[ -r /etc/default/ddp-agent-slurm ] && . /etc/default/ddp-agent-slurm
+[ -r "$defaults" ] && . "$defaults"
 
 DDP_AGENT_CHECKS_DIR=${DDP_AGENT_CHECKS_DIR:-/etc/ddp-agent/checks.d}
 DDP_AGENT_CHECK_TIMEOUT=${DDP_AGENT_CHECK_TIMEOUT:-10}
@@ -84,6 +91,8 @@ run_checks() {
 run_checks
 rc=$?
 if [ "$rc" -eq 3 ]; then
-	exit 1 # a failed prolog requeues the job elsewhere (the node is drained already)
+	# A failed prolog requeues the job (the node is drained already); with
+	# nohold_on_prolog_fail it is not held, and runs on another node.
+	exit 1
 fi
 exit 0

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,7 +15,10 @@ import (
 // replaced by a script that records its arguments): each check's exit code
 // maps as the exec plugin's does, a check exiting 3 drains the node and
 // fails the prolog, a check past its timeout is killed and only warned
-// about, and the epilog turns an agent's exit-3 note into a drain.
+// about, the epilog turns an agent's exit-3 note into a drain (in the drain
+// directory of the site's settings file, over its environment's), and an
+// epilog installed without prolog.sh beside it fails, so that Slurm drains
+// the node.
 func TestPrologChecks(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("no bash")
@@ -24,6 +28,8 @@ func TestPrologChecks(t *testing.T) {
 		checks    map[string]string // file name: script body
 		hook      string            // prolog or epilog
 		note      bool              // an exit-3 note from ddp-agent.sbatch
+		site      bool              // a settings file names the drain dir; the environment another
+		alone     bool              // the hook is installed without prolog.sh beside it
 		wantExit  int
 		wantDrain string // part of scontrol's arguments; "" means no drain
 		wantLog   string
@@ -41,6 +47,12 @@ func TestPrologChecks(t *testing.T) {
 			wantDrain: "Reason=ddp-agent: ddp-agent exit 3 in job 42"},
 		{name: "epilog runs the checks", hook: "epilog", checks: map[string]string{"a": "echo NIC down; exit 3"},
 			wantDrain: "Reason=ddp-agent: check a: NIC down"},
+		{name: "epilog reads the drain dir from the site's file", hook: "epilog", note: true, site: true,
+			wantDrain: "Reason=ddp-agent: ddp-agent exit 3 in job 42"},
+		{name: "epilog without prolog.sh fails", hook: "epilog", alone: true, checks: map[string]string{"a": "echo ok"},
+			wantExit: 1, wantLog: "prolog.sh is missing or not executable"},
+		{name: "epilog without prolog.sh still drains on the note", hook: "epilog", alone: true, note: true,
+			wantExit: 1, wantDrain: "Reason=ddp-agent: ddp-agent exit 3 in job 42", wantLog: "failing so that Slurm drains n7"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,8 +82,18 @@ func TestPrologChecks(t *testing.T) {
 			if err := os.WriteFile(scontrol, []byte("#!/bin/sh\necho \"$*\" >>"+record+"\n"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command("./" + tc.hook + ".sh")
-			cmd.Env = append(cleanEnv(), "DDP_AGENT_CHECKS_DIR="+checks, "DDP_AGENT_DRAIN_DIR="+drain,
+			hook, envDrain, defaults := "./"+tc.hook+".sh", drain, filepath.Join(dir, "defaults")
+			if tc.site {
+				envDrain = filepath.Join(dir, "elsewhere")
+				if err := os.WriteFile(defaults, []byte("DDP_AGENT_DRAIN_DIR="+drain+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.alone {
+				hook = installAlone(t, hook, filepath.Join(dir, "installed"))
+			}
+			cmd := exec.Command(hook)
+			cmd.Env = append(cleanEnv(), "DDP_AGENT_CHECKS_DIR="+checks, "DDP_AGENT_DRAIN_DIR="+envDrain, "DDP_AGENT_SLURM_DEFAULTS="+defaults,
 				"DDP_AGENT_SCONTROL="+scontrol, "DDP_AGENT_CHECK_TIMEOUT=1", "SLURMD_NODENAME=n7",
 				"SLURM_JOB_ID=42", "SLURM_JOB_UID="+strconv.Itoa(os.Getuid()), "SLURM_SCRIPT_CONTEXT="+tc.hook+"_slurmd")
 			out, err := cmd.CombinedOutput()
@@ -112,3 +134,59 @@ func TestPrologChecks(t *testing.T) {
 		})
 	}
 }
+
+// installAlone copies the script to dir, without prolog.sh beside it, and
+// returns the copy's path.
+func installAlone(t *testing.T, script, dir string) string {
+	t.Helper()
+	data, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	installed := filepath.Join(dir, filepath.Base(script))
+	if err := os.WriteFile(installed, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return installed
+}
+
+// TestInstallNames: the files of this directory name one install layout,
+// /etc/slurm/ddp-agent/prolog.sh and epilog.sh, the names epilog.sh runs
+// prolog.sh by (its own directory); an older spelling, ddp-agent-prolog.sh,
+// installed as told, left the epilog unable to find it.
+func TestInstallNames(t *testing.T) {
+	files, err := filepath.Glob("*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"Prolog": "/etc/slurm/ddp-agent/prolog.sh", "Epilog": "/etc/slurm/ddp-agent/epilog.sh"}
+	seen := 0
+	for _, f := range files {
+		if !strings.HasSuffix(f, ".sh") && !strings.HasSuffix(f, ".sbatch") && f != "README.md" {
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range installRE.FindAllStringSubmatch(string(data), -1) {
+			seen++
+			if m[2] != want[m[1]] {
+				t.Errorf("%s: %s=%s, want %s=%s", f, m[1], m[2], m[1], want[m[1]])
+			}
+		}
+		for _, old := range []string{"ddp-agent-prolog.sh", "ddp-agent-epilog.sh"} {
+			if strings.Contains(string(data), old) {
+				t.Errorf("%s names %s: install as %s", f, old, want["Prolog"])
+			}
+		}
+	}
+	if seen < 4 { // README's slurm.conf, and each script's header
+		t.Errorf("found %d Prolog=/Epilog= lines, want at least 4", seen)
+	}
+}
+
+var installRE = regexp.MustCompile(`\b(Prolog|Epilog)=([^\s,)]+)`)

@@ -19,9 +19,13 @@ import (
 // submits ddp-agent.sbatch with 2 nodes x 2 workers training
 // examples/train.py with the comm hook to completion, scancels a second job
 // mid-training and finds none of its processes left, runs sidecar.sbatch
-// (the sidecar beside an unchanged srun torchrun) to completion, and checks
-// that the prolog and epilog ran their health checks on both nodes and that
-// a node whose agent exited 3 was drained by the epilog.
+// (the sidecar beside an unchanged srun torchrun) to completion and finds
+// its socket's directory gone, and checks that the prolog and epilog ran
+// their health checks on both nodes and that a node whose agent exited 3
+// was drained by the epilog (the drain directory the site's, not the
+// user's). Then the faults of faults_test.go: Slurm's SIGUSR1 warning with
+// --signals-to-handle, a job refused by a prolog check running on the other
+// node, an epilog installed without its prolog draining its node.
 //
 // It runs only with DDP_AGENT_DEPLOY_TESTS=1, as root, after `make build`:
 //
@@ -48,7 +52,7 @@ func TestSlurm(t *testing.T) {
 		t.Fatal(err)
 	}
 	jobEnv := jobEnvironment(t, repo)
-	ctx, cancel := context.WithTimeout(t.Context(), 170*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Second)
 	defer cancel()
 
 	start := time.Now()
@@ -69,6 +73,11 @@ func TestSlurm(t *testing.T) {
 		{"sidecar.sbatch to completion", sidecarToCompletion},
 		{"prolog and epilog ran the checks", prologEpilogRan},
 		{"exit 3 drains the node", exit3Drains},
+		// One-node jobs from here: prologEpilogRan expects both nodes in
+		// every job before it.
+		{"SIGUSR1 with --signals-to-handle stops the job", usr1StopsTheJob},
+		{"a job refused by a prolog check runs on the other node", prologRefusalRunsElsewhere},
+		{"an epilog without its prolog drains the node", epilogWithoutPrologDrains},
 	}
 	for _, st := range steps {
 		if !t.Run(st.name, func(t *testing.T) {
@@ -169,9 +178,10 @@ func readOutput(t *testing.T, path string) string {
 }
 
 // runToCompletion: ddp-agent.sbatch, 2 nodes x 2 workers, the hook on.
-// STOP_TIMEOUT=14s against KillWait=15 also makes the script warn.
+// STOP_TIMEOUT=16s against KillWait=30 leaves the agent less than 15 s
+// after it, and makes the script warn (cancelMidTraining's 5s does not).
 func runToCompletion(ctx context.Context, t *testing.T, c *cluster, repo string, env []string) {
-	env = append(env, fmt.Sprintf("RDZV_PORT=%d", freePort(t)), "STOP_TIMEOUT=14s")
+	env = append(env, fmt.Sprintf("RDZV_PORT=%d", freePort(t)), "STOP_TIMEOUT=16s")
 	id, outPath := submitTraining(ctx, t, c, repo, env, "ddp-agent.sbatch", "complete", 4)
 	state, exit := c.waitJob(ctx, t, id, 120*time.Second)
 	out := readOutput(t, outPath)
@@ -180,7 +190,7 @@ func runToCompletion(ctx context.Context, t *testing.T, c *cluster, repo string,
 	}
 	checkTrained(t, out)
 	for _, want := range []string{"comm hook: ddp-agent", "world_size=4", "job " + id + " finished",
-		"STOP_TIMEOUT=14s leaves no room before KillWait=15s"} {
+		"STOP_TIMEOUT=16s leaves less than 15s before KillWait=30s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -229,6 +239,9 @@ func cancelMidTraining(ctx context.Context, t *testing.T, c *cluster, repo strin
 	if n := strings.Count(out, "agent stopped by signal"); n != 2 {
 		t.Errorf("%d agents said 'agent stopped by signal', want 2 (the others were SIGKILLed?):\n%s", n, out)
 	}
+	if strings.Contains(out, "STOP_TIMEOUT=5s leaves") {
+		t.Errorf("STOP_TIMEOUT=5s, 25 s before KillWait=30, warned:\n%s", out)
+	}
 	t.Logf("scancel to job %s ended, %d processes gone: %v", id, len(running), ended.Round(time.Millisecond))
 }
 
@@ -246,6 +259,15 @@ func sidecarToCompletion(ctx context.Context, t *testing.T, c *cluster, repo str
 	for _, want := range []string{"sidecar serving", "watching a new job", "job closed", "sidecar stopped"} {
 		if n := strings.Count(out, want); n != 2 {
 			t.Errorf("%d sidecars said %q, want 2:\n%s", n, want, out)
+		}
+	}
+	// The socket's directory, with the workers' stacks/<job>/ in it, goes
+	// with the sidecar's task: by the job's end it is gone on both nodes.
+	for _, node := range []string{"n1", "n2"} {
+		dir := fmt.Sprintf("/tmp/ddp-agent-%s.%s", id, node)
+		if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+			left, _ := exec.Command("find", dir).CombinedOutput()
+			t.Errorf("%s left after the job (%v):\n%s", dir, err, left)
 		}
 	}
 }
@@ -273,15 +295,21 @@ func prologEpilogRan(ctx context.Context, t *testing.T, c *cluster, repo string,
 
 // exit3Drains: an exec health check that starts exiting 3 on n2 while the
 // job trains makes n2's agent leave with exit 3; the epilog drains n2 with
-// a reason. n2 is resumed after.
+// a reason. The user's environment names a drain directory of its own, but
+// the site's settings file names another, which the epilog reads: the
+// job's note must land in the site's. n2 is resumed after.
 func exit3Drains(ctx context.Context, t *testing.T, c *cluster, repo string, env []string) {
 	check, trigger := filepath.Join(c.dir, "drain-n2.sh"), filepath.Join(c.dir, "n2-breaks")
 	script := fmt.Sprintf("#!/bin/sh\nif [ \"$SLURMD_NODENAME\" = n2 ] && [ -e %s ]; then echo 'test: n2 is broken'; exit 3; fi\necho ok\n", trigger)
 	if err := os.WriteFile(check, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	userDrain := filepath.Join(c.dir, "user-drain")
+	if err := os.Mkdir(userDrain, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	env = append(env, fmt.Sprintf("RDZV_PORT=%d", freePort(t)), "STOP_TIMEOUT=5s",
-		"DDP_AGENT_DRAIN_DIR="+filepath.Join(c.dir, "drain"),
+		"DDP_AGENT_DRAIN_DIR="+userDrain,
 		"DDP_AGENT_ARGS=--plugin exec,command="+check+",interval=1s")
 	id, outPath := submitTraining(ctx, t, c, repo, env, "ddp-agent.sbatch", "drain", 100000)
 	defer func() { _, _ = c.cmd(ctx, "scontrol", "update", "NodeName=n2", "State=RESUME") }()
@@ -300,5 +328,8 @@ func exit3Drains(ctx context.Context, t *testing.T, c *cluster, repo string, env
 	})
 	if n1, _ := c.cmd(ctx, "scontrol", "show", "node", "n1"); strings.Contains(n1, "DRAIN") {
 		t.Errorf("n1 drained too:\n%s", n1)
+	}
+	if left, _ := os.ReadDir(userDrain); len(left) > 0 {
+		t.Errorf("a note in the user's DDP_AGENT_DRAIN_DIR, which the epilog does not read: %v", left)
 	}
 }
