@@ -79,37 +79,57 @@ func TestOpenWithoutStore(t *testing.T) {
 }
 
 // TestPortTakenByAnotherProgram: the store's port on this host is held by
-// a program that accepts connections but is no store (torchrun's c10d
-// TCPStore on 29400, say). The agent, finding it taken, would be that
-// program's client; it gives up after a few dials and says another
-// program holds the port, instead of retrying "not reachable yet" for the
-// join timeout (10 minutes by default).
+// a program that is no store: one that accepts connections and never
+// answers, a web server, one that hangs up (torch's TCPStore, to gRPC's
+// preface). The agent, finding it taken, would be that program's client;
+// it says another program holds the port, instead of retrying "not
+// reachable yet" for the join timeout (10 minutes by default), or asking
+// for the same --rdzv-token everywhere, which a first-hour review got for
+// a TCPStore and a web server.
 func TestPortTakenByAnotherProgram(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
+	for _, tc := range []struct {
+		name  string
+		serve func(c net.Conn)
+	}{
+		{"silent", func(c net.Conn) { t.Cleanup(func() { c.Close() }) }}, // held open, never answered
+		{"a web server", func(c net.Conn) {
+			defer c.Close()
+			c.Read(make([]byte, 512))
+			c.Write([]byte("HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n"))
+		}},
+		{"hangs up", func(c net.Conn) {
+			c.Read(make([]byte, 512))
+			c.Close()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
-				return
+				t.Fatal(err)
 			}
-			defer c.Close() // held open, never answered
-		}
-	}()
-	cfg := Config{Backend: Hosted, Endpoints: []string{ln.Addr().String()}, NNodesMin: 2, NNodesMax: 2,
-		JoinTimeout: 10 * time.Minute, LastCall: time.Second, TTL: 3 * time.Second, Prefix: "/ddp-agent/v1/"}
-	start := time.Now()
-	_, err = Open(context.Background(), cfg, Node{JobID: "j", NProc: 1}, slog.New(slog.DiscardHandler))
-	if err == nil || !strings.Contains(err.Error(), "another program holds the port") {
-		t.Fatalf("Open: got %v, want the port named as another program's", err)
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					go tc.serve(c)
+				}
+			}()
+			cfg := Config{Backend: Hosted, Endpoints: []string{ln.Addr().String()}, NNodesMin: 2, NNodesMax: 2,
+				JoinTimeout: 10 * time.Minute, LastCall: time.Second, TTL: 3 * time.Second, Prefix: "/ddp-agent/v1/"}
+			start := time.Now()
+			_, err = Open(context.Background(), cfg, Node{JobID: "j", NProc: 1}, slog.New(slog.DiscardHandler))
+			if err == nil || !strings.Contains(err.Error(), "another program holds the port") {
+				t.Fatalf("Open: got %v, want the port named as another program's", err)
+			}
+			if took := time.Since(start); took > 2*time.Minute {
+				t.Fatalf("Open gave up after %v, want within a few dials", took)
+			}
+			t.Logf("gave up after %v: %v", time.Since(start).Round(time.Millisecond), err)
+		})
 	}
-	if took := time.Since(start); took > 2*time.Minute {
-		t.Fatalf("Open gave up after %v, want within a few dials", took)
-	}
-	t.Logf("gave up after %v: %v", time.Since(start).Round(time.Millisecond), err)
 }
 
 // TestReplicationIsTheHosts: whether the embedded store keeps several

@@ -3,10 +3,12 @@ package join
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/agent/rdzv"
@@ -88,6 +90,11 @@ func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted, take
 			return cli, nil
 		}
 		if store.Refused(err) {
+			if addr := stripScheme(endpoints[0]); strings.Contains(err.Error(), "server preface") && !speaksTLS(ctx, addr) {
+				return nil, fmt.Errorf("%w; what listens at %s answers neither as a ddp-agent rendezvous store (etcd) nor in TLS: "+
+					"another program holds the port (torchrun's c10d store uses 29400 too); give the job's --rdzv-endpoint another port, "+
+					"or stop that program", err, addr)
+			}
 			return nil, fmt.Errorf("%w: the store and this agent do not accept each other's TLS; is --rdzv-token the same on every node (and --rdzv-conf's TLS files right)?", err)
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) || hosted {
@@ -110,6 +117,25 @@ func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted, take
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// speaksTLS reports whether what listens at addr answers a TLS handshake,
+// whatever it thinks of this client. gRPC's "server preface" error says
+// only that the peer did not answer in HTTP/2: a store that wants TLS
+// from a client without it, or another program (torch's TCPStore, a web
+// server), which the TLS hint sent looking for tokens and certificates.
+func speaksTLS(ctx context.Context, addr string) bool {
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 2 * time.Second},
+		Config: &tls.Config{InsecureSkipVerify: true}} // a probe of the protocol, not of whom to trust
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err == nil {
+		c.Close()
+		return true
+	}
+	var alert tls.AlertError
+	return errors.As(err, &alert)
 }
 
 // accepts reports whether something listens at addr (host:port) and
