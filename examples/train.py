@@ -102,6 +102,8 @@ def parse_args():
     p.add_argument("--hidden", type=int, default=int(os.environ.get("TRAIN_HIDDEN", "2048")),
                    help="width of the MLP's hidden layers (default 2048, about 5.2 M parameters; $TRAIN_HIDDEN)")
     p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr-step", type=int, default=0,
+                   help="halve the learning rate every this many steps (torch's StepLR; default 0: never)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt-dir", default=os.environ.get("DDP_AGENT_CKPT_DIR", "./checkpoints"))
     p.add_argument("--ckpt-every", type=int, default=20, help="steps; 0 disables checkpoints")
@@ -178,11 +180,14 @@ def mean_loss(loss, world_size):
     return t.item() / world_size
 
 
-def save_checkpoint(path, model, optimizer, step, loss):
+def save_checkpoint(path, model, optimizer, scheduler, step, loss):
     """Writes the checkpoint atomically: readers see the old file or the whole new one."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "loss": loss}, tmp)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "loss": loss}
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    torch.save(state, tmp)
     os.replace(tmp, path)
 
 
@@ -232,6 +237,7 @@ def main():
     model = make_model(args.hidden).to(device)
     teacher = torch.randn(IN, OUT)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, args.lr_step, gamma=0.5) if args.lr_step > 0 else None
 
     ckpt = os.path.join(args.ckpt_dir, "checkpoint.pt")
     first, loss_value = 1, float("nan")
@@ -242,6 +248,8 @@ def main():
         state = torch.load(ckpt, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and "scheduler" in state:
+            scheduler.load_state_dict(state["scheduler"])
         first, loss_value = state["step"] + 1, state["loss"]
         if rank == 0:
             say(f"resumed from step {state['step']} with world size {world_size}")
@@ -255,7 +263,9 @@ def main():
     if args.in_process:
         # A step that raises on any rank is retried, in these processes,
         # from the last step every rank completed (docs/in-process.md).
-        loop = ddp_agent.InProcess(model, optimizer, wrap)
+        # The scheduler's count moves with the model's state: a warm spare's
+        # own would start from 0.
+        loop = ddp_agent.InProcess(model, optimizer, wrap, state=[scheduler] if scheduler is not None else [])
         steps, step_context = loop.steps(first, args.steps + 1), loop.step
     else:
         loop = None
@@ -300,6 +310,8 @@ def main():
                 time.sleep(args.hang_seconds)
             loss.backward()
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             step_times.append(time.perf_counter() - t0)
@@ -311,7 +323,7 @@ def main():
                     say(f"step {step} loss {loss_value:.4f}")
             if checkpoint:
                 if rank == 0:
-                    save_checkpoint(ckpt, model, optimizer, step, loss_value)
+                    save_checkpoint(ckpt, model, optimizer, scheduler, step, loss_value)
                 dist.barrier()  # no rank runs ahead to a failure before the file is complete
             if args.sleep_per_step > 0:
                 time.sleep(args.sleep_per_step)

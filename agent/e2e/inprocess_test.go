@@ -65,7 +65,8 @@ func TestInProcessRecovery(t *testing.T) {
 // the state from it and trains from the retried step: the workers start
 // once and nobody restarts. Rank 0 too: under --spares the agent serves
 // the workers' store in a process of its own, which outlives rank 0. The
-// parameters end as an uninterrupted run's.
+// parameters end as an uninterrupted run's, an LR scheduler's count taken
+// from the survivor too.
 func TestWarmSpare(t *testing.T) {
 	budgetAlongside(t, 80*time.Second) // four jobs
 	needTorch(t)
@@ -73,8 +74,10 @@ func TestWarmSpare(t *testing.T) {
 		// The package installed, as a spare's first import needs it.
 		pythonPath := []string{"PYTHONPATH=" + filepath.Join(repoRoot, "python")}
 		r := startAgent(t, pythonPath, append(append([]string{"--spares", "1", "--max-restarts", "0"}, agentFlags...),
+			// --lr-step: a spare whose scheduler counted from 0 ended with
+			// other parameters than the survivor's (InProcess's state=).
 			hookTrainArgs(append([]string{trainPy(), "--steps", "14", "--log-every", "7", "--ckpt-every", "0",
-				"--in-process"}, fault...)...)...)...)
+				"--lr-step", "5", "--in-process"}, fault...)...)...)...)
 		if code := r.wait(2 * time.Minute); code != 0 {
 			t.Fatalf("%s: exit code %d, want 0\n%s", name, code, r.logs())
 		}

@@ -67,7 +67,7 @@ import os
 import pickle
 import socket
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -183,10 +183,18 @@ class InProcess:
         model: the module that ``wrap`` wraps, the same object for the whole run.
         optimizer: its optimizer; its state moves with the model's.
         wrap: ``wrap(model) -> (ddp_model, hook)``: makes the DDP model and
-            registers the hook (``ddp_agent.register``; the hook may be None).
-            Called once here and after each re-formation, on every rank.
+            registers the hook (``ddp_agent.register``). Called once here and
+            after each re-formation, on every rank. The hook may be None, but
+            then a fault on one rank is not seen by the others, waiting in
+            DDP's own all-reduce: it is not re-formed in process, and falls
+            back to the process restart after ``timeout`` (a warning says so).
         timeout: seconds a rank waits for the others at a re-formation.
         max_reforms: re-formations after which a fault is raised instead.
+        state: more objects whose state the source rank gives the others with
+            the model's, each with ``state_dict()`` and ``load_state_dict()``:
+            an LR scheduler, a ``GradScaler``, the script's own counters. A
+            warm spare or a new node's worker, which starts them afresh,
+            diverged without them: its scheduler counted from 0.
 
     Attributes:
         rank, world_size: this process's rank and the world's size, which
@@ -201,9 +209,19 @@ class InProcess:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, wrap: Wrap, *, timeout: float = 60.0,
-                 max_reforms: int = 3) -> None:
+                 max_reforms: int = 3, state: Sequence[Any] = ()) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ddp_agent.InProcess: torch.distributed is not initialized (init_process_group)")
+        # Checked now, not at the first fault, where they failed deep in a
+        # re-formation with an AttributeError.
+        if not isinstance(getattr(optimizer, "param_groups", None), list):
+            raise TypeError(f"ddp_agent.InProcess: optimizer {type(optimizer).__name__} has no param_groups: "
+                            "want a torch.optim.Optimizer")
+        for obj in state:
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise TypeError(f"ddp_agent.InProcess: state {type(obj).__name__} has no state_dict() and "
+                                "load_state_dict()")
+        self.state = list(state)
         self.model = model
         self.optimizer = optimizer
         self.timeout = float(timeout)
@@ -383,7 +401,16 @@ class InProcess:
         timeout for a rank that will never open it. (CUDA buckets open their
         NCCL communicator at the first bucket, as without this loop.)
         """
-        self.ddp, self.hook = self._wrap(self.model)
+        made = self._wrap(self.model)
+        if not (isinstance(made, tuple) and len(made) == 2):
+            raise TypeError(f"ddp_agent.InProcess: wrap returned {type(made).__name__}, want (ddp_model, hook)")
+        self.ddp, self.hook = made
+        if self.hook is None and not getattr(self, "_warned_hookless", False):
+            self._warned_hookless = True
+            if self.rank == 0:
+                log.warning("ddp_agent: InProcess without ddp_agent's hook (wrap returned None): a fault on one rank "
+                            "leaves the others in DDP's own all-reduce, so it is not re-formed in process but falls "
+                            "back to the process restart after the timeout (%g s)", self.timeout)
         on_cpu = all(p.device.type == "cpu" for p in self.model.parameters())
         if self.hook is not None and on_cpu and getattr(self.hook, "transport", None) in ("auto", "host"):
             self.hook._comms.open("host")  # a failure leaves the hook for _abort to close
@@ -551,7 +578,20 @@ class InProcess:
         comms = getattr(self.hook, "_comms", None)
         comm = comms.get("host") if comms is not None else None
         moved, ms = _state.move(model + optim, src, self.rank, comm, label_step=base - 1)
+        self._take_extra(gen, src)
         return before[0] + moved, round(before[1] + ms, 1)
+
+    def _take_extra(self, gen: int, src: int) -> None:
+        """Gives every rank the source's ``state`` objects' state (schedulers and the like: small), through the store."""
+        if not self.state:
+            return
+        key = f"{self._prefix}/{gen}/state"
+        if self.rank == src:
+            self._store.set(key, pickle.dumps([obj.state_dict() for obj in self.state]))
+            return
+        self._store.wait([key], _timedelta(self.timeout))
+        for obj, saved in zip(self.state, pickle.loads(self._store.get(key))):
+            obj.load_state_dict(saved)
 
 
 class _Step:

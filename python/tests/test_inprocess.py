@@ -87,3 +87,31 @@ def test_reform_ignores_an_earlier_attempts_keys(tmp_path, reference):
         assert r["generation"] == 1 and r["reforms"][0]["retry"] == 3, r["reforms"]
         assert r["reforms"][0]["completed"] == [2] * WORLD, r["reforms"]
     assert [r["digest"] for r in res] == [reference] * WORLD, text
+
+
+def test_mistakes_refused_at_construction(monkeypatch, caplog):
+    """What failed deep in the first re-formation (an AttributeError, a bare unpacking TypeError), or not at all (a
+    hookless wrap, whose faults are never re-formed), is said when the loop is made."""
+    import logging
+
+    from ddp_agent import inprocess
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monkeypatch.setattr(inprocess.dist, "is_initialized", lambda: True)
+    with pytest.raises(TypeError, match="has no param_groups"):
+        inprocess.InProcess(model, object(), lambda m: (m, None))
+    with pytest.raises(TypeError, match="has no state_dict"):
+        inprocess.InProcess(model, opt, lambda m: (m, None), state=[object()])
+
+    loop = inprocess.InProcess.__new__(inprocess.InProcess)
+    loop.model, loop.rank, loop.timeout = model, 0, 60.0
+    loop._wrap = lambda m: m  # the DDP model alone, no hook
+    with pytest.raises(TypeError, match=r"wrap returned Linear, want \(ddp_model, hook\)"):
+        loop._wrapped()
+    loop._wrap = lambda m: (m, None)
+    with caplog.at_level(logging.WARNING, logger="ddp_agent"):
+        loop._wrapped()
+        loop._wrapped()  # after a re-formation: said once
+    said = [r.getMessage() for r in caplog.records if "without ddp_agent's hook" in r.getMessage()]
+    assert len(said) == 1 and "falls back to the process restart" in said[0], caplog.text
