@@ -209,6 +209,10 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			// the store's own hint covers.
 			return fail("%v\n  (if that is a torchrun job's store, torch's TCPStore, ddp-agent status cannot read it: it reads the store of ddp-agent run, or an etcd)", err)
 		}
+		if store.Refused(err) {
+			// As the agents say it: a wrong token gave a bare x509 error.
+			return fail("%v\n  (the store and this command do not accept each other's TLS: is --rdzv-token, or DDP_AGENT_RDZV_TOKEN, the job's, and --rdzv-conf's TLS files right?)", err)
+		}
 		return fail("%v", err)
 	}
 	defer cli.Close()

@@ -387,6 +387,24 @@ func TestStatusUnreachableStore(t *testing.T) {
 		t.Fatalf("--timeout 1s took %v", took)
 	}
 
+	// A job's store under another token: the agents' hint, not a bare x509 error.
+	job, err := store.OpenJobTLS(rdzv.StretchToken("the-jobs-own-token-0123"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	srv, err := store.Start(t.Context(), store.ServerConfig{TLS: job.Files, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for _, args := range [][]string{{"--rdzv-token", "a-guessed-wrong-token-4567"}, nil} {
+		code, _, errOut = runCLI(append([]string{"status", "--rdzv-endpoint", srv.Endpoint(), "--timeout", "5s"}, args...)...)
+		if code != 1 || !strings.Contains(errOut, "is --rdzv-token, or DDP_AGENT_RDZV_TOKEN, the job's") {
+			t.Errorf("status %v at a store of another token: exit %d, stderr %q", args, code, errOut)
+		}
+	}
+
 	// TLS files are read before anything is sent
 	code, _, errOut = runCLI("status", "--rdzv-endpoint", addr, "--rdzv-conf", "cacert=/nonexistent/ca.pem")
 	if code != 1 || !strings.Contains(errOut, "/nonexistent/ca.pem") {
