@@ -68,6 +68,12 @@ func benign(msg string) bool {
 		// (a member being promoted, a leader being elected): the request's
 		// own error, if it fails for good, is what the caller reports.
 		return true
+	case "rejecting promote learner: learner is not ready":
+		// The replica manager promotes a new member as soon as it joins,
+		// and again until its log has caught up with the leader's, which
+		// a job's start saw every time; etcd logs each early try as an
+		// error.
+		return true
 	case "Failed to detect schema version", "failed to update storage version":
 		// A startup race in etcd (see BackendBatchInterval in server.go),
 		// retried by etcd seconds later. The storage version only matters

@@ -44,6 +44,13 @@ func TestZapLogger(t *testing.T) {
 		t.Errorf("the learners' race is not at debug, or another refusal is not an error:\n%s", out)
 	}
 
+	// A learner promoted before it caught up: refused, and tried again.
+	buf.Reset()
+	lg.Error("rejecting promote learner: learner is not ready", zap.Float64("learner-ready-percent", 0.5))
+	if out = buf.String(); !strings.Contains(out, `level=DEBUG msg="rejecting promote learner: learner is not ready"`) {
+		t.Errorf("an early promotion's refusal is not at debug:\n%s", out)
+	}
+
 	// nil discards.
 	zapLogger(nil).Error("nowhere")
 }
