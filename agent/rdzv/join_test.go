@@ -4,14 +4,22 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/internal/syncbuf"
 )
 
 func TestJoinTimeout(t *testing.T) {
 	dial := testStore(t)
 	cfg := testConfig(t, 2, 2)
 	cfg.JoinTimeout = 700 * time.Millisecond
+	// While it waits, the round says how many joined: a mistyped endpoint
+	// (each agent hosting a store of its own) once said nothing for the
+	// whole join timeout, 10 minutes by default.
+	var log syncbuf.Buffer
+	cfg.Logger, cfg.WaitingSaid = slog.New(slog.NewTextHandler(&log, nil)), time.Nanosecond // at its first look
 	a := open(t, dial(), cfg)
 	begin := time.Now()
 	_, err := a.Next(t.Context())
@@ -21,6 +29,9 @@ func TestJoinTimeout(t *testing.T) {
 	}
 	if d := time.Since(begin); d > 3*time.Second {
 		t.Fatalf("join timeout of 700ms took %v", d)
+	}
+	if !strings.Contains(log.String(), `msg="waiting for nodes" generation=0 joined=1 needed=2`) {
+		t.Errorf("no line saying how many nodes joined:\n%s", log.String())
 	}
 	t.Log(err)
 }

@@ -1,6 +1,7 @@
 package rdzv
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -118,6 +119,10 @@ func (e *Membership) trackRound(ctx context.Context, gen uint64) (*roundTracker,
 	return t, resp.Header.Revision, nil
 }
 
+// waitingSaid is Config.WaitingSaid's default: how often a round's
+// leader says, while fewer than MIN nodes joined, how many did.
+const waitingSaid = 30 * time.Second
+
 // lead runs the round as its leader until the state moves on: it tracks
 // the joiners and the live nodes through watches, probes nodes that are
 // registered but do not join, and closes the round when decideClose says
@@ -141,6 +146,7 @@ func (e *Membership) lead(ctx context.Context, st *State, stateRev, stateRead in
 	}
 	rule := closeRule{Min: e.cfg.NNodesMin, Max: e.cfg.NNodesMax, LastCall: e.cfg.LastCall}
 	var minSince time.Time
+	said := time.Now()
 	for {
 		v, live := t.view()
 		v.Reformation, v.MinSince, v.Now, v.Deadline = len(prev) > 0, minSince, time.Now(), deadline
@@ -151,6 +157,14 @@ func (e *Membership) lead(ctx context.Context, st *State, stateRev, stateRead in
 			return e.closeRound(ctx, st, stateRev, prev, t.joinerList(), d.Why)
 		case joinTimedOut:
 			return &JoinTimeoutError{Joined: d.Joined, Min: e.cfg.NNodesMin, Timeout: e.cfg.JoinTimeout, Generation: st.Generation}
+		}
+		if d.Joined < rule.Min && v.Now.Sub(said) >= cmp.Or(e.cfg.WaitingSaid, waitingSaid) {
+			// Else a job whose other nodes never come (an endpoint mistyped,
+			// so that each agent hosts a store of its own) said nothing
+			// until the join timeout, 10 minutes by default.
+			said = v.Now
+			e.log.Info("waiting for nodes", "generation", st.Generation, "joined", d.Joined, "needed", rule.Min,
+				"store", e.cfg.Endpoint, "timeout_in", deadline.Sub(v.Now).Round(time.Second))
 		}
 		pending := make([]*liveNode, len(d.Awaited))
 		for i, k := range d.Awaited {

@@ -45,6 +45,7 @@ type Config struct {
 
 	JoinTimeout time.Duration // a round that does not reach NNodesMin in this time fails
 	LastCall    time.Duration // after NNodesMin joined, how long to wait for more
+	WaitingSaid time.Duration // how often a round short of NNodesMin says how many joined (default 30 s)
 	TTL         time.Duration // lease TTL; keep-alives go every TTL/3
 	MasterPort  int           // fixed workers' store port; 0 = a free one per round
 	AgentStore  bool          // this agent serves the workers' store if it becomes group rank 0
