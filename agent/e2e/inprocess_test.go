@@ -302,10 +302,13 @@ func shrinkInProcess(t *testing.T, store bool) (*agentRun, *agentRun) {
 
 // carryJob is a job of nnodes nodes under --spares 1 whose train.py
 // --in-process runs steps steps, paced, with no collective of its own
-// until its last step, and logs each step to the file it returns.
+// until its last step, and logs each step to the file it returns. Its
+// --max-restarts is 0: a node lost, or joining, that the workers carry on
+// past is no restart (a lost node failed such a job, with restarts to
+// spare only).
 func carryJob(t *testing.T, nnodes string, steps int) (*job, string) {
 	needTorch(t)
-	j := newJob(t, nnodes, 2, steps, "--sleep-per-step", "0.1", "--in-process", "--ckpt-every", "0", "--log-every", "1000")
+	j := newJob(t, nnodes, 0, steps, "--sleep-per-step", "0.1", "--in-process", "--ckpt-every", "0", "--log-every", "1000")
 	j.args = append(j.args, "--spares", "1")
 	log := filepath.Join(t.TempDir(), "steps.jsonl")
 	j.env = []string{"PYTHONPATH=" + filepath.Join(repoRoot, "python"), "TRAIN_STEP_LOG=" + log}

@@ -122,7 +122,8 @@ func closedRound(prev []Member, joiners []joiner, max int) (members []Member, ma
 // runningState is the state that closes the round of st with members, of
 // which plain serve no store (closedRound): the member list itself lives
 // at membersKey and one key per member under assignPrefix, which the
-// closer writes first.
+// closer writes first. A lost node's failure owed since the bump (Owed)
+// is counted here if the workers do not carry on, which may fail the job.
 func runningState(st State, members []Member, master JoinInfo, plain []string, membersKey, assignPrefix string, now time.Time) State {
 	next := st
 	next.Phase = Running
@@ -143,6 +144,18 @@ func runningState(st State, members []Member, master JoinInfo, plain []string, m
 	}
 	next.Carry = carries(st, master) && next.PlainNodes == ""
 	next.LastStore = ""
+	if next.Owed {
+		// A lost node the workers do not carry on past after all: they
+		// restart, and that is a restart, counted as the bump would have.
+		next.Owed = false
+		if !next.Carry {
+			next.Failures++
+			if next.Failures > next.MaxRestarts {
+				next.Phase = Failed
+				next.Reason = fmt.Sprintf("%s; no restarts left (--max-restarts %d)", next.Reason, next.MaxRestarts)
+			}
+		}
+	}
 	return next
 }
 

@@ -3,6 +3,7 @@ package rdzv
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -152,6 +153,39 @@ func TestRunningState(t *testing.T) {
 	}
 	if err := got.check(); err != nil {
 		t.Fatalf("got a state that fails its check: %v", err)
+	}
+}
+
+// TestRunningStateOwed: a lost node's failure, owed since the bump while
+// the workers might carry on past it in process, is counted when the
+// round closes without carrying them (and fails a job without restarts
+// left), and forgiven when it carries them.
+func TestRunningStateOwed(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	members := []Member{{Node: "a", Addr: "10.0.0.1", GroupRank: 0, NProc: 2}}
+	for _, tc := range []struct {
+		name         string
+		agentStore   bool // group rank 0's join: its agent serves the store (then the round carries)
+		maxRestarts  int
+		wantFailures int
+		wantPhase    Phase
+	}{
+		{"carried: no restart", true, 0, 0, Running},
+		{"restarted, restarts left", false, 1, 1, Running},
+		{"restarted, none left", false, 0, 1, Failed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := State{Generation: 7, Phase: Joining, Reason: "node x lost", End: RoundEnd{Kind: EndNodeLost, Node: "x"},
+				Since: t0, MaxRestarts: tc.maxRestarts, Owed: true, LastStore: "a:29500"}
+			got := runningState(st, members, JoinInfo{Node: "a", MasterPort: 29500, AgentStore: tc.agentStore}, nil, "m", "a/", t0)
+			if got.Owed || got.Failures != tc.wantFailures || got.Phase != tc.wantPhase || got.Carry != tc.agentStore {
+				t.Fatalf("got owed %v, failures %d, phase %s, carry %v; want failures %d, phase %s",
+					got.Owed, got.Failures, got.Phase, got.Carry, tc.wantFailures, tc.wantPhase)
+			}
+			if tc.wantPhase == Failed && !strings.Contains(got.Reason, "no restarts left (--max-restarts 0)") {
+				t.Errorf("reason %q", got.Reason)
+			}
+		})
 	}
 }
 

@@ -81,7 +81,8 @@ func (e *Membership) bumpFrom(ctx context.Context, st *State, rev int64, mv move
 		next.LastStore = storeID(st.MasterNode, st.MasterPort)
 	}
 	next.WorldSize, next.MasterAddr, next.MasterPort, next.Carry = 0, "", 0, false
-	if mv.Fault {
+	next.Owed = mv.Fault && mv.End.Kind == EndNodeLost && next.LastStore != ""
+	if mv.Fault && !next.Owed {
 		next.Failures++
 		if next.Failures > st.MaxRestarts {
 			next.Phase = Failed

@@ -124,6 +124,11 @@ type State struct {
 	// fails when a fault would make it exceed MaxRestarts.
 	Failures    int `json:"failures"`
 	MaxRestarts int `json:"max_restarts"`
+	// Owed: a node was lost while the workers may carry on past it in
+	// process (LastStore set), which is no restart; whether they do is
+	// known when this round closes (Carry), which then counts the failure
+	// if they do not.
+	Owed bool `json:"owed,omitempty"`
 	// NNodes: when Running, how many nodes this generation has. The
 	// members themselves are under MembersKey (the list) and AssignPrefix
 	// (one key per node): every agent watches this key, and a list of 1000
