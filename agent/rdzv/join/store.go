@@ -65,6 +65,11 @@ func (o *opener) hostStore(ctx context.Context, sec *storeSecurity, replicated b
 // its port).
 const strangerDials = 3
 
+// anotherProgram ends the error of a store's port that something other
+// than a store holds.
+const anotherProgram = "another program holds the port (torchrun's c10d store uses 29400 too); " +
+	"give the job's --rdzv-endpoint another port, or stop that program"
+
 // errHostItNow: the store's endpoint names this host now, which it did
 // not when this agent decided not to host the store.
 var errHostItNow = errors.New("the rendezvous endpoint now resolves to this host")
@@ -91,25 +96,22 @@ func (o *opener) dialStore(ctx context.Context, endpoints []string, hosted, take
 		}
 		if store.Refused(err) {
 			if addr := stripScheme(endpoints[0]); strings.Contains(err.Error(), "server preface") && !speaksTLS(ctx, addr) {
-				return nil, fmt.Errorf("%w; what listens at %s answers neither as a ddp-agent rendezvous store (etcd) nor in TLS: "+
-					"another program holds the port (torchrun's c10d store uses 29400 too); give the job's --rdzv-endpoint another port, "+
-					"or stop that program", err, addr)
+				return nil, fmt.Errorf("%w; what listens at %s answers neither as a ddp-agent rendezvous store (etcd) nor in TLS: %s",
+					err, addr, anotherProgram)
 			}
 			return nil, fmt.Errorf("%w: the store and this agent do not accept each other's TLS; is --rdzv-token the same on every node (and --rdzv-conf's TLS files right)?", err)
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) || hosted {
 			return nil, err
 		}
-		if !hosted && !taken {
+		if !taken {
 			if hostIt, _ := o.shouldHost(endpoints); hostIt {
 				return nil, errHostItNow
 			}
 		}
 		if taken && failed >= strangerDials && accepts(ctx, stripScheme(endpoints[0])) {
 			return nil, fmt.Errorf("%w; %s was taken when this agent went to host the store there, and what listens on it accepts connections "+
-				"but has not answered as a ddp-agent rendezvous store (etcd) in %d tries: another program holds the port "+
-				"(torchrun's c10d store uses 29400 too); give the job's --rdzv-endpoint another port, or stop that program",
-				err, endpoints[0], failed)
+				"but has not answered as a ddp-agent rendezvous store (etcd) in %d tries: %s", err, endpoints[0], failed, anotherProgram)
 		}
 		o.log.Warn("rendezvous store not reachable yet; retrying", "err", err)
 		select {
