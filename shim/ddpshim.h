@@ -95,6 +95,13 @@ const char *ddpshim_last_error(void);
  *                          Abort; no sidecar, or a lost one, changes nothing
  *                          else (the link redials in the background). ddpshim_comm_info says "sidecar" (connected)
  *                          and "sidecar_relay" (the leading sidecar's relay)
+ *   first_step, first_bucket
+ *                          the collective the communicator is opened for (a
+ *                          comm hook's first bucket): while the bootstrap
+ *                          waits for the other ranks, the agent or sidecar
+ *                          is told, after a second, that this rank has
+ *                          arrived at it, so a rank that never comes is a
+ *                          hang as at any later collective (default: none)
  *   timeout_ms             bound on the bootstrap and on each collective (default 600000,
  *                          at most 30 days)
  *   host                   address peers use to reach this rank (default: the

@@ -80,6 +80,47 @@ func TestHangReportedWithStackAndRestarted(t *testing.T) {
 	}
 }
 
+// TestHangBeforeFirstAllReduce: rank 1 sleeps before its first backward
+// (train.py's step 1), so it never opens its communicator, and rank 0
+// waits in the bootstrap of its first bucket. That wait is a hang as at
+// any later step: reported after --hang-timeout, naming rank 1 with its
+// Python stack (the training loop's thread first), and the job restarts
+// and finishes. Before, nothing was said until the shim's own bootstrap
+// timeout (10 min) failed rank 0, which the root cause then blamed.
+func TestHangBeforeFirstAllReduce(t *testing.T) {
+	budgetAlongside(t, 60*time.Second)
+	needTorch(t)
+	logDir := t.TempDir()
+	r := startAgent(t, nil, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "4s",
+		"--log-dir", logDir, filepath.Join(repoRoot, "examples", "train.py"), "--steps", "6", "--ckpt-every", "0",
+		"--ckpt-dir", t.TempDir(), "--batch-size", "4", "--hang-rank", "1", "--hang-at-step", "1")
+	if code := r.wait(3 * time.Minute); code != 0 {
+		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
+	}
+	all := r.stdout.String() + r.stderr.String()
+	report := regexp.MustCompile(`hang: step 0 bucket 0 \(generation 0\) has not finished [0-9.]+ s after the first rank arrived; waiting: rank 0; never arrived: rank 1 \([^)]*pid \d+\)`)
+	if !report.MatchString(all) {
+		t.Fatalf("no hang report naming rank 1 at the first bucket\n%s", r.logs())
+	}
+	f := regexp.MustCompile(`stacks_file=(\S+)`).FindStringSubmatch(all)
+	if f == nil {
+		t.Fatalf("the hang's record names no stacks file\n%s", r.logs())
+	}
+	b, err := os.ReadFile(f[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stack, _ := strings.Cut(string(b), "\nPython stack of rank 1:\n")
+	if first, _, _ := strings.Cut(stack, "\n\n"); !strings.Contains(first, "train.py") || !strings.HasSuffix(strings.TrimSpace(first), "in <module>") {
+		t.Errorf("rank 1's stack does not start with the training loop's thread:\n%s", b)
+	}
+	for _, want := range []string{"restart_count 1", "[rank0]:done: steps=6"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("output lacks %q\n%s", want, r.logs())
+		}
+	}
+}
+
 // TestStallNamesStraggler: rank 1 is a second late before its
 // backward in steps 14-16 (after the buckets have a history); the agent logs a stall naming rank 1 for those
 // steps only, and writes a Perfetto trace file with the collectives.

@@ -15,7 +15,7 @@ import os
 import secrets
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -91,9 +91,13 @@ class Communicators:
         if self.closed:  # the communicators (and the waiter) are gone
             raise ShimError(Status.CLOSED, f"ddp_agent hook {self.name} was closed", "ddp_agent hook")
 
-    def open(self, transport: str, device: Optional[torch.device] = None) -> _shim.Comm:
+    def open(self, transport: str, device: Optional[torch.device] = None,
+             first: Optional[Tuple[int, int]] = None) -> _shim.Comm:
         """Opens the host or NCCL communicator at its first bucket; blocks for the bootstrap.
 
+        first is that bucket's (step, index): while the bootstrap waits for
+        the other ranks, the agent hears that this rank has arrived at it,
+        and takes a rank that never comes for a hang, as at any later step.
         A communicator that failed to open fails every later call at once.
         """
         with self.lock:
@@ -111,9 +115,9 @@ class Communicators:
             try:
                 if device is not None and device.type == "cuda":
                     with torch.cuda.device(device):  # NCCL binds a communicator to the caller's device
-                        comm = self._bootstrap(transport, device)
+                        comm = self._bootstrap(transport, device, first)
                 else:
-                    comm = self._bootstrap(transport)
+                    comm = self._bootstrap(transport, None, first)
             except BaseException as e:
                 self._open_errors[transport] = e
                 if isinstance(e, Exception):
@@ -218,9 +222,12 @@ class Communicators:
         except RuntimeError as e:
             log.warning("ddp_agent: no relay endpoint from rank 0 for the sidecar: %s", e)
 
-    def _bootstrap(self, transport: str, device: Optional[torch.device] = None) -> _shim.Comm:
+    def _bootstrap(self, transport: str, device: Optional[torch.device] = None,
+                   first: Optional[Tuple[int, int]] = None) -> _shim.Comm:
         self.agree_attempt()  # first: before anything that one rank alone could fail
         cfg = self.config(transport, device)
+        if first is not None:
+            cfg["first_step"], cfg["first_bucket"] = first
         if self.rank != 0:
             self._relay(cfg, None)
         try:

@@ -30,7 +30,7 @@ class HostTransport:
         """
         self._comms.check_open()
         _buckets.check(buf, index)
-        comm = self._comms.get("host") or self._comms.open("host")
+        comm = self._comms.get("host") or self._comms.open("host", first=(step, index))
         tensor, op = _buckets.prepare(buf, self._comms.world_size, self._compression, avg=True)
         dtype, count = _buckets.shim_count(tensor)
         try:

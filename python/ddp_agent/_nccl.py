@@ -86,7 +86,7 @@ class NcclTransport:
                 f"ddp_agent: compression='bf16' needs NCCL 2.10 or later (ncclBfloat16) on every rank, "
                 f"but this job has {plan.describe}; use compression='fp16'"
             )
-        comm = self._comms.open("nccl", buf.device)
+        comm = self._comms.open("nccl", buf.device, (step, index))
         if buf.device != self._comms.nccl_device:
             raise ValueError(
                 f"ddp_agent: bucket {index} is on {buf.device}, but the NCCL communicator of {name} "

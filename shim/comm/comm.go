@@ -69,6 +69,7 @@ type Comm struct {
 	collected uint64 // collectives completed
 	byWaiter  uint64 // of which a waiter ran (runUpTo)
 
+	first  *firstArrival     // while the bootstrap waits (Config.FirstStep); c.mu
 	agent  *agentconn.Client // nil without ddp-agent
 	events *eventRing        // nil without ddp-agent or a sidecar
 	side   *sidecarLink      // under bootstrap "external" with a sidecar; nil otherwise
@@ -118,6 +119,9 @@ func Open(cfg *Config) (*Comm, error) {
 		return nil, err
 	}
 	c.tp = tp
+	if cfg.FirstStep != nil {
+		c.first = &firstArrival{step: *cfg.FirstStep, bucket: cfg.FirstBucket, arrive: time.Now()}
+	}
 	if cfg.Bootstrap == "agent" {
 		if err := c.bootstrapAgent(); err != nil {
 			c.Close()
@@ -147,6 +151,7 @@ func (c *Comm) bootstrapAgent() error {
 		return status.Errorf(status.Invalid, "agent says world size %d, config says %d", w.WorldSize, c.size)
 	}
 	c.startShipping(cl)
+	defer c.arrivedFirst()
 	return c.tp.bootstrapAgent(ctx, cl)
 }
 
@@ -157,7 +162,10 @@ func deadline(ctx context.Context) time.Time {
 
 // Connect builds the transport from every rank's blob, in rank order,
 // blocking up to the timeout.
-func (c *Comm) Connect(lines []string) error { return c.tp.connect(lines) }
+func (c *Comm) Connect(lines []string) error {
+	defer c.arrivedFirst()
+	return c.tp.connect(lines)
+}
 
 // startExecutor starts the executor on tr, the host transport just
 // connected. The caller holds c.mu: Close either sees exe and waits for

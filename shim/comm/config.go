@@ -36,6 +36,13 @@ type Config struct {
 	// SidecarJob goes to it as wire.Hello.Job.
 	Sidecar    string            `json:"sidecar"`
 	SidecarJob map[string]string `json:"sidecar_job"`
+	// FirstStep and FirstBucket name the collective the caller opens the
+	// communicator for (the hook's first bucket). While the bootstrap
+	// waits for the other ranks, the agent is told this rank has arrived
+	// at it (an in-flight record), so a rank that never comes to the first
+	// all-reduce is a hang like one that never comes to a later one.
+	FirstStep   *uint64 `json:"first_step"`
+	FirstBucket int32   `json:"first_bucket"`
 }
 
 const (
@@ -65,6 +72,8 @@ func ParseConfig(s string) (*Config, error) {
 		return nil, status.Errorf(status.Invalid, "config: timeout_ms %d is negative", c.TimeoutMS)
 	case c.TimeoutMS > maxTimeout.Milliseconds():
 		return nil, status.Errorf(status.Invalid, "config: timeout_ms %d is more than %v", c.TimeoutMS, maxTimeout)
+	case c.FirstBucket < 0:
+		return nil, status.Errorf(status.Invalid, "config: first_bucket %d is negative", c.FirstBucket)
 	}
 	switch c.Transport {
 	case "", "host", "auto":

@@ -140,6 +140,11 @@ func (c *Comm) reportInFlight() {
 	old := time.Now().Add(-inFlightAfter)
 	var evs []wire.CollectiveEvent
 	c.mu.Lock()
+	if f := c.first; f != nil && !f.reported && f.arrive.Before(old) {
+		f.reported = true
+		evs = append(evs, wire.CollectiveEvent{Step: f.step, Bucket: uint32(f.bucket), Status: wire.StatusInFlight,
+			TArrive: f.arrive.UnixNano()})
+	}
 	works := c.queue
 	if c.running != nil {
 		works = append([]*Work{c.running}, works...)
@@ -156,6 +161,28 @@ func (c *Comm) reportInFlight() {
 	for _, ev := range evs {
 		c.events.push(ev)
 	}
+}
+
+// firstArrival is the collective a communicator was opened for
+// (Config.FirstStep), while its bootstrap waits for the other ranks: the
+// caller has arrived at it. A rank that never opens its communicator
+// never comes to its first all-reduce, and the ranks that wait for it wait
+// in the bootstrap; reported in flight like a collective, their wait is a
+// hang the agent names the missing rank of, with its stack, as at any
+// later step. Its record has no bytes: the collective's own record has.
+type firstArrival struct {
+	step     uint64
+	bucket   int32
+	arrive   time.Time
+	reported bool
+}
+
+// arrivedFirst ends the bootstrap's wait: the collective's own records
+// follow.
+func (c *Comm) arrivedFirst() {
+	c.mu.Lock()
+	c.first = nil
+	c.mu.Unlock()
 }
 
 // Mark records that the caller started the forward pass of step now (kind

@@ -90,7 +90,7 @@ func (s *Watch) checkHang(ctx context.Context, now time.Time) {
 		return
 	}
 	stacks := s.hangStacks(ctx, at, *h)
-	report := hangReport(at, *h, now, stacks)
+	report := hangReport(at, *h, now, stacks, noStackReasons(at, h.Missing, stacks))
 	s.logHang(*h, report)
 	s.mu.Lock()
 	s.lastHang, s.dirty = report, true // status prints it after "hang: "
@@ -144,9 +144,24 @@ func (s *Watch) hangStacks(ctx context.Context, at *attempt, h telemetry.Hang) m
 	return stacks
 }
 
+// noStackReasons says, for each local rank among missing that gave no
+// stack, why, where its process's state tells (whyNoStack).
+func noStackReasons(at *attempt, missing []int, stacks map[int]string) map[int]string {
+	why := map[int]string{}
+	for _, r := range missing {
+		if _, ok := stacks[r]; !ok && at.isLocal(r) {
+			if w := whyNoStack(at.worker(r).PID); w != "" {
+				why[r] = w
+			}
+		}
+	}
+	return why
+}
+
 // hangReport is the paragraph a person can act on: which collective, who
-// waits, who never arrived, and the missing ranks' Python stacks.
-func hangReport(at *attempt, h telemetry.Hang, now time.Time, stacks map[int]string) string {
+// waits, who never arrived, and the missing ranks' Python stacks, or why
+// there is none.
+func hangReport(at *attempt, h telemetry.Hang, now time.Time, stacks, why map[int]string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "step %d bucket %d (generation %d) has not finished %s after the first rank arrived; ",
 		h.Step, h.Bucket, h.Gen, seconds(now.Sub(h.Since)))
@@ -166,6 +181,8 @@ func hangReport(at *attempt, h telemetry.Hang, now time.Time, stacks map[int]str
 	for _, r := range h.Missing {
 		if st, ok := stacks[r]; ok {
 			fmt.Fprintf(&b, "\nPython stack of rank %d:\n%s", r, strings.TrimRight(st, "\n"))
+		} else if w := why[r]; w != "" {
+			fmt.Fprintf(&b, "\nno Python stack from rank %d: %s", r, w)
 		} else {
 			fmt.Fprintf(&b, "\nno Python stack from rank %d (it did not register ddp_agent's hook, or did not answer in time)", r)
 		}

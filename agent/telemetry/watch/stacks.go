@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -53,7 +54,54 @@ func (s *Watch) stacks(ctx context.Context, at *attempt, ranks []int) map[int]st
 			}
 		}
 	}
+	for r, text := range out {
+		out[r] = mainThreadFirst(text)
+	}
 	return out
+}
+
+// mainThreadFirst moves the main thread's stack to the front of a
+// faulthandler dump of every thread. faulthandler lists the newest thread
+// first (the hook's waiter, a data loader's), or the thread the signal
+// happened to reach, labelled "Current thread"; the frame a person looks
+// for is the training loop's, in the thread whose oldest frame is the
+// script's "<module>".
+func mainThreadFirst(dump string) string {
+	blocks := strings.Split(strings.TrimRight(dump, "\n"), "\n\n")
+	for i, blk := range blocks {
+		if i > 0 && strings.HasSuffix(blk, " in <module>") {
+			blocks = append([]string{blk}, append(blocks[:i:i], blocks[i+1:]...)...)
+			return strings.Join(blocks, "\n\n") + "\n"
+		}
+	}
+	return dump
+}
+
+// whyNoStack says why a process gave no stack, from its state now ("" when
+// it tells nothing): a stopped process, or one in uninterruptible sleep,
+// runs no signal handler until it wakes.
+func whyNoStack(pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) {
+		return ""
+	}
+	switch b[i+2] {
+	case 'T', 't':
+		return "its process is stopped (SIGSTOP, or a debugger), and runs no signal handler until it continues"
+	case 'D':
+		return "its process is in uninterruptible sleep (state D: waiting on a disk, a network file system or a driver)"
+	case 'Z':
+		return "its process has exited"
+	}
+	return ""
 }
 
 // signalForStack sends SIGUSR2 to the process that registered rank r's
