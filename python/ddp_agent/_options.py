@@ -2,7 +2,7 @@
 
 import datetime
 import os
-from typing import Optional, Union
+from typing import Any, Callable, List, Optional, Union
 
 import torch
 
@@ -12,7 +12,7 @@ ENV_TIMEOUT = _env.COLLECTIVE_TIMEOUT
 """Default collective timeout in seconds, when register() gets no timeout."""
 
 DEFAULT_TIMEOUT_S = 600.0
-"""Collective timeout without timeout= and without $DDP_AGENT_COLLECTIVE_TIMEOUT."""
+"""Collective timeout without timeout=, $DDP_AGENT_COLLECTIVE_TIMEOUT or a process group that tells its own."""
 
 TRANSPORTS = ("auto", "host", "nccl")
 """Values of register()'s transport."""
@@ -52,9 +52,32 @@ def check(transport: str, compression: Optional[str]) -> None:
         )
 
 
-def timeout_ms(timeout: Timeout) -> int:
-    """Returns register()'s timeout in milliseconds: the argument, else $DDP_AGENT_COLLECTIVE_TIMEOUT, else 600 s.
+def group_timeout(group: Any) -> Optional[float]:
+    """The process group's own timeout in seconds (init_process_group's or new_group's timeout=), or None.
 
+    DDP's own all-reduce waits that long for a peer, so the hook does too
+    unless told otherwise. torch has no public accessor: 1.13 keeps it in
+    the group's options, 2.x in its backends' (gloo for CPU tensors, NCCL
+    for CUDA ones; init_process_group gives both the same).
+    """
+    reads: List[Callable[[], Any]] = [lambda: group.options._timeout]
+    for device in ("cpu", "cuda"):
+        reads.append(lambda device=device: group._get_backend(torch.device(device)).options._timeout)
+    for read in reads:
+        try:
+            value = read()
+        except Exception:  # not this torch's layout, or no backend for that device
+            continue
+        if isinstance(value, datetime.timedelta) and value.total_seconds() > 0:
+            return value.total_seconds()
+    return None
+
+
+def timeout_ms(timeout: Timeout, group_seconds: Optional[float] = None) -> int:
+    """Returns register()'s timeout in milliseconds.
+
+    That is the argument, else $DDP_AGENT_COLLECTIVE_TIMEOUT, else
+    group_seconds (the process group's own, group_timeout), else 600 s.
     Raises ValueError for a value that is not a positive, finite number of
     seconds, TypeError for a type that is neither seconds nor a timedelta.
     """
@@ -66,6 +89,8 @@ def timeout_ms(timeout: Timeout) -> int:
             except ValueError:
                 raise ValueError(f"${ENV_TIMEOUT}={env!r} is not a number of seconds") from None
             source = f"${ENV_TIMEOUT}"
+        elif group_seconds is not None:
+            seconds, source = group_seconds, "the process group's timeout"
         else:
             seconds, source = DEFAULT_TIMEOUT_S, "default"
     elif isinstance(timeout, datetime.timedelta):

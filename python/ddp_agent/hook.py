@@ -262,15 +262,25 @@ def _comm_hook(state: Hook, bucket: dist.GradBucket) -> torch.futures.Future[tor
     return state._run(bucket)
 
 
-_registrations = 0
+# How many hooks this process registered, by group (_group_tag): a hook's
+# name is its group's tag and its number within the group, the same on
+# every rank of the group however many hooks of other groups a rank has
+# (a rank outside a subgroup registers none of its hooks).
+_registrations: Dict[str, int] = {}
 _registrations_lock = threading.Lock()
 
 
-def _continue_registrations(n: int) -> None:
-    """Makes the next registration this process's n-th: for a warm spare whose peers registered n before it came."""
-    global _registrations
+def _registered() -> Dict[str, int]:
+    """A copy of the registrations so far, by group: for a warm spare to continue from (_continue_registrations)."""
     with _registrations_lock:
-        _registrations = max(_registrations, n)
+        return dict(_registrations)
+
+
+def _continue_registrations(counts: Dict[str, int]) -> None:
+    """Makes this process's next registrations follow counts (a peer's _registered): for a warm spare."""
+    with _registrations_lock:
+        for tag, n in counts.items():
+            _registrations[tag] = max(_registrations.get(tag, 0), int(n))
 _live: Set[Hook] = set()
 
 
@@ -309,7 +319,10 @@ def register(
             Rank and world size are taken from it.
         timeout: bound on the bootstrap and on each bucket's all-reduce (for
             NCCL: on its enqueue), a ``datetime.timedelta`` or seconds;
-            default ``$DDP_AGENT_COLLECTIVE_TIMEOUT`` (seconds), else 600 s.
+            default ``$DDP_AGENT_COLLECTIVE_TIMEOUT`` (seconds), else the
+            process group's own (``init_process_group``'s ``timeout``:
+            torch's default is 30 min for gloo, 10 for NCCL), as for DDP's
+            own all-reduce, else 600 s.
             A rank that dies makes the others' backward fail with the shim's
             error within about this long.
         launch: where NCCL buckets are issued: "inline" (in the hook call,
@@ -328,8 +341,10 @@ def register(
         A hook left open is closed at interpreter exit (aborting work still
         in flight).
 
-    Every rank must call register() for the same models in the same order:
-    the communicators' names come from a per-process registration counter.
+    Every rank of a group must call register() for the group's models in
+    the same order: the communicators' names come from a per-process count
+    of the group's registrations (a rank outside a subgroup registers none
+    of its models, and its other names do not move).
     Each communicator opens at its first bucket (inside the first backward);
     without ``$DDP_AGENT_SOCKET`` (plain torchrun) their addresses are
     exchanged through torch's default store. At the first NCCL bucket the
@@ -351,24 +366,24 @@ def register(
         )
     if not dist.is_initialized():
         raise RuntimeError("ddp_agent.register: torch.distributed is not initialized (init_process_group)")
-    timeout_ms = _options.timeout_ms(timeout)
-    launch = _options.launch(launch)
-    _shim.version()  # load the library now: a missing one fails here, not in the first backward
-    _stacks.enable()  # under ddp-agent or its sidecar: a hang report can show where this rank is stuck
     group = process_group if process_group is not None else getattr(ddp_model, "process_group", None)
     if group is None:
         group = dist.distributed_c10d._get_default_group()
+    timeout_ms = _options.timeout_ms(timeout, _options.group_timeout(group))
+    launch = _options.launch(launch)
+    _shim.version()  # load the library now: a missing one fails here, not in the first backward
+    _stacks.enable()  # under ddp-agent or its sidecar: a hang report can show where this rank is stuck
 
-    global _registrations
+    tag = _group_tag(group)
     with _registrations_lock:
-        n = _registrations
-        _registrations += 1
+        n = _registrations.get(tag, 0)
+        _registrations[tag] = n + 1
     hook = Hook(
         group,
         transport=transport,
         compression=compression,
         timeout_ms=timeout_ms,
-        name=f"ddp_agent-{n}{_group_tag(group)}",
+        name=f"ddp_agent-{n}{tag}",
         launch=launch,
     )
     ddp_model.register_comm_hook(hook, _comm_hook)

@@ -312,7 +312,7 @@ class InProcess:
         self._store.wait([key], _timedelta(self.timeout))
         # The survivors' new hooks are named by how many they registered
         # before: this process's must have the same names.
-        hook_module._continue_registrations(int(self._store.get(key)))
+        hook_module._continue_registrations(json.loads(bytes(self._store.get(key))))
         state_bytes, move_ms = self._take_state(j.gen, src, j.hook_steps)
         self.generation = self._index = j.gen
         self._completed = best
@@ -445,7 +445,7 @@ class InProcess:
             try:
                 # For a warm spare that takes a dead rank (_join): the name of
                 # the next hook. Every rank has registered as many.
-                store.set(f"{prefix}/registrations", str(hook_module._registrations))
+                store.set(f"{prefix}/registrations", json.dumps(hook_module._registered()))
                 completed, hook_steps = _meet(store, prefix, self.rank, self.world_size, self._completed, hook_step,
                                               self.timeout, moved)
                 return index, completed, hook_steps

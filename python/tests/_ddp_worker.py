@@ -164,6 +164,23 @@ def subgroups(keep: list) -> dict:
             r.update(name=hook.name, rank=hook.rank, world_size=hook.world_size, info=hook.info())
             hook.close()
         out["hook" if use_hook else "builtin"] = r
+    # A hook of the first group, registered on its ranks only, and then one
+    # of the world on every rank: the world's has the same name on every
+    # rank (names count registrations per group), and trains.
+    if rank in members[0]:
+        first = DDP(make_model("default"), bucket_cap_mb=BUCKET_CAP_MB, process_group=groups[0])
+        keep.append(first)
+        ddp_agent.register(first, timeout=60).close()
+    world = DDP(make_model("default"), bucket_cap_mb=BUCKET_CAP_MB)
+    keep.append(world)
+    hook = ddp_agent.register(world, timeout=60)
+    opt = torch.optim.SGD(world.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        world(make_batch("default", step, rank)).pow(2).mean().backward()
+        opt.step()
+    out["world_after"] = {"params": params_of(world), "name": hook.name}
+    hook.close()
     return out
 
 

@@ -167,6 +167,11 @@ def test_subgroups(parity_world):
     assert names[0] != names[1], names
     # The groups trained on different data.
     assert not torch.equal(sub[0]["hook"]["params"][0], sub[-1]["hook"]["params"][0])
+    # A world hook after a hook the first group's ranks alone registered:
+    # one name on every rank (it hung for the timeout when names counted
+    # every registration of the process), and one result.
+    assert len({s["world_after"]["name"] for s in sub}) == 1, [s["world_after"]["name"] for s in sub]
+    assert_bit_identical([s["world_after"] for s in sub], "world hook after a subgroup's")
 
 
 def test_join_with_uneven_inputs(tmp_path):

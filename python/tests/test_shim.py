@@ -20,6 +20,7 @@ import uuid
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import ddp_agent
 from ddp_agent import _shim
@@ -651,6 +652,31 @@ def test_timeouts(monkeypatch):
             _options.timeout_ms(bad)
     with pytest.raises(TypeError):
         _options.timeout_ms("10")
+
+
+def test_timeout_follows_the_process_group(monkeypatch):
+    """Without timeout= or the variable, the hook waits as long as DDP's own all-reduce: the group's timeout."""
+    monkeypatch.delenv(_options.ENV_TIMEOUT, raising=False)
+    assert _options.timeout_ms(None, 123.0) == 123_000
+    assert _options.timeout_ms(5, 123.0) == 5000  # the argument wins
+    monkeypatch.setenv(_options.ENV_TIMEOUT, "42.5")
+    assert _options.timeout_ms(None, 123.0) == 42_500  # and the variable
+    monkeypatch.delenv(_options.ENV_TIMEOUT)
+    assert _options.group_timeout(object()) is None  # nothing torch tells: 600 s
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=123))
+    try:
+        assert _options.group_timeout(dist.distributed_c10d._get_default_group()) == 123.0
+        sub = dist.new_group([0], timeout=datetime.timedelta(seconds=77))
+        assert _options.group_timeout(sub) == 77.0
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        hook = ddp_agent.register(model)
+        try:
+            assert hook.timeout_ms == 123_000
+        finally:
+            hook.close()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_launch_option(monkeypatch):

@@ -152,7 +152,7 @@ func (c *Comm) run(ctx context.Context, bufs [][]byte, dt reduce.DType, op reduc
 		// A long collective that never blocks still honours Abort, ctx,
 		// the deadline and the peers' abort flag.
 		if err := c.check(&j, -1); err != nil {
-			return fmt.Errorf("step %d: %w", i, err)
+			return fmt.Errorf("segment %d: %w", i, err)
 		}
 		if i < steps {
 			if err := c.stepIn(&j, i); err != nil {
@@ -316,7 +316,7 @@ func (c *Comm) await(j *job, k, p int, ctr *uint32, want uint32, what string) er
 			if reached(atomic.LoadUint32(ctr), want) {
 				return nil
 			}
-			return fmt.Errorf("step %d: wait for rank %d to %s: %w", k, p, what, err)
+			return fmt.Errorf("segment %d: wait for rank %d to %s: %w", k, p, what, err)
 		}
 		// Announce the sleep before the last look at the counter; publish
 		// stores the counter before it looks at waiters, so one of the two
