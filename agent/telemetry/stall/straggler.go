@@ -321,10 +321,19 @@ func decide(window []step, p stragglerParams, was map[int]bool) ([]telemetry.Str
 			splits[rank] = append(splits[rank], sp)
 		}
 	}
+	// The share of the job's time: the mean wait per step over the mean
+	// step, which holds the waits. Over the median step, which leaves out
+	// the late steps of a rank late in one step of three, the share of a
+	// 300 ms wait in 100 ms steps was above 1.
+	var sum time.Duration
+	for _, d := range times {
+		sum += d
+	}
+	mean := float64(sum) / float64(len(times))
 	var out []telemetry.Straggler
 	for rank, k := range count {
 		pv := binomTail(significant, k, 1/float64(p.world))
-		share := float64(total[rank]) / float64(len(window)) / float64(stepTime)
+		share := min(1, float64(total[rank])/float64(len(window))/mean)
 		isNew := pv < p.alpha/float64(p.world) && share >= p.cost
 		stays := was[rank] && pv < 0.5 && share >= p.cost/2
 		if !isNew && !stays {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/ddp-agent/ddp-agent/agent/telemetry"
 )
 
 // stragglerRanks is the ranks Stragglers names after the records of j,
@@ -131,6 +133,49 @@ func TestStragglerDetails(t *testing.T) {
 	if !near(s.Late, 100*time.Millisecond, time.Millisecond) || !near(s.StepTime, time.Second, time.Millisecond) ||
 		s.Share < 0.099 || s.Share > 0.101 || s.P > 1e-9 || s.Noise != time.Millisecond {
 		t.Errorf("got %+v, want late 100ms of 1s steps (share 0.1), p ~ 0.5^34, noise 1ms", s)
+	}
+}
+
+// TestStragglerShareOfIntermittent: rank 1 is 350 ms late in one step of
+// three of 100 ms, and the others wait for it, so the job's steps
+// stretch. Its share is of the job's time: a third of 350 ms in a mean
+// step of about 217 ms, 0.54. Over the median step (the 100 ms steps
+// without it) it was 1.17, which a status report refused as malformed.
+func TestStragglerShareOfIntermittent(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 1))
+	var ds []delivery
+	at := t0
+	for s := range 60 {
+		var late time.Duration
+		if s%3 == 0 {
+			late = 350 * time.Millisecond
+		}
+		end := at.Add(late + 5*time.Millisecond)
+		for r := range 2 {
+			arrive := at.Add(uniform(rng, 200*time.Microsecond))
+			if r == 1 {
+				arrive = arrive.Add(late)
+			}
+			rec := telemetry.Record{Gen: 1, Step: uint64(s), Rank: r, Bytes: 1 << 20, DType: 7,
+				Arrive: arrive, Start: arrive.Add(50 * time.Microsecond), End: end}
+			ds = append(ds, delivery{at: end, r: rec})
+		}
+		at = end.Add(95 * time.Millisecond)
+	}
+	a := newAnalyzer(t, Config{WorldSize: 2})
+	feed(t, a, ds)
+	got := a.Stragglers()
+	if len(got) != 1 || got[0].Rank != 1 {
+		t.Fatalf("Stragglers: got %+v, want rank 1", got)
+	}
+	if sh := got[0].Share; sh < 0.5 || sh > 0.58 {
+		t.Errorf("share %.3f, want about 0.54 of the job's time", sh)
+	}
+	rep := telemetry.Report{Stragglers: []telemetry.ReportedStraggler{telemetry.ReportStraggler(got[0], telemetry.Worker{})}}
+	if b, err := rep.Encode(time.Now()); err != nil {
+		t.Errorf("the straggler's report: %v", err)
+	} else if _, err := telemetry.DecodeReport(b); err != nil {
+		t.Errorf("the straggler's report: %v", err)
 	}
 }
 

@@ -91,7 +91,7 @@ func (at *attempt) stragglers() stragglerLook {
 func (s *Watch) logStraggler(at *attempt, st telemetry.Straggler, gpuState string) {
 	w := at.worker(st.Rank)
 	msg := fmt.Sprintf("persistent straggler: rank %s held the others back in %d of the last %d steps, "+
-		"by %s (median), %.1f%% of the %s step time; the job's noise band is %s, and a balanced job "+
+		"by %s (median), %.1f%% of the job's time (median step %s); the job's noise band is %s, and a balanced job "+
 		"would do this with probability %.1g; cause %s: %s",
 		at.describe(st.Rank), st.Last, st.Steps, seconds(st.Late), 100*st.Share, seconds(st.StepTime),
 		seconds(st.Noise), st.P, st.Cause, st.Evidence)

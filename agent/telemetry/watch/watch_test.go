@@ -78,7 +78,7 @@ func testStragglerGPU(t *testing.T, throttled []int, cause string) {
 		t.Fatalf("%d persistent straggler lines, want 1:\n%s", n, out)
 	}
 	for _, want := range []string{"rank 1 (node-a, GPU 1, pid 101) held the others back in 14 of the last 14 steps",
-		"by 100ms (median), 10.0% of the 1.00 s step time", "its GPU " + uuid(1), "throttled: sw power cap", cause,
+		"by 100ms (median), 10.0% of the job's time (median step 1.00 s)", "its GPU " + uuid(1), "throttled: sw power cap", cause,
 		"input +0s, compute +100ms, all-reduce +0s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
