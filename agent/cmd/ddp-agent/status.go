@@ -202,7 +202,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		return fail("nothing listens at %s (connection refused): is the job running, and is this the --rdzv-endpoint (and backend) it was given?", where)
 	}
 	if err != nil {
-		if msg := err.Error(); strings.Contains(msg, "connection reset by peer") || strings.Contains(msg, "unreachable after") {
+		if msg := err.Error(); strings.Contains(msg, "connection reset by peer") || strings.Contains(msg, "unreachable after") ||
+			strings.Contains(msg, "gave no answer") {
 			// Often torch's TCPStore answers there (torchrun's c10d
 			// rendezvous port, or MASTER_PORT): it resets the connection
 			// (1.13) or says nothing (2.x). Not a TLS store's EOF, which

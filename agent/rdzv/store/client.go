@@ -172,6 +172,11 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		if cfg.RefusedIsFinal && NothingListens(err) {
 			return nil, fmt.Errorf("nothing listens at %s (connection refused): %w", where, err)
 		}
+		if cn.accepted() {
+			// Not unreachable: a program took the connection and said
+			// nothing a store says (torch's TCPStore, a stopped process).
+			return nil, fmt.Errorf("rendezvous store at %s accepted the connection but gave no answer within %v: %w", where, timeout, err)
+		}
 		return nil, fmt.Errorf("rendezvous store at %s unreachable after %v: %w", where, timeout, err)
 	}
 	fctx, stop := context.WithCancel(context.Background())

@@ -16,6 +16,14 @@ import (
 type conns struct {
 	mu     sync.Mutex
 	byAddr map[string]map[*trackedConn]struct{}
+	made   int // connections ever made: a store that never answers may still have accepted
+}
+
+// accepted reports whether any dial reached a listener.
+func (c *conns) accepted() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.made > 0
 }
 
 func newConns() *conns {
@@ -35,6 +43,7 @@ func (c *conns) dial(ctx context.Context, addr string) (net.Conn, error) {
 	}
 	tc := &trackedConn{Conn: nc, owner: c, addr: addr}
 	c.mu.Lock()
+	c.made++
 	if c.byAddr[addr] == nil {
 		c.byAddr[addr] = map[*trackedConn]struct{}{}
 	}

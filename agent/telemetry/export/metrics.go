@@ -42,7 +42,7 @@ func newInstruments(m metric.Meter) (instruments, error) {
 	in.stalls, errs[3] = m.Int64Counter("ddp.stalls", metric.WithUnit("{stall}"),
 		metric.WithDescription("All-reduces slower than the stall threshold, by the rank that arrived last."))
 	in.waited, errs[4] = m.Float64Counter("ddp.stall.waited", metric.WithUnit("s"),
-		metric.WithDescription("GPU time the other ranks spent waiting for stragglers."))
+		metric.WithDescription("Time the other ranks (their GPUs, on GPU jobs) spent waiting for stragglers, summed over the ranks."))
 	in.hangs, errs[5] = m.Int64Counter("ddp.hangs", metric.WithUnit("{hang}"),
 		metric.WithDescription("Collectives not finished by the hang timeout."))
 	in.restarts, errs[6] = m.Int64Counter("ddp.restarts", metric.WithUnit("{restart}"),
