@@ -44,6 +44,11 @@ type attempt struct {
 	// monotonic clock: the workers' arrival times are wall-clock times,
 	// and a clock step must not look like a hang.
 	progress time.Time
+	// began is when the attempt's analysis began (its workers started),
+	// on the wall clock of the arrivals; completed: a collective of the
+	// attempt has completed since (firstGrace).
+	began     time.Time
+	completed bool
 }
 
 // newAttempt starts the analysis of attempt gen as p plans it. It covers
@@ -52,7 +57,7 @@ type attempt struct {
 // (p.fwd not nil) analyzes nothing: it forwards.
 func newAttempt(gen uint64, p plan, local []telemetry.Worker, offset int, stackDir string, cost float64, log *slog.Logger) *attempt {
 	at := &attempt{gen: gen, base: p.base, local: local, offset: offset, stackDir: stackDir, plan: p,
-		workers: make(map[int]telemetry.Worker, len(local)), progress: time.Now()}
+		workers: make(map[int]telemetry.Worker, len(local)), progress: time.Now(), began: time.Now()}
 	if at.plan.done == nil {
 		at.plan.done = func() {}
 	}
@@ -153,7 +158,7 @@ func (at *attempt) add(recs []telemetry.Record) []telemetry.Collective {
 		return nil
 	}
 	at.mu.Lock()
-	at.progress = time.Now()
+	at.progress, at.completed = time.Now(), true
 	at.mu.Unlock()
 	for i := range done { // back to global ranks for reports and spans
 		c := &done[i]
@@ -201,6 +206,20 @@ func (at *attempt) rearm() {
 	at.hung, at.progress = false, time.Now()
 }
 
+// firstGrace is how long the attempt's first collective may wait, at
+// least, before it is a hang: as long as its first rank took to come to it
+// from the attempt's start. Ranks reach their first all-reduce after
+// whatever each does first (torch.compile and its autotuning, loading the
+// first batch, NCCL's set-up), and a rank twice as slow there as the
+// first is no hang; a rank that never comes is one, at the timeout or at
+// this, whichever is later. Nothing once a collective completed.
+func firstGrace(completed bool, began, firstArrival time.Time) time.Duration {
+	if completed {
+		return 0
+	}
+	return max(0, firstArrival.Sub(began))
+}
+
 // hangVerdict is what a look for a hang found: nothing (Hang nil), a hang
 // to report, or a collective unfinished past the timeout whose missing
 // ranks this node cannot judge (Unjudged, and Why; Log the first time
@@ -228,6 +247,12 @@ func (at *attempt) hang(now time.Time, timeout time.Duration) hangVerdict {
 	}
 	h := at.an.Hang(now, timeout)
 	if h == nil {
+		return hangVerdict{}
+	}
+	at.mu.Lock()
+	grace := firstGrace(at.completed, at.began, h.Since)
+	at.mu.Unlock()
+	if now.Sub(h.Since) < grace {
 		return hangVerdict{}
 	}
 	for i := range h.Waiting {

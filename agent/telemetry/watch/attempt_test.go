@@ -149,6 +149,50 @@ func TestAttemptHang(t *testing.T) {
 	}
 }
 
+// TestFirstCollectiveGrace: rank 0 comes to the attempt's first
+// collective 2 minutes after the start (torch.compile, say), and rank 1
+// not yet. With nothing completed, rank 1 has as long again before it is
+// a hang, whatever the timeout; once a collective has completed, the
+// timeout alone counts.
+func TestFirstCollectiveGrace(t *testing.T) {
+	const timeout = 2 * time.Second
+	for _, tc := range []struct {
+		name     string
+		done     bool          // step 0 completed first
+		after    time.Duration // from rank 0's arrival to the look
+		wantHang bool
+	}{
+		{name: "first collective, a minute on", after: time.Minute},
+		{name: "first collective, past twice the first rank's time", after: 2*time.Minute + time.Second, wantHang: true},
+		{name: "a later collective, a minute on", done: true, after: time.Minute, wantHang: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			local := []telemetry.Worker{{Rank: 0}, {Rank: 1, LocalRank: 1}}
+			at := newAttempt(0, plan{size: 2}, local, 0, "", 0, quiet())
+			start := time.Now().Add(-time.Hour)
+			at.began = start
+			step := uint64(0)
+			if tc.done {
+				for r := range 2 {
+					t0 := start.Add(time.Minute)
+					at.add([]telemetry.Record{{Rank: r, Arrive: t0, Start: t0, End: t0.Add(time.Millisecond)}})
+				}
+				step = 1
+			}
+			arrived := start.Add(2 * time.Minute)
+			at.add([]telemetry.Record{{Step: step, Rank: 0, Status: telemetry.StatusInFlight, Arrive: arrived}})
+			at.progress = time.Now().Add(-time.Hour) // quiet since
+			v := at.hang(arrived.Add(tc.after), timeout)
+			if got := v.Hang != nil; got != tc.wantHang {
+				t.Fatalf("got hang %v (%+v), want %v", got, v, tc.wantHang)
+			}
+			if tc.wantHang && !slices.Equal(v.Hang.Missing, []int{1}) {
+				t.Errorf("missing %v, want rank 1", v.Hang.Missing)
+			}
+		})
+	}
+}
+
 // TestAttemptEvidence: a rank's GPU slowdown counts only when most of the
 // other GPUs show none; other nodes' ranks bring their evidence with
 // them; this node's are read (readLocal) at most every evidenceEvery.
