@@ -361,7 +361,7 @@ def attempt_token(group: Any, rank: int, timeout_ms: int, device: Optional[torch
     hand the workers their agent's TCPStore, one server for every restart
     (dynamic_rendezvous keeps its _shared_tcp_store_server; pytorch#135712).
     Keys named alike would then be read from the attempt before: the peers'
-    old addresses, on which the bootstrap waited out its timeout (600 s).
+    old addresses, on which the bootstrap waited out its whole timeout.
     (ddp-agent's own store under --spares outlives attempts too, but its
     workers bootstrap through the agent, and their hooks' names differ
     from one generation to the next: store_outlives_attempt says no.)

@@ -14,6 +14,9 @@ ENV_TIMEOUT = _env.COLLECTIVE_TIMEOUT
 DEFAULT_TIMEOUT_S = 600.0
 """Collective timeout without timeout=, $DDP_AGENT_COLLECTIVE_TIMEOUT or a process group that tells its own."""
 
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+"""The shim's bound on a timeout (ddpshim_open refuses more): a group's longer timeout is taken as this."""
+
 TRANSPORTS = ("auto", "host", "nccl")
 """Values of register()'s transport."""
 
@@ -90,7 +93,8 @@ def timeout_ms(timeout: Timeout, group_seconds: Optional[float] = None) -> int:
                 raise ValueError(f"${ENV_TIMEOUT}={env!r} is not a number of seconds") from None
             source = f"${ENV_TIMEOUT}"
         elif group_seconds is not None:
-            seconds, source = group_seconds, "the process group's timeout"
+            # A group told to wait a year waits as long as the shim can.
+            seconds, source = min(group_seconds, MAX_TIMEOUT_S), "the process group's timeout"
         else:
             seconds, source = DEFAULT_TIMEOUT_S, "default"
     elif isinstance(timeout, datetime.timedelta):
@@ -101,4 +105,6 @@ def timeout_ms(timeout: Timeout, group_seconds: Optional[float] = None) -> int:
         raise TypeError(f"timeout must be a datetime.timedelta or seconds, not {type(timeout).__name__}")
     if not 0 < seconds < float("inf"):
         raise ValueError(f"{source} must be a positive, finite number of seconds, got {seconds}")
+    if seconds > MAX_TIMEOUT_S:
+        raise ValueError(f"{source} must be at most 30 days ({MAX_TIMEOUT_S:g} s), got {seconds:g}")
     return max(1, round(seconds * 1000))

@@ -281,6 +281,8 @@ def _continue_registrations(counts: Dict[str, int]) -> None:
     with _registrations_lock:
         for tag, n in counts.items():
             _registrations[tag] = max(_registrations.get(tag, 0), int(n))
+
+
 _live: Set[Hook] = set()
 
 

@@ -308,11 +308,13 @@ class InProcess:
         best = max(j.completed)
         src = j.completed.index(best)
         t = time.monotonic()
-        key = f"{self._prefix}/{j.gen}/registrations"
-        self._store.wait([key], _timedelta(self.timeout))
         # The survivors' new hooks are named by how many they registered
-        # before: this process's must have the same names.
-        hook_module._continue_registrations(json.loads(bytes(self._store.get(key))))
+        # before, by group: this process's must have the same names. A
+        # subgroup's count is its ranks' alone, so every survivor's is read
+        # (each wrote before it arrived, and all have arrived).
+        key = f"{self._prefix}/{j.gen}/registrations"
+        for i in range(1, self._store.add(key, 0) + 1):
+            hook_module._continue_registrations(json.loads(bytes(self._store.get(f"{key}/{i}"))))
         state_bytes, move_ms = self._take_state(j.gen, src, j.hook_steps)
         self.generation = self._index = j.gen
         self._completed = best
@@ -443,9 +445,10 @@ class InProcess:
             store = self._store
             moved = None if not path else (lambda: _world_news(path))
             try:
-                # For a warm spare that takes a dead rank (_join): the name of
-                # the next hook. Every rank has registered as many.
-                store.set(f"{prefix}/registrations", json.dumps(hook_module._registered()))
+                # For a warm spare that takes a dead rank (_join): the names
+                # of the next hooks, one entry per survivor, before it arrives.
+                slot = store.add(f"{prefix}/registrations", 1)
+                store.set(f"{prefix}/registrations/{slot}", json.dumps(hook_module._registered()))
                 completed, hook_steps = _meet(store, prefix, self.rank, self.world_size, self._completed, hook_step,
                                               self.timeout, moved)
                 return index, completed, hook_steps

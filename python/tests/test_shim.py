@@ -658,6 +658,9 @@ def test_timeout_follows_the_process_group(monkeypatch):
     """Without timeout= or the variable, the hook waits as long as DDP's own all-reduce: the group's timeout."""
     monkeypatch.delenv(_options.ENV_TIMEOUT, raising=False)
     assert _options.timeout_ms(None, 123.0) == 123_000
+    assert _options.timeout_ms(None, 365 * 86400.0) == 30 * 86400_000  # as long as the shim takes
+    with pytest.raises(ValueError, match="at most 30 days"):
+        _options.timeout_ms(datetime.timedelta(days=31))
     assert _options.timeout_ms(5, 123.0) == 5000  # the argument wins
     monkeypatch.setenv(_options.ENV_TIMEOUT, "42.5")
     assert _options.timeout_ms(None, 123.0) == 42_500  # and the variable
