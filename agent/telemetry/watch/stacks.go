@@ -64,12 +64,13 @@ func (s *Watch) stacks(ctx context.Context, at *attempt, ranks []int) map[int]st
 // faulthandler dump of every thread. faulthandler lists the newest thread
 // first (the hook's waiter, a data loader's), or the thread the signal
 // happened to reach, labelled "Current thread"; the frame a person looks
-// for is the training loop's, in the thread whose oldest frame is the
-// script's "<module>".
+// for is the training loop's, in the thread that runs the script's
+// "<module>" (its oldest frame, or runpy's under python -m). A dump
+// without one (faulthandler keeps the newest 100 frames) stays as it is.
 func mainThreadFirst(dump string) string {
 	blocks := strings.Split(strings.TrimRight(dump, "\n"), "\n\n")
 	for i, blk := range blocks {
-		if i > 0 && strings.HasSuffix(blk, " in <module>") {
+		if i > 0 && strings.Contains(blk+"\n", " in <module>\n") {
 			blocks = append([]string{blk}, append(blocks[:i:i], blocks[i+1:]...)...)
 			return strings.Join(blocks, "\n\n") + "\n"
 		}

@@ -11,12 +11,14 @@ import (
 func TestMainThreadFirst(t *testing.T) {
 	waiter := "Thread 0x00007f01 (most recent call first):\n  File \"/x/_waiter.py\", line 70 in _run\n  File \"/usr/lib/python3.11/threading.py\", line 975 in run"
 	main := "Current thread 0x00007f02 (most recent call first):\n  File \"train.py\", line 310 in main\n  File \"train.py\", line 355 in <module>"
+	module := "Thread 0x00007f03 (most recent call first):\n  File \"/x/train.py\", line 9 in <module>\n  File \"<frozen runpy>\", line 88 in _run_code\n  File \"<frozen runpy>\", line 198 in _run_module_as_main"
 	for _, c := range []struct{ name, in, want string }{
 		{"waiter first", waiter + "\n\n" + main + "\n", main + "\n\n" + waiter + "\n"},
 		{"main first already", main + "\n\n" + waiter + "\n", main + "\n\n" + waiter + "\n"},
 		{"one thread", main + "\n", main + "\n"},
 		{"no main thread", waiter + "\n", waiter + "\n"},
 		{"three threads", waiter + "\n\n" + waiter + "\n\n" + main + "\n", main + "\n\n" + waiter + "\n\n" + waiter + "\n"},
+		{"python -m", waiter + "\n\n" + module + "\n", module + "\n\n" + waiter + "\n"},
 	} {
 		if got := mainThreadFirst(c.in); got != c.want {
 			t.Errorf("%s: got\n%s\nwant\n%s", c.name, got, c.want)
