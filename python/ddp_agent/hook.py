@@ -377,18 +377,29 @@ def register(
     _stacks.enable()  # under ddp-agent or its sidecar: a hang report can show where this rank is stuck
 
     tag = _group_tag(group)
+    # Counted once registered: a refused registration takes no name, and
+    # the ranks' names stay in step.
     with _registrations_lock:
         n = _registrations.get(tag, 0)
+        hook = Hook(
+            group,
+            transport=transport,
+            compression=compression,
+            timeout_ms=timeout_ms,
+            name=f"ddp_agent-{n}{tag}",
+            launch=launch,
+        )
+        try:
+            ddp_model.register_comm_hook(hook, _comm_hook)
+        except RuntimeError as e:
+            if "only be called once" not in str(e):
+                raise
+            # torch's words name neither the hook there nor what to do.
+            raise RuntimeError(
+                "ddp_agent.register: this DDP model has a comm hook already (register it once per model; "
+                f"ddp_agent.lightning's DDPAgentStrategy registers it itself): {e}"
+            ) from None
         _registrations[tag] = n + 1
-    hook = Hook(
-        group,
-        transport=transport,
-        compression=compression,
-        timeout_ms=timeout_ms,
-        name=f"ddp_agent-{n}{tag}",
-        launch=launch,
-    )
-    ddp_model.register_comm_hook(hook, _comm_hook)
     hook._forward_hook = ddp_model.register_forward_pre_hook(lambda _module, _inputs: hook._mark_forward())
     _live.add(hook)
     return hook

@@ -2,6 +2,7 @@
 
     from ddp_agent.lightning import DDPAgentStrategy
     trainer = Trainer(strategy=DDPAgentStrategy(), ...)
+    trainer = Trainer(strategy="ddp_agent", ...)   # the same, by name, once this module is imported
 
 ``DDPAgentStrategy`` is Lightning's ``DDPStrategy`` (every argument it takes
 is passed on) that registers ``ddp_agent.register`` on the model once
@@ -22,9 +23,9 @@ Works with the ``lightning`` package (``lightning.pytorch``) and with
 from typing import Any, Dict, Optional
 
 try:
-    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 except ImportError:  # the standalone package
-    from pytorch_lightning.strategies import DDPStrategy  # type: ignore[no-redef]
+    from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry  # type: ignore[no-redef]
 
 from .hook import Hook, register
 
@@ -51,3 +52,10 @@ class DDPAgentStrategy(DDPStrategy):
             self.hook.close()
             self.hook = None
         super().teardown()
+
+
+# By name too (Trainer(strategy="ddp_agent")), as Lightning's own
+# strategies are: importing this module registers it.
+if DDPAgentStrategy.strategy_name not in StrategyRegistry:
+    StrategyRegistry.register(DDPAgentStrategy.strategy_name, DDPAgentStrategy,
+                              description="DDP with ddp_agent's gradient all-reduce (ddp_agent.lightning)")

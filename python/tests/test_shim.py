@@ -682,6 +682,22 @@ def test_timeout_follows_the_process_group(monkeypatch):
         dist.destroy_process_group()
 
 
+def test_register_twice():
+    """A second hook on one model: ddp_agent's words, and no name taken (the ranks' names stay in step)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        first = ddp_agent.register(model)
+        with pytest.raises(RuntimeError, match="has a comm hook already.*DDPAgentStrategy"):
+            ddp_agent.register(model)
+        other = ddp_agent.register(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2)))
+        assert int(other.name.split("-")[1]) == int(first.name.split("-")[1]) + 1, (first.name, other.name)
+        first.close()
+        other.close()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_launch_option(monkeypatch):
     monkeypatch.delenv(_options.ENV_LAUNCH, raising=False)
     assert _options.launch(None) == "inline"
