@@ -323,8 +323,8 @@ def register(
             NCCL: on its enqueue), a ``datetime.timedelta`` or seconds;
             default ``$DDP_AGENT_COLLECTIVE_TIMEOUT`` (seconds), else the
             process group's own (``init_process_group``'s ``timeout``:
-            torch's default is 30 min for gloo, 10 for NCCL), as for DDP's
-            own all-reduce, else 600 s.
+            torch's default is 30 min, 10 for NCCL on recent 2.x), as for
+            DDP's own all-reduce, else 600 s (at most 30 days).
             A rank that dies makes the others' backward fail with the shim's
             error within about this long.
         launch: where NCCL buckets are issued: "inline" (in the hook call,
