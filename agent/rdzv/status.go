@@ -102,6 +102,10 @@ type NodeStatus struct {
 	Join      *JoinInfo       `json:"join,omitempty"`
 	Stalls    json.RawMessage `json:"stalls,omitempty"` // telemetry.Report's JSON, compacted; nil when none
 	Malformed string          `json:"malformed,omitempty"`
+	// Finished: a member whose workers of the running generation all
+	// finished (its done marker, which outlives its agent): without a node
+	// entry its agent went home, it is not lost.
+	Finished bool `json:"finished,omitempty"`
 
 	joinRev int64 // create revision of its join key: the join order
 }
@@ -189,6 +193,7 @@ func ReadStatus(ctx context.Context, c *store.Client, root, id string) (*Status,
 type jobKeys struct {
 	rev                                     int64
 	job, state, nodes, rounds, host, stalls []*mvccpb.KeyValue
+	done                                    []*mvccpb.KeyValue // keys only
 }
 
 func readJobKeys(ctx context.Context, cli *clientv3.Client, prefix string) (*jobKeys, error) {
@@ -202,12 +207,14 @@ func readJobKeys(ctx context.Context, cli *clientv3.Client, prefix string) (*job
 		clientv3.OpGet(prefix+roundsDir, clientv3.WithPrefix()),
 		clientv3.OpGet(HostKey),
 		clientv3.OpGet(prefix+stallsDir, clientv3.WithPrefix()),
+		clientv3.OpGet(prefix+doneDir, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
 		return nil, err
 	}
 	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
-	return &jobKeys{rev: resp.Header.Revision, job: kvs(0), state: kvs(1), nodes: kvs(2), rounds: kvs(3), host: kvs(4), stalls: kvs(5)}, nil
+	return &jobKeys{rev: resp.Header.Revision, job: kvs(0), state: kvs(1), nodes: kvs(2), rounds: kvs(3), host: kvs(4), stalls: kvs(5),
+		done: kvs(6)}, nil
 }
 
 // bad lists a value that did not parse.
@@ -268,6 +275,14 @@ func (s *Status) collectNodes(prefix string, k *jobKeys) {
 			continue
 		}
 		n.Entry = &info
+	}
+	if s.State != nil && s.State.Phase == Running {
+		gen := prefix + doneDir + genKey(s.State.Generation) + "/"
+		for _, kv := range k.done {
+			if id, ok := strings.CutPrefix(string(kv.Key), gen); ok && byNode[id] != nil && byNode[id].Member != nil {
+				byNode[id].Finished = true
+			}
+		}
 	}
 	if s.State != nil && s.State.Phase == Joining {
 		open := RoundPrefix(prefix, s.State.Generation)
@@ -333,6 +348,8 @@ func role(st *State, n *NodeStatus) Role {
 		switch {
 		case n.Member != nil && live:
 			return RoleRunning
+		case n.Member != nil && n.Finished:
+			return RoleSucceeded // its agent went home before the others finished
 		case n.Member != nil:
 			return RoleLost
 		}

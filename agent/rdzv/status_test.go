@@ -171,6 +171,33 @@ func TestStatusLostMember(t *testing.T) {
 	}
 }
 
+// TestStatusFinishedEarly: b's workers finish and its agent goes home
+// (after the exit barrier) while a's still train: b has succeeded, it is
+// not lost.
+func TestStatusFinishedEarly(t *testing.T) {
+	dial := testStore(t)
+	cfg := testConfig(t, 2, 2)
+	a, b := open(t, dial(), cfg), open(t, dial(), cfg)
+	rounds := nextAll(t, a, b)
+	cli := dial()
+	lease := nodeOf(t, readStatus(t, cli, RootPrefix, "job"), b.Node()).Entry.Lease
+	if err := b.Succeed(t.Context(), rounds[1]); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	revokeGone(t, cli, lease)
+	s := waitStatus(t, cli, "job", 5*time.Second, func(s *Status) bool { return nodeOf(t, s, b.Node()).Entry == nil })
+	if s.State.Phase != Running {
+		t.Fatalf("state: %+v", s.State)
+	}
+	if n := nodeOf(t, s, b.Node()); n.Role != RoleSucceeded || !n.Finished {
+		t.Fatalf("the node that finished first: %+v", n)
+	}
+	if n := nodeOf(t, s, a.Node()); n.Role != RoleRunning {
+		t.Fatalf("the node still training: %+v", n)
+	}
+}
+
 // TestStatusRoles checks how members, node entries and join keys combine,
 // on keys written by hand, including states real agents pass through only
 // for an instant (a member lost while the state still says running).
@@ -201,6 +228,17 @@ func TestStatusRoles(t *testing.T) {
 	}
 	if n := nodeOf(t, s, "b"); n.Host() != "host-b" || n.Addr() != "10.0.0.2" {
 		t.Fatalf("a lost member keeps its member record: %+v", n)
+	}
+	// A member without an entry whose workers finished this generation
+	// went home early (its done marker outlives its agent); a marker of
+	// an earlier generation says nothing of this one.
+	put(t, cli, p+doneDir+genKey(6)+"/b", "2026-12-01T00:00:00Z")
+	if got, want := roles(readStatus(t, cli, RootPrefix, "fx")), "a:running b:lost c:succeeded d:left e:spare f:malformed"; got != want {
+		t.Fatalf("an earlier generation's marker: roles %q, want %q", got, want)
+	}
+	put(t, cli, p+doneDir+genKey(7)+"/b", "2026-12-01T00:00:00Z")
+	if got, want := roles(readStatus(t, cli, RootPrefix, "fx")), "a:running b:succeeded c:succeeded d:left e:spare f:malformed"; got != want {
+		t.Fatalf("finished early: roles %q, want %q", got, want)
 	}
 
 	// An open round: join keys of this round count, those of the last
