@@ -2,11 +2,11 @@
 
 The state goes through the new hook's host communicator when there is one
 (CPU tensors, the shim's host transport): one broadcast from the source
-(ddpshim_broadcast) of every tensor of SMALL_BYTES and more whose bytes are
-whole 4-byte words, each straight from the source's memory into the
-others', and of one buffer that packs the rest, whatever their dtypes.
-Over shared memory a receiver reads the source's tensors once, in one
-system call. Without that communicator (CUDA tensors, a hook-less wrap),
+(ddpshim_broadcast) of every tensor whose bytes are whole 4-byte words,
+each straight from the source's memory into the others', and of one buffer
+that packs the rest (bools, odd counts of 1- and 2-byte elements). Over
+shared memory a receiver reads the source's tensors once, in one system
+call, while the source writes a share of them into the receivers. Without that communicator (CUDA tensors, a hook-less wrap),
 and for tensors that are not contiguous, torch.distributed's broadcast
 does it.
 
@@ -29,11 +29,6 @@ from . import _shim
 # DDP bucket has that index, so it never takes a gradient collective's key.
 STATE_BUCKET = 2**31 - 1
 
-# Tensors smaller than this go into one packed buffer (move). They were
-# packed when each tensor was a collective of its own; in one broadcast of
-# a list each could be an entry of its own, which is not measured yet.
-SMALL_BYTES = 64 << 10
-
 
 def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.Comm], *,
          label_step: int) -> Tuple[int, float]:
@@ -43,7 +38,7 @@ def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.
     (the layout the source published). label_step is the step the
     broadcast carries in the agent's telemetry.
     """
-    big, small, rest, moved = [], [], [], []
+    whole, odd, rest, moved = [], [], [], []
     seen = set()
     for t in tensors:
         alias = (t.data_ptr(), t.numel(), t.dtype)
@@ -54,21 +49,25 @@ def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.
         nbytes = t.numel() * t.element_size()
         if comm is None or t.device.type != "cpu" or not t.is_contiguous():
             rest.append(t)
-        elif nbytes < SMALL_BYTES or nbytes % 4:
-            small.append(t)
+        elif nbytes % 4:
+            # Packed: the broadcast counts 4-byte words. Small tensors were
+            # packed too while each tensor was a collective of its own; as
+            # entries of one broadcast they cost nothing to send, and
+            # unpacking train.py's ten took 0.2 ms of a 1.5 ms move.
+            odd.append(t)
         else:
-            big.append(t)
+            whole.append(t)
     packed = None
     if comm is not None:
-        packed = _pack(small, rank == src)
-        # Every rank ready, its buffers listed and the source's small
+        packed = _pack(odd, rank == src)
+        # Every rank ready, its buffers listed and the source's odd
         # tensors packed, before the clock starts (the ranks wait for each
         # other here anyway), and the communicator's first collective (its
         # setup) paid: the time is the move's.
         _meet(comm, label_step)
     t0 = time.monotonic()
     if comm is not None and packed is not None:
-        words = big + [packed]
+        words = whole + [packed] if odd else whole
         work = comm.broadcast([t.data_ptr() for t in words], [t.numel() * t.element_size() // 4 for t in words],
                               _shim.DType.INT32, src, step=label_step, bucket=STATE_BUCKET)
         try:
@@ -76,7 +75,7 @@ def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.
         finally:
             work.free()
         if rank != src:
-            _unpack(packed, small)
+            _unpack(packed, odd)
     for t in rest:
         _broadcast(t, src)
     return sum(t.numel() * t.element_size() for t in moved), round((time.monotonic() - t0) * 1e3, 1)
@@ -96,7 +95,7 @@ def warm() -> None:
     """Runs move's local part once on small tensors, before a re-formation needs it (InProcess, a warm spare).
 
     A process's first use of each of torch's operations costs more than
-    the operation: packing and unpacking train.py's 31 KB of small tensors
+    the operation: packing and unpacking train.py's 31 KB of small tensors (as they were packed then)
     took 0.4 ms the first time and 0.03 ms the third, on the 2-core VM.
     """
     tensors = [torch.zeros(3), torch.zeros(2, dtype=torch.int64), torch.zeros((), dtype=torch.bool)]

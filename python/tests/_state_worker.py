@@ -30,8 +30,9 @@ def main() -> None:
         tied,  # a tied weight: the state dict has it twice
         torch.randn(10, generator=g) > 0,  # bool: its bytes, packed
         torch.randn(6, 4, generator=g).t(),  # not contiguous: torch's broadcast
-        torch.randn(300, 100, generator=g),  # 120 KB: a collective of its own, the small ones packed in one
-        torch.randn(40001, generator=g).half(),  # 80002 bytes: a collective of 2-byte elements
+        torch.randn(300, 100, generator=g),  # 120 KB: over shared memory the source writes part of it
+        torch.empty(0),  # no bytes: left out of the broadcast's table
+        torch.randn(40001, generator=g).half(),  # 80002 bytes: not whole 4-byte words, packed
         torch.randint(0, 255, (70001,), generator=g, dtype=torch.uint8),  # an odd number of bytes: packed
         torch.randn((), generator=g),  # 0-dim
         torch.randn(20, generator=g, dtype=torch.complex64),

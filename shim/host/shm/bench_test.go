@@ -3,6 +3,7 @@ package shm
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -118,6 +119,63 @@ func benchProcs(b *testing.B, size, nbufs int, directMin int64) {
 	}
 	b.StopTimer()
 	reportBusBW(b, world, size)
+}
+
+// BenchmarkBroadcast broadcasts float32 buffers from rank 0 to rank 1 in
+// another process with the single-copy path, warm and cold as
+// BenchmarkAllReduce does: as it runs (the root writing its part into the
+// peer while the peer reads the rest, pushCut), and with the peer reading
+// everything (pull), as before the root wrote. The state a warm spare
+// takes from a healthy peer goes this way. busbw is bytes / time, as
+// nccl-tests count a broadcast's.
+func BenchmarkBroadcast(b *testing.B) {
+	for _, push := range []struct {
+		name string
+		min  int
+	}{{"procs-direct", defaultPushMin}, {"procs-direct-pull", math.MaxInt}} {
+		for _, size := range benchSizes {
+			b.Run(push.name+"/"+sizeName(size), func(b *testing.B) { benchBroadcast(b, size, 1, push.min) })
+		}
+		for _, size := range benchSizes[2:] {
+			b.Run(push.name+"-cold/"+sizeName(size), func(b *testing.B) { benchBroadcast(b, size, max(1, 256<<20/size), push.min) })
+		}
+	}
+}
+
+func benchBroadcast(b *testing.B, size, nbufs, pushMin int) {
+	const world = 2
+	path := segPath(b)
+	c, err := Create(path, world, Config{Timeout: time.Minute, DirectMin: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	c.pushMin = pushMin
+	cmd := startHelper(b, "bench-broadcast", path, 1, world, c.slotBytes(), size,
+		"SHM_ITERS="+strconv.Itoa(b.N), "SHM_BUFS="+strconv.Itoa(nbufs), "SHM_NEGOTIATE=1", "SHM_PUSH_MIN="+strconv.Itoa(pushMin))
+	defer cmd.Wait()
+	if on, err := c.Negotiate(context.Background()); err != nil || !on {
+		b.Fatalf("negotiate: %v, %v (%v)", on, err, c.WhyStaged())
+	}
+	bufs := make([][]byte, nbufs)
+	for i := range bufs {
+		bufs[i] = inputs(reduce.Float32, 0, size/4, i)
+	}
+	if err := c.Broadcast(context.Background(), [][]byte{bufs[0]}, reduce.Float32, 0); err != nil {
+		b.Fatal(err)
+	}
+	if err := Unlink(path); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := b.N - 1; i >= 0; i-- {
+		if err := c.Broadcast(context.Background(), [][]byte{bufs[i%nbufs]}, reduce.Float32, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.SetBytes(int64(size))
+	b.ReportMetric(float64(size)/(b.Elapsed().Seconds()/float64(b.N))/1e9, "busbw-GB/s")
 }
 
 // BenchmarkCopy is the yardstick: one memcpy of the same sizes.

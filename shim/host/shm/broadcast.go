@@ -79,52 +79,108 @@ func (c *Comm) runBroadcast(j *job, root int) error {
 	return nil
 }
 
-// checkPeers is the root's end of a broadcast: it waits for every peer to
-// have taken the first step, compares their headers with its own, and then
-// publishes red (end), after which a peer may publish its next header.
+// checkPeers is the root's end of a staged broadcast: it waits for every
+// peer to have taken the first step, compares their headers with its own,
+// and then publishes red (end), after which a peer may publish its next
+// header.
 func (c *Comm) checkPeers(j *job, me rankCtl, end uint32) error {
-	for p := range c.world {
-		if p == c.rank {
-			continue
-		}
-		if err := c.await(j, 0, p, c.ctl[p].in, j.base+1, "start the broadcast"); err != nil {
-			return err
-		}
-		if err := c.checkHeader(j, p); err != nil {
-			return err
-		}
+	if _, err := c.startedPeers(j); err != nil {
+		return err
 	}
 	c.publish(me.red, end)
 	return nil
 }
 
-// broadcastDirect is runBroadcast's single copy: root publishes the
-// address of a table of its buffers (table); each of the others reads the
-// table, then every buffer in one process_vm_readv, and says done; root
-// returns once all have, so nobody reads its memory afterwards.
-func (c *Comm) broadcastDirect(j *job, root int) error {
+// startedPeers waits for every peer but this rank to have published in for
+// the collective's first step, checks each one's header, and says where
+// each one's buffers (a direct broadcast's table) are.
+func (c *Comm) startedPeers(j *job) ([]peer, error) {
+	peers := make([]peer, 0, c.world-1)
+	for p := range c.world {
+		if p == c.rank {
+			continue
+		}
+		if err := c.await(j, 0, p, c.ctl[p].in, j.base+1, "start the broadcast"); err != nil {
+			return nil, err
+		}
+		if err := c.checkHeader(j, p); err != nil {
+			return nil, err
+		}
+		peers = append(peers, peer{rank: p, pid: int(atomic.LoadUint32(c.ctl[p].pid)),
+			addr: uintptr(atomic.LoadUint64(c.ctl[p].addr))})
+	}
+	return peers, nil
+}
+
+// defaultPushMin is the least the root writes into each peer in a direct
+// broadcast: below it a peer reads everything, as the root's extra table
+// read and system call cost more than the copy they take off the peer (2
+// processes on the 2-core VM: 64 KiB took 8.4 µs read whole, 9.2 µs
+// split; 256 KiB 23 µs against 15).
+const defaultPushMin = 64 << 10
+
+// pushCut is where the root's part of a direct broadcast of size bytes
+// begins: each peer reads the bytes before it from the root's buffers, and
+// the root writes the rest into every peer's, so that two cores copy at
+// once. With world-1 peers the root's part is a world-th of the size
+// (page-aligned): the root then copies as many bytes in all as each peer.
+// On the 2-core VM, 2 processes, 4 MiB from memory went at 3.5-3.9 GB/s
+// with the peer reading all, 5.3-6.4 split (BenchmarkBroadcast's
+// procs-direct-cold rows; docs/benchmarks.md).
+func pushCut(size, world, pushMin int) int {
+	part := size / world &^ 4095
+	if part < pushMin {
+		return size
+	}
+	return size - part
+}
+
+// broadcastDirect is runBroadcast's single copy. Every rank publishes the
+// address of a table of its buffers (table) and opens its gate; each peer
+// reads the root's table, then the bytes before pushCut straight from the
+// root's buffers in one process_vm_readv, while the root writes the rest
+// into every peer's buffers with process_vm_writev. The root publishes red
+// once it has written, each peer done once it has read and seen that red
+// (when the root writes a part);
+// the root returns once every peer is done, so nobody reads its memory
+// afterwards, and a peer once nobody writes into its own.
+func (c *Comm) broadcastDirect(j *job, root int) (err error) {
 	me := c.ctl[c.rank]
 	next := j.base + 1
+	cut := pushCut(j.size, c.world, c.pushMin)
+	t := table(j.vec)
+	defer runtime.KeepAlive(t) // the others read it until their done (root), until root's red (a peer)
+	atomic.StoreUint64(me.addr, uint64(uintptr(unsafe.Pointer(&t[0]))))
 	if c.rank == root {
-		t := table(j.vec)
-		atomic.StoreUint64(me.addr, uint64(uintptr(unsafe.Pointer(&t[0]))))
 		c.publish(me.in, next)
-		if err := c.checkPeers(j, me, next); err != nil {
+		peers, err := c.startedPeers(j)
+		if err != nil {
 			return err
 		}
-		for p := range c.world {
-			if p == root {
-				continue
+		if cut < j.size {
+			for _, p := range peers {
+				if err := c.pushPart(j, p, next, cut); err != nil {
+					return err
+				}
 			}
-			if err := c.await(j, 0, p, c.ctl[p].done, next, "read the broadcast"); err != nil {
+		}
+		c.publish(me.red, next)
+		for _, p := range peers {
+			if err := c.await(j, 0, p.rank, c.ctl[p.rank].done, next, "read the broadcast"); err != nil {
 				return err
 			}
 		}
-		runtime.KeepAlive(t) // the peers read it until their done
 		c.publish(me.done, next)
 		c.step = next
 		return nil
 	}
+	c.openGate(next)
+	defer func() {
+		if gerr := c.closeGate(j); gerr != nil && err == nil {
+			err = gerr
+		}
+	}()
+	c.publish(me.in, next)
 	if err := c.await(j, 0, root, c.ctl[root].in, next, "publish what it broadcasts"); err != nil {
 		return err
 	}
@@ -134,14 +190,34 @@ func (c *Comm) broadcastDirect(j *job, root int) error {
 	src := peer{rank: root, pid: int(atomic.LoadUint32(c.ctl[root].pid)), addr: uintptr(atomic.LoadUint64(c.ctl[root].addr))}
 	remote, err := readTable(src.pid, src.addr, j.size)
 	if err == nil {
-		err = vmReadVec(src.pid, j.vec, remote)
+		err = vmReadVec(src.pid, j.vec.slice(0, cut), sliceRemote(remote, 0, cut))
 	}
 	if err != nil {
 		return c.peerMemError(src, err)
 	}
-	c.publish(me.in, next)
 	c.publish(me.red, next)
+	if cut < j.size {
+		if err := c.await(j, 0, root, c.ctl[root].red, next, "write its part of the broadcast into this rank's buffers"); err != nil {
+			return err
+		}
+	}
 	c.publish(me.done, next)
 	c.step = next
 	return nil
+}
+
+// pushPart writes the root's bytes from cut on into peer p's buffers,
+// through p's gate for step.
+func (c *Comm) pushPart(j *job, p peer, step uint32, cut int) error {
+	remote, err := readTable(p.pid, p.addr, j.size)
+	if err != nil {
+		// A peer that has left may have dropped its table: its gate says so.
+		if atomic.LoadUint32(c.ctl[p.rank].gate) != step {
+			return leftCollective(p)
+		}
+		return c.peerMemError(p, err)
+	}
+	return c.writePeer(p, step, func() error {
+		return vmWriteVec(p.pid, j.vec.slice(cut, j.size), sliceRemote(remote, cut, j.size))
+	})
 }

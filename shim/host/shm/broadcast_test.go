@@ -16,7 +16,8 @@ import (
 // (over several ring entries, wrapping the slot) and single copy, with
 // all-reduces in between on the same communicators. Each rank cuts its
 // buffer into pieces its own way (pieces), an empty one among them: the
-// bytes go in order whatever the cuts.
+// bytes go in order whatever the cuts. The largest count is big enough on
+// every world for the root to write its part into the others (pushCut).
 func TestBroadcast(t *testing.T) {
 	for _, world := range []int{1, 2, 3, 4} {
 		for _, direct := range []bool{false, true} {
@@ -29,7 +30,7 @@ func TestBroadcast(t *testing.T) {
 				comms := newGroup(t, world, cfg)
 				negotiate(t, comms)
 				salt := 0
-				for _, count := range []int{0, 1, 1037, 300000} {
+				for _, count := range []int{0, 1, 1037, 300000, 700001} {
 					for root := range world {
 						salt++
 						bufs := make([][]byte, world)

@@ -216,7 +216,7 @@ func (c *Comm) reduceOwn(j *job, peers []peer, step uint32) error {
 			reduce.Div(j.dt, own, c.world)
 		}
 		for _, p := range peers {
-			if err := c.writePeer(p, step, own, p.addr+uintptr(off)); err != nil {
+			if err := c.writePeer(p, step, func() error { return vmWrite(p.pid, own, p.addr+uintptr(off)) }); err != nil {
 				return err
 			}
 		}

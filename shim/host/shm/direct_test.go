@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -207,6 +208,56 @@ func TestDirectPeerGone(t *testing.T) {
 	t.Logf("after %v: %v", time.Since(start), err)
 	if time.Since(start) > 5*time.Second {
 		t.Errorf("took %v to notice a dead peer, want well under the 20 s timeout", time.Since(start))
+	}
+}
+
+// TestDirectBroadcastPeerGone: in a single-copy broadcast, where the root
+// writes part of the bytes into its peers while they read the rest, a root
+// that exits in the middle fails its peer, and a peer that exits fails the
+// root, well before the timeout, naming the other.
+func TestDirectBroadcastPeerGone(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		root int // the helper is rank 1
+	}{{"root", 1}, {"peer", 0}} {
+		t.Run(tc.name+" gone", func(t *testing.T) {
+			const world, size = 2, 64 << 20
+			path := segPath(t)
+			c, err := Create(path, world, Config{Timeout: 20 * time.Second, DirectMin: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			cmd := startHelper(t, "bench-broadcast", path, 1, world, c.slotBytes(), size,
+				"SHM_ITERS=1000000", "SHM_NEGOTIATE=1", "SHM_ROOT="+strconv.Itoa(tc.root))
+			if on, err := c.Negotiate(context.Background()); err != nil || !on {
+				t.Fatalf("negotiate: %v, %v", on, err)
+			}
+			if err := Unlink(path); err != nil {
+				t.Fatal(err)
+			}
+			buf := inputs(reduce.Float32, 0, size/4, 0)
+			for range 2 { // the helper is in its loop
+				if err := c.Broadcast(context.Background(), [][]byte{buf}, reduce.Float32, tc.root); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.AfterFunc(5*time.Millisecond, func() { cmd.Process.Kill() })
+			start := time.Now()
+			for err == nil && time.Since(start) < 10*time.Second {
+				err = c.Broadcast(context.Background(), [][]byte{buf}, reduce.Float32, tc.root)
+			}
+			cmd.Wait()
+			took := time.Since(start)
+			var pe *failure.PeerError
+			if !errors.As(err, &pe) || pe.Rank != 1 {
+				t.Fatalf("after %v: %v, want rank 1's failure", took, err)
+			}
+			t.Logf("after %v: %v", took, err)
+			if took > 5*time.Second {
+				t.Errorf("took %v to notice a dead peer, want well under the 20 s timeout", took)
+			}
+		})
 	}
 }
 

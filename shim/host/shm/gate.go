@@ -63,20 +63,25 @@ func (c *Comm) closeGate(j *job) error {
 	return nil
 }
 
-// writePeer writes src into peer p's buffer at addr, if p is still in the
-// collective of ring step step.
-func (c *Comm) writePeer(p peer, step uint32, src []byte, addr uintptr) error {
+// writePeer runs write, which writes into peer p's buffers, if p is still
+// in the collective of ring step step.
+func (c *Comm) writePeer(p peer, step uint32, write func() error) error {
 	writing := c.ctl[c.rank].writing
 	atomic.StoreUint32(writing, uint32(p.rank)+1)
 	defer atomic.StoreUint32(writing, 0)
 	if atomic.LoadUint32(c.ctl[p.rank].gate) != step {
-		return &failure.PeerError{Rank: p.rank, Kind: failure.PeerAborted,
-			Err: fmt.Errorf("%w: rank %d left the collective", failure.ErrPeer, p.rank)}
+		return leftCollective(p)
 	}
-	if err := vmWrite(p.pid, src, addr); err != nil {
+	if err := write(); err != nil {
 		return c.peerMemError(p, err)
 	}
 	return nil
+}
+
+// leftCollective is the error of a rank that finds peer p's gate closed.
+func leftCollective(p peer) error {
+	return &failure.PeerError{Rank: p.rank, Kind: failure.PeerAborted,
+		Err: fmt.Errorf("%w: rank %d left the collective", failure.ErrPeer, p.rank)}
 }
 
 // gone reports whether process pid has exited: it no longer exists, or it

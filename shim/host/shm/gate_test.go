@@ -22,7 +22,7 @@ func TestGate(t *testing.T) {
 
 	// Rank 0 is not in collective step 5: the write is refused, the buffer
 	// untouched.
-	err := comms[1].writePeer(p0, 5, []byte("clobbered"), p0.addr)
+	err := comms[1].writePeer(p0, 5, func() error { return vmWrite(p0.pid, []byte("clobbered"), p0.addr) })
 	var pe *failure.PeerError
 	if !errors.As(err, &pe) || pe.Rank != 0 {
 		t.Fatalf("write through a closed gate: %v, want a failure.PeerError naming rank 0", err)
@@ -31,7 +31,7 @@ func TestGate(t *testing.T) {
 		t.Fatalf("buffer is %q after a refused write", buf)
 	}
 	comms[0].openGate(5)
-	if err := comms[1].writePeer(p0, 5, []byte("written.."), p0.addr); err != nil || string(buf) != "written.." {
+	if err := comms[1].writePeer(p0, 5, func() error { return vmWrite(p0.pid, []byte("written.."), p0.addr) }); err != nil || string(buf) != "written.." {
 		t.Fatalf("write through an open gate: %v, buffer %q", err, buf)
 	}
 
@@ -44,7 +44,7 @@ func TestGate(t *testing.T) {
 		t.Fatalf("closeGate returned (%v) while a peer was writing", err)
 	case <-time.After(100 * time.Millisecond):
 	}
-	if err := comms[1].writePeer(p0, 5, []byte("late....."), p0.addr); err == nil || string(buf) != "written.." {
+	if err := comms[1].writePeer(p0, 5, func() error { return vmWrite(p0.pid, []byte("late....."), p0.addr) }); err == nil || string(buf) != "written.." {
 		t.Fatalf("write after the gate closed: %v, buffer %q", err, buf)
 	}
 	atomic.StoreUint32(comms[1].ctl[1].writing, 1) // writePeer cleared it

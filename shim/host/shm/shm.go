@@ -111,6 +111,10 @@ type Comm struct {
 	probe     *uint64
 	bounce    []byte // where a peer's segment lands before it is reduced
 	whyStaged error  // why this rank cannot take it
+	// pushMin is the least a direct broadcast's root writes into each peer
+	// (defaultPushMin; the same on every rank, as pushCut must be): a
+	// field so that BenchmarkBroadcast can measure the peers reading all.
+	pushMin int
 
 	// stop holds the error that Abort or Close set; in-flight and later
 	// AllReduce calls return it.
@@ -191,6 +195,7 @@ func newComm(mem []byte, geo geometry, rank int, cfg Config) *Comm {
 
 		directMin: int64(atomic.LoadUint64(u64(mem, offDirect))),
 		probe:     new(uint64),
+		pushMin:   defaultPushMin,
 	}
 	if c.timeout == 0 {
 		c.timeout = DefaultTimeout

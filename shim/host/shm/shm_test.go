@@ -58,6 +58,9 @@ func helper(mode string) int {
 		return 2
 	}
 	defer c.Close()
+	if v := os.Getenv("SHM_PUSH_MIN"); v != "" {
+		c.pushMin = env("SHM_PUSH_MIN")
+	}
 	if os.Getenv("SHM_NEGOTIATE") != "" {
 		if _, err := c.Negotiate(context.Background()); err != nil {
 			fmt.Fprintln(os.Stderr, "helper:", err)
@@ -88,6 +91,14 @@ func helper(mode string) int {
 	case "bench": // SHM_ITERS all-reduces after one to warm up, cycling through SHM_BUFS buffers
 		for i := env("SHM_ITERS"); i >= 0 && err == nil; i-- {
 			err = c.AllReduce(context.Background(), bufs[i%len(bufs)], reduce.Float32, reduce.Sum)
+		}
+	case "bench-broadcast": // SHM_ITERS broadcasts from rank SHM_ROOT (default 0) after one to warm up, cycling through SHM_BUFS buffers
+		root := 0
+		if os.Getenv("SHM_ROOT") != "" {
+			root = env("SHM_ROOT")
+		}
+		for i := env("SHM_ITERS"); i >= 0 && err == nil; i-- {
+			err = c.Broadcast(context.Background(), [][]byte{bufs[i%len(bufs)]}, reduce.Float32, root)
 		}
 	case "vanish": // SHM_ITERS all-reduces after one, then exit without closing, as a SIGKILL between collectives
 		for i := env("SHM_ITERS"); i >= 0 && err == nil; i-- {

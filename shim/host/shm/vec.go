@@ -52,6 +52,30 @@ func (v vec) scatter(off int, src []byte) {
 	}
 }
 
+// slice is v's bytes lo to hi, as the pieces of v's buffers they fall in.
+func (v vec) slice(lo, hi int) vec {
+	var out vec
+	for _, b := range v {
+		if from, to := max(lo, 0), min(hi, len(b)); from < to {
+			out = append(out, b[from:to])
+		}
+		lo, hi = lo-len(b), hi-len(b)
+	}
+	return out
+}
+
+// sliceRemote is remote's bytes lo to hi, as vec.slice cuts a vec.
+func sliceRemote(remote []unix.RemoteIovec, lo, hi int) []unix.RemoteIovec {
+	var out []unix.RemoteIovec
+	for _, r := range remote {
+		if from, to := max(lo, 0), min(hi, r.Len); from < to {
+			out = append(out, unix.RemoteIovec{Base: r.Base + uintptr(from), Len: to - from})
+		}
+		lo, hi = lo-r.Len, hi-r.Len
+	}
+	return out
+}
+
 // table is what a broadcast's root publishes the address of: how many
 // buffers, then each one's address and length.
 func table(v vec) []uint64 {
@@ -69,15 +93,16 @@ func table(v vec) []uint64 {
 // tensors, far fewer than a corrupt count could ask it to allocate.
 const maxEntries = 1 << 20
 
-// readTable reads the table at addr in process pid and checks that its
-// buffers hold size bytes in all, as this rank's do.
+// readTable reads the table at addr in process pid (a peer's, in the
+// broadcast's protocol) and checks that its buffers hold size bytes in all,
+// as this rank's do.
 func readTable(pid int, addr uintptr, size int) ([]unix.RemoteIovec, error) {
 	var n uint64
 	if err := vmRead(pid, unsafe.Slice((*byte)(unsafe.Pointer(&n)), 8), addr); err != nil {
 		return nil, err
 	}
 	if n > maxEntries {
-		return nil, fmt.Errorf("the root's table has %d buffers, more than %d", n, maxEntries)
+		return nil, fmt.Errorf("the peer's table has %d buffers, more than %d", n, maxEntries)
 	}
 	t := make([]uint64, 2*n)
 	if n > 0 {
@@ -92,7 +117,7 @@ func readTable(pid int, addr uintptr, size int) ([]unix.RemoteIovec, error) {
 		total += remote[i].Len
 	}
 	if total != size {
-		return nil, fmt.Errorf("the root's buffers hold %d bytes, this rank's %d", total, size)
+		return nil, fmt.Errorf("the peer's buffers hold %d bytes, this rank's %d", total, size)
 	}
 	return remote, nil
 }
@@ -102,10 +127,23 @@ func readTable(pid int, addr uintptr, size int) ([]unix.RemoteIovec, error) {
 const iovMax = 1024
 
 // vmReadVec fills local, in order, from the remote buffers of process pid,
-// in order: the two sides may be cut differently, and the kernel may copy
-// less than asked (a call stops at a page it cannot reach), so each call
-// goes on from where the last ended, on both sides.
+// in order.
 func vmReadVec(pid int, local vec, remote []unix.RemoteIovec) error {
+	return vmCopyVec(unix.ProcessVMReadv, "process_vm_readv", pid, local, remote)
+}
+
+// vmWriteVec writes local, in order, into the remote buffers of process
+// pid, in order.
+func vmWriteVec(pid int, local vec, remote []unix.RemoteIovec) error {
+	return vmCopyVec(unix.ProcessVMWritev, "process_vm_writev", pid, local, remote)
+}
+
+// vmCopyVec runs process_vm_readv or _writev between local and remote until
+// all is copied: the two sides may be cut differently, and the kernel may
+// copy less than asked (a call stops at a page it cannot reach), so each
+// call goes on from where the last ended, on both sides.
+func vmCopyVec(call func(int, []unix.Iovec, []unix.RemoteIovec, uint) (int, error), name string,
+	pid int, local vec, remote []unix.RemoteIovec) error {
 	li, lo := 0, 0 // local buffer and offset in it
 	ri, ro := 0, 0 // remote buffer and offset in it
 	for {
@@ -139,12 +177,12 @@ func vmReadVec(pid int, local vec, remote []unix.RemoteIovec) error {
 			}
 			riov = append(riov, r)
 		}
-		n, err := unix.ProcessVMReadv(pid, liov, riov, 0)
+		n, err := call(pid, liov, riov, 0)
 		if err != nil {
-			return fmt.Errorf("process_vm_readv: %w", err)
+			return fmt.Errorf("%s: %w", name, err)
 		}
 		if n == 0 {
-			return fmt.Errorf("process_vm_readv: no progress")
+			return fmt.Errorf("%s: no progress", name)
 		}
 		for m := n; m > 0; {
 			k := min(m, len(local[li])-lo)

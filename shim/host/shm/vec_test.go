@@ -37,6 +37,52 @@ func TestVec(t *testing.T) {
 	}
 }
 
+// TestSlice: a vec's and a remote table's bytes lo to hi are the same
+// bytes however the buffers are cut, with no empty pieces.
+func TestSlice(t *testing.T) {
+	v := vec{make([]byte, 3), nil, make([]byte, 5), {}, make([]byte, 1)}
+	src := []byte("abcdefghi")
+	v.scatter(0, src)
+	var remote []unix.RemoteIovec
+	base := uintptr(1000)
+	for _, b := range v {
+		if len(b) > 0 { // as table() leaves them out
+			remote = append(remote, unix.RemoteIovec{Base: base, Len: len(b)})
+		}
+		base += uintptr(len(b)) + 100
+	}
+	for lo := 0; lo <= len(src); lo++ {
+		for hi := lo; hi <= len(src); hi++ {
+			s := v.slice(lo, hi)
+			if got := string(bytes.Join(s, nil)); got != string(src[lo:hi]) {
+				t.Errorf("slice(%d, %d): %q", lo, hi, got)
+			}
+			r := sliceRemote(remote, lo, hi)
+			if len(r) != len(s) {
+				t.Fatalf("slice(%d, %d): %d pieces, sliceRemote %d", lo, hi, len(s), len(r))
+			}
+			for i := range s {
+				if len(s[i]) == 0 || r[i].Len != len(s[i]) {
+					t.Errorf("slice(%d, %d): piece %d of %d bytes, remote %d", lo, hi, i, len(s[i]), r[i].Len)
+				}
+			}
+			// Buffers start 100 bytes past the end of the one before:
+			// the first three bytes at 1000, the next five at 1203, the
+			// last at 1408.
+			want := 1000 + uintptr(lo)
+			if lo >= 3 {
+				want += 200
+			}
+			if lo >= 8 {
+				want += 200
+			}
+			if hi > lo && r[0].Base != want {
+				t.Errorf("slice(%d, %d): first remote piece at %d", lo, hi, r[0].Base)
+			}
+		}
+	}
+}
+
 // TestVMReadVec: a receiver's buffers cut one way fill from a root's cut
 // another, more pieces on each side than one process_vm_readv takes
 // (iovMax), through the table the root publishes (this process stands for
