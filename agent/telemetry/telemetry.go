@@ -47,6 +47,11 @@ func (r Record) Done() bool { return r.Status != StatusInFlight }
 // IsMark reports whether r is a step mark rather than a collective's record.
 func (r Record) IsMark() bool { return r.Status == StatusMark }
 
+// StateBucket is the bucket of ddp_agent's state move in an in-process
+// re-formation (_state.STATE_BUCKET in the Python package): the ranks meet
+// and broadcast a model's state under it, no gradient's all-reduce.
+const StateBucket = 1<<31 - 1
+
 // Key identifies a collective within a job.
 type Key struct {
 	Gen    uint64

@@ -28,6 +28,7 @@ var contractMetrics = map[string]string{
 	"ddp_stragglers":                       "gauge",
 	"ddp_reforms_total":                    "counter",
 	"ddp_reform_duration_seconds":          "histogram",
+	"ddp_steps_total":                      "counter",
 }
 
 // contractLabels are the labels of those metrics that start with ddp_.
@@ -428,9 +429,14 @@ func waitQuery(ctx context.Context, t *testing.T, p promAPI, expr string, ok fun
 }
 
 // checkPrometheus: PromQL finds rank 1's three stalls (at least: a loaded
-// machine makes some of its own), scraped from the agent and through the
-// collector.
+// machine makes some of its own) and the job's 30 steps, scraped from the
+// agent and through the collector.
 func checkPrometheus(ctx context.Context, t *testing.T, d deployment) {
+	for _, path := range []string{"direct", "collector"} {
+		steps := fmt.Sprintf(`max_over_time(ddp_steps_total{path=%q}[5m])`, path)
+		v := waitQuery(ctx, t, d.prom, steps, func(v []promSample) bool { return len(v) == 1 && v[0].value() == "30" })
+		t.Logf("%s: %v", steps, v)
+	}
 	for _, path := range []string{"direct", "collector"} {
 		expr := fmt.Sprintf(`sum by (ddp_straggler_rank) (max_over_time(ddp_stalls_total{path=%q}[5m]))`, path)
 		v := waitQuery(ctx, t, d.prom, expr, func(v []promSample) bool {

@@ -26,7 +26,8 @@ import torch.distributed as dist
 from . import _shim
 
 # The bucket that labels the state's broadcast in ddp-agent's telemetry: no
-# DDP bucket has that index, so it never takes a gradient collective's key.
+# DDP bucket has that index, so it never takes a gradient collective's key,
+# and the agent counts no training step for it (telemetry.StateBucket).
 STATE_BUCKET = 2**31 - 1
 
 

@@ -130,6 +130,7 @@ type Exporter struct {
 	timer      *time.Timer
 	named      map[int]telemetry.Cause // the persistent stragglers named at the last look
 	stallRanks int                     // ranks 0..stallRanks-1 have a ddp_stalls_total series
+	lastStep   *stepKey                // the newest step counted in ddp_steps_total; nil before the first
 }
 
 // stepKey is one step of one generation: one trace.

@@ -23,11 +23,12 @@ type instruments struct {
 	reforms     metric.Int64Counter     // ddp.reforms
 	reformTime  metric.Float64Histogram // ddp.reform.duration, s
 	stragglers  metric.Int64Gauge       // ddp.stragglers, by rank and cause
+	steps       metric.Int64Counter     // ddp.steps
 }
 
 func newInstruments(m metric.Meter) (instruments, error) {
 	var in instruments
-	var errs [10]error
+	var errs [11]error
 	in.duration, errs[0] = m.Float64Histogram("ddp.allreduce.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time of a gradient all-reduce: the longest any rank spent in it, the early ranks waiting inside."),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
@@ -54,6 +55,8 @@ func newInstruments(m metric.Meter) (instruments, error) {
 	in.reformTime, errs[9] = m.Float64Histogram("ddp.reform.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time from a fault to the completion of the step the ranks resumed at, in an in-process re-formation."),
 		metric.WithExplicitBucketBoundaries(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+	in.steps, errs[10] = m.Int64Counter("ddp.steps", metric.WithUnit("{step}"),
+		metric.WithDescription("Training steps whose gradients every rank all-reduced, counted at a step's first all-reduce; steps done again after a restart count again."))
 	for _, err := range errs {
 		if err != nil {
 			return instruments{}, fmt.Errorf("metric instruments: %w", err)
@@ -66,14 +69,15 @@ func newInstruments(m metric.Meter) (instruments, error) {
 // rank up to it, so a huge job does not start with that many series.
 const maxZeroRanks = 4096
 
-// zero makes the event counters exist at 0 from the start: a counter
-// that appears with its first increment has no earlier sample, so
-// Prometheus's increase() and rate() miss that first stall, hang or
+// zero makes the event counters and the steps exist at 0 from the start:
+// a counter that appears with its first increment has no earlier sample,
+// so Prometheus's increase() and rate() miss that first stall, hang or
 // restart, the one an alert is for. Not stalls: each rank's series starts
 // at 0 with the first collective (measure), before any stall can be, and
 // a series without a rank beside them made an empty group in a sum by
 // ddp_straggler_rank.
 func (in instruments) zero(ctx context.Context) {
+	in.steps.Add(ctx, 0)
 	in.waited.Add(ctx, 0)
 	in.hangs.Add(ctx, 0)
 	in.restarts.Add(ctx, 0)
@@ -95,6 +99,10 @@ func (e *Exporter) measure(c telemetry.Collective) {
 		}
 	}
 	e.inst.collectives.Add(e.ctx, 1, metric.WithAttributes(attribute.String("ddp.status", statusName(status))))
+	if k := (stepKey{c.Gen, c.Step}); newStep(e.lastStep, k, c.Bucket) {
+		e.inst.steps.Add(e.ctx, 1)
+		e.lastStep = &k
+	}
 	// Every rank's stall series exists at 0 once the world is known, so an
 	// alert on increase(ddp_stalls_total) sees each rank's first stall
 	// too; beyond maxZeroRanks the series appear with their first stall.
@@ -105,4 +113,17 @@ func (e *Exporter) measure(c telemetry.Collective) {
 		e.inst.stalls.Add(e.ctx, 1, metric.WithAttributes(attribute.Int("ddp.straggler.rank", c.Stall.Straggler)))
 		e.inst.waited.Add(e.ctx, c.Stall.Waited.Seconds())
 	}
+}
+
+// newStep reports whether a collective of step k and bucket starts a step
+// that ddp_steps_total has not counted, last being the newest it counted
+// (nil: none yet): pure. A step's collectives come in order, a newer step's
+// after an older one's (DDP's buckets of a step all finish before the
+// optimizer's step, the next forward after it), and a new generation's
+// steps are newer whatever their numbers (the hook counts from 0 again in
+// new processes). The state move of an in-process re-formation is no
+// training step: it carries the step before the one resumed, in the new
+// generation.
+func newStep(last *stepKey, k stepKey, bucket uint32) bool {
+	return bucket != telemetry.StateBucket && (last == nil || k.compare(*last) > 0)
 }

@@ -39,7 +39,7 @@ func TestPromtoolCheckMetrics(t *testing.T) {
 	for _, name := range []string{`ddp_allreduce_duration_seconds_bucket\{`, `ddp_allreduce_busbw_bytes_per_second_bucket\{`,
 		`ddp_collectives_total\{`, `ddp_stalls_total\{.*ddp_straggler_rank="2"`, `ddp_stall_waited_seconds_total\{`,
 		`ddp_hangs_total\{`, `ddp_restarts_total\{`, `ddp_stragglers\{ddp_cause="input",.*ddp_rank="2"`,
-		`ddp_reforms_total\{`, `ddp_reform_duration_seconds_bucket\{`} {
+		`ddp_reforms_total\{`, `ddp_reform_duration_seconds_bucket\{`, `ddp_steps_total\{`} {
 		if !regexp.MustCompile(`(?m)^` + name).Match(body) {
 			t.Errorf("no series %s in the scrape", name)
 		}
@@ -49,4 +49,48 @@ func TestPromtoolCheckMetrics(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
+}
+
+// TestStepsTotal: ddp_steps_total counts each step of a generation once,
+// whatever its buckets; a new generation's steps count though their
+// numbers start again; the state move of an in-process re-formation and a
+// late collective of an older step count nothing.
+func TestStepsTotal(t *testing.T) {
+	cleanEnv(t)
+	cfg := config("", 1)
+	cfg.MetricsAddr = "127.0.0.1:0"
+	e := start(t, cfg)
+	if got := stepsTotal(t, e); got != "0" {
+		t.Fatalf("before any collective: ddp_steps_total %s, want 0", got)
+	}
+	for s := range uint64(5) { // generation 0: steps 0-4, every bucket
+		for b := range uint32(buckets) {
+			e.Collectives([]telemetry.Collective{collective(0, s, b)})
+		}
+	}
+	// Re-formed in process as generation 1 at step 5: the ranks meet and
+	// the state moves under the state bucket, labelled step 4.
+	e.Collectives([]telemetry.Collective{collective(1, 4, telemetry.StateBucket), collective(1, 4, telemetry.StateBucket)})
+	e.Collectives([]telemetry.Collective{collective(1, 5, 0), collective(0, 4, 2), collective(1, 5, 1), collective(1, 6, 0)})
+	// Restarted as generation 2: the new processes' hooks count from 0.
+	e.Collectives([]telemetry.Collective{collective(2, 0, 0), collective(2, 0, 1), collective(2, 1, 0)})
+	if got := stepsTotal(t, e); got != "9" {
+		t.Errorf("ddp_steps_total %s, want 9 (5 + 2 + 2)", got)
+	}
+}
+
+// stepsTotal scrapes e and returns the value of ddp_steps_total.
+func stepsTotal(t *testing.T, e *Exporter) string {
+	t.Helper()
+	resp, err := http.Get(e.MetricsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`(?m)^ddp_steps_total\{[^}]*\} (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("no ddp_steps_total in the scrape:\n%s", body)
+	}
+	return string(m[1])
 }
