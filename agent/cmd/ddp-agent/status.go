@@ -199,7 +199,10 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	cli, err := store.Dial(context.Background(), store.ClientConfig{Endpoints: f.endpoints, TLS: tlsCfg, DialTimeout: f.timeout, RefusedIsFinal: true})
 	if store.NothingListens(err) {
 		// The whole of gRPC's account says no more than this.
-		return fail("nothing listens at %s (connection refused): is the job running, and is this the --rdzv-endpoint (and backend) it was given?", where)
+		// A job of three nodes or more keeps its store on three of them:
+		// the first host's address, given to every agent, dies with it.
+		return fail("nothing listens at %s (connection refused): is the job running, and is this the --rdzv-endpoint (and backend) it was given?\n"+
+			"  (a job of three nodes or more keeps its store on three of them: if that host died, give another node's address)", where)
 	}
 	if err != nil {
 		if msg := err.Error(); strings.Contains(msg, "connection reset by peer") || strings.Contains(msg, "unreachable after") ||

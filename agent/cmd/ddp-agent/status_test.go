@@ -352,8 +352,9 @@ func TestStatusUnreachableStore(t *testing.T) {
 	code, out, errOut := runCLI("status", "--rdzv-endpoint", addr, "--timeout", "60s")
 	took := time.Since(begin)
 	t.Logf("took %v: %s", took, errOut)
-	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 ||
-		!strings.HasPrefix(errOut, "ddp-agent status: nothing listens at "+addr+" (connection refused): is the job running") {
+	if code != 1 || out != "" || strings.Count(errOut, "\n") != 2 ||
+		!strings.HasPrefix(errOut, "ddp-agent status: nothing listens at "+addr+" (connection refused): is the job running") ||
+		!strings.Contains(errOut, "if that host died, give another node's address") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if took > 30*time.Second {
