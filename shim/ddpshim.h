@@ -171,8 +171,8 @@ int ddpshim_allreduce(int64_t comm, void *buf, int64_t count, int dtype, int op,
  * errors through ddpshim_work_wait); dtype only sizes the elements. Over
  * shared memory each rank reads root's buffers once, straight from root's
  * memory (single copy, from 64 KiB in all, as the all-reduce's), while
- * root writes a world-th of them into every rank (from 64 KiB a rank), two
- * cores copying at once; over TCP
+ * root writes a world-th of them into every other rank (from 64 KiB a
+ * rank), two cores copying at once; over TCP
  * the bytes go along the ring from root, pipelined; in a hierarchy through
  * root's host, its leader and the other hosts' leaders. One collective for
  * many buffers pays one round of the ranks' synchronisation, where a

@@ -24,7 +24,8 @@ func opName(op uint32) string {
 }
 
 // runBroadcast copies root's buffers into the others': with single copy,
-// each rank reads them straight from root's memory; staged, root copies
+// each rank reads them straight from root's memory, but for a share root
+// writes into it (broadcastDirect); staged, root copies
 // them through its slot, a whole ring entry (world segments) per step. The
 // counters keep their meaning for the collectives around it: every rank
 // ends with in, red and done at the last step, as after an all-reduce.
@@ -138,12 +139,12 @@ func pushCut(size, world, pushMin int) int {
 // broadcastDirect is runBroadcast's single copy. Every rank publishes the
 // address of a table of its buffers (table) and opens its gate; each peer
 // reads the root's table, then the bytes before pushCut straight from the
-// root's buffers in one process_vm_readv, while the root writes the rest
-// into every peer's buffers with process_vm_writev. The root publishes red
-// once it has written, each peer done once it has read and seen that red
-// (when the root writes a part);
-// the root returns once every peer is done, so nobody reads its memory
-// afterwards, and a peer once nobody writes into its own.
+// root's buffers with process_vm_readv, while the root writes the rest
+// into every peer's buffers with process_vm_writev, both a piece
+// (copyPiece) at a time. The root publishes red once it has written, each
+// peer done once it has read and, when the root writes a part, seen that
+// red; the root returns once every peer is done, so nobody reads its
+// memory afterwards, and a peer once nobody writes into its own.
 func (c *Comm) broadcastDirect(j *job, root int) (err error) {
 	me := c.ctl[c.rank]
 	next := j.base + 1
@@ -189,11 +190,22 @@ func (c *Comm) broadcastDirect(j *job, root int) (err error) {
 	}
 	src := peer{rank: root, pid: int(atomic.LoadUint32(c.ctl[root].pid)), addr: uintptr(atomic.LoadUint64(c.ctl[root].addr))}
 	remote, err := readTable(src.pid, src.addr, j.size)
-	if err == nil {
-		err = vmReadVec(src.pid, j.vec.slice(0, cut), sliceRemote(remote, 0, cut))
-	}
 	if err != nil {
 		return c.peerMemError(src, err)
+	}
+	from := remotePieces(sliceRemote(remote, 0, cut), copyPiece)
+	for i, into := range j.vec.slice(0, cut).pieces(copyPiece) {
+		if err := c.check(j, -1); err != nil {
+			return fmt.Errorf("single copy: %w", err)
+		}
+		if err := vmReadVec(src.pid, into, from[i]); err != nil {
+			return c.peerMemError(src, err)
+		}
+	}
+	// A root that failed while this rank read may have returned, and its
+	// caller changed the bytes read: it raised the abort flag first.
+	if err := c.check(j, -1); err != nil {
+		return fmt.Errorf("single copy: %w", err)
 	}
 	c.publish(me.red, next)
 	if cut < j.size {
@@ -206,18 +218,43 @@ func (c *Comm) broadcastDirect(j *job, root int) (err error) {
 	return nil
 }
 
+// copyPiece bounds one copy between two ranks' buffers in a direct
+// broadcast, as directBounce bounds the all-reduce's: between pieces a rank
+// looks at Abort, its context and the deadline, and a peer that leaves
+// waits for one write into it at most (closeGate).
+const copyPiece = 4 << 20
+
 // pushPart writes the root's bytes from cut on into peer p's buffers,
-// through p's gate for step.
+// through p's gate for step, a piece at a time.
 func (c *Comm) pushPart(j *job, p peer, step uint32, cut int) error {
 	remote, err := readTable(p.pid, p.addr, j.size)
 	if err != nil {
-		// A peer that has left may have dropped its table: its gate says so.
+		// A peer that has left may have dropped its table: its gate says
+		// so, and the abort flag who failed first.
 		if atomic.LoadUint32(c.ctl[p.rank].gate) != step {
-			return leftCollective(p)
+			return c.firstFailure(j, leftCollective(p))
 		}
 		return c.peerMemError(p, err)
 	}
-	return c.writePeer(p, step, func() error {
-		return vmWriteVec(p.pid, j.vec.slice(cut, j.size), sliceRemote(remote, cut, j.size))
-	})
+	into := remotePieces(sliceRemote(remote, cut, j.size), copyPiece)
+	for i, from := range j.vec.slice(cut, j.size).pieces(copyPiece) {
+		if err := c.check(j, -1); err != nil {
+			return fmt.Errorf("single copy: %w", err)
+		}
+		if err := c.writePeer(p, step, func() error { return vmWriteVec(p.pid, from, into[i]) }); err != nil {
+			return c.firstFailure(j, err)
+		}
+	}
+	return nil
+}
+
+// firstFailure is the error of a rank that could not write into a peer (err):
+// the abort flag's or the deadline's, when one is there, since a peer that
+// left the collective may have left for another rank's failure, which the
+// flag names.
+func (c *Comm) firstFailure(j *job, err error) error {
+	if cerr := c.check(j, -1); cerr != nil {
+		return fmt.Errorf("single copy: %w", cerr)
+	}
+	return err
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,4 +103,64 @@ func TestBroadcastMismatch(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestDirectBroadcastPushStops: the root writes its share a piece at a
+// time and looks at its deadline and abort flag before each piece, so a
+// broadcast past its deadline writes nothing more into a peer, where one
+// write of the whole share ignored both. The peer is in the broadcast (its
+// gate open, its table published) when the root's push runs with a
+// deadline that has passed.
+func TestDirectBroadcastPushStops(t *testing.T) {
+	const size = 8 << 20 // the root's share: 4 MiB, one piece
+	comms := newGroup(t, 2, Config{Timeout: time.Minute, DirectMin: 1})
+	negotiate(t, comms)
+	root, theirs := inputs(reduce.Float32, 0, size/4, 1), inputs(reduce.Float32, 1, size/4, 1)
+	before := bytes.Clone(theirs)
+	done := make(chan error, 1)
+	go func() { done <- comms[1].Broadcast(context.Background(), [][]byte{theirs}, reduce.Float32, 0) }()
+	for atomic.LoadUint32(comms[1].ctl[1].in) == 0 { // its table and gate are there
+		time.Sleep(100 * time.Microsecond)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	j := &job{ctx: ctx, deadline: time.Now().Add(-time.Second), ctxDeadline: true, vec: vec{root}, size: size}
+	p := peer{rank: 1, pid: int(atomic.LoadUint32(comms[0].ctl[1].pid)), addr: uintptr(atomic.LoadUint64(comms[0].ctl[1].addr))}
+	err := comms[0].pushPart(j, p, atomic.LoadUint32(comms[0].ctl[1].gate), pushCut(size, 2, comms[0].pushMin))
+	comms[0].Abort(nil) // lets the peer go
+	if !errors.Is(err, failure.ErrTimeout) {
+		t.Errorf("the push past its deadline: %v, want a timeout", err)
+	}
+	t.Logf("push: %v; peer: %v", err, <-done)
+	if !bytes.Equal(theirs, before) {
+		t.Errorf("the push past its deadline wrote into the peer's buffer")
+	}
+}
+
+// TestDirectBroadcastBlame: a root that finds a peer gone from the
+// collective names the rank that failed first (the abort flag's), not the
+// peer that left because of it.
+func TestDirectBroadcastBlame(t *testing.T) {
+	const size = 4 << 20 // a share for each of 2 peers
+	comms := newGroup(t, 3, Config{Timeout: time.Minute, DirectMin: 1})
+	negotiate(t, comms)
+	// Ranks 1 and 2 enter; rank 2 times out waiting for the root, raising
+	// the flag, and rank 1 leaves for it. Then the root comes.
+	errs := allRanks(comms[1:], func(r int, c *Comm) error {
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if r == 1 {
+			ctx, cancel = context.WithTimeout(ctx, 10*time.Millisecond)
+		}
+		defer cancel()
+		return c.Broadcast(ctx, [][]byte{make([]byte, size)}, reduce.Float32, 0)
+	})
+	if !errors.Is(errs[1], failure.ErrTimeout) || errs[0] == nil {
+		t.Fatalf("rank 1: %v; rank 2: %v; want rank 2 timed out, rank 1 failed", errs[0], errs[1])
+	}
+	err := comms[0].Broadcast(context.Background(), [][]byte{make([]byte, size)}, reduce.Float32, 0)
+	var pe *failure.PeerError
+	if !errors.As(err, &pe) || pe.Rank != 2 {
+		t.Fatalf("root: %v, want rank 2's failure named", err)
+	}
+	t.Logf("root: %v", err)
 }

@@ -26,7 +26,8 @@ import (
 // does not write, or the leaving rank sees the write and waits for it.
 
 // gateWait bounds how long a leaving rank waits for a live peer's write
-// already under way: one piece, microseconds unless the writer is stopped.
+// already under way: one piece (directBounce, copyPiece), a millisecond or
+// less unless the writer is stopped.
 const gateWait = 10 * time.Second
 
 // openGate lets peers write into this rank's buffer during step.

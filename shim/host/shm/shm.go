@@ -112,8 +112,9 @@ type Comm struct {
 	bounce    []byte // where a peer's segment lands before it is reduced
 	whyStaged error  // why this rank cannot take it
 	// pushMin is the least a direct broadcast's root writes into each peer
-	// (defaultPushMin; the same on every rank, as pushCut must be): a
-	// field so that BenchmarkBroadcast can measure the peers reading all.
+	// (defaultPushMin). Every rank must have the same, as pushCut must be
+	// the same, and the segment does not carry it: only tests change it,
+	// on every rank (BenchmarkBroadcast measures the peers reading all).
 	pushMin int
 
 	// stop holds the error that Abort or Close set; in-flight and later

@@ -76,6 +76,49 @@ func sliceRemote(remote []unix.RemoteIovec, lo, hi int) []unix.RemoteIovec {
 	return out
 }
 
+// pieces cuts v into runs of max bytes (the last may be shorter), in
+// order, in one pass: remotePieces cuts a remote table of as many bytes at
+// the same offsets.
+func (v vec) pieces(max int) []vec {
+	var out []vec
+	var cur vec
+	room := max
+	for _, b := range v {
+		for len(b) > 0 {
+			n := min(len(b), room)
+			cur, b, room = append(cur, b[:n]), b[n:], room-n
+			if room == 0 {
+				out, cur, room = append(out, cur), nil, max
+			}
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// remotePieces is vec.pieces for a remote table.
+func remotePieces(remote []unix.RemoteIovec, max int) [][]unix.RemoteIovec {
+	var out [][]unix.RemoteIovec
+	var cur []unix.RemoteIovec
+	room := max
+	for _, r := range remote {
+		for r.Len > 0 {
+			n := min(r.Len, room)
+			cur = append(cur, unix.RemoteIovec{Base: r.Base, Len: n})
+			r, room = unix.RemoteIovec{Base: r.Base + uintptr(n), Len: r.Len - n}, room-n
+			if room == 0 {
+				out, cur, room = append(out, cur), nil, max
+			}
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
 // table is what a broadcast's root publishes the address of: how many
 // buffers, then each one's address and length.
 func table(v vec) []uint64 {
@@ -122,8 +165,8 @@ func readTable(pid int, addr uintptr, size int) ([]unix.RemoteIovec, error) {
 	return remote, nil
 }
 
-// iovMax is the most iovecs a process_vm_readv takes on either side
-// (IOV_MAX).
+// iovMax is the most iovecs a process_vm_readv or _writev takes on either
+// side (IOV_MAX).
 const iovMax = 1024
 
 // vmReadVec fills local, in order, from the remote buffers of process pid,

@@ -83,6 +83,55 @@ func TestSlice(t *testing.T) {
 	}
 }
 
+// TestPieces: a vec and a remote table of as many bytes, cut differently
+// into buffers, come in pieces of max bytes (the last shorter) that match
+// byte for byte, with no empty entries.
+func TestPieces(t *testing.T) {
+	v := vec{make([]byte, 3), nil, make([]byte, 5), {}, make([]byte, 1)}
+	src := []byte("abcdefghi")
+	v.scatter(0, src)
+	remote := []unix.RemoteIovec{{Base: 100, Len: 4}, {Base: 200, Len: 1}, {Base: 300, Len: 4}}
+	for max := 1; max <= 10; max++ {
+		ps, rs := v.pieces(max), remotePieces(remote, max)
+		if want := (len(src) + max - 1) / max; len(ps) != want || len(rs) != want {
+			t.Fatalf("max %d: %d and %d pieces, want %d", max, len(ps), len(rs), want)
+		}
+		for i := range ps {
+			got := bytes.Join(ps[i], nil)
+			if string(got) != string(src[i*max:min((i+1)*max, len(src))]) {
+				t.Errorf("max %d: piece %d is %q", max, i, got)
+			}
+			n, start := 0, -1
+			for _, r := range rs[i] {
+				if r.Len == 0 {
+					t.Errorf("max %d: piece %d has an empty remote entry", max, i)
+				}
+				if start < 0 {
+					start = int(r.Base)
+				}
+				n += r.Len
+			}
+			// The remote bytes i*max on start where the table puts them.
+			off := i * max
+			want := 100 + off
+			if off >= 4 {
+				want = 200 + off - 4
+			}
+			if off >= 5 {
+				want = 300 + off - 5
+			}
+			if n != len(got) || start != want {
+				t.Errorf("max %d: remote piece %d has %d bytes from %d, want %d from %d", max, i, n, start, len(got), want)
+			}
+			for _, b := range ps[i] {
+				if len(b) == 0 {
+					t.Errorf("max %d: piece %d has an empty buffer", max, i)
+				}
+			}
+		}
+	}
+}
+
 // TestVMReadVec: a receiver's buffers cut one way fill from a root's cut
 // another, more pieces on each side than one process_vm_readv takes
 // (iovMax), through the table the root publishes (this process stands for
