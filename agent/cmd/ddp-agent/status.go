@@ -205,17 +205,24 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			"  (a job of three nodes or more keeps its store on three of them: if that host died, give another node's address)", where)
 	}
 	if err != nil {
-		if msg := err.Error(); strings.Contains(msg, "connection reset by peer") || strings.Contains(msg, "unreachable after") ||
-			strings.Contains(msg, "gave no answer") {
-			// Often torch's TCPStore answers there (torchrun's c10d
-			// rendezvous port, or MASTER_PORT): it resets the connection
-			// (1.13) or says nothing (2.x). Not a TLS store's EOF, which
-			// the store's own hint covers.
-			return fail("%v\n  (if that is a torchrun job's store, torch's TCPStore, ddp-agent status cannot read it: it reads the store of ddp-agent run, or an etcd)", err)
-		}
-		if store.Refused(err) {
-			// As the agents say it: a wrong token gave a bare x509 error.
-			return fail("%v\n  (the store and this command do not accept each other's TLS: is --rdzv-token, or DDP_AGENT_RDZV_TOKEN, the job's, and --rdzv-conf's TLS files right?)", err)
+		const tcpStoreHint = "\n  (if that is a torchrun job's store, torch's TCPStore, ddp-agent status cannot read it: it reads the store of ddp-agent run, or an etcd)"
+		// As the agents say it: a wrong token gave a bare x509 error.
+		const tlsHint = "\n  (the store and this command do not accept each other's TLS: is --rdzv-token, or DDP_AGENT_RDZV_TOKEN, the job's, and --rdzv-conf's TLS files right?)"
+		msg := err.Error()
+		// Often torch's TCPStore answers there (torchrun's c10d rendezvous
+		// port, or MASTER_PORT): it resets the connection (1.13) or says
+		// nothing (2.x). A TLS store that a plain client reached closes
+		// the connection, which reads as a reset too at times: then both
+		// may be, and both hints go.
+		tcpStore := strings.Contains(msg, "connection reset by peer") || strings.Contains(msg, "unreachable after") ||
+			strings.Contains(msg, "gave no answer")
+		switch tls := store.Refused(err); {
+		case tcpStore && tls:
+			return fail("%v"+tlsHint+tcpStoreHint, err)
+		case tcpStore:
+			return fail("%v"+tcpStoreHint, err)
+		case tls:
+			return fail("%v"+tlsHint, err)
 		}
 		return fail("%v", err)
 	}
