@@ -29,14 +29,16 @@ every rank, in the processes they have:
    (``_state``; a rank that failed in its optimizer step holds half-updated
    weights: it takes the healthy peer's);
 5. the loop yields the first step not completed everywhere: at most the one
-   step in progress is lost, and with data that is a function of the step,
-   the result is the same as an uninterrupted run's.
+   step in progress is lost, and with data and random numbers that are a
+   function of the step (this loop keeps no random state), the result is
+   the same as an uninterrupted run's.
 
 What it cannot do in process, it leaves to the process restart that
 ``ddp-agent run`` (or torchrun) does today: after ``max_reforms``
 re-formations, when a rank does not reach the rendezvous within
-``timeout`` (it died, or is stuck in a collective outside the shim, such
-as a gloo all-reduce of the loss), or on ``BaseException`` that is not an
+``timeout`` (it died, or is stuck in a collective outside the shim that
+nothing can abort: DDP's bucket rebuild in a model's second forward, its
+buffer broadcast, a gloo all-reduce of the loss), or on ``BaseException`` that is not an
 ``Exception`` (KeyboardInterrupt, SystemExit), the error is raised and the
 process exits as it would without this loop.
 
@@ -671,7 +673,12 @@ def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, h
         if not _store_alive(store, prefix):
             raise ReformError(f"the workers' store failed ({e})") from e
         missing = [r for r in range(world_size) if not _arrived(store, prefix, r)]
-        raise ReformError(f"ranks {missing} did not arrive within {timeout:g} s ({e})") from e
+        # A live rank that never comes waits in a collective the hook does
+        # not run and nothing can abort (docs/in-process.md, Limits).
+        raise ReformError(f"ranks {missing} did not arrive within {timeout:g} s ({e}): each is dead, or stuck in a "
+                          "collective outside ddp_agent's hook, such as DDP's bucket rebuild in a model's second "
+                          "forward, its buffer broadcast (broadcast_buffers=True, a model with buffers), or the "
+                          "script's own") from e
     pairs = [bytes(store.get(k)).decode().split() for k in keys]
     return [int(p[0]) for p in pairs], [int(p[1]) for p in pairs]
 
