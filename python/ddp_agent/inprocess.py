@@ -37,8 +37,8 @@ What it cannot do in process, it leaves to the process restart that
 ``ddp-agent run`` (or torchrun) does today: after ``max_reforms``
 re-formations, when a rank does not reach the rendezvous within
 ``timeout`` (it died, or is stuck in a collective outside the shim that
-nothing can abort: DDP's bucket rebuild in a model's second forward, its
-buffer broadcast, a gloo all-reduce of the loss), or on ``BaseException`` that is not an
+nothing can abort: DDP's buffer broadcast, its bucket rebuild after a
+model's first step, a gloo all-reduce of the loss), or on ``BaseException`` that is not an
 ``Exception`` (KeyboardInterrupt, SystemExit), the error is raised and the
 process exits as it would without this loop.
 
@@ -613,11 +613,38 @@ class _Step:
             loop._completed = self.n
             if loop._unreported is not None:
                 loop._report()
+            try:
+                _rebuild_buckets(loop.ddp)
+            except Exception as e:  # a peer failed: the step is done, the next is retried
+                loop._reform(self.n + 1, e, time.monotonic())
             return False
         if not isinstance(err, Exception):
             return False  # KeyboardInterrupt, SystemExit: leave
         loop._reform(self.n, err, time.monotonic())
         return True
+
+
+def _rebuild_buckets(ddp: Any) -> None:
+    """Runs DDP's bucket rebuild at the end of a DDP model's first completed step, where DDP runs it at the start
+    of its second forward.
+
+    The rebuild is a broadcast from rank 0 over the process group, which
+    nothing can abort: a rank that raised before that forward (its data,
+    say) left the others in it until the rendezvous gave up and the job
+    restarted (a review, 2026-12-01: train.py --in-process failing at step
+    2). Here every rank has completed the step, so all of them run it, and
+    the forwards after it run none. A rank that fails after its gradient
+    all-reduce leaves the others in it, as in any collective of the script
+    between steps (docs/in-process.md, Limits). As in DDP: once, with
+    gradients on, and only when the first backward recorded the order
+    (the reducer decides, the same on every rank).
+    """
+    reducer = getattr(ddp, "reducer", None)
+    if reducer is None or getattr(ddp, "_has_rebuilt_buckets", True) or not torch.is_grad_enabled():
+        return
+    if reducer._rebuild_buckets():
+        log.info("ddp_agent: DDP's buckets rebuilt at the end of the model's first step")
+        ddp._has_rebuilt_buckets = True
 
 
 def _arrive(store: Any, prefix: str, rank: int, completed: int, hook_step: int) -> None:
@@ -676,8 +703,8 @@ def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, h
         # A live rank that never comes waits in a collective the hook does
         # not run and nothing can abort (docs/in-process.md, Limits).
         raise ReformError(f"ranks {missing} did not arrive within {timeout:g} s ({e}): each is dead, or stuck in a "
-                          "collective outside ddp_agent's hook, such as DDP's bucket rebuild in a model's second "
-                          "forward, its buffer broadcast (broadcast_buffers=True, a model with buffers), or the "
+                          "collective outside ddp_agent's hook, such as DDP's buffer broadcast (broadcast_buffers="
+                          "True, a model with buffers), its bucket rebuild after a model's first step, or the "
                           "script's own") from e
     pairs = [bytes(store.get(k)).decode().split() for k in keys]
     return [int(p[0]) for p in pairs], [int(p[1]) for p in pairs]

@@ -4,6 +4,7 @@
 
 The i-th fault fires in generation i only (after i re-formations), so each
 is retried once. HOW is where rank RANK's step STEP raises:
+    data       before its forward (its data failed): the others run their forward without it
     forward    before its backward: the others are blocked in the all-reduce or reach it
     optimizer  after its optimizer step: the others have completed the step, it has not
     corrupt    its weights are scribbled on, then it raises: its state must come from a peer
@@ -86,6 +87,8 @@ def main() -> None:
             with loop.step(step) as ddp:
                 how = next((h for i, (st, r, h) in enumerate(faults) if st == step and r == rank
                             and (i == loop.generation or h == "always")), None)
+                if how == "data":
+                    raise Injected(f"rank {rank} fails at step {step} before its forward")
                 x, y = batch(step, rank)
                 opt.zero_grad(set_to_none=True)
                 loss = loss_fn(ddp(x), y)

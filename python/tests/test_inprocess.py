@@ -67,6 +67,22 @@ def test_faults_retried_in_process(tmp_path, reference):
     assert [r["digest"] for r in res] == [reference] * WORLD, text
 
 
+def test_fault_before_ddps_second_forward(tmp_path, reference):
+    """A rank that fails before its forward in a DDP model's second step, the job's first and the re-formed
+    model's, is re-formed in process: DDP's bucket rebuild, a gloo broadcast that nothing aborts, ran at the end
+    of the first step, not in the others' second forward, where they waited for the failed rank until the
+    rendezvous gave up (a review, 2026-12-01)."""
+    faults = [(2, 1, "data"), (3, 0, "data")]
+    res, results = run(tmp_path, "--faults", ",".join(f"{s}:{r}:{h}" for s, r, h in faults), "--max-reforms", "2")
+    text = _world.describe(results)
+    for r in res:
+        assert r["error"] is None, text
+        assert r["pid_start"] == r["pid_end"], text
+        assert [i["retry"] for i in r["reforms"]] == [2, 3], r["reforms"]
+        assert all(i["rendezvous_ms"] < 10_000 for i in r["reforms"]), r["reforms"]
+    assert [r["digest"] for r in res] == [reference] * WORLD, text
+
+
 def test_gives_up_after_max_reforms(tmp_path):
     res, results = run(tmp_path, "--faults", "3:1:always", "--max-reforms", "2")
     for r in res:

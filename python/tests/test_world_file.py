@@ -92,7 +92,7 @@ def test_meet_held_though_every_rank_arrived(store):
 def test_meet_times_out_naming_the_missing(store):
     t0 = time.monotonic()
     with pytest.raises(inprocess.ReformError, match=r"ranks \[1, 2\] did not arrive within 0.3 s .*: each is dead, or "
-                       r"stuck in a collective outside ddp_agent's hook, such as DDP's bucket rebuild"):
+                       r"stuck in a collective outside ddp_agent's hook, such as DDP's buffer broadcast"):
         inprocess._meet(store, "p/1", 0, 3, 10, 100, 0.3, lambda: (None, False))
     assert time.monotonic() - t0 < 5
 
