@@ -5,10 +5,11 @@ The state goes through the new hook's host communicator when there is one
 (ddpshim_broadcast) of every tensor whose bytes are whole 4-byte words,
 each straight from the source's memory into the others', and of one buffer
 that packs the rest (bools, odd counts of 1- and 2-byte elements). Over
-shared memory a receiver reads the source's tensors once, in one system
-call, while the source writes a share of them into the receivers. Without that communicator (CUDA tensors, a hook-less wrap),
-and for tensors that are not contiguous, torch.distributed's broadcast
-does it.
+shared memory a receiver reads the source's tensors once, straight from
+its memory (a system call per 4 MiB), while the source writes a share of
+them into the receivers. Without that communicator (CUDA tensors, a
+hook-less wrap), and for tensors that are not contiguous,
+torch.distributed's broadcast does it.
 
 The state went through all-reduces before (the source's values against the
 receivers' negative zeros, the identity of IEEE addition), one per tensor:
@@ -96,8 +97,9 @@ def warm() -> None:
     """Runs move's local part once on small tensors, before a re-formation needs it (InProcess, a warm spare).
 
     A process's first use of each of torch's operations costs more than
-    the operation: packing and unpacking train.py's 31 KB of small tensors (as they were packed then)
-    took 0.4 ms the first time and 0.03 ms the third, on the 2-core VM.
+    the operation: packing and unpacking train.py's 31 KB of small tensors
+    (packed then) took 0.4 ms the first time and 0.03 ms the third, on the
+    2-core VM.
     """
     tensors = [torch.zeros(3), torch.zeros(2, dtype=torch.int64), torch.zeros((), dtype=torch.bool)]
     _unpack(_pack(tensors, False), tensors)
