@@ -150,6 +150,7 @@ bench: build
 	$(PYTHON) examples/bench/inprocess_recovery.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --runs 5 --fault node
 	$(PYTHON) examples/bench/inprocess_recovery.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --runs 5 --fault store-node
 	$(PYTHON) examples/bench/inprocess_recovery.py --agent bin/ddp-agent --python $(PYTHON) --torchrun-compat $(TORCHRUN_COMPAT) --runs 5 --fault join
+	$(PYTHON) examples/bench/buffers.py --rounds 5 --steps 40
 	@py2="$(TORCH2_PYTHON)" && { [ -n "$$py2" ] || py2=$$(scripts/deps.sh torch2); } && \
 	  $$py2 examples/bench/hook_models.py --rounds 20 --steps-per-round 4
 	$(PYTHON) examples/bench/telemetry_overhead.py --agent bin/ddp-agent --python $(PYTHON) --reps 5 --steps 40 --warmup-steps 10 --batch-size 8

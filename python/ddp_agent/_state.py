@@ -40,47 +40,73 @@ def move(tensors: List[torch.Tensor], src: int, rank: int, comm: Optional[_shim.
     (the layout the source published). label_step is the step the
     broadcast carries in the agent's telemetry.
     """
-    whole, odd, rest, moved = [], [], [], []
-    seen = set()
-    for t in tensors:
-        alias = (t.data_ptr(), t.numel(), t.dtype)
-        if alias in seen:
-            continue  # a tied weight, twice in the state dict
-        seen.add(alias)
-        moved.append(t)
-        nbytes = t.numel() * t.element_size()
-        if comm is None or t.device.type != "cpu" or not t.is_contiguous():
-            rest.append(t)
-        elif nbytes % 4:
-            # Packed: the broadcast counts 4-byte words. Small tensors were
-            # packed too while each tensor was a collective of its own; as
-            # entries of one broadcast they cost nothing to send, and
-            # unpacking train.py's ten took 0.2 ms of a 1.5 ms move.
-            odd.append(t)
-        else:
-            whole.append(t)
-    packed = None
+    b = Broadcast(tensors, comm, rank == src)
     if comm is not None:
-        packed = _pack(odd, rank == src)
         # Every rank ready, its buffers listed and the source's odd
         # tensors packed, before the clock starts (the ranks wait for each
         # other here anyway), and the communicator's first collective (its
         # setup) paid: the time is the move's.
         _meet(comm, label_step)
     t0 = time.monotonic()
-    if comm is not None and packed is not None:
-        words = whole + [packed] if odd else whole
-        work = comm.broadcast([t.data_ptr() for t in words], [t.numel() * t.element_size() // 4 for t in words],
-                              _shim.DType.INT32, src, step=label_step, bucket=STATE_BUCKET)
-        try:
-            work.wait()
-        finally:
-            work.free()
-        if rank != src:
-            _unpack(packed, odd)
-    for t in rest:
-        _broadcast(t, src)
-    return sum(t.numel() * t.element_size() for t in moved), round((time.monotonic() - t0) * 1e3, 1)
+    b.run(src, rank, step=label_step, bucket=STATE_BUCKET)
+    return b.nbytes, round((time.monotonic() - t0) * 1e3, 1)
+
+
+class Broadcast:
+    """A broadcast of tensors from one rank, prepared: one collective of the shim for what it can take.
+
+    comm's broadcast takes every CPU tensor whose bytes are whole 4-byte
+    words, each in place, and one buffer that packs the rest (packed here
+    on the source); CUDA tensors, tensors that are not contiguous, and all
+    of them without comm go through torch.distributed's broadcast, one
+    each. A tensor listed twice (a tied weight) goes once.
+    """
+
+    def __init__(self, tensors: List[torch.Tensor], comm: Optional[_shim.Comm], source: bool) -> None:
+        self.comm = comm
+        self.whole: List[torch.Tensor] = []
+        self.odd: List[torch.Tensor] = []
+        self.rest: List[torch.Tensor] = []
+        self.nbytes = 0
+        seen = set()
+        for t in tensors:
+            alias = (t.data_ptr(), t.numel(), t.dtype)
+            if alias in seen:
+                continue
+            seen.add(alias)
+            nbytes = t.numel() * t.element_size()
+            self.nbytes += nbytes
+            if comm is None or t.device.type != "cpu" or not t.is_contiguous():
+                self.rest.append(t)
+            elif nbytes % 4:
+                # Packed: the broadcast counts 4-byte words. Small tensors were
+                # packed too while each tensor was a collective of its own; as
+                # entries of one broadcast they cost nothing to send, and
+                # unpacking train.py's ten took 0.2 ms of a 1.5 ms move.
+                self.odd.append(t)
+            else:
+                self.whole.append(t)
+        self.packed = _pack(self.odd, source) if comm is not None else None
+        words = self.whole + [self.packed] if self.odd else self.whole
+        self._ptrs = [t.data_ptr() for t in words]
+        self._counts = [t.numel() * t.element_size() // 4 for t in words]
+
+    def run(self, src: int, rank: int, *, step: int, bucket: int) -> None:
+        """Broadcasts from src (the same call on every rank); step and bucket label the shim's collective.
+
+        Raises the shim's error when a rank fails or aborts meanwhile.
+        """
+        if self.comm is not None and self.packed is not None:
+            if self._ptrs:
+                work = self.comm.broadcast(self._ptrs, self._counts, _shim.DType.INT32, src, step=step, bucket=bucket)
+                try:
+                    work.wait()
+                finally:
+                    work.free()
+            if rank != src:
+                _unpack(self.packed, self.odd)
+        for t in self.rest:
+            _broadcast(t, src)
 
 
 def _meet(comm: _shim.Comm, label_step: int) -> None:

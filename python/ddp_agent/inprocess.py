@@ -74,7 +74,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 import torch.distributed as dist
 
-from . import _bootstrap, _env, _state
+from . import _bootstrap, _buffers, _env, _state
 from . import hook as hook_module
 
 log = logging.getLogger("ddp_agent")
@@ -265,6 +265,9 @@ class InProcess:
         # and ddp-agent is told (_report), and when it ended.
         self._unreported: Optional[Dict[str, Any]] = None
         self._reformed_at = 0.0
+        # The buffer hook's state, where wrap's DDP model broadcasts buffers
+        # through the hook (_buffers): the failed step's start to restore.
+        self._buffers: Optional[_buffers.Buffers] = None
         global _joined
         joined, _joined = _joined, None
         if joined is not None:
@@ -405,6 +408,7 @@ class InProcess:
         timeout for a rank that will never open it. (CUDA buckets open their
         NCCL communicator at the first bucket, as without this loop.)
         """
+        self._buffers = None
         made = self._wrap(self.model)
         if not (isinstance(made, tuple) and len(made) == 2):
             raise TypeError(f"ddp_agent.InProcess: wrap returned {type(made).__name__}, want (ddp_model, hook)")
@@ -418,6 +422,7 @@ class InProcess:
         on_cpu = all(p.device.type == "cpu" for p in self.model.parameters())
         if self.hook is not None and on_cpu and getattr(self.hook, "transport", None) in ("auto", "host"):
             self.hook._comms.open("host")  # a failure leaves the hook for _abort to close
+            self._buffers = _buffers.install(self.ddp, self.hook)
 
     def _abort(self, err: BaseException) -> None:
         """Aborts this rank's communicators (no goodbye: the peers fail at once) and drops the DDP model."""
@@ -430,6 +435,10 @@ class InProcess:
                 log.warning("ddp_agent: closing the failed hook: %s", e)
         self.hook = None
         self.ddp = None
+        if self._buffers is not None and self._buffers.restore():
+            log.info("ddp_agent: rank %d's buffers are back as the failed step's first forward found them",
+                     self.rank)
+        self._buffers = None
 
     def _rendezvous(self, step: int, err: BaseException, hook_step: int) -> Tuple[int, List[int], List[int]]:
         """Writes this rank's last completed step and its hook's; returns the re-formation's number under the
@@ -611,6 +620,8 @@ class _Step:
         loop = self.loop
         if err is None:
             loop._completed = self.n
+            if loop._buffers is not None:
+                loop._buffers.step_completed()
             if loop._unreported is not None:
                 loop._report()
             try:

@@ -1,6 +1,7 @@
 """One rank of a test world training under ddp_agent.InProcess, with faults injected on some ranks.
 
     python _inprocess_worker.py --out DIR [--faults STEP:RANK:HOW,...] [--steps N] [--max-reforms N] [--shared-store]
+                                [--batchnorm [--ddp-buffers]]
 
 The i-th fault fires in generation i only (after i re-formations), so each
 is retried once. HOW is where rank RANK's step STEP raises:
@@ -10,7 +11,11 @@ is retried once. HOW is where rank RANK's step STEP raises:
     corrupt    its weights are scribbled on, then it raises: its state must come from a peer
     always     before its backward, in every generation: past --max-reforms the error is raised
 
-Writes DIR/rank<RANK>.pt: the parameters' digest, the re-formations and the
+--batchnorm puts a BatchNorm1d in the model: buffers, which DDP broadcasts
+from rank 0 at the start of every forward (broadcast_buffers=True), through
+ddp_agent's buffer hook, or with --ddp-buffers through DDP's own broadcast.
+
+Writes DIR/rank<RANK>.pt: the digest of the parameters and buffers, the re-formations and the
 pid at the start and the end (the same: nobody restarted).
 """
 
@@ -38,7 +43,7 @@ def batch(step: int, rank: int):
 
 def digest(model: nn.Module) -> str:
     h = hashlib.sha256()
-    for p in model.parameters():
+    for p in list(model.parameters()) + list(model.buffers()):
         h.update(p.detach().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -57,7 +62,13 @@ def main() -> None:
     p.add_argument("--shared-store", action="store_true",
                    help="say that the launcher's agent serves the store, as torchrun 2.5+ does, and leave in it "
                         "the first re-formation of an earlier attempt, whose ranks had completed step 50")
+    p.add_argument("--batchnorm", action="store_true", help="a BatchNorm1d in the model (buffers)")
+    p.add_argument("--ddp-buffers", action="store_true",
+                   help="leave the buffers' broadcast to DDP's own (no ddp_agent buffer hook): the yardstick")
     args = p.parse_args()
+    if args.ddp_buffers:
+        from ddp_agent import _buffers
+        _buffers.install = lambda ddp, hook: None
     faults = [(int(a), int(b), how) for a, b, how in (f.split(":") for f in args.faults.split(",") if f)]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -72,7 +83,8 @@ def main() -> None:
                 store.add(f"{prefix}/arrived", 1)
         dist.barrier()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT))
+    norm = [nn.BatchNorm1d(HIDDEN)] if args.batchnorm else []
+    model = nn.Sequential(nn.Linear(IN, HIDDEN), *norm, nn.ReLU(), nn.Linear(HIDDEN, OUT))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
     def wrap(m):
@@ -105,7 +117,8 @@ def main() -> None:
             out["completed_at"][step] = time.monotonic()
     except Exception as e:
         out["error"] = f"{type(e).__name__}: {e}"
-    out.update(digest=digest(model), reforms=loop.reforms, generation=loop.generation, pid_end=os.getpid())
+    out.update(digest=digest(model), reforms=loop.reforms, generation=loop.generation, pid_end=os.getpid(),
+               buffer_hook=hasattr(loop.ddp, "buffer_hook"))
     torch.save(out, os.path.join(args.out, f"rank{rank}.pt"))
     if out["error"] is None:
         dist.barrier()

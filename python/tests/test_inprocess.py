@@ -83,6 +83,38 @@ def test_fault_before_ddps_second_forward(tmp_path, reference):
     assert [r["digest"] for r in res] == [reference] * WORLD, text
 
 
+@pytest.fixture(scope="module")
+def reference_batchnorm(tmp_path_factory):
+    """Each rank's digest of a run with a BatchNorm, whose buffers ddp_agent's buffer hook broadcast: DDP's own
+    broadcast gives the same bytes."""
+    res, _ = run(tmp_path_factory.mktemp("reference-batchnorm"), "--batchnorm")
+    ddp, _ = run(tmp_path_factory.mktemp("reference-ddp-buffers"), "--batchnorm", "--ddp-buffers")
+    assert all(r["error"] is None and r["buffer_hook"] for r in res), res
+    assert not any(r["buffer_hook"] for r in ddp), ddp
+    # Each rank's buffers are rank 0's, broadcast before its last forward, plus its own batch's statistics.
+    assert len({r["digest"] for r in res}) == WORLD, res
+    assert [r["digest"] for r in res] == [r["digest"] for r in ddp]
+    return [r["digest"] for r in res]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_fault_while_peers_broadcast_buffers(tmp_path, reference_batchnorm, rank):
+    """A rank that fails before its forward, in a model with buffers under DDP's broadcast_buffers=True, is re-formed
+    in process: the others wait in the buffers' broadcast from rank 0, which ddp_agent's buffer hook runs through the
+    shim, whose abort fails it at once. Through DDP's own broadcast, rank 0's fault left them there until the
+    rendezvous gave up (docs/in-process.md, Limits)."""
+    faults = [(3, rank, "data"), (5, 1 - rank, "forward")]
+    res, results = run(tmp_path, "--batchnorm", "--faults", ",".join(f"{s}:{r}:{h}" for s, r, h in faults),
+                       "--max-reforms", "2")
+    text = _world.describe(results)
+    for r in res:
+        assert r["error"] is None, text
+        assert r["pid_start"] == r["pid_end"], text
+        assert [i["retry"] for i in r["reforms"]] == [3, 5], r["reforms"]
+        assert all(i["rendezvous_ms"] < 10_000 for i in r["reforms"]), r["reforms"]
+    assert [r["digest"] for r in res] == reference_batchnorm, text
+
+
 def test_gives_up_after_max_reforms(tmp_path):
     res, results = run(tmp_path, "--faults", "3:1:always", "--max-reforms", "2")
     for r in res:
