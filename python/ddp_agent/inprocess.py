@@ -18,7 +18,10 @@ every rank, in the processes they have:
 
 1. **abort**: the rank closes its hook's communicators without waiting, so
    a peer blocked in the gradient all-reduce fails at once (and a peer
-   still computing fails at its first bucket);
+   still computing fails at its first bucket, or in the broadcast of a
+   model's CPU buffers before its forward, which goes through that
+   communicator too: ``_buffers``); a rank whose step failed puts its
+   buffers back as the step found them;
 2. **rendezvous**: each rank writes the last step it completed to torch's
    store and waits for every rank's, bounded by ``timeout``;
 3. **process group**: torch's default process group is destroyed and made
@@ -37,8 +40,8 @@ What it cannot do in process, it leaves to the process restart that
 ``ddp-agent run`` (or torchrun) does today: after ``max_reforms``
 re-formations, when a rank does not reach the rendezvous within
 ``timeout`` (it died, or is stuck in a collective outside the shim that
-nothing can abort: DDP's buffer broadcast, its bucket rebuild after a
-model's first step, a gloo all-reduce of the loss), or on ``BaseException`` that is not an
+nothing can abort: DDP's buffer broadcast of CUDA buffers, its bucket
+rebuild after a model's first step, a gloo all-reduce of the loss), or on ``BaseException`` that is not an
 ``Exception`` (KeyboardInterrupt, SystemExit), the error is raised and the
 process exits as it would without this loop.
 
@@ -406,7 +409,8 @@ class InProcess:
         that fails before its first backward aborts it, and its peers, in
         their first all-reduce, fail instead of waiting out the bootstrap's
         timeout for a rank that will never open it. (CUDA buckets open their
-        NCCL communicator at the first bucket, as without this loop.)
+        NCCL communicator at the first bucket, as without this loop.) The
+        DDP model's buffers are then broadcast through it (_buffers).
         """
         self._buffers = None
         made = self._wrap(self.model)
@@ -715,7 +719,7 @@ def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, h
         # not run and nothing can abort (docs/in-process.md, Limits).
         raise ReformError(f"ranks {missing} did not arrive within {timeout:g} s ({e}): each is dead, or stuck in a "
                           "collective outside ddp_agent's hook, such as DDP's buffer broadcast (broadcast_buffers="
-                          "True, a model with buffers), its bucket rebuild after a model's first step, or the "
+                          "True, a model with CUDA buffers), its bucket rebuild after a model's first step, or the "
                           "script's own") from e
     pairs = [bytes(store.get(k)).decode().split() for k in keys]
     return [int(p[0]) for p in pairs], [int(p[1]) for p in pairs]
