@@ -173,10 +173,17 @@ def batch(args, teacher, step, rank, device):
     return x.to(device), y.to(device)
 
 
-def mean_loss(loss, world_size):
-    """Returns the loss averaged over all ranks."""
+def mean_loss(loss, world_size, loop):
+    """Returns the loss averaged over all ranks.
+
+    Under --in-process through loop.all_reduce, which a rank that fails
+    before it aborts: gloo's all-reduce would leave the others waiting.
+    """
     t = loss.detach().clone()
-    dist.all_reduce(t)
+    if loop is not None:
+        loop.all_reduce(t)
+    else:
+        dist.all_reduce(t)
     return t.item() / world_size
 
 
@@ -309,22 +316,32 @@ def main():
                 step_log("fault", rank, step, attempt)
                 time.sleep(args.hang_seconds)
             loss.backward()
+            checkpoint = args.ckpt_every > 0 and step % args.ckpt_every == 0
+            logged = 0.0  # seconds, not the step's: its time stays forward, backward and optimizer step
+            if step % args.log_every == 0 or step == args.steps or checkpoint:
+                # Before the optimizer's step: a rank failing before the
+                # all-reduce then leaves the others' parameters as the last
+                # completed step left them (docs/in-process.md).
+                t1 = time.perf_counter()
+                loss_value = mean_loss(loss, world_size, loop)
+                logged = time.perf_counter() - t1
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            step_times.append(time.perf_counter() - t0)
+            step_times.append(time.perf_counter() - t0 - logged)
 
-            checkpoint = args.ckpt_every > 0 and step % args.ckpt_every == 0
-            if step % args.log_every == 0 or step == args.steps or checkpoint:
-                loss_value = mean_loss(loss, world_size)
-                if rank == 0 and step % args.log_every == 0:
-                    say(f"step {step} loss {loss_value:.4f}")
+            if rank == 0 and step % args.log_every == 0:
+                say(f"step {step} loss {loss_value:.4f}")
             if checkpoint:
                 if rank == 0:
                     save_checkpoint(ckpt, model, optimizer, scheduler, step, loss_value)
-                dist.barrier()  # no rank runs ahead to a failure before the file is complete
+                # No rank runs ahead to a failure before the file is complete.
+                if loop is not None:
+                    loop.barrier()
+                else:
+                    dist.barrier()
             if args.sleep_per_step > 0:
                 time.sleep(args.sleep_per_step)
             step_log("step", rank, step, attempt, world_size)

@@ -47,10 +47,21 @@ func (r Record) Done() bool { return r.Status != StatusInFlight }
 // IsMark reports whether r is a step mark rather than a collective's record.
 func (r Record) IsMark() bool { return r.Status == StatusMark }
 
-// StateBucket is the bucket of ddp_agent's state move in an in-process
-// re-formation (_state.STATE_BUCKET in the Python package): the ranks meet
-// and broadcast a model's state under it, no gradient's all-reduce.
-const StateBucket = 1<<31 - 1
+// The buckets from OwnBuckets up label ddp_agent's own collectives under
+// InProcess, none a gradient's all-reduce: StateBucket the state's move in
+// an in-process re-formation (_state.STATE_BUCKET in the Python package),
+// BuffersBucket a model's buffers broadcast before its forward
+// (_buffers.BUFFERS_BUCKET), and below them the script's own all-reduces
+// (_collectives.SCRIPT_BUCKET down). DDP numbers its buckets from 0.
+const (
+	StateBucket   = 1<<31 - 1
+	BuffersBucket = 1<<31 - 2
+	OwnBuckets    = 1<<31 - 1<<20
+)
+
+// Gradient reports whether bucket labels one of DDP's gradient buckets,
+// not one of ddp_agent's own collectives.
+func Gradient(bucket uint32) bool { return bucket < OwnBuckets }
 
 // Key identifies a collective within a job.
 type Key struct {

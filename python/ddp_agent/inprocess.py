@@ -72,12 +72,12 @@ import os
 import pickle
 import socket
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from . import _bootstrap, _buffers, _env, _state
+from . import _bootstrap, _buffers, _collectives, _env, _state
 from . import hook as hook_module
 
 log = logging.getLogger("ddp_agent")
@@ -122,8 +122,8 @@ def _job_store(timeout: float) -> Any:
 class _Joined:
     """What a warm spare's ``init_process_group`` found: the re-formation it joined."""
 
-    def __init__(self, store: Any, gen: int, completed: List[int], hook_steps: List[int], since: float) -> None:
-        self.store, self.gen, self.completed, self.hook_steps, self.since = store, gen, completed, hook_steps, since
+    def __init__(self, store: Any, gen: int, arrivals: "Arrivals", since: float) -> None:
+        self.store, self.gen, self.arrivals, self.since = store, gen, arrivals, since
         self.new = False  # a new worker of a grown job, not a spare in a dead rank's place
 
 
@@ -169,12 +169,12 @@ def _join(init: Callable[..., None], backend: Any, timeout: float) -> _Joined:
     while _arrived(store, f"{prefix}/{gen}", rank):  # this rank's earlier re-formations
         gen += 1
     try:  # completed nothing: its state comes from a peer
-        completed, hook_steps = _meet(store, f"{prefix}/{gen}", rank, world_size, -1, -1, timeout)
+        arrivals = _meet(store, f"{prefix}/{gen}", rank, world_size, -1, -1, timeout)
     except ReformError as e:
         raise ReformError(f"rank {rank}: a warm spare found no re-formation to join (re-formation {gen}): {e}") from e
     init(backend, store=_group_store(store, prefix, gen), rank=rank, world_size=world_size,
          timeout=_timedelta(max(timeout, 60.0)))
-    return _Joined(store, gen, completed, hook_steps, t0)
+    return _Joined(store, gen, arrivals, t0)
 
 
 class ReformError(RuntimeError):
@@ -271,6 +271,9 @@ class InProcess:
         # The buffer hook's state, where wrap's DDP model broadcasts buffers
         # through the hook (_buffers): the failed step's start to restore.
         self._buffers: Optional[_buffers.Buffers] = None
+        self._labels = _collectives.Labels()  # the telemetry's buckets of the script's collectives
+        # The step in progress and its parameters' version at its start (_changed).
+        self._started: Optional[Tuple[int, int]] = None
         global _joined
         joined, _joined = _joined, None
         if joined is not None:
@@ -306,6 +309,23 @@ class InProcess:
         """The context of one step: on an exception in it, re-forms and has :meth:`steps` retry."""
         return _Step(self, step)
 
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """All-reduces tensor in place across the ranks, op "sum" or "avg", in a way a failing rank can abort.
+
+        For the script's own collectives inside a step (its loss for the
+        log, a metric): a CPU tensor goes through the hook's host
+        communicator, so a rank that raises before it fails the others'
+        at once and every rank re-forms, where in ``torch.distributed``'s
+        all-reduce they waited for it until the rendezvous gave up. A CUDA
+        tensor goes through ``torch.distributed`` (not abortable). Every
+        rank must call it in the same order (_collectives). Returns tensor.
+        """
+        return _collectives.all_reduce(self.hook, tensor, op, self._labels)
+
+    def barrier(self) -> None:
+        """Waits for every rank, as ``torch.distributed.barrier()``, in a way a failing rank can abort (all_reduce)."""
+        _collectives.barrier(self.hook, self._labels)
+
     def close(self) -> None:
         """Closes the current hook (before ``dist.destroy_process_group()``)."""
         if self.hook is not None:
@@ -313,8 +333,9 @@ class InProcess:
 
     def _join(self, j: _Joined) -> None:
         """A warm spare's part of the re-formation it joined: the state from the source, the hook, the step."""
-        best = max(j.completed)
-        src = j.completed.index(best)
+        best, src = max(j.arrivals.completed), _source(j.arrivals)
+        if src is None:
+            raise ReformError(_no_source(self.rank, best))
         t = time.monotonic()
         # The survivors' new hooks are named by how many they registered
         # before, by group: this process's must have the same names. A
@@ -323,11 +344,11 @@ class InProcess:
         key = f"{self._prefix}/{j.gen}/registrations"
         for i in range(1, self._store.add(key, 0) + 1):
             hook_module._continue_registrations(json.loads(bytes(self._store.get(f"{key}/{i}"))))
-        state_bytes, move_ms = self._take_state(j.gen, src, j.hook_steps)
+        state_bytes, move_ms = self._take_state(j.gen, src, j.arrivals.hook_steps)
         self.generation = self._index = j.gen
         self._completed = best
         self._resume = best + 1
-        self.joined = {"generation": j.gen, "retry": best + 1, "source": src, "completed": j.completed,
+        self.joined = {"generation": j.gen, "retry": best + 1, "source": src, "completed": j.arrivals.completed,
                        "rendezvous_ms": round((t - j.since) * 1e3, 1), "state_ms": _ms(t), "state_bytes": state_bytes,
                        "move_ms": move_ms, "total_ms": _ms(j.since)}
         as_what = "a new worker" if j.new else "a warm spare"
@@ -345,19 +366,22 @@ class InProcess:
             raise ReformError(f"rank {self.rank}: step {step} failed after {self.max_reforms} re-formations in process") from err
         phases: Dict[str, float] = {}
         hook_step = getattr(getattr(self.hook, "_schedule", None), "step", 0)
+        changed = self._changed(step)
         self._abort(err)
         phases["abort_ms"] = _ms(t0)
         t = time.monotonic()
         world_size = self.world_size
-        index, completed, hook_steps = self._rendezvous(step, err, hook_step)
+        index, arrivals = self._rendezvous(step, err, hook_step, changed)
+        completed = arrivals.completed
         phases["rendezvous_ms"] = _ms(t)
+        best, src = max(completed), _source(arrivals)
+        if src is None:
+            raise ReformError(_no_source(self.rank, best)) from err
         t = time.monotonic()
         self._new_group(index)
         phases["process_group_ms"] = _ms(t)
         t = time.monotonic()
-        best = max(completed)
-        src = completed.index(best)
-        phases["state_bytes"], phases["move_ms"] = self._take_state(index, src, hook_steps)
+        phases["state_bytes"], phases["move_ms"] = self._take_state(index, src, arrivals.hook_steps)
         phases["state_ms"] = _ms(t)
         self.generation, self._index = gen, index
         self._completed = best
@@ -428,6 +452,20 @@ class InProcess:
             self.hook._comms.open("host")  # a failure leaves the hook for _abort to close
             self._buffers = _buffers.install(self.ddp, self.hook)
 
+    def _version(self) -> int:
+        """The sum of the optimizer's parameters' version counters, which every in-place change advances.
+
+        About 10 µs a step for 160 parameters on the 2-core VM. The sum, not
+        one parameter's: the optimizer skips a frozen one.
+        """
+        return sum(p._version for g in self.optimizer.param_groups for p in g["params"])
+
+    def _changed(self, step: int) -> bool:
+        """Whether step, failing on this rank, changed the parameters (its optimizer step ran, or the script's own
+        in-place change), so this rank's state is no completed step's."""
+        started = self._started
+        return started is not None and started[0] == step and self._version() != started[1]
+
     def _abort(self, err: BaseException) -> None:
         """Aborts this rank's communicators (no goodbye: the peers fail at once) and drops the DDP model."""
         if self.hook is not None:
@@ -444,9 +482,9 @@ class InProcess:
                      self.rank)
         self._buffers = None
 
-    def _rendezvous(self, step: int, err: BaseException, hook_step: int) -> Tuple[int, List[int], List[int]]:
-        """Writes this rank's last completed step and its hook's; returns the re-formation's number under the
-        prefix and every rank's, in rank order.
+    def _rendezvous(self, step: int, err: BaseException, hook_step: int, changed: bool) -> Tuple[int, "Arrivals"]:
+        """Writes this rank's last completed step, its hook's and whether its failed step changed its parameters;
+        returns the re-formation's number under the prefix and every rank's, in rank order.
 
         Under ddp-agent run --spares, the agent may move the workers into
         a smaller world meanwhile (a node was lost: the ranks this one
@@ -464,9 +502,8 @@ class InProcess:
                 # of the next hooks, one entry per survivor, before it arrives.
                 slot = store.add(f"{prefix}/registrations", 1)
                 store.set(f"{prefix}/registrations/{slot}", json.dumps(hook_module._registered()))
-                completed, hook_steps = _meet(store, prefix, self.rank, self.world_size, self._completed, hook_step,
-                                              self.timeout, moved)
-                return index, completed, hook_steps
+                return index, _meet(store, prefix, self.rank, self.world_size, self._completed, hook_step,
+                                    self.timeout, moved, changed)
             except _WorldChanged as w:
                 self._adopt(w.world)
                 index = 1
@@ -618,6 +655,7 @@ class _Step:
         self.n = step
 
     def __enter__(self) -> torch.nn.Module:
+        self.loop._started = (self.n, self.loop._version())
         return self.loop.ddp
 
     def __exit__(self, kind, err, tb) -> bool:
@@ -662,14 +700,15 @@ def _rebuild_buckets(ddp: Any) -> None:
         ddp._has_rebuilt_buckets = True
 
 
-def _arrive(store: Any, prefix: str, rank: int, completed: int, hook_step: int) -> None:
-    """Writes a rank's last completed step and its hook's step count at a re-formation, and counts its arrival.
+def _arrive(store: Any, prefix: str, rank: int, completed: int, hook_step: int, changed: bool = False) -> None:
+    """Writes a rank's last completed step, its hook's step count and whether its failed step changed its
+    parameters (_Step), at a re-formation, and counts its arrival.
 
     The counts are how a rank's arrival, and how many arrived, are looked
     up (_arrived, _meet) on every torch: 1.13's TCPStore has no check(),
     and a wait that times out breaks its connection.
     """
-    store.set(f"{prefix}/rank{rank}", f"{completed} {hook_step}")
+    store.set(f"{prefix}/rank{rank}", f"{completed} {hook_step} {int(changed)}")
     store.add(f"{prefix}/in{rank}", 1)
     store.add(f"{prefix}/arrived", 1)
 
@@ -687,13 +726,21 @@ class _WorldChanged(Exception):
 _POLL = 0.01
 
 
+class Arrivals(NamedTuple):
+    """What every rank wrote at a re-formation, in rank order (_arrive)."""
+
+    completed: List[int]
+    hook_steps: List[int]
+    changed: List[bool]
+
+
 def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, hook_step: int, timeout: float,
-          moved: Optional[Callable[[], Tuple[Optional[Dict[str, Any]], bool]]] = None) -> Tuple[List[int], List[int]]:
-    """Arrives at re-formation prefix and waits for every rank: returns each one's last completed step and its
-    hook's step count, in rank order. Raises ReformError naming the ranks that did not arrive within timeout,
+          moved: Optional[Callable[[], Tuple[Optional[Dict[str, Any]], bool]]] = None,
+          changed: bool = False) -> Arrivals:
+    """Arrives at re-formation prefix and waits for every rank: returns what each one wrote. Raises ReformError naming the ranks that did not arrive within timeout,
     and _WorldChanged when moved, asked while it waits, returns a new world; while it says hold, the
     rendezvous does not end, every rank arrived or not (the agent moves the workers into another world)."""
-    _arrive(store, prefix, rank, completed, hook_step)
+    _arrive(store, prefix, rank, completed, hook_step, changed)
     keys = [f"{prefix}/rank{r}" for r in range(world_size)]
     try:
         if moved is None:
@@ -721,8 +768,23 @@ def _meet(store: Any, prefix: str, rank: int, world_size: int, completed: int, h
                           "collective outside ddp_agent's hook, such as DDP's buffer broadcast (broadcast_buffers="
                           "True, a model with CUDA buffers), its bucket rebuild after a model's first step, or the "
                           "script's own") from e
-    pairs = [bytes(store.get(k)).decode().split() for k in keys]
-    return [int(p[0]) for p in pairs], [int(p[1]) for p in pairs]
+    fields = [bytes(store.get(k)).decode().split() + ["0"] for k in keys]
+    return Arrivals([int(f[0]) for f in fields], [int(f[1]) for f in fields], [f[2] == "1" for f in fields])
+
+
+def _source(arrivals: Arrivals) -> Optional[int]:
+    """The rank whose state the others take: the lowest that completed the most steps and did not change its
+    parameters since (pure); None when every such rank did.
+
+    A rank that failed after its optimizer step holds the next step's
+    parameters (and momentum) without having completed it: taken as the
+    source, the retried step would be applied twice. That happened to every
+    rank when a collective of the script after the optimizer step failed
+    them all (InProcess.all_reduce).
+    """
+    best = max(arrivals.completed)
+    clean = [r for r, (c, ch) in enumerate(zip(arrivals.completed, arrivals.changed)) if c == best and not ch]
+    return clean[0] if clean else None
 
 
 def _group_store(store: Any, prefix: str, gen: int) -> Any:
@@ -792,6 +854,13 @@ def _world_news(path: str) -> Tuple[Optional[Dict[str, Any]], bool]:
         # process read the world it was moved into; the next one follows.
         return None, gen >= own
     return (world, False) if gen > own else (None, False)
+
+
+def _no_source(rank: int, best: int) -> str:
+    return (f"rank {rank}: every rank that completed step {best} changed its parameters in step {best + 1} before "
+            f"it failed (its optimizer's step ran): none holds step {best}'s state to retry from; falling back to "
+            "a process restart. A collective of the script after the optimizer's step can fail every rank there: "
+            "put it before optimizer.step()")
 
 
 def _first_line(err: BaseException) -> str:

@@ -7,9 +7,13 @@ The i-th fault fires in generation i only (after i re-formations), so each
 is retried once. HOW is where rank RANK's step STEP raises:
     data       before its forward (its data failed): the others run their forward without it
     forward    before its backward: the others are blocked in the all-reduce or reach it
+    backward   after its backward: the others wait in the script's all-reduce (--log before)
     optimizer  after its optimizer step: the others have completed the step, it has not
     corrupt    its weights are scribbled on, then it raises: its state must come from a peer
     always     before its backward, in every generation: past --max-reforms the error is raised
+
+--log before|after all-reduces the loss in each step through loop.all_reduce,
+before or after the optimizer's step (after: past the fault "optimizer").
 
 --batchnorm puts a BatchNorm1d in the model: buffers, which DDP broadcasts
 from rank 0 at the start of every forward (broadcast_buffers=True), through
@@ -62,6 +66,7 @@ def main() -> None:
     p.add_argument("--shared-store", action="store_true",
                    help="say that the launcher's agent serves the store, as torchrun 2.5+ does, and leave in it "
                         "the first re-formation of an earlier attempt, whose ranks had completed step 50")
+    p.add_argument("--log", choices=["before", "after"], help="the loss's all-reduce, before or after opt.step()")
     p.add_argument("--batchnorm", action="store_true", help="a BatchNorm1d in the model (buffers)")
     p.add_argument("--ddp-buffers", action="store_true",
                    help="leave the buffers' broadcast to DDP's own (no ddp_agent buffer hook): the yardstick")
@@ -107,6 +112,10 @@ def main() -> None:
                 if how in ("forward", "always"):
                     raise Injected(f"rank {rank} fails at step {step} before its backward")
                 loss.backward()
+                if how == "backward":
+                    raise Injected(f"rank {rank} fails at step {step} after its backward")
+                if args.log == "before":
+                    loop.all_reduce(loss.detach().clone(), "avg")
                 opt.step()
                 if how == "corrupt":
                     with torch.no_grad():
@@ -114,6 +123,8 @@ def main() -> None:
                             q.add_(1.0)
                 if how is not None:
                     raise Injected(f"rank {rank} fails at step {step} after its optimizer step")
+                if args.log == "after":
+                    loop.all_reduce(loss.detach().clone(), "avg")
             out["completed_at"][step] = time.monotonic()
     except Exception as e:
         out["error"] = f"{type(e).__name__}: {e}"

@@ -115,6 +115,31 @@ def test_fault_while_peers_broadcast_buffers(tmp_path, reference_batchnorm, rank
     assert [r["digest"] for r in res] == reference_batchnorm, text
 
 
+def test_fault_while_peers_reduce_the_loss(tmp_path, reference):
+    """A rank that fails while the others all-reduce the loss through loop.all_reduce, before the optimizer's step,
+    is re-formed in process: the shim's all-reduce aborts, where torch.distributed's left them waiting."""
+    res, results = run(tmp_path, "--log", "before", "--faults", "4:1:backward,7:0:backward", "--max-reforms", "2")
+    text = _world.describe(results)
+    for r in res:
+        assert r["error"] is None, text
+        assert r["pid_start"] == r["pid_end"], text
+        assert [i["retry"] for i in r["reforms"]] == [4, 7], r["reforms"]
+        assert all(i["rendezvous_ms"] < 10_000 for i in r["reforms"]), r["reforms"]
+    assert [r["digest"] for r in res] == [reference] * WORLD, text
+
+
+def test_no_source_after_every_optimizer_step(tmp_path):
+    """A fault before the script's all-reduce after the optimizer's step fails every rank there: each holds the
+    next step's parameters without having completed it, and none is taken as the source, which would apply the
+    step twice. Every rank falls back to the restart, saying why."""
+    res, results = run(tmp_path, "--log", "after", "--faults", "4:1:optimizer")
+    for r in res:
+        assert r["error"] is not None and r["generation"] == 0, _world.describe(results)
+    # The first to raise exits, and if it is rank 0 its store goes with it: the other may fail on the store first.
+    said = [r["error"] for r in res if "ReformError" in r["error"] and "none holds step 3's state" in r["error"]]
+    assert said, [r["error"] for r in res]
+
+
 def test_gives_up_after_max_reforms(tmp_path):
     res, results = run(tmp_path, "--faults", "3:1:always", "--max-reforms", "2")
     for r in res:

@@ -57,9 +57,9 @@ def test_meet_without_a_move(store):
     """Both ranks arrive: each one's last completed step and hook step, in rank order."""
     other = threading.Thread(target=lambda: inprocess._arrive(store, "p/1", 1, 9, 90))
     other.start()
-    completed, hooks = inprocess._meet(store, "p/1", 0, 2, 10, 100, 5.0, lambda: (None, False))
+    completed, hooks, changed = inprocess._meet(store, "p/1", 0, 2, 10, 100, 5.0, lambda: (None, False), True)
     other.join()
-    assert completed == [10, 9] and hooks == [100, 90]
+    assert completed == [10, 9] and hooks == [100, 90] and changed == [True, False]
 
 
 def test_meet_moved_into_a_new_world(store):
@@ -86,7 +86,21 @@ def test_meet_held_though_every_rank_arrived(store):
     # Released without a new world (the hold lifted), it ends in the old one.
     inprocess._arrive(store, "p/2", 1, 9, 90)
     answers = [(None, True)] * 3 + [(None, False)]
-    assert inprocess._meet(store, "p/2", 0, 2, 10, 100, 30.0, lambda: answers.pop(0)) == ([10, 9], [100, 90])
+    assert inprocess._meet(store, "p/2", 0, 2, 10, 100, 30.0, lambda: answers.pop(0)) == ([10, 9], [100, 90],
+                                                                                          [False, False])
+
+
+@pytest.mark.parametrize("completed, changed, want", [
+    ([5, 5, 5], [False, False, False], 0),
+    ([5, 6, 6], [False, False, False], 1),  # rank 0 failed in its optimizer's step: its peers completed it
+    ([5, 5, 5], [True, False, True], 1),  # ranks 0 and 2 changed their parameters in step 6, rank 1 did not
+    ([5, 6, 6], [True, True, False], 2),  # rank 1 completed 6, then changed its parameters in step 7
+    ([5, 5], [True, True], None),  # both stepped: no rank holds step 5's state
+    ([4, 5], [False, True], None),  # rank 0 holds an older step's
+    ([-1, 7], [False, False], 1),  # a warm spare, no step
+])
+def test_source(completed, changed, want):
+    assert inprocess._source(inprocess.Arrivals(completed, [0] * len(completed), changed)) == want
 
 
 def test_meet_times_out_naming_the_missing(store):
@@ -164,8 +178,8 @@ def test_rendezvous_after_the_store_died(tmp_path, monkeypatch, store):
               ranks={str(os.getpid()): 0}, master_addr="127.0.0.1", master_port=store.port)
 
     threading.Thread(target=agent).start()
-    index, completed, hooks = loop._rendezvous(42, RuntimeError("peer failed"), 7)
-    assert (index, completed, hooks) == (1, [41], [7])
+    index, arrivals = loop._rendezvous(42, RuntimeError("peer failed"), 7, False)
+    assert (index, arrivals) == (1, ([41], [7], [False]))
     assert (loop.rank, loop.world_size) == (0, 1)
     assert os.environ["MASTER_PORT"] == str(store.port)
 
@@ -189,7 +203,7 @@ def test_rendezvous_store_lost_and_no_world(tmp_path, monkeypatch):
     loop._store, loop._keep = _DeadStore(), None
     t0 = time.monotonic()
     with pytest.raises(inprocess.ReformError, match="store is gone .* into no new world within 0.5 s"):
-        loop._rendezvous(4, RuntimeError("peer failed"), 0)
+        loop._rendezvous(4, RuntimeError("peer failed"), 0, False)
     assert time.monotonic() - t0 < 5
 
 
@@ -208,5 +222,5 @@ def test_rendezvous_moved_into_a_smaller_world(tmp_path, monkeypatch, store):
     threading.Timer(0.3, lambda: write(path, generation=1, restart_count=0, world_size=1, group_rank=0, nnodes=1,
                                        ranks={str(os.getpid()): 0}, master_addr="127.0.0.1",
                                        master_port=store.port)).start()
-    assert loop._rendezvous(10, RuntimeError("peer failed"), 3) == (1, [9], [3])
+    assert loop._rendezvous(10, RuntimeError("peer failed"), 3, True) == (1, ([9], [3], [True]))
     assert loop.world_size == 1 and loop._store is store

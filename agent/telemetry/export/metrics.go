@@ -121,9 +121,10 @@ func (e *Exporter) measure(c telemetry.Collective) {
 // after an older one's (DDP's buckets of a step all finish before the
 // optimizer's step, the next forward after it), and a new generation's
 // steps are newer whatever their numbers (the hook counts from 0 again in
-// new processes). The state move of an in-process re-formation is no
-// training step: it carries the step before the one resumed, in the new
-// generation.
+// new processes). Only gradient buckets count: ddp_agent's own collectives
+// under InProcess are no training step, and their step labels run ahead
+// or behind (the state move carries the step before the one resumed, and
+// a script's all-reduce after the backward the next step's number).
 func newStep(last *stepKey, k stepKey, bucket uint32) bool {
-	return bucket != telemetry.StateBucket && (last == nil || k.compare(*last) > 0)
+	return telemetry.Gradient(bucket) && (last == nil || k.compare(*last) > 0)
 }

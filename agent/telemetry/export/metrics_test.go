@@ -72,10 +72,14 @@ func TestStepsTotal(t *testing.T) {
 	// the state moves under the state bucket, labelled step 4.
 	e.Collectives([]telemetry.Collective{collective(1, 4, telemetry.StateBucket), collective(1, 4, telemetry.StateBucket)})
 	e.Collectives([]telemetry.Collective{collective(1, 5, 0), collective(0, 4, 2), collective(1, 5, 1), collective(1, 6, 0)})
+	// The last step's buffers broadcast and the script's all-reduce of its
+	// loss after the backward, labelled the next step: no step of their own.
+	e.Collectives([]telemetry.Collective{collective(1, 7, telemetry.BuffersBucket), collective(1, 7, 0),
+		collective(1, 8, 1<<31-3), collective(1, 8, 1<<31-4)})
 	// Restarted as generation 2: the new processes' hooks count from 0.
 	e.Collectives([]telemetry.Collective{collective(2, 0, 0), collective(2, 0, 1), collective(2, 1, 0)})
-	if got := stepsTotal(t, e); got != "9" {
-		t.Errorf("ddp_steps_total %s, want 9 (5 + 2 + 2)", got)
+	if got := stepsTotal(t, e); got != "10" {
+		t.Errorf("ddp_steps_total %s, want 10 (5 + 3 + 2)", got)
 	}
 }
 
