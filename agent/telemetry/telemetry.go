@@ -63,6 +63,13 @@ const (
 // not one of ddp_agent's own collectives.
 func Gradient(bucket uint32) bool { return bucket < OwnBuckets }
 
+// Script reports whether bucket labels a training script's own collective
+// (InProcess.all_reduce, barrier). The watch drops those: a barrier while
+// rank 0 writes a checkpoint, seen, would be a hang past the timeout or a
+// straggler every checkpoint, where the script's gloo barrier before was
+// not seen at all ("What is watched" in docs/stalls-and-traces.md).
+func Script(bucket uint32) bool { return bucket >= OwnBuckets && bucket < BuffersBucket }
+
 // Key identifies a collective within a job.
 type Key struct {
 	Gen    uint64

@@ -135,14 +135,15 @@ func describe(rank int, w telemetry.Worker) string {
 
 // add feeds records of global ranks to the analyzer and returns the
 // collectives they complete, by global rank (their stalls' stragglers
-// too). Records of another generation are dropped.
+// too). Records of another generation, and of the script's own
+// collectives (telemetry.Script), are dropped.
 func (at *attempt) add(recs []telemetry.Record) []telemetry.Collective {
 	if at.an == nil {
 		return nil
 	}
 	var done []telemetry.Collective
 	for _, r := range recs {
-		if r.Gen != at.gen {
+		if r.Gen != at.gen || telemetry.Script(r.Bucket) {
 			continue
 		}
 		r.Rank -= at.base

@@ -52,6 +52,7 @@ func TestAttemptAdd(t *testing.T) {
 	rec := func(gen uint64, rank int, late time.Duration) telemetry.Record {
 		return telemetry.Record{Gen: gen, Step: 3, Bucket: 1, Rank: rank, Arrive: now.Add(late), Start: now.Add(late), End: now.Add(late + time.Millisecond)}
 	}
+	script := func(r telemetry.Record) telemetry.Record { r.Bucket = 1<<31 - 3; return r }
 	for _, tc := range []struct {
 		name      string
 		base      int
@@ -62,6 +63,7 @@ func TestAttemptAdd(t *testing.T) {
 		{name: "own ranks of the second node", base: 4, recs: []telemetry.Record{rec(2, 4, 0), rec(2, 5, 0)}, wantRanks: []int{4, 5}},
 		{name: "another generation", base: 0, recs: []telemetry.Record{rec(1, 0, 0), rec(1, 1, 0)}},
 		{name: "one rank short", base: 0, recs: []telemetry.Record{rec(2, 0, 0)}},
+		{name: "the script's own collective", base: 0, recs: []telemetry.Record{script(rec(2, 0, 0)), script(rec(2, 1, 0))}},
 		{
 			name: "marks are no collectives", base: 0,
 			recs: []telemetry.Record{{Gen: 2, Step: 3, Rank: 0, Status: telemetry.StatusMark, Arrive: now}, {Gen: 2, Step: 3, Rank: 1, Status: telemetry.StatusMark, Arrive: now}},
@@ -108,12 +110,14 @@ func TestAttemptHang(t *testing.T) {
 		wantHang    bool
 		wantMissing []int
 		wantUnjudge []int
+		bucket      uint32 // of the collective in flight
 	}{
 		{name: "collectives still complete", quietFor: time.Second, local: 4},
 		{name: "this node's rank missing", quietFor: 3 * time.Second, local: 4, wantHang: true, wantMissing: []int{3}},
 		{name: "a node never heard", quietFor: 3 * time.Second, local: 2, wantUnjudge: []int{3}},
 		{name: "a node heard a second ago", quietFor: 3 * time.Second, local: 2, heard: map[string]time.Time{"node-b": now.Add(-time.Second)}, wantHang: true, wantMissing: []int{3}},
 		{name: "a node silent", quietFor: 3 * time.Second, local: 2, heard: map[string]time.Time{"node-b": now.Add(-silentAfter - time.Second)}, wantUnjudge: []int{3}},
+		{name: "the script's barrier", quietFor: 3 * time.Second, local: 4, bucket: 1<<31 - 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			local := make([]telemetry.Worker, tc.local)
@@ -125,7 +129,7 @@ func TestAttemptHang(t *testing.T) {
 				at.heardFrom(node, last, telemetry.Worker{Rank: 2}, telemetry.Worker{Rank: 3})
 			}
 			for r := range 3 { // rank 3 never arrives
-				at.add([]telemetry.Record{{Step: 5, Rank: r, Status: telemetry.StatusInFlight, Arrive: now.Add(-time.Minute)}})
+				at.add([]telemetry.Record{{Step: 5, Bucket: tc.bucket, Rank: r, Status: telemetry.StatusInFlight, Arrive: now.Add(-time.Minute)}})
 			}
 			at.progress = time.Now().Add(-tc.quietFor)
 			v := at.hang(now, timeout)
