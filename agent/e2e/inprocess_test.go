@@ -35,7 +35,7 @@ func TestInProcessRecovery(t *testing.T) {
 		return r
 	}
 	want := checkSameDigests(t, train("uninterrupted").stdout.String(), "")[0]
-	reformed := regexp.MustCompile(`re-formed in process, generation 1: rank \d's step 9 failed .*; resuming at step 9 with rank (\d)'s state`)
+	reformed := regexp.MustCompile(`re-formed in process, re-formation 1: rank \d's step 9 failed .*; resuming at step 9 with rank (\d)'s state`)
 	told := regexp.MustCompile(`msg="re-formed in process: the workers kept their processes" component=ddp-agent rank=(\d) generation=0 reform=1 step=9 resume=9 source=\d lost_steps=1 took=\S+ abort=\S+ rendezvous=\S+ process_group=\S+ state=\S+ first_step=\S+ error=`)
 	for _, rank := range []int{0, 1} {
 		r := train(fmt.Sprintf("rank%d", rank), "--fail-rank", fmt.Sprint(rank), "--fail-at-step", "9")
@@ -417,7 +417,7 @@ func TestNodeJoinsWhileWorkersStart(t *testing.T) {
 	h.releaseMoved(c, logs)
 	waitAll(t, 3*time.Minute, a, b, c)
 	checkCarried(t, []*agentRun{a, b}, []*agentRun{a, b, c}, 20, 6, logs)
-	if n := regexp.MustCompile(`re-formed in process, generation 1: rank \d's step 0 failed \(ShimError: `).FindAllString(a.stderr.String()+b.stderr.String(), -1); len(n) != 4 {
+	if n := regexp.MustCompile(`re-formed in process, re-formation 1: rank \d's step 0 failed \(ShimError: `).FindAllString(a.stderr.String()+b.stderr.String(), -1); len(n) != 4 {
 		t.Fatalf("%d of the first four workers re-formed from their first open, want 4\n%s", len(n), logs())
 	}
 	if n := strings.Count(c.stderr.String(), "joined re-formation 1 in process as a new worker"); n != 2 {

@@ -392,7 +392,7 @@ class InProcess:
             info["world_size"] = self.world_size
         self.reforms.append(info)
         self._unreported, self._reformed_at = info, time.monotonic()
-        log.warning("ddp_agent: re-formed in process, generation %d: rank %d's step %d failed (%s); "
+        log.warning("ddp_agent: re-formed in process, re-formation %d: rank %d's step %d failed (%s); "
                     "resuming at step %d with rank %d's state, %d ranks; abort %.1f ms, rendezvous %.1f ms, "
                     "process group %.1f ms, state %.1f ms", gen, self.rank, step, info["error"], best + 1, src,
                     self.world_size, phases["abort_ms"], phases["rendezvous_ms"], phases["process_group_ms"],
