@@ -16,7 +16,7 @@ Linear + BatchNorm1d + ReLU blocks, side by side, one step of each in turn
 
 Both all-reduce gradients through the hook. Every step starts at a barrier;
 each rank times DDP's _sync_buffers, which its forward calls first: the
-same method both ways, reaching the buffer hook or gloo's broadcast. Rounds
+same method both ways, reaching the shim's broadcast or gloo's. Rounds
 of --steps steps give the spread.
 
     /usr/bin/python3 examples/bench/buffers.py --rounds 5 --steps 40
@@ -75,8 +75,8 @@ def worker(args):
 
     m_shim, o_shim = model()
     loop = ddp_agent.InProcess(m_shim, o_shim, wrap)
-    if not hasattr(loop.ddp, "buffer_hook"):
-        raise SystemExit("InProcess did not take the buffers' broadcast (no buffer hook on its DDP model)")
+    if "_sync_module_buffers" not in vars(loop.ddp):
+        raise SystemExit("InProcess did not take the buffers' broadcast (DDP's _sync_module_buffers)")
     m_ddp, o_ddp = model()
     ddp_plain, hook_plain = wrap(m_ddp)
     x = torch.randn(args.batch, args.width)
@@ -85,7 +85,7 @@ def worker(args):
 
     def timed(which, ddp):
         # DDP's forward calls its _sync_buffers: both ways, the same method,
-        # one reaching the buffer hook, the other gloo's broadcast.
+        # one reaching InProcess's broadcast, the other gloo's.
         sync = ddp._sync_buffers
 
         def run():

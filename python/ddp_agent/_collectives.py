@@ -58,7 +58,7 @@ def all_reduce(hook: Any, tensor: torch.Tensor, op: str, labels: Labels) -> torc
     """
     if op not in OPS:
         raise ValueError(f"ddp_agent.InProcess.all_reduce: op {op!r}: want one of {', '.join(OPS)}")
-    comm = _host(hook)
+    comm = host(hook)
     shim_ok = (tensor.device.type == "cpu" and tensor.layout == torch.strided and tensor.is_contiguous()
                and tensor.dtype in _buckets.DTYPES)
     with torch.no_grad():
@@ -82,13 +82,13 @@ def all_reduce(hook: Any, tensor: torch.Tensor, op: str, labels: Labels) -> torc
 
 def barrier(hook: Any, labels: Labels) -> None:
     """Waits for every rank: a one-element all-reduce through the hook's host communicator, else torch's barrier."""
-    if _host(hook) is None:
+    if host(hook) is None:
         dist.barrier()
         return
     all_reduce(hook, torch.zeros(1), "sum", labels)
 
 
-def _host(hook: Any) -> Optional[_shim.Comm]:
+def host(hook: Any) -> Optional[_shim.Comm]:
     """hook's open host communicator, or None (no hook of ddp_agent's, a closed one, CUDA buckets only)."""
     comms = getattr(hook, "_comms", None)
     return None if comms is None or hook.closed else comms.get("host")

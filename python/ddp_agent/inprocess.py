@@ -65,6 +65,7 @@ the agent restarts every worker (docs/in-process.md).
 """
 
 import datetime
+import functools
 import gc
 import json
 import logging
@@ -72,6 +73,7 @@ import os
 import pickle
 import socket
 import time
+import types
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -172,6 +174,8 @@ def _join(init: Callable[..., None], backend: Any, timeout: float) -> _Joined:
         arrivals = _meet(store, f"{prefix}/{gen}", rank, world_size, -1, -1, timeout)
     except ReformError as e:
         raise ReformError(f"rank {rank}: a warm spare found no re-formation to join (re-formation {gen}): {e}") from e
+    if _source(arrivals) is None:  # the survivors raise before their process group: none to join
+        raise ReformError(_no_source(rank, max(arrivals.completed)))
     init(backend, store=_group_store(store, prefix, gen), rank=rank, world_size=world_size,
          timeout=_timedelta(max(timeout, 60.0)))
     return _Joined(store, gen, arrivals, t0)
@@ -268,12 +272,14 @@ class InProcess:
         # and ddp-agent is told (_report), and when it ended.
         self._unreported: Optional[Dict[str, Any]] = None
         self._reformed_at = 0.0
-        # The buffer hook's state, where wrap's DDP model broadcasts buffers
+        # The model's buffers, kept as each step found them and broadcast
         # through the hook (_buffers): the failed step's start to restore.
         self._buffers: Optional[_buffers.Buffers] = None
         self._labels = _collectives.Labels()  # the telemetry's buckets of the script's collectives
-        # The step in progress and its parameters' version at its start (_changed).
-        self._started: Optional[Tuple[int, int]] = None
+        # The step in progress, and its parameters' count and version at its
+        # start; whether the optimizer's step ran since (_changed).
+        self._started: Optional[Tuple[int, int, int]] = None
+        self._stepped = _Stepped(optimizer)
         global _joined
         joined, _joined = _joined, None
         if joined is not None:
@@ -327,7 +333,12 @@ class InProcess:
         _collectives.barrier(self.hook, self._labels)
 
     def close(self) -> None:
-        """Closes the current hook (before ``dist.destroy_process_group()``)."""
+        """Closes the current hook (before ``dist.destroy_process_group()``).
+
+        The DDP model broadcasts its buffers through DDP's own again: a
+        forward after this (an evaluation) works as without this loop.
+        """
+        _buffers.untrack(self.ddp)
         if self.hook is not None:
             self.hook.close()
 
@@ -450,21 +461,27 @@ class InProcess:
         on_cpu = all(p.device.type == "cpu" for p in self.model.parameters())
         if self.hook is not None and on_cpu and getattr(self.hook, "transport", None) in ("auto", "host"):
             self.hook._comms.open("host")  # a failure leaves the hook for _abort to close
-            self._buffers = _buffers.install(self.ddp, self.hook)
+            self._buffers = _buffers.track(self.ddp, self.model, self.hook, self._labels)
 
-    def _version(self) -> int:
-        """The sum of the optimizer's parameters' version counters, which every in-place change advances.
+    def _version(self, count: Optional[int] = None) -> Tuple[int, int]:
+        """How many parameters the optimizer has, and the sum of the first count's version counters (all's).
 
-        About 10 µs a step for 160 parameters on the 2-core VM. The sum, not
-        one parameter's: the optimizer skips a frozen one.
+        Every in-place change through autograd advances a version counter:
+        the script's own, an optimizer's that _Stepped does not see. The
+        sum, not one parameter's: the optimizer skips a frozen one. About 10
+        µs a step for 160 parameters on the 2-core VM. Parameter groups added
+        during the step (unfreezing) come after the first count.
         """
-        return sum(p._version for g in self.optimizer.param_groups for p in g["params"])
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        return len(params), sum(p._version for p in params[:count])
 
     def _changed(self, step: int) -> bool:
-        """Whether step, failing on this rank, changed the parameters (its optimizer step ran, or the script's own
-        in-place change), so this rank's state is no completed step's."""
+        """Whether step, failing on this rank, changed the parameters (its optimizer's step ran, or an in-place
+        change of the script's), so this rank's state is no completed step's."""
         started = self._started
-        return started is not None and started[0] == step and self._version() != started[1]
+        if started is None or started[0] != step:
+            return False
+        return self._stepped.ran or self._version(started[1])[1] != started[2]
 
     def _abort(self, err: BaseException) -> None:
         """Aborts this rank's communicators (no goodbye: the peers fail at once) and drops the DDP model."""
@@ -649,14 +666,54 @@ class InProcess:
             obj.load_state_dict(saved)
 
 
+class _Stepped:
+    """Whether an optimizer's step ran since ``clear()``.
+
+    Its version counters alone missed fused optimizers (torch 2.x's
+    ``fused=True`` on the CPU) and optimizers that write through ``p.data``:
+    a review's SGD(fused=True) failing after its step was taken as the
+    source and its step applied twice. torch 2.x tells every optimizer's
+    step (``register_step_post_hook``); on 1.13 the instance's ``step`` is
+    wrapped, as a method (an LR scheduler made later wraps it again through
+    ``__self__`` and ``__func__``), keeping the attributes of a scheduler's
+    wrapper made before.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self.ran = False
+        register = getattr(optimizer, "register_step_post_hook", None)
+        if callable(register):
+            register(self._ran)
+            return
+        step = optimizer.step
+
+        @functools.wraps(step)
+        def stepped(_optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            out = step(*args, **kwargs)
+            self.ran = True
+            return out
+
+        optimizer.step = types.MethodType(stepped, optimizer)
+
+    def _ran(self, *_args: Any) -> None:
+        self.ran = True
+
+    def clear(self) -> None:
+        self.ran = False
+
+
 class _Step:
     def __init__(self, loop: InProcess, step: int) -> None:
         self.loop = loop
         self.n = step
 
     def __enter__(self) -> torch.nn.Module:
-        self.loop._started = (self.n, self.loop._version())
-        return self.loop.ddp
+        loop = self.loop
+        loop._stepped.clear()
+        loop._started = (self.n, *loop._version())
+        if loop._buffers is not None:
+            loop._buffers.step_started()
+        return loop.ddp
 
     def __exit__(self, kind, err, tb) -> bool:
         loop = self.loop

@@ -15,9 +15,15 @@ is retried once. HOW is where rank RANK's step STEP raises:
 --log before|after all-reduces the loss in each step through loop.all_reduce,
 before or after the optimizer's step (after: past the fault "optimizer").
 
---batchnorm puts a BatchNorm1d in the model: buffers, which DDP broadcasts
-from rank 0 at the start of every forward (broadcast_buffers=True), through
-ddp_agent's buffer hook, or with --ddp-buffers through DDP's own broadcast.
+--batchnorm puts a BatchNorm1d and a module that replaces its buffer in the
+model: buffers, which DDP broadcasts from rank 0 before the forward
+(broadcast_buffers=True; not with --no-broadcast-buffers), through the shim,
+or with --ddp-buffers through DDP's own broadcast. Every fourth step ends with
+a forward in eval mode (the last one does not), after which DDP broadcasts
+nothing in the next step.
+After the loop, closed, a last forward.
+
+--optimizer data-sgd steps through p.data, which advances no version counter.
 
 Writes DIR/rank<RANK>.pt: the digest of the parameters and buffers, the re-formations and the
 pid at the start and the end (the same: nobody restarted).
@@ -56,6 +62,33 @@ class Injected(RuntimeError):
     pass
 
 
+class Seen(nn.Module):
+    """Counts the samples it saw in training, in a buffer it replaces rather than updates (DDP allows both)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(1))
+
+    def forward(self, x):
+        if self.training:
+            self.seen = self.seen + x.shape[0]
+        return x
+
+
+class DataSGD(torch.optim.Optimizer):
+    """Plain SGD that writes through p.data, as older code does: no version counter moves."""
+
+    def __init__(self, params, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-g["lr"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -69,11 +102,13 @@ def main() -> None:
     p.add_argument("--log", choices=["before", "after"], help="the loss's all-reduce, before or after opt.step()")
     p.add_argument("--batchnorm", action="store_true", help="a BatchNorm1d in the model (buffers)")
     p.add_argument("--ddp-buffers", action="store_true",
-                   help="leave the buffers' broadcast to DDP's own (no ddp_agent buffer hook): the yardstick")
+                   help="leave the buffers to DDP's own broadcast (ddp_agent keeps nothing): the yardstick")
+    p.add_argument("--no-broadcast-buffers", action="store_true", help="DDP(broadcast_buffers=False)")
+    p.add_argument("--optimizer", choices=["sgd", "data-sgd"], default="sgd")
     args = p.parse_args()
     if args.ddp_buffers:
         from ddp_agent import _buffers
-        _buffers.install = lambda ddp, hook: None
+        _buffers.track = lambda ddp, module, hook, labels: None
     faults = [(int(a), int(b), how) for a, b, how in (f.split(":") for f in args.faults.split(",") if f)]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -88,12 +123,15 @@ def main() -> None:
                 store.add(f"{prefix}/arrived", 1)
         dist.barrier()
     torch.manual_seed(0)
-    norm = [nn.BatchNorm1d(HIDDEN)] if args.batchnorm else []
+    norm = [nn.BatchNorm1d(HIDDEN), Seen()] if args.batchnorm else []
     model = nn.Sequential(nn.Linear(IN, HIDDEN), *norm, nn.ReLU(), nn.Linear(HIDDEN, OUT))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if args.optimizer == "data-sgd":
+        opt = DataSGD(model.parameters(), lr=0.05)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
     def wrap(m):
-        ddp = DDP(m, bucket_cap_mb=0.05)  # several buckets
+        ddp = DDP(m, bucket_cap_mb=0.05, broadcast_buffers=not args.no_broadcast_buffers)  # several buckets
         return ddp, ddp_agent.register(ddp, timeout=args.timeout)
 
     loop = ddp_agent.InProcess(model, opt, wrap, timeout=args.timeout, max_reforms=args.max_reforms)
@@ -125,15 +163,23 @@ def main() -> None:
                     raise Injected(f"rank {rank} fails at step {step} after its optimizer step")
                 if args.log == "after":
                     loop.all_reduce(loss.detach().clone(), "avg")
+                if args.batchnorm and step % 4 == 0 and step < args.steps:
+                    ddp.eval()
+                    with torch.no_grad():
+                        ddp(x)
+                    ddp.train()
             out["completed_at"][step] = time.monotonic()
     except Exception as e:
         out["error"] = f"{type(e).__name__}: {e}"
     out.update(digest=digest(model), reforms=loop.reforms, generation=loop.generation, pid_end=os.getpid(),
-               buffer_hook=hasattr(loop.ddp, "buffer_hook"))
+               shim_buffers=loop.ddp is not None and "_sync_module_buffers" in vars(loop.ddp))
     torch.save(out, os.path.join(args.out, f"rank{rank}.pt"))
     if out["error"] is None:
         dist.barrier()
         loop.close()
+        if args.batchnorm:  # an evaluation after the loop: the buffers' broadcast is DDP's own again
+            with torch.no_grad():
+                loop.ddp(batch(0, rank)[0])
     sys.stdout.flush()
     os._exit(0)
 
