@@ -46,8 +46,9 @@ class Buffers:
         self.module = module
         self.hook = hook
         self._labels = labels
-        # The buffers' addresses when the broadcast was prepared: the same
-        # from step to step unless a module replaced a buffer. Prepared
+        # The buffers' addresses, sizes and dtypes when the broadcast was
+        # prepared: the same from step to step unless a module replaced or
+        # resized a buffer. Prepared
         # once, a step pays the broadcast only (with 159 buffers, preparing
         # took as long again).
         self._key: List[Tuple[int, int, torch.dtype]] = []
