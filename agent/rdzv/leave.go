@@ -23,14 +23,17 @@ func (e *Membership) Succeed(ctx context.Context, r *Round) error {
 		return err
 	}
 	doneDir := e.key(doneDir + genKey(r.Generation) + "/")
-	if _, err := e.cli.Put(octx, doneDir+e.node, time.Now().Format(time.RFC3339Nano)); err != nil {
-		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
-	}
-	resp, err := e.cli.Get(octx, doneDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	// The marker and the count in one transaction: the other nodes stop
+	// their store members the moment they see every marker, and a count
+	// read after the put (linearizable) then waited out opTimeout for a
+	// quorum gone with them (10 s, in a CI run of a 3-node job).
+	resp, err := e.cli.Txn(octx).Then(
+		clientv3.OpPut(doneDir+e.node, time.Now().Format(time.RFC3339Nano)),
+		clientv3.OpGet(doneDir, clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
 	if err != nil {
 		return fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 	}
-	done := int(resp.Count) >= r.NNodes
+	done := int(resp.Responses[1].GetResponseRange().Count) >= r.NNodes
 	if done {
 		// From the round's own state: if the job moved on meanwhile, the
 		// compare fails and nothing is marked.
@@ -49,16 +52,20 @@ func (e *Membership) Succeed(ctx context.Context, r *Round) error {
 		// so that this agent knows nobody needs the store any more.
 		done = e.waitAllDone(ctx, doneDir, r.NNodes, exitBarrier)
 	}
+	e.mu.Lock()
+	e.jobDone = done
+	e.mu.Unlock()
 	// The store's keeper that saw every other agent leave is the last one
 	// out, whether or not it saw their workers finish: a node that
 	// finished past exitBarrier saw every node done and stopped its store
 	// member without handing it over (done), and handing this one over
 	// would wait out its timeout for a quorum gone with that member (5 s
 	// in a CI run). Nobody is left to hand it to.
-	alone := e.cfg.keeps() && e.waitOthersGone(ctx, false)
-	e.mu.Lock()
-	e.jobDone = done || alone
-	e.mu.Unlock()
+	if e.cfg.keeps() && e.waitOthersGone(ctx, false) {
+		e.mu.Lock()
+		e.jobDone = true
+		e.mu.Unlock()
+	}
 	return nil
 }
 
@@ -183,10 +190,16 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) (alone
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && decode("", kvs[0].Value, &st) == nil {
 			over, known = st.Phase == Succeeded || st.Phase == Failed, true
 		}
+		// Every node's workers finished (Succeed saw them), whether or not
+		// the mark saying so landed: it waits at most markTimeout, and the
+		// others, stopping their store members, can take its quorum first.
+		// Taken as not over, the wait had no bound but the member list's
+		// read timeout (10 s, in a CI run of a 3-node job).
+		over = over || e.JobDone()
 		// Spares need nothing from the store once the members are done.
 		isMember := map[string]bool{}
 		if known && !over { // once over, every registered node counts anyway
-			ms, _ := e.members(ctx, &st)
+			ms, _ := e.members(ctx, &st, clientv3.WithSerializable()) // as the read above
 			for _, m := range ms {
 				isMember[m.Node] = true
 			}

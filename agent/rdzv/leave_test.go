@@ -128,3 +128,52 @@ func TestLeaveThenCloseRevokesOnce(t *testing.T) {
 		t.Fatalf("%d node keys left after Leave and Close", resp.Count)
 	}
 }
+
+// TestKeeperLeavesWithoutTheQuorum: every node's workers finished, the
+// mark saying so did not land, and the other agents stopped their store
+// members on the way out, taking the quorum (a CI run of a 3-node job).
+// The store's keeper leaves within succeededGrace all the same. It waited
+// 10 s for a linearizable read of the member list, which with the quorum
+// gone could only time out.
+func TestKeeperLeavesWithoutTheQuorum(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	c, err := store.StartCluster(t.Context(), 3, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Each agent talks to its own member, as agents hosting one do.
+	dial := func(i int) *store.Client {
+		cli, err := store.Dial(t.Context(), store.ClientConfig{Endpoints: c.Endpoints()[i : i+1], Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	cfg := testConfig(t, 1, 3)
+	keeper := cfg
+	keeper.Keeper = func() bool { return true }
+	a, b, d := open(t, dial(0), keeper), open(t, dial(1), cfg), open(t, dial(2), cfg)
+	nextAll(t, a, b, d)
+	for _, e := range []*Membership{b, d} {
+		if err := e.putNode(t.Context(), NodeSucceeded, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := errors.Join(c.Stop(1), c.Stop(2)); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	a.jobDone = true // as Succeed sets it, having counted every node's marker
+	a.mu.Unlock()
+	start := time.Now()
+	if a.waitOthersGone(t.Context(), false) {
+		t.Fatal("the keeper counted itself alone with two agents registered")
+	}
+	// succeededGrace and a poll or two; the bound is loose for loaded
+	// machines, and well under the read's opTimeout.
+	if took := time.Since(start); took > 6*time.Second {
+		t.Fatalf("the keeper took %v to leave a finished job (succeededGrace %v, opTimeout %v)", took, succeededGrace, opTimeout)
+	}
+}

@@ -34,14 +34,15 @@ func (e *Membership) assignment(ctx context.Context, st *State, node string) (Me
 }
 
 // members returns the member list of the round of st (of the last closed
-// round when st is Joining).
-func (e *Membership) members(ctx context.Context, st *State) ([]Member, error) {
+// round when st is Joining). opts are the read's (clientv3.WithSerializable
+// for a reader that must not wait for a quorum).
+func (e *Membership) members(ctx context.Context, st *State, opts ...clientv3.OpOption) ([]Member, error) {
 	if st.MembersKey == "" {
 		return st.Members, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	resp, err := e.cli.Get(ctx, st.MembersKey)
+	resp, err := e.cli.Get(ctx, st.MembersKey, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 	}
