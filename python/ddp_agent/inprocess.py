@@ -31,10 +31,10 @@ every rank, in the processes they have:
    optimizer's state to the others through the hook's communicator
    (``_state``; a rank that failed in its optimizer step holds half-updated
    weights: it takes the healthy peer's);
-5. the loop yields the first step not completed everywhere: at most the one
-   step in progress is lost, and with data and random numbers that are a
-   function of the step (this loop keeps no random state), the result is
-   the same as an uninterrupted run's.
+5. the loop yields the first step not completed everywhere, each rank's
+   torch generators back as that step found them (``_random``): at most the
+   one step in progress is lost, and with data that is a function of the
+   step, the result is the same as an uninterrupted run's.
 
 What it cannot do in process, it leaves to the process restart that
 ``ddp-agent run`` (or torchrun) does today: after ``max_reforms``
@@ -79,7 +79,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Se
 import torch
 import torch.distributed as dist
 
-from . import _bootstrap, _buffers, _collectives, _env, _state
+from . import _bootstrap, _buffers, _collectives, _env, _random, _state
 from . import hook as hook_module
 
 log = logging.getLogger("ddp_agent")
@@ -212,7 +212,8 @@ class InProcess:
         ddp: the current DDP model; ``hook``: its hook.
         reforms: one dict per re-formation: the step that failed and the one
             retried, each rank's last completed step, the source of the
-            state, the error's first line and each phase's milliseconds,
+            state, the error's first line, each phase's milliseconds and
+            whether this rank's random state was put back (random_restored),
             with first_step_ms once the retried step completed (ddp-agent
             is told then).
     """
@@ -280,6 +281,10 @@ class InProcess:
         # start; whether the optimizer's step ran since (_changed).
         self._started: Optional[Tuple[int, int, int]] = None
         self._stepped = _Stepped(optimizer)
+        # torch's random state at the step's start, put back for its retry.
+        self._random = _random.StepRandom()
+        param = next(iter(model.parameters()), None)
+        self._device = None if param is None else param.device
         global _joined
         joined, _joined = _joined, None
         if joined is not None:
@@ -397,8 +402,10 @@ class InProcess:
         self.generation, self._index = gen, index
         self._completed = best
         self._next = best + 1
+        # Last, after wrap: the retry draws from where its failed attempt did.
+        random_back = self._random.restore(best + 1)
         info = {"generation": gen, "step": step, "retry": best + 1, "source": src, "completed": completed, "fault_at": t0,
-                "error": _first_line(err), **phases, "total_ms": _ms(t0)}
+                "error": _first_line(err), **phases, "random_restored": random_back, "total_ms": _ms(t0)}
         if self.world_size != world_size:
             info["world_size"] = self.world_size
         self.reforms.append(info)
@@ -711,6 +718,7 @@ class _Step:
         loop = self.loop
         loop._stepped.clear()
         loop._started = (self.n, *loop._version())
+        loop._random.save(self.n, loop._device)
         if loop._buffers is not None:
             loop._buffers.step_started()
         return loop.ddp

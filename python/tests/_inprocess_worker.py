@@ -1,7 +1,7 @@
 """One rank of a test world training under ddp_agent.InProcess, with faults injected on some ranks.
 
     python _inprocess_worker.py --out DIR [--faults STEP:RANK:HOW,...] [--steps N] [--max-reforms N] [--shared-store]
-                                [--batchnorm [--ddp-buffers]]
+                                [--batchnorm [--ddp-buffers]] [--dropout]
 
 The i-th fault fires in generation i only (after i re-formations), so each
 is retried once. HOW is where rank RANK's step STEP raises:
@@ -24,6 +24,8 @@ nothing in the next step.
 After the loop, closed, a last forward.
 
 --optimizer data-sgd steps through p.data, which advances no version counter.
+
+--dropout puts a Dropout in the model: each step draws from torch's generator.
 
 Writes DIR/rank<RANK>.pt: the digest of the parameters and buffers, the re-formations and the
 pid at the start and the end (the same: nobody restarted).
@@ -105,6 +107,7 @@ def main() -> None:
                    help="leave the buffers to DDP's own broadcast (ddp_agent keeps nothing): the yardstick")
     p.add_argument("--no-broadcast-buffers", action="store_true", help="DDP(broadcast_buffers=False)")
     p.add_argument("--optimizer", choices=["sgd", "data-sgd"], default="sgd")
+    p.add_argument("--dropout", action="store_true", help="a Dropout in the model (torch's random numbers)")
     args = p.parse_args()
     if args.ddp_buffers:
         from ddp_agent import _buffers
@@ -124,7 +127,8 @@ def main() -> None:
         dist.barrier()
     torch.manual_seed(0)
     norm = [nn.BatchNorm1d(HIDDEN), Seen()] if args.batchnorm else []
-    model = nn.Sequential(nn.Linear(IN, HIDDEN), *norm, nn.ReLU(), nn.Linear(HIDDEN, OUT))
+    drop = [nn.Dropout(0.3)] if args.dropout else []
+    model = nn.Sequential(nn.Linear(IN, HIDDEN), *norm, nn.ReLU(), *drop, nn.Linear(HIDDEN, OUT))
     if args.optimizer == "data-sgd":
         opt = DataSGD(model.parameters(), lr=0.05)
     else:

@@ -130,6 +130,25 @@ def test_buffers_kept_without_broadcast(tmp_path):
     assert res[0]["reforms"][0]["source"] == 0, res[0]["reforms"]
 
 
+def test_retry_draws_the_failed_attempts_random_numbers(tmp_path):
+    """A retried step draws the random numbers its failed attempt drew (dropout here): every rank's torch generator
+    is put back as the step found it, and the parameters are the fault-free run's. Without that, a review's dropout
+    run ended with another digest. Rank 1 failing past its gradient all-reduce at step 10 lets rank 0 complete the
+    step and fail in the next: step 11 is retried, rank 0's generator put back as step 11 found it, rank 1's left
+    where it is, past its forward of step 10."""
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "faults").mkdir()
+    ref, _ = run(tmp_path / "ref", "--dropout")
+    res, results = run(tmp_path / "faults", "--dropout", "--faults", "4:1:forward,7:0:data,10:1:backward")
+    text = _world.describe(results)
+    assert all(r["error"] is None and r["generation"] == 0 for r in ref), ref
+    for rank, r in enumerate(res):
+        assert r["error"] is None and r["pid_start"] == r["pid_end"], text
+        want = [(4, True), (7, True), (11, rank == 0)]
+        assert [(i["retry"], i["random_restored"]) for i in r["reforms"]] == want, r["reforms"]
+    assert [r["digest"] for r in res] == [r["digest"] for r in ref], text
+
+
 def test_fault_while_peers_reduce_the_loss(tmp_path, reference):
     """A rank that fails while the others all-reduce the loss through loop.all_reduce, before the optimizer's step,
     is re-formed in process: the shim's all-reduce aborts, where torch.distributed's left them waiting."""
