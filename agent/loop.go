@@ -172,7 +172,7 @@ func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.T
 	}
 	r.log.Info("workers started", "attempt", n, "generation", at.gen, "group_rank", rd.GroupRank, "nnodes", rd.NNodes,
 		"world_size", rd.WorldSize, "master", net.JoinHostPort(spec.MasterAddr, strconv.Itoa(spec.MasterPort)),
-		"rendezvous", at.started.Sub(waitStart).Round(time.Millisecond), "pids", at.g.PIDs())
+		"rendezvous", at.started.Sub(waitStart).Round(time.Millisecond), "pids", at.g.PIDs(), "run", rd.Run)
 	return at, nil
 }
 
@@ -180,6 +180,7 @@ func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.T
 // on into its round: the stragglers, the hangs, the host's samples.
 func (r *run) observe(ctx context.Context, at *attempt) {
 	rd := at.r
+	r.obs.Exp.SetRun(rd.Run) // the trace ids of this run of the job
 	r.stragglers.Begin(straggler.Attempt{Gen: at.gen, Nodes: rd.NNodes, RankOffset: rd.RankOffset,
 		NProc: r.cfg.NProcPerNode, Restarts: rd.Restarts, Follower: rd.NNodes > 1 && rd.GroupRank != 0})
 	r.watch.Begin(ctx, watch.Attempt{Gen: at.gen, GroupRank: rd.GroupRank, NNodes: rd.NNodes, WorldSize: rd.WorldSize,

@@ -194,6 +194,17 @@ func TestMultiNodeTrain(t *testing.T) {
 	}
 }
 
+// runOf returns the run an agent's workers started in (its "workers
+// started" lines say), which trace ids derive from (export.TraceJob).
+func runOf(t *testing.T, stderr string) string {
+	t.Helper()
+	m := regexp.MustCompile(`msg="workers started".* run=(\w+)`).FindStringSubmatch(stderr)
+	if m == nil {
+		t.Fatalf("no \"workers started\" line with a run\n%s", stderr)
+	}
+	return m[1]
+}
+
 // workersStartedAt returns when an agent logged "workers started" for
 // generation gen, from the agent's own timestamps.
 func workersStartedAt(stderr string, gen int) (time.Time, bool) {

@@ -198,7 +198,7 @@ func TestStallNamesStraggler(t *testing.T) {
 
 // TestTracesOverOTLP: the same straggler with --otel-endpoint pointing at
 // a real OTLP/gRPC receiver: the spans of a stalled step share one trace
-// id (the one derived from job, generation and step), a "stall: rank 1"
+// id (the one derived from job, run, generation and step), a "stall: rank 1"
 // span names the straggler in steps 13-15 and in no other, and the
 // all-reduce spans carry their attributes.
 func TestTracesOverOTLP(t *testing.T) {
@@ -212,7 +212,8 @@ func TestTracesOverOTLP(t *testing.T) {
 	if code := r.wait(3 * time.Minute); code != 0 {
 		t.Fatalf("exit code %d, want 0\n%s", code, r.logs())
 	}
-	spans := rcv.Spans()         // the agent flushed them at exit
+	spans := rcv.Spans() // the agent flushed them at exit
+	run := runOf(t, r.stderr.String())
 	stalled := map[uint64]bool{} // steps with any stall: --trace-sample 0 keeps exactly these
 	injected := map[uint64]bool{}
 	traces := map[string]uint64{} // trace id -> step
@@ -230,7 +231,7 @@ func TestTracesOverOTLP(t *testing.T) {
 			}
 		}
 		if sp.Attr("ddp.step") != nil {
-			want := export.TraceID("otlp", 0, uint64(step))
+			want := export.TraceID(export.TraceJob("otlp", run), 0, uint64(step))
 			if got := sp.TraceIDHex(); got != hex.EncodeToString(want[:]) {
 				t.Errorf("span %q of step %d has trace id %s, want %x", sp.Name, step, got, want)
 			}
@@ -298,6 +299,11 @@ func TestStallsAcrossNodes(t *testing.T) {
 	if len(steps) != 3 || !steps["13"] || !steps["14"] || !steps["15"] {
 		t.Errorf("one-second stalls across nodes in steps %v, want 13, 14, 15\n%s\n%s", steps, a.logs(), b.logs())
 	}
+	// The agents agree on the run, which the trace ids derive from.
+	run := runOf(t, a.stderr.String())
+	if other := runOf(t, b.stderr.String()); other != run {
+		t.Errorf("the agents' runs differ: %s and %s", run, other)
+	}
 	ranksInStep := map[int64]map[int64]bool{}
 	injected := map[int64]bool{}
 	for _, sp := range rcv.Spans() {
@@ -315,7 +321,7 @@ func TestStallsAcrossNodes(t *testing.T) {
 		}
 		step, _ := sp.Attr("ddp.step").(int64)
 		rank, _ := sp.Attr("ddp.rank").(int64)
-		want := export.TraceID(j.id, 0, uint64(step))
+		want := export.TraceID(export.TraceJob(j.id, run), 0, uint64(step))
 		if sp.TraceIDHex() != hex.EncodeToString(want[:]) {
 			t.Errorf("rank %d step %d span in trace %s, want %x", rank, step, sp.TraceIDHex(), want)
 		}

@@ -54,7 +54,7 @@ func (e *Membership) createOrCheckJob(ctx context.Context) error {
 	defer cancel()
 	now := time.Now()
 	job := JobInfo{ID: e.cfg.JobID, Created: now, NNodesMin: e.cfg.NNodesMin, NNodesMax: e.cfg.NNodesMax, MaxRestarts: e.cfg.MaxRestarts, TokenMAC: e.mac}
-	st := State{Generation: 0, Phase: Joining, Reason: "job created", Since: now, MaxRestarts: e.cfg.MaxRestarts}
+	st := State{Generation: 0, Phase: Joining, Run: newRunID(), Reason: "job created", Since: now, MaxRestarts: e.cfg.MaxRestarts}
 	txn, err := e.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(e.key(jobKey)), "=", 0)).
 		Then(clientv3.OpPut(e.key(jobKey), encode(job)), clientv3.OpPut(e.key(stateKey), encode(st))).
@@ -63,7 +63,7 @@ func (e *Membership) createOrCheckJob(ctx context.Context) error {
 		return fmt.Errorf("rendezvous store at %s: create job: %w", e.cfg.Endpoint, err)
 	}
 	if txn.Succeeded {
-		e.log.Info("created job in rendezvous store", "job", e.cfg.JobID, "max_restarts", e.cfg.MaxRestarts)
+		e.log.Info("created job in rendezvous store", "job", e.cfg.JobID, "run", st.Run, "max_restarts", e.cfg.MaxRestarts)
 		return nil
 	}
 	kvs := txn.Responses[0].GetResponseRange().Kvs

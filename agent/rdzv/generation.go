@@ -142,14 +142,14 @@ func (e *Membership) restartEndedJob(ctx context.Context, st *State, rev int64) 
 			return false, nil // an agent of the ended run is still leaving
 		}
 	}
-	next := State{Generation: uint64(resp.Header.Revision) + 1, Phase: Joining, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts,
+	next := State{Generation: uint64(resp.Header.Revision) + 1, Phase: Joining, Run: newRunID(), Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts,
 		Reason: fmt.Sprintf("new run of job %s (the last one %s: %s)", e.cfg.JobID, st.Phase, st.Reason)}
 	ok, err := e.swapState(ctx, rev, &next)
 	if err != nil {
 		return false, fmt.Errorf("rendezvous store at %s: %w", e.cfg.Endpoint, err)
 	}
 	if ok {
-		e.log.Info("starting a new run of an ended job", "job", e.cfg.JobID, "last", st.Phase)
+		e.log.Info("starting a new run of an ended job", "job", e.cfg.JobID, "run", next.Run, "last", st.Phase)
 	}
 	return true, nil
 }

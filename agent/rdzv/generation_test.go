@@ -112,6 +112,10 @@ func TestReusedIDStartsANewRun(t *testing.T) {
 	if rb.Generation <= r.Generation || rb.Restarts != 0 {
 		t.Fatalf("new run: generation %d (last run %d), restarts %d", rb.Generation, r.Generation, rb.Restarts)
 	}
+	// Its traces are its own (export.TraceJob).
+	if r.Run == "" || rb.Run == "" || rb.Run == r.Run {
+		t.Fatalf("new run named %q, the last %q", rb.Run, r.Run)
+	}
 	// killed without leaving: the lease runs out, the state still says running
 	b.Close()
 	c := open(t, dial(), cfg)

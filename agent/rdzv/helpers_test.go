@@ -83,7 +83,8 @@ func checkRounds(t *testing.T, rounds []*Round) {
 	t.Helper()
 	ranks := map[int]bool{}
 	for _, r := range rounds {
-		if r.Generation != rounds[0].Generation || r.WorldSize != rounds[0].WorldSize || r.MasterPort != rounds[0].MasterPort || r.NNodes != len(rounds) {
+		if r.Generation != rounds[0].Generation || r.WorldSize != rounds[0].WorldSize || r.MasterPort != rounds[0].MasterPort || r.NNodes != len(rounds) ||
+			r.Run == "" || r.Run != rounds[0].Run {
 			t.Fatalf("rounds disagree: %+v vs %+v", r, rounds[0])
 		}
 		if r.GroupRank < 0 || r.GroupRank >= len(rounds) || ranks[r.GroupRank] {

@@ -89,7 +89,7 @@ func (p Phase) valid() bool {
 func (e *Membership) resetState(ctx context.Context, modRev int64, reason string, storeRev int64) (*State, int64, int64, error) {
 	// Every generation was written at a revision at least as high as the
 	// generation number, so one above the store's revision is new to all.
-	st := State{Generation: uint64(storeRev) + 1, Phase: Joining, Reason: reason, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts}
+	st := State{Generation: uint64(storeRev) + 1, Phase: Joining, Run: newRunID(), Reason: reason, Since: time.Now(), MaxRestarts: e.cfg.MaxRestarts}
 	// (a missing key compares as mod revision 0)
 	txn, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(e.key(stateKey)), "=", modRev)).
 		Then(clientv3.OpPut(e.key(stateKey), encode(st))).Commit()

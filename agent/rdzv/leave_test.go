@@ -22,6 +22,7 @@ func TestLateNodeRescalesAndLeavingIsNoFault(t *testing.T) {
 	}
 	rounds := nextAll(t, a, b)
 	checkRounds(t, rounds)
+	run := rounds[0].Run
 
 	c := open(t, dial(), cfg)
 	// A node about to join can tell that its join would stop the others.
@@ -46,6 +47,9 @@ func TestLateNodeRescalesAndLeavingIsNoFault(t *testing.T) {
 	}
 	all := append(rounds, cr)
 	checkRounds(t, all)
+	if cr.Run != run {
+		t.Fatalf("a scale-up changed the run: %q, then %q", run, cr.Run)
+	}
 	if cr.Restarts != 0 {
 		t.Fatalf("a scale-up counted as a restart: %d", cr.Restarts)
 	}

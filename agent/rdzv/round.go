@@ -7,6 +7,10 @@ import (
 // Round is one node's part in one generation of the job.
 type Round struct {
 	Generation uint64
+	// Run names this run of the job (State.Run), the same on every node;
+	// "" where the nodes have nothing to agree on it through (Static with
+	// several nodes) or the state predates it.
+	Run        string
 	GroupRank  int
 	NNodes     int
 	RankOffset int
@@ -38,7 +42,7 @@ type Round struct {
 
 func newRound(st *State, m Member) *Round {
 	return &Round{
-		Generation: st.Generation, GroupRank: m.GroupRank, NNodes: st.Nodes(), RankOffset: m.RankOffset, NProc: m.NProc,
+		Generation: st.Generation, Run: st.Run, GroupRank: m.GroupRank, NNodes: st.Nodes(), RankOffset: m.RankOffset, NProc: m.NProc,
 		WorldSize: st.WorldSize, MasterAddr: st.MasterAddr, MasterPort: st.MasterPort, AgentStore: st.AgentStore, Restarts: st.Failures,
 		MasterNode: st.MasterNode, Carry: st.Carry, PlainNodes: st.PlainNodes, done: make(chan struct{}),
 	}

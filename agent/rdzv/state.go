@@ -114,7 +114,11 @@ type Member struct {
 type State struct {
 	Generation uint64 `json:"generation"`
 	Phase      Phase  `json:"phase"`
-	Reason     string `json:"reason,omitempty"` // why this generation began (or why the job failed)
+	// Run names this run of the job (newRunID), made with the job and with
+	// each new run of it, kept by every other change: trace ids derive from
+	// it. States written before it existed lack it ("").
+	Run    string `json:"run,omitempty"`
+	Reason string `json:"reason,omitempty"` // why this generation began (or why the job failed)
 	// End is Reason typed: what ended the last generation and the node
 	// concerned. States written before it existed lack it (EndUnknown).
 	End   RoundEnd  `json:"end,omitzero"`

@@ -20,6 +20,7 @@ type Static struct {
 	AgentStore bool
 
 	gen      uint64
+	run      string // one node's run, made at its first round
 	failures int
 	offered  int // OfferStore's port
 }
@@ -38,8 +39,11 @@ func (s *Static) Next(ctx context.Context) (*Round, error) {
 			return nil, err
 		}
 	}
+	if s.NNodes == 1 && s.run == "" {
+		s.run = newRunID() // the nodes of several have no one to agree on one with
+	}
 	r := &Round{
-		Generation: s.gen, GroupRank: s.NodeRank, NNodes: s.NNodes, RankOffset: s.NodeRank * s.NProc, NProc: s.NProc,
+		Generation: s.gen, Run: s.run, GroupRank: s.NodeRank, NNodes: s.NNodes, RankOffset: s.NodeRank * s.NProc, NProc: s.NProc,
 		WorldSize: s.NNodes * s.NProc, MasterAddr: s.MasterAddr, MasterPort: port, AgentStore: s.AgentStore, Restarts: s.failures,
 		done: make(chan struct{}),
 	}

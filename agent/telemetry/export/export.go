@@ -4,7 +4,7 @@
 // Perfetto (Chrome trace event JSON) file per generation.
 //
 // Every step of every generation is one trace whose id derives from (job,
-// generation, step) (TraceID), and every span id derives from the trace id
+// run, generation, step) (TraceID, TraceJob), and every span id derives from the trace id
 // and what the span is, so the spans of all ranks meet in one trace and an
 // export repeated by another agent or after a restart gives the same ids.
 //
@@ -34,6 +34,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -120,6 +121,8 @@ type Exporter struct {
 	srvDone    chan struct{}
 	unhub      func() // stops the Hub serving this exporter's metrics; nil without one
 	metricsURL string
+
+	run atomic.Pointer[string] // SetRun's; nil before
 
 	mu         sync.Mutex
 	closed     bool

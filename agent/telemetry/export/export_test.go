@@ -397,6 +397,53 @@ func TestReexportSameIDs(t *testing.T) {
 	}
 }
 
+// TestRunsGetTheirOwnTraces: two runs of one job id (torchrun's default
+// "none", a fresh store's generations from 0 again) shared every trace
+// id, and a trace viewer merged their steps. Each run's ids now differ,
+// agents of one run agree on them, and without a run they are the job
+// id's alone, as before.
+func TestRunsGetTheirOwnTraces(t *testing.T) {
+	cleanEnv(t)
+	ids := map[string][]string{} // run -> the trace ids of its spans
+	for _, run := range []string{"", "3f2a", "3f2a", "9c41"} {
+		rcv := otlptest.Start(t)
+		e := start(t, config(rcv.Addr(), 1))
+		if run != "" {
+			e.SetRun(run)
+		}
+		feed(e, 0)
+		e.Fault(1, "worker 2 exited with code 1", true)
+		e.Reformed(telemetry.Reform{Gen: 1, N: 1, Rank: 0, Step: 4, Resume: 4, Error: "RuntimeError: boom",
+			Phases: []telemetry.ReformPhase{{Name: "abort", Took: time.Millisecond}}})
+		shutdown(t, e)
+		var got []string
+		for _, sp := range rcv.Spans() {
+			got = append(got, sp.TraceIDHex())
+			if step, ok := sp.Attr("ddp.step").(int64); ok && sp.Name != "re-formed in process" {
+				want := TraceID(TraceJob(job, run), 0, uint64(step))
+				if sp.TraceIDHex() != hex.EncodeToString(want[:]) {
+					t.Errorf("run %q: span %q of step %d in trace %s, want %x", run, sp.Name, step, sp.TraceIDHex(), want)
+				}
+			}
+		}
+		slices.Sort(got)
+		if prev, ok := ids[run]; ok && !slices.Equal(prev, got) {
+			t.Errorf("run %q exported twice gave other trace ids", run)
+		}
+		ids[run] = got
+	}
+	for a, ga := range ids {
+		for b, gb := range ids {
+			if a < b && slices.ContainsFunc(ga, func(id string) bool { return slices.Contains(gb, id) }) {
+				t.Errorf("runs %q and %q share a trace id", a, b)
+			}
+		}
+	}
+	if TraceJob(job, "") != job {
+		t.Errorf("without a run the ids are no longer the job id's: %q", TraceJob(job, ""))
+	}
+}
+
 func TestStepRelease(t *testing.T) {
 	tests := []struct {
 		name  string

@@ -12,10 +12,35 @@ import (
 
 // TraceID is the trace id of a step: the first 16 bytes of
 // sha256(job || 0x00 || gen || step), gen and step as 8-byte big-endian
-// integers. Every agent and every re-export computes the same id, so the
-// spans of all ranks of one step land in one trace.
+// integers, job as TraceJob gives it. Every agent and every re-export
+// computes the same id, so the spans of all ranks of one step land in one
+// trace.
 func TraceID(job string, gen, step uint64) [16]byte {
 	return [16]byte(digest(job, kindStep, gen, step))
+}
+
+// TraceJob is what trace ids hash for the job: its id, and the run's
+// ("job/run"; the job id alone without a run). Job ids have no "/".
+func TraceJob(job, run string) string {
+	if run == "" {
+		return job
+	}
+	return job + "/" + run
+}
+
+// SetRun names the run of the job that the next traces belong to (the
+// rendezvous' Round.Run, the same on every node): a job id reused by
+// another run gets other trace ids, where a trace viewer merged the runs'
+// steps into one trace. "" derives them from the job id alone.
+func (e *Exporter) SetRun(run string) { e.run.Store(&run) }
+
+// traceJob is TraceJob of this exporter's job and run.
+func (e *Exporter) traceJob() string {
+	run := ""
+	if p := e.run.Load(); p != nil {
+		run = *p
+	}
+	return TraceJob(e.cfg.JobID, run)
 }
 
 // The kinds of trace the exporter derives ids for: the byte after the

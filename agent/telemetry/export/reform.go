@@ -26,7 +26,7 @@ func (e *Exporter) Reformed(rf telemetry.Reform) {
 	from := now.Add(-took)
 	const name = "re-formed in process"
 	if e.tr != nil {
-		tid := trace.TraceID(digest(e.cfg.JobID, kindReform, rf.Gen, uint64(rf.N)))
+		tid := trace.TraceID(digest(e.traceJob(), kindReform, rf.Gen, uint64(rf.N)))
 		attrs := []attribute.KeyValue{
 			attribute.Int64("ddp.generation", int64(rf.Gen)), attribute.Int("ddp.reform", rf.N),
 			attribute.Int("ddp.rank", rf.Rank), attribute.Int64("ddp.step", rf.Step),

@@ -21,7 +21,7 @@ import (
 const maxStack = 16 << 10
 
 func (e *Exporter) traceID(k stepKey) trace.TraceID {
-	return trace.TraceID(TraceID(e.cfg.JobID, k.gen, k.step))
+	return trace.TraceID(TraceID(e.traceJob(), k.gen, k.step))
 }
 
 // rootContext is the span context of step k's root span, for its children.
@@ -316,7 +316,7 @@ func (e *Exporter) exportFault(gen uint64, reason string, restarting bool, now t
 	}
 	if e.tr != nil {
 		h := sha256.New()
-		h.Write([]byte(e.cfg.JobID))
+		h.Write([]byte(e.traceJob()))
 		var b [9]byte
 		b[0] = kindRestart
 		binary.BigEndian.PutUint64(b[1:], gen)

@@ -64,7 +64,7 @@ func (e *Exporter) causeAttrs(s *telemetry.Stall) []attribute.KeyValue {
 func (e *Exporter) exportStraggler(gen uint64, st telemetry.Straggler, now time.Time) {
 	name := fmt.Sprintf("persistent straggler: rank %d", st.Rank) // the trace file's
 	if e.tr != nil {
-		tid := trace.TraceID(digest(e.cfg.JobID, kindStraggler, gen, uint64(now.UnixNano()))[:16])
+		tid := trace.TraceID(digest(e.traceJob(), kindStraggler, gen, uint64(now.UnixNano()))[:16])
 		ctx := withIDs(e.ctx, tid, spanID(tid, "straggler"))
 		w := e.worker(st.Rank)
 		attrs := append(workerAttrs(w),
