@@ -419,6 +419,14 @@ func TestRunsGetTheirOwnTraces(t *testing.T) {
 		var got []string
 		for _, sp := range rcv.Spans() {
 			got = append(got, sp.TraceIDHex())
+			// The roots say the run, for a trace search to keep to one.
+			var want any // nothing without a run
+			if run != "" {
+				want = run
+			}
+			if len(sp.ParentSpanId) == 0 && sp.Attr("ddp.run") != want {
+				t.Errorf("run %q: root span %q has ddp.run %v", run, sp.Name, sp.Attr("ddp.run"))
+			}
 			if step, ok := sp.Attr("ddp.step").(int64); ok && sp.Name != "re-formed in process" {
 				want := TraceID(TraceJob(job, run), 0, uint64(step))
 				if sp.TraceIDHex() != hex.EncodeToString(want[:]) {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -35,12 +36,22 @@ func TraceJob(job, run string) string {
 func (e *Exporter) SetRun(run string) { e.run.Store(&run) }
 
 // traceJob is TraceJob of this exporter's job and run.
-func (e *Exporter) traceJob() string {
-	run := ""
+func (e *Exporter) traceJob() string { return TraceJob(e.cfg.JobID, e.runID()) }
+
+func (e *Exporter) runID() string {
 	if p := e.run.Load(); p != nil {
-		run = *p
+		return *p
 	}
-	return TraceJob(e.cfg.JobID, run)
+	return ""
+}
+
+// withRun is attrs and, with a run, ddp.run: the root spans carry it, so
+// that a trace search can keep to one run of a job id.
+func (e *Exporter) withRun(attrs ...attribute.KeyValue) []attribute.KeyValue {
+	if run := e.runID(); run != "" {
+		return append(attrs, attribute.String("ddp.run", run))
+	}
+	return attrs
 }
 
 // The kinds of trace the exporter derives ids for: the byte after the

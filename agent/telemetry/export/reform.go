@@ -27,12 +27,12 @@ func (e *Exporter) Reformed(rf telemetry.Reform) {
 	const name = "re-formed in process"
 	if e.tr != nil {
 		tid := trace.TraceID(digest(e.traceJob(), kindReform, rf.Gen, uint64(rf.N)))
-		attrs := []attribute.KeyValue{
+		attrs := e.withRun(
 			attribute.Int64("ddp.generation", int64(rf.Gen)), attribute.Int("ddp.reform", rf.N),
 			attribute.Int("ddp.rank", rf.Rank), attribute.Int64("ddp.step", rf.Step),
 			attribute.Int64("ddp.reform.resume", rf.Resume), attribute.Int("ddp.reform.source", rf.Source),
 			attribute.Int64("ddp.reform.lost_steps", rf.Lost()), attribute.String("ddp.reform.error", rf.Error),
-		}
+		)
 		ctx, span := e.tr.agentT.Start(withIDs(e.ctx, tid, spanID(tid, "root")), name, trace.WithNewRoot(),
 			trace.WithTimestamp(from), trace.WithAttributes(attrs...))
 		at := from

@@ -162,11 +162,11 @@ func (e *Exporter) exportRoot(k stepKey, from, to time.Time, cs []telemetry.Coll
 		}
 	}
 	if e.tr != nil {
-		span := e.start(e.tr.agentT, k, "root", false, "step", from,
+		span := e.start(e.tr.agentT, k, "root", false, "step", from, e.withRun(
 			attribute.Int64("ddp.step", int64(k.step)),
 			attribute.Int64("ddp.generation", int64(k.gen)),
 			attribute.Int("ddp.collectives", len(cs)),
-			attribute.Int("ddp.stalls", stalls))
+			attribute.Int("ddp.stalls", stalls))...)
 		for _, c := range cs {
 			if c.Stall != nil {
 				span.AddEvent("stall", trace.WithTimestamp(stragglerArrival(c)),
@@ -278,13 +278,13 @@ func (e *Exporter) exportHang(k stepKey, h telemetry.Hang, stacks map[int]string
 				hosts = append(hosts, w.Host)
 			}
 		}
-		span := e.start(e.tr.agentT, k, fmt.Sprintf("hang bucket %d", h.Bucket), true, "hang", h.Since,
+		span := e.start(e.tr.agentT, k, fmt.Sprintf("hang bucket %d", h.Bucket), true, "hang", h.Since, e.withRun(
 			attribute.Int("ddp.bucket", int(h.Bucket)),
 			attribute.Int64("ddp.step", int64(h.Step)),
 			attribute.Int64("ddp.generation", int64(h.Gen)),
 			attribute.IntSlice("ddp.missing_ranks", h.Missing),
 			attribute.IntSlice("ddp.waiting_ranks", h.Waiting),
-			attribute.StringSlice("ddp.missing_hosts", hosts))
+			attribute.StringSlice("ddp.missing_hosts", hosts))...)
 		span.SetStatus(codes.Error, fmt.Sprintf("%s not finished after %v", h.Key, now.Sub(h.Since).Round(time.Millisecond)))
 		for _, r := range ranks {
 			attrs := append(workerAttrs(e.worker(r)),
@@ -324,7 +324,7 @@ func (e *Exporter) exportFault(gen uint64, reason string, restarting bool, now t
 		sum := h.Sum(nil)
 		tid := trace.TraceID(sum[:16])
 		ctx := withIDs(e.ctx, tid, spanID(tid, name))
-		attrs := []attribute.KeyValue{attribute.Int64("ddp.generation", int64(gen)), attribute.String(key, reason)}
+		attrs := e.withRun(attribute.Int64("ddp.generation", int64(gen)), attribute.String(key, reason))
 		_, span := e.tr.agentT.Start(ctx, name, trace.WithNewRoot(),
 			trace.WithTimestamp(now), trace.WithAttributes(attrs...))
 		span.AddEvent(name, trace.WithTimestamp(now), trace.WithAttributes(attrs...))

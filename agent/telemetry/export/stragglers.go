@@ -67,7 +67,7 @@ func (e *Exporter) exportStraggler(gen uint64, st telemetry.Straggler, now time.
 		tid := trace.TraceID(digest(e.traceJob(), kindStraggler, gen, uint64(now.UnixNano()))[:16])
 		ctx := withIDs(e.ctx, tid, spanID(tid, "straggler"))
 		w := e.worker(st.Rank)
-		attrs := append(workerAttrs(w),
+		attrs := append(e.withRun(workerAttrs(w)...),
 			attribute.Int64("ddp.generation", int64(gen)),
 			attribute.Int("ddp.straggler.rank", st.Rank),
 			attribute.String("ddp.cause", string(st.Cause)),
