@@ -275,6 +275,10 @@ func checkTrace(tr jaegerTrace, job string, ranks int) (step int64, problems []s
 			if _, ok := intTag(sp.Tags, "ddp.generation"); !ok {
 				problems = append(problems, "step span without ddp.generation")
 			}
+			// The run, for a search that keeps to one (a single node names its own).
+			if run, _ := tag(sp.Tags, "ddp.run"); run == nil || run == "" {
+				problems = append(problems, "step span without ddp.run")
+			}
 		case "allreduce":
 			r, ok := intTag(sp.Tags, "ddp.rank")
 			if !ok {
