@@ -186,19 +186,22 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) (alone
 		// Once the job is over, the others only need a moment to see it
 		// and leave; do not wait on one that is stuck.
 		var st State
-		over, known := false, false
+		marked, known := false, false // marked: the store says the job is over
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && decode("", kvs[0].Value, &st) == nil {
-			over, known = st.Phase == Succeeded || st.Phase == Failed, true
+			marked, known = st.Phase == Succeeded || st.Phase == Failed, true
 		}
 		// Every node's workers finished (Succeed saw them), whether or not
 		// the mark saying so landed: it waits at most markTimeout, and the
 		// others, stopping their store members, can take its quorum first.
 		// Taken as not over, the wait had no bound but the member list's
 		// read timeout (10 s, in a CI run of a 3-node job).
-		over = over || e.JobDone()
+		over := marked || e.JobDone()
 		// Spares need nothing from the store once the members are done.
+		// Once the store says the job is over every registered node counts,
+		// spares too, as they need it to learn that; unmarked, they cannot
+		// learn it, and an active spare would hold this agent for 10 s.
 		isMember := map[string]bool{}
-		if known && !over { // once over, every registered node counts anyway
+		if known && !marked {
 			ms, _ := e.members(ctx, &st, clientv3.WithSerializable()) // as the read above
 			for _, m := range ms {
 				isMember[m.Node] = true
@@ -213,7 +216,7 @@ func (e *Membership) waitOthersGone(ctx context.Context, onlyIfOver bool) (alone
 			if kv.Lease == 0 || node == e.node {
 				continue
 			}
-			if known && !over && !isMember[node] {
+			if known && !marked && !isMember[node] {
 				spares++ // waited for by no one, but it may hold a store member
 				continue
 			}
