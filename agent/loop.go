@@ -70,6 +70,7 @@ func (r *run) loop(ctx context.Context) error {
 			return r.noRound(ctx, n, err)
 		}
 		plain = r.warnPlain(rd, plain)
+		r.obs.Exp.SetRun(rd.Run) // the trace ids of this run of the job, before any worker starts
 		var at *attempt
 		if kept != nil {
 			at, kept = r.carryOn(ctx, kept, rd, n), nil
@@ -180,7 +181,6 @@ func (r *run) start(ctx context.Context, n int, rd *rdzv.Round, waitStart time.T
 // on into its round: the stragglers, the hangs, the host's samples.
 func (r *run) observe(ctx context.Context, at *attempt) {
 	rd := at.r
-	r.obs.Exp.SetRun(rd.Run) // the trace ids of this run of the job
 	r.stragglers.Begin(straggler.Attempt{Gen: at.gen, Nodes: rd.NNodes, RankOffset: rd.RankOffset,
 		NProc: r.cfg.NProcPerNode, Restarts: rd.Restarts, Follower: rd.NNodes > 1 && rd.GroupRank != 0})
 	r.watch.Begin(ctx, watch.Attempt{Gen: at.gen, GroupRank: rd.GroupRank, NNodes: rd.NNodes, WorldSize: rd.WorldSize,

@@ -123,7 +123,7 @@ func (r *run) execute(ctx context.Context) (err error) {
 	defer stopControl() // runs before bg.Wait
 	r.startMonitors(ctx)
 
-	r.log.Info("starting job", "run_id", r.runID, "nproc_per_node", r.cfg.NProcPerNode, "gpus", r.cfg.GPUs.summary(),
+	r.log.Info("starting job", "job", r.runID, "nproc_per_node", r.cfg.NProcPerNode, "gpus", r.cfg.GPUs.summary(),
 		"nnodes", r.cfg.nnodes(), "max_restarts", r.cfg.MaxRestarts, "command", r.cfg.Command,
 		"log_dir", rundir.LogAttr(r.runDir, r.keep), "control_socket", r.srv.Path())
 	r.tell(event{kind: evStarted, started: startedJob{runID: r.runID, command: strings.Join(r.cfg.Command, " "),
