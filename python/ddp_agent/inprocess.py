@@ -247,11 +247,11 @@ class InProcess:
         # moment to agree on the attempt's name, a collective, where the
         # store can hold an earlier attempt's re-formations. (A warm spare
         # runs under ddp-agent, whose store does not.)
+        param = next(iter(model.parameters()), None)
+        self._device = None if param is None else param.device  # the model's: its generator is kept too (_random)
         self._attempt = ""
         if _bootstrap.store_outlives_attempt():
-            param = next(iter(model.parameters()), None)
-            self._attempt = _bootstrap.attempt_token(None, self.rank, int(self.timeout * 1000),
-                                                     None if param is None else param.device,
+            self._attempt = _bootstrap.attempt_token(None, self.rank, int(self.timeout * 1000), self._device,
                                                      "reached ddp_agent.InProcess")
         self._prefix = _prefix(self._attempt)
         self._wrap = wrap
@@ -283,8 +283,6 @@ class InProcess:
         self._stepped = _Stepped(optimizer)
         # torch's random state at the step's start, put back for its retry.
         self._random = _random.StepRandom()
-        param = next(iter(model.parameters()), None)
-        self._device = None if param is None else param.device
         global _joined
         joined, _joined = _joined, None
         if joined is not None:

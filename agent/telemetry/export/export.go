@@ -4,9 +4,10 @@
 // Perfetto (Chrome trace event JSON) file per generation.
 //
 // Every step of every generation is one trace whose id derives from (job,
-// run, generation, step) (TraceID, TraceJob), and every span id derives from the trace id
-// and what the span is, so the spans of all ranks meet in one trace and an
-// export repeated by another agent or after a restart gives the same ids.
+// run, generation, step) (TraceID, TraceJob), and every span id derives
+// from the trace id and what the span is, so the spans of all ranks meet in
+// one trace and an export repeated by another agent or after a restart
+// gives the same ids.
 //
 // The collectives of a step arrive over time, bucket by bucket. The
 // exporter holds a step until a collective of a later step (or
