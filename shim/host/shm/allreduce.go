@@ -85,8 +85,8 @@ func reached(v, want uint32) bool { return int32(v-want) >= 0 }
 // run runs collective seq: an all-reduce of bufs[0], or with root >= 0 a
 // broadcast of root's bufs.
 func (c *Comm) run(ctx context.Context, bufs [][]byte, dt reduce.DType, op reduce.Op, seq uint32, root int) error {
-	if err := ctx.Err(); err != nil {
-		return err
+	if err := ctx.Err(); err != nil { // a deadline already passed is a timeout too
+		return timeoutErr(err)
 	}
 	j := job{ctx: ctx, dt: dt, op: op, hdrOp: uint32(op), seq: seq, base: c.step, es: dt.Size(), locked: onLockedThread(ctx)}
 	if root >= 0 {
@@ -343,6 +343,15 @@ func (c *Comm) liveness(p int) error {
 		Err: fmt.Errorf("%w: rank %d (pid %d) is gone", failure.ErrPeer, p, pid)}
 }
 
+// timeoutErr marks ctx's error as failure.ErrTimeout when its deadline
+// passed, so a caller tells a timeout from a cancel however early it came.
+func timeoutErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", failure.ErrTimeout, err)
+	}
+	return err
+}
+
 // check returns why the collective must stop while waiting on rank p (-1:
 // none), or nil.
 func (c *Comm) check(j *job, p int) error {
@@ -350,10 +359,7 @@ func (c *Comm) check(j *job, p int) error {
 		return err
 	}
 	if err := j.ctx.Err(); err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%w: %w", failure.ErrTimeout, err)
-		}
-		return err
+		return timeoutErr(err)
 	}
 	if p >= 0 && atomic.LoadUint32(c.ctl[p].closed) != 0 {
 		return &failure.PeerError{Rank: p, Kind: failure.PeerClosed, Err: fmt.Errorf("%w: rank %d closed its communicator", failure.ErrPeer, p)}

@@ -164,3 +164,24 @@ func TestDirectBroadcastBlame(t *testing.T) {
 	}
 	t.Logf("root: %v", err)
 }
+
+// TestDeadlinePassedOnEntry: a collective called with a deadline that has
+// already passed is a timeout, as one that passes inside it is; CI once
+// saw a slow goroutine of TestDirectBroadcastBlame enter late and report a
+// bare context error, which callers do not count as a timeout.
+func TestDeadlinePassedOnEntry(t *testing.T) {
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	for _, call := range []struct {
+		name string
+		run  func(*Comm) error
+	}{
+		{"all-reduce", func(c *Comm) error { return c.AllReduce(ctx, make([]byte, 64), reduce.Float32, reduce.Sum) }},
+		{"broadcast", func(c *Comm) error { return c.Broadcast(ctx, [][]byte{make([]byte, 64)}, reduce.Float32, 0) }},
+	} {
+		comms := newGroup(t, 2, Config{Timeout: time.Minute})
+		if err := call.run(comms[0]); !errors.Is(err, failure.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s: %v, want a timeout", call.name, err)
+		}
+	}
+}
