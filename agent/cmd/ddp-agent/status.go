@@ -21,7 +21,7 @@ import (
 
 const statusUsage = `Usage: ddp-agent status --rdzv-endpoint HOST:PORT[,HOST:PORT...] [flags]
 
-Shows a job's rendezvous as the store holds it: its generation and phase,
+Shows a job's rendezvous as the store holds it: its generation, run and phase,
 the nodes of the current round with their group ranks and ranks, spares,
 nodes lost, who has joined an open round, and the stalls, persistent
 stragglers and hangs the agents saw among their workers. It only reads
@@ -298,7 +298,11 @@ func renderStatus(w io.Writer, st *rdzv.Status, where string, now time.Time) {
 	if s == nil {
 		fmt.Fprint(w, "   no readable state\n")
 	} else {
-		fmt.Fprintf(w, "   generation %d   %s since %s\n", s.Generation, s.Phase, since(s.Since, now))
+		run := "" // the run a trace search for ddp.run keeps to
+		if s.Run != "" {
+			run = "   run " + s.Run
+		}
+		fmt.Fprintf(w, "   generation %d%s   %s since %s\n", s.Generation, run, s.Phase, since(s.Since, now))
 	}
 
 	nodesMin, nodesMax := "?", "?"

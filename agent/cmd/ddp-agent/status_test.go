@@ -141,7 +141,7 @@ func TestStatusShowsARunningJob(t *testing.T) {
 		}
 		t.Logf("%q:\n%s", args, out)
 		lines := strings.Split(out, "\n")
-		head := regexp.MustCompile(`^job t1 \(store ` + regexp.QuoteMeta(ep) + `\)   generation 0   running since \d\d:\d\d:\d\d \(\d+s\)$`)
+		head := regexp.MustCompile(`^job t1 \(store ` + regexp.QuoteMeta(ep) + `\)   generation 0   run [0-9a-f]{16}   running since \d\d:\d\d:\d\d \(\d+s\)$`)
 		if !head.MatchString(lines[0]) {
 			t.Fatalf("first line %q", lines[0])
 		}
@@ -473,7 +473,7 @@ func TestRenderStatus(t *testing.T) {
 	st := &rdzv.Status{
 		ID: "t1", Revision: 42,
 		Job: &rdzv.JobInfo{ID: "t1", NNodesMin: 2, NNodesMax: 3, MaxRestarts: 3},
-		State: &rdzv.State{Generation: 3, Phase: rdzv.Running, Since: now.Add(-2*time.Minute - 10*time.Second),
+		State: &rdzv.State{Generation: 3, Run: "5f0c2a9e41b7d386", Phase: rdzv.Running, Since: now.Add(-2*time.Minute - 10*time.Second),
 			Reason:   "node vm-123-ab (h2, group rank 1) lost: its agent is gone or cut off (lease ended)",
 			Failures: 1, MaxRestarts: 3, Members: members, WorldSize: 6, MasterAddr: "10.0.0.1", MasterPort: 40533},
 		Nodes: []rdzv.NodeStatus{
@@ -502,7 +502,7 @@ func TestRenderStatus(t *testing.T) {
 	})
 	var b strings.Builder
 	renderStatus(&b, st, "127.0.0.1:29400", now)
-	want := `job t1 (store 127.0.0.1:29400)   generation 3   running since 10:15:03 (2m10s)
+	want := `job t1 (store 127.0.0.1:29400)   generation 3   run 5f0c2a9e41b7d386   running since 10:15:03 (2m10s)
 nodes 3 (min 2, max 3)   world size 6   master 10.0.0.1:40533   restarts 1 of 3
 last change: node vm-123-ab (h2, group rank 1) lost: its agent is gone or cut off (lease ended)
 
