@@ -3,6 +3,7 @@ package host
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -162,4 +163,24 @@ func fmtBool(b bool, yes, no string) string {
 		return yes
 	}
 	return no
+}
+
+// TestMismatchOverItsConsequence: the rank that finds the ranks disagree
+// returns that, even where its Comm failed first on a consequence of it: a
+// peer that read the disagreement in shared memory closed its connection
+// before this rank's collective returned (TestBroadcastMismatch, shm root,
+// under load: that rank returned "connection to rank 0: EOF").
+func TestMismatchOverItsConsequence(t *testing.T) {
+	comms := newRing(t, 2, Config{Timeout: 30 * time.Second})
+	eof := failure.Peer(1, failure.PeerLost, fmt.Errorf("rank 0: connection to rank 1: %w: EOF", failure.ErrPeer))
+	err := comms[0].collective(t.Context(), "broadcast from rank 0", func() error {
+		comms[0].fail(eof)
+		return fmt.Errorf("rank 1 has 10 float32 (sum), this rank 10 float32 (broadcast from rank 0): %w", failure.ErrMismatch)
+	})
+	if !errors.Is(err, failure.ErrMismatch) || !strings.Contains(err.Error(), "(sum)") {
+		t.Fatalf("got %v, want the disagreement", err)
+	}
+	if got := comms[0].Err(); !errors.Is(got, eof) {
+		t.Errorf("the Comm holds %v, want the first failure it recorded", got)
+	}
 }

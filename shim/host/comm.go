@@ -344,6 +344,14 @@ func (c *Comm) collective(ctx context.Context, what string, run func() error) er
 	}
 	if err := run(); err != nil {
 		c.fail(err)
+		if errors.Is(err, failure.ErrMismatch) {
+			// The cause, whatever the Comm recorded first: in shared
+			// memory the rank that finds the ranks disagree tells the
+			// others before it returns, and the first of them to fail
+			// can close its connection to this rank before this rank
+			// gets here (the Comm then holds that EOF).
+			return err
+		}
 		return c.Err()
 	}
 	return nil
