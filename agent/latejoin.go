@@ -33,27 +33,42 @@ const othersDonePoll = time.Second
 // join the others' re-formation, once every other node of the round has
 // finished its workers and this node's have not ended within
 // othersDoneWait: they have nothing left to join (finishedWithout). It
-// returns when ctx ends: the attempt's wait is over.
-func (r *run) watchOthersDone(ctx context.Context, at *attempt) {
-	tick := time.NewTicker(othersDonePoll)
+// returns when ctx ends (the attempt's wait is over) or a worker's exit
+// closes failing: that exit's fault ends the attempt, and says why.
+func (r *run) watchOthersDone(ctx context.Context, at *attempt, failing <-chan struct{}) {
+	othersDone := func(ctx context.Context) bool { return r.j.rz.OthersDone(ctx, at.r, 0) }
+	if othersDoneIdle(ctx, othersDonePoll, othersDoneWait, othersDone, failing) {
+		r.faults.Report(fault.Round(at.gen, "the other nodes' workers finished the job before this node's joined them"))
+	}
+}
+
+// othersDoneIdle polls othersDone every poll and reports whether it held
+// and grace then passed with failing still open and ctx not done. A
+// worker that failed on the others' store, gone with them, closes failing
+// while its root cause is worked out (up to rootSettle, where the other
+// agents no longer answer): the watch, whose grace may end first, would
+// otherwise report the job done without this node in its stead.
+func othersDoneIdle(ctx context.Context, poll, grace time.Duration, othersDone func(context.Context) bool, failing <-chan struct{}) bool {
+	tick := time.NewTicker(poll)
 	defer tick.Stop()
-	for {
+	for done := false; !done; done = othersDone(ctx) {
 		select {
 		case <-ctx.Done():
-			return
+			return false
+		case <-failing:
+			return false
 		case <-tick.C:
 		}
-		if !r.j.rz.OthersDone(ctx, at.r, 0) {
-			continue
-		}
-		grace := time.NewTimer(othersDoneWait)
-		defer grace.Stop()
-		select {
-		case <-ctx.Done():
-		case <-grace.C:
-			r.faults.Report(fault.Round(at.gen, "the other nodes' workers finished the job before this node's joined them"))
-		}
-		return
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-failing:
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

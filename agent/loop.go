@@ -254,9 +254,10 @@ func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 	// the supervisor's own; a worker's failure is reported as a fault
 	// instead (failed), once its root cause is worked out.
 	var (
-		waited = make(chan struct{})
-		ended  error
-		failed bool
+		waited  = make(chan struct{})
+		ended   error
+		failed  bool
+		failing = make(chan struct{}) // closed as a failure's fault is worked out
 	)
 	go func() {
 		defer close(waited)
@@ -264,6 +265,7 @@ func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 			err := at.g.Wait(rctx)
 			if se, ok := errors.AsType[*supervisor.StoreExitError](err); ok {
 				failed = true
+				close(failing)
 				r.faults.Report(fault.Store(at.gen, se))
 				return
 			}
@@ -276,6 +278,7 @@ func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 				continue
 			}
 			failed = true
+			close(failing)
 			r.faults.Report(fault.Worker(at.gen, r.workerFailure(ctx, at)))
 			return
 		}
@@ -293,7 +296,7 @@ func (r *run) wait(ctx context.Context, at *attempt) (*fault.Fault, error) {
 	go func() {
 		defer close(joinWatched)
 		if at.joined {
-			r.watchOthersDone(rctx, at)
+			r.watchOthersDone(rctx, at, failing)
 		}
 	}()
 	var f *fault.Fault
