@@ -51,24 +51,23 @@ func (r *run) watchOthersDone(ctx context.Context, at *attempt, failing <-chan s
 func othersDoneIdle(ctx context.Context, poll, grace time.Duration, othersDone func(context.Context) bool, failing <-chan struct{}) bool {
 	tick := time.NewTicker(poll)
 	defer tick.Stop()
-	for done := false; !done; done = othersDone(ctx) {
+	var graced <-chan time.Time // set once the others are done
+	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-failing:
 			return false
+		case <-graced:
+			return true
 		case <-tick.C:
+			if graced == nil && othersDone(ctx) {
+				tick.Stop()
+				t := time.NewTimer(grace)
+				defer t.Stop()
+				graced = t.C
+			}
 		}
-	}
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-failing:
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
