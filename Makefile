@@ -69,7 +69,7 @@ test: build
 	  scripts/together.sh .cache/test-logs \
 	    pytest "$$pytest $(PYTHON) -m pytest -q -p no:cacheprovider python/tests" \
 	    e2e-torch2 "DDP_AGENT_REQUIRE_TORCH=1 DDP_AGENT_REQUIRE_FRAMEWORKS=1 DDP_AGENT_PYTHON=$$py2 DDP_AGENT_TORCHRUN_COMPAT=$(TORCHRUN_COMPAT) \
-	      $$go test -race -count=1 -parallel 3 -timeout 15m -run '$(TORCH2_E2E)' ./agent/e2e" \
+	      $$go test -race -count=1 -parallel 3 -timeout 30m -run '$(TORCH2_E2E)' ./agent/e2e" \
 	    pytest-torch2 "$$pytest $$py2 -m pytest -q -p no:cacheprovider python/tests"
 
 # The inner loop while working (docs/testing.md): every Go unit test without
