@@ -292,7 +292,7 @@ func shrinkInProcess(t *testing.T, store bool) (*agentRun, *agentRun) {
 	// between the test's read of the log and the SIGKILL's effect, steps
 	// of 0.2 s, which a loaded machine can outlast (a CI run resumed at
 	// 13 with 10 read before the kill).
-	lo, hi := stepsIn(steps, 6)
+	lo, hi := stepsIn(steps, 6, 6)
 	if resume, _ := strconv.Atoi(m[1]); resume < max(done, lo)+1 || resume > hi+1 {
 		t.Fatalf("resumed at step %d, with step %d completed everywhere before the kill, steps %d-%d the last logged in the world of 6\n%s", resume, done, lo, hi, logs())
 	}
@@ -564,30 +564,21 @@ func readSteps(path string) []stepLine {
 // lastStep is the last step that ranks 0..world-1 have all completed, per
 // the step log; 0 when none.
 func lastStep(path string, world int) int {
-	last := map[int]int{}
-	for _, s := range readSteps(path) {
-		last[s.Rank] = max(last[s.Rank], s.Step)
-	}
-	done := -1
-	for r := range world {
-		if done < 0 || last[r] < done {
-			done = last[r]
-		}
-	}
-	return done
+	lo, _ := stepsIn(path, world, 0)
+	return lo
 }
 
 // stepsIn is the lowest and highest of the last steps that ranks
-// 0..world-1 logged in a world of that size.
-func stepsIn(path string, world int) (lo, hi int) {
+// 0..ranks-1 logged, in a world of size world (0: any).
+func stepsIn(path string, ranks, world int) (lo, hi int) {
 	last := map[int]int{}
 	for _, s := range readSteps(path) {
-		if s.World == world {
+		if world == 0 || s.World == world {
 			last[s.Rank] = max(last[s.Rank], s.Step)
 		}
 	}
 	lo = -1
-	for r := range world {
+	for r := range ranks {
 		if lo < 0 || last[r] < lo {
 			lo = last[r]
 		}
