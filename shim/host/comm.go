@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ddp-agent/ddp-agent/shim/failure"
+	"github.com/ddp-agent/ddp-agent/shim/host/shm"
 	"github.com/ddp-agent/ddp-agent/shim/reduce"
 )
 
@@ -344,12 +345,13 @@ func (c *Comm) collective(ctx context.Context, what string, run func() error) er
 	}
 	if err := run(); err != nil {
 		c.fail(err)
-		if errors.Is(err, failure.ErrMismatch) {
+		if shm.RaisedFirst(err) {
 			// The cause, whatever the Comm recorded first: in shared
-			// memory the rank that finds the ranks disagree tells the
-			// others before it returns, and the first of them to fail
-			// can close its connection to this rank before this rank
-			// gets here (the Comm then holds that EOF).
+			// memory this rank told the others of its failure before
+			// it returned, and the first of them to fail can close its
+			// connection to this rank before this rank gets here (the
+			// Comm then holds that EOF). A mismatch found, a peer found
+			// dead.
 			return err
 		}
 		return c.Err()

@@ -298,13 +298,30 @@ const (
 )
 
 // raise sets the segment's abort flag for err (nil: an abort), unless a rank
-// already has. The caller holds life and the mapping is live.
-func (c *Comm) raise(err error) {
+// already has, and reports whether this call set it. The caller holds life
+// and the mapping is live.
+func (c *Comm) raise(err error) bool {
 	v := uint32(c.rank) + 1
 	if errors.Is(err, failure.ErrMismatch) {
 		v |= abortMismatch
 	}
-	atomic.CompareAndSwapUint32(c.abort, 0, v)
+	return atomic.CompareAndSwapUint32(c.abort, 0, v)
+}
+
+// firstError marks the failure of a collective that was the first its
+// segment heard of: this rank raised the abort flag for it.
+type firstError struct{ error }
+
+func (e firstError) Unwrap() error { return e.error }
+
+// RaisedFirst reports whether err is a collective's failure that was the
+// first of its segment: this rank told its peers of it before returning,
+// so their failures, and whatever they do next (close a connection to
+// this rank), follow from it. A caller that also records failures seen
+// elsewhere keeps this one as the cause.
+func RaisedFirst(err error) bool {
+	var f firstError
+	return errors.As(err, &f)
 }
 
 // wakeAll wakes every sleeper on every rank's counters, so that they notice
@@ -398,7 +415,9 @@ func (c *Comm) collective(ctx context.Context, what string, bufs [][]byte, dt re
 	if err != nil {
 		err = fmt.Errorf("shm %s %d on rank %d of %d: %w", what, seq, c.rank, c.world, err)
 		c.broken = err
-		c.raise(err)
+		if c.raise(err) {
+			err = firstError{err}
+		}
 		c.wakeAll()
 	}
 	return err

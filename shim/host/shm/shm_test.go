@@ -409,10 +409,18 @@ func TestMismatch(t *testing.T) {
 			if d := time.Since(start); d > 5*time.Second {
 				t.Errorf("took %v", d)
 			}
+			first := 0
 			for r, err := range errs {
 				if !errors.Is(err, failure.ErrMismatch) {
 					t.Errorf("rank %d: got %v, want failure.ErrMismatch", r, err)
 				}
+				if RaisedFirst(err) {
+					first++
+				}
+			}
+			// One rank raised the abort flag; the others failed on it.
+			if first != 1 {
+				t.Errorf("%d ranks' errors say they were the segment's first, want 1: %v", first, errs)
 			}
 			// The communicator is broken now.
 			errs = allRanks(comms, func(r int, c *Comm) error {
