@@ -36,22 +36,49 @@ const othersDonePoll = time.Second
 // returns when ctx ends (the attempt's wait is over) or a worker's exit
 // closes failing: that exit's fault ends the attempt, and says why.
 func (r *run) watchOthersDone(ctx context.Context, at *attempt, failing <-chan struct{}) {
-	othersDone := func(ctx context.Context) bool { return r.j.rz.OthersDone(ctx, at.r, 0) }
-	if othersDoneIdle(ctx, othersDonePoll, othersDoneWait, othersDone, failing) {
+	w := idleWatch{
+		poll: othersDonePoll, grace: othersDoneWait, dying: r.cfg.StopTimeout,
+		othersDone: func(ctx context.Context) bool { return r.j.rz.OthersDone(ctx, at.r, 0) },
+		raising: func() bool {
+			if !at.g.Raising() {
+				return false
+			}
+			r.log.Info("the other nodes' workers are done, and one of this node's raised: waiting for it to exit",
+				"generation", at.gen, "wait", r.cfg.StopTimeout)
+			return true
+		},
+	}
+	if w.idle(ctx, failing) {
 		r.faults.Report(fault.Round(at.gen, "the other nodes' workers finished the job before this node's joined them"))
 	}
 }
 
-// othersDoneIdle polls othersDone every poll and reports whether it held
-// and grace then passed with failing still open and ctx not done. A
-// worker that failed on the others' store, gone with them, closes failing
-// while its root cause is worked out (up to rootSettle, where the other
-// agents no longer answer): the watch, whose grace may end first, would
-// otherwise report the job done without this node in its stead.
-func othersDoneIdle(ctx context.Context, poll, grace time.Duration, othersDone func(context.Context) bool, failing <-chan struct{}) bool {
-	tick := time.NewTicker(poll)
+// idleWatch is how watchOthersDone tells that this node's workers will not
+// end on their own: the other nodes are done (othersDone, asked every
+// poll), and grace has passed, with dying more where a worker had raised
+// by then (raising).
+type idleWatch struct {
+	poll, grace, dying time.Duration
+	othersDone         func(context.Context) bool
+	raising            func() bool
+}
+
+// idle reports whether the other nodes were done and the grace then
+// passed with failing still open and ctx not done. A worker that failed
+// on the others' store, gone with them, closes failing as it exits,
+// before its root cause is worked out (up to rootSettle, where the other
+// agents no longer answer): the watch, whose grace may end meanwhile,
+// would otherwise report the job done without this node in its stead. A worker that has raised
+// (its error file written) but not exited when the grace ends is given
+// dying, the time a stopped worker gets to exit: under load, a Python
+// interpreter's teardown takes seconds.
+func (w idleWatch) idle(ctx context.Context, failing <-chan struct{}) bool {
+	tick := time.NewTicker(w.poll)
 	defer tick.Stop()
-	var graced <-chan time.Time // set once the others are done
+	var (
+		graced   <-chan time.Time // set once the others are done
+		extended bool
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -59,11 +86,17 @@ func othersDoneIdle(ctx context.Context, poll, grace time.Duration, othersDone f
 		case <-failing:
 			return false
 		case <-graced:
-			return true
+			if extended || !w.raising() {
+				return true
+			}
+			extended = true
+			t := time.NewTimer(w.dying)
+			defer t.Stop()
+			graced = t.C
 		case <-tick.C:
-			if graced == nil && othersDone(ctx) {
+			if graced == nil && w.othersDone(ctx) {
 				tick.Stop()
-				t := time.NewTimer(grace)
+				t := time.NewTimer(w.grace)
 				defer t.Stop()
 				graced = t.C
 			}

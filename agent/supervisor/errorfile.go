@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -55,4 +56,21 @@ func readErrorFile(path string) (*ErrorFile, error) {
 		ef.Time = time.Unix(ts, 0)
 	}
 	return ef, nil
+}
+
+// Raising reports whether a worker still running has written its
+// TORCHELASTIC_ERROR_FILE: it raised, and its exit follows. torch's
+// @record writes the file as the exception leaves the script's main,
+// before the interpreter unwinds (its atexit handlers, torch's teardown),
+// which under load takes seconds.
+func (g *Group) Raising() bool {
+	return slices.ContainsFunc(g.alive(), func(w *worker) bool { return !w.raised().IsZero() })
+}
+
+// raised is when the worker wrote its error file; zero while it has not.
+func (w *worker) raised() time.Time {
+	if fi, err := os.Stat(w.errorFile); err == nil && fi.Size() > 0 {
+		return fi.ModTime()
+	}
+	return time.Time{}
 }

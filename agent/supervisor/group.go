@@ -190,7 +190,8 @@ type worker struct {
 type exit struct{ w *worker }
 
 // Group is one attempt of the local workers. Start, Wait and Stop must be
-// called from one goroutine; State, PIDs and RankOf are safe concurrently.
+// called from one goroutine; State, PIDs, RankOf and Raising are safe
+// concurrently.
 type Group struct {
 	spec   *Spec
 	log    *slog.Logger
@@ -625,9 +626,7 @@ func (g *Group) Outcomes() []Outcome {
 		if o.Closed, o.Peer, err = readCommNote(w.noteFile, g.spec.WorldSize); err != nil && !errors.Is(err, os.ErrNotExist) {
 			g.log.Warn("unreadable communicator note", "rank", w.Rank, "path", w.noteFile, "err", err)
 		}
-		if fi, err := os.Stat(w.errorFile); err == nil && fi.Size() > 0 {
-			o.Raised = fi.ModTime()
-		}
+		o.Raised = w.raised()
 		out = append(out, o)
 	}
 	return out

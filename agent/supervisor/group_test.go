@@ -100,6 +100,15 @@ func helper(mode string) {
 	case "errorfile":
 		os.WriteFile(os.Getenv("TORCHELASTIC_ERROR_FILE"), []byte(`{"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback:\n  line 1", "timestamp": "1700000000"}}}`), 0o644)
 		os.Exit(1)
+	case "raising": // raising:PATH: rank 1 writes its error file once PATH exists, and sleeps on
+		for rank == 1 {
+			if _, err := os.Stat(arg); err == nil {
+				os.WriteFile(os.Getenv("TORCHELASTIC_ERROR_FILE"), []byte(`{"message": "RuntimeError: raised"}`), 0o644)
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(time.Minute)
 	case "peernote": // rank 1 notes that rank 0 closed and exits 1 first; rank 0 raises (its error file) and exits 2 later
 		if rank == 1 {
 			os.WriteFile(os.Getenv("DDP_AGENT_COMM_NOTE_FILE"), []byte(`{"communicator": "c", "rank": 1, "world_size": 2, "peer": 0, "kind": "closed", "time_unix_nano": 1700000000000000000, "message": "rank 0 closed its communicator"}`), 0o644)
@@ -523,4 +532,27 @@ func TestReapKillsWorkerChildren(t *testing.T) {
 		t.Fatalf("no child pid in %q", out.String())
 	}
 	waitFor(t, func() bool { return !alive(child) })
+}
+
+// TestRaising: a group is raising once a running worker has written its
+// error file, and no longer once that worker has exited.
+func TestRaising(t *testing.T) {
+	raise := filepath.Join(t.TempDir(), "raise")
+	spec, _, _ := testSpec(t, "raising:"+raise, 2, consoleOnly)
+	g := start(t, spec)
+	if g.Raising() {
+		t.Fatal("raising before any worker wrote its error file")
+	}
+	if err := os.WriteFile(raise, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !g.Raising(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not raising 30 s after rank 1 was told to write its error file")
+		}
+	}
+	g.Stop(syscall.SIGTERM, time.Second)
+	if g.Raising() {
+		t.Error("raising after every worker exited")
+	}
 }
