@@ -68,10 +68,10 @@ type idleWatch struct {
 // on the others' store, gone with them, closes failing as it exits,
 // before its root cause is worked out (up to rootSettle, where the other
 // agents no longer answer): the watch, whose grace may end meanwhile,
-// would otherwise report the job done without this node in its stead. A worker that has raised
-// (its error file written) but not exited when the grace ends is given
-// dying, the time a stopped worker gets to exit: under load, a Python
-// interpreter's teardown takes seconds.
+// would otherwise report the job done without this node in its stead.
+// A worker that has raised (its error file written) but not exited when
+// the grace ends is given dying, the time a stopped worker gets to exit:
+// under load, a Python interpreter's teardown takes seconds.
 func (w idleWatch) idle(ctx context.Context, failing <-chan struct{}) bool {
 	tick := time.NewTicker(w.poll)
 	defer tick.Stop()
