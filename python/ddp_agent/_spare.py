@@ -156,10 +156,32 @@ def _run(module: bool, target: str, args: List[str], new: bool = False, join: bo
 
         inprocess._expect_join(new=new)
     sys.argv = [target, *args]
-    if module:
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
-        runpy.run_path(target, run_name="__main__")
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except Exception as e:
+        _record(e)
+        raise
+
+
+def _record(err: Exception) -> None:
+    """Writes err to ``$TORCHELASTIC_ERROR_FILE`` as torch's ``@record`` does, unless the script's own did.
+
+    Called in the except clause (the traceback is the one being handled).
+    The agent puts the file in its root-cause report, and takes it as the
+    sign that a worker has raised and its exit follows: under load its
+    interpreter's teardown takes seconds (a node that joins as the job
+    ends, agent/latejoin.go). A script without ``@record`` writes none;
+    run by a spare, it has the file all the same.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    ErrorHandler().record_exception(err)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,36 @@ def test_joining_worker_runs_the_script_at_once(tmp_path):
             "init _expect_join.<locals>.init_process_group") in r.stdout, r.stdout + r.stderr
 
 
+def test_a_raising_script_leaves_the_error_file(tmp_path):
+    """The script raises: the spare writes $TORCHELASTIC_ERROR_FILE as torch's @record would, in the
+    layout the agent reads, and leaves the one the script's own @record wrote."""
+    script = tmp_path / "train.py"
+    error_file = tmp_path / "error.json"
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), RANK="4", LOCAL_RANK="0", TORCHELASTIC_ERROR_FILE=str(error_file),
+               **{_env.JOIN: "1"})
+    for own in (False, True):
+        error_file.unlink(missing_ok=True)
+        script.write_text(textwrap.dedent(f"""
+            import json, os
+            def main():
+                if {own}:  # as torch's @record: the file, then the exception goes on
+                    with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
+                        json.dump({{"message": "the script's own"}}, f)
+                raise RuntimeError("boom")
+            main()
+        """))
+        r = subprocess.run([sys.executable, "-u", "-m", "ddp_agent._spare", str(script)], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "RuntimeError: boom" in r.stderr, r.stderr
+        written = json.loads(error_file.read_text())
+        if own:
+            assert written == {"message": "the script's own"}
+            continue
+        assert written["message"]["message"] == "RuntimeError: boom", written
+        assert 'train.py", line 7, in main' in written["message"]["extraInfo"]["py_callstack"], written
+        assert int(written["message"]["extraInfo"]["timestamp"]) > 0
+
+
 def test_spare_serves_the_store(tmp_path):
     """{"store": ...}: the node serving the workers' store was lost; the spare serves the new one, not the script."""
     port = _world.free_port()
