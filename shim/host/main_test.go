@@ -169,7 +169,6 @@ func TestPeerKilled(t *testing.T) {
 
 			start := time.Now()
 			failedAt := make([]time.Time, tc.n)
-			comms := make([]*Comm, tc.n)
 			errs := each(tc.n, func(r int) error {
 				if r == tc.dead {
 					return nil
@@ -178,7 +177,7 @@ func TestPeerKilled(t *testing.T) {
 				if err != nil {
 					return fmt.Errorf("connect: %w", err)
 				}
-				comms[r] = c // closed once every rank is done: a root that completed must not fail the others by closing
+				t.Cleanup(func() { c.Close() }) // once every rank is done: a root that completed must not fail the others by closing
 				if want := map[bool]string{false: "tcp", true: "shm"}[tc.shm]; c.Transport() != want {
 					return fmt.Errorf("transport %q, want %q", c.Transport(), want)
 				}
@@ -190,11 +189,6 @@ func TestPeerKilled(t *testing.T) {
 				failedAt[r] = time.Now()
 				return err
 			})
-			for _, c := range comms {
-				if c != nil {
-					c.Close()
-				}
-			}
 			<-exited
 			if ee, ok := exitErr.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
 				t.Fatalf("helper: got %v, want exit status 3", exitErr)
