@@ -181,7 +181,10 @@ def _record(err: Exception) -> None:
         return
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-    ErrorHandler().record_exception(err)
+    try:
+        ErrorHandler().record_exception(err)
+    except OSError as e:  # the script's exception, not this, must be its last words
+        print(f"ddp_agent: could not write the error file {path}: {e}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

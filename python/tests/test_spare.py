@@ -132,12 +132,13 @@ def test_joining_worker_runs_the_script_at_once(tmp_path):
 
 def test_a_raising_script_leaves_the_error_file(tmp_path):
     """The script raises: the spare writes $TORCHELASTIC_ERROR_FILE as torch's @record would, in the
-    layout the agent reads, and leaves the one the script's own @record wrote."""
+    layout the agent reads, and leaves the one the script's own @record wrote; one it cannot write
+    it says so of, without hiding the script's exception."""
     script = tmp_path / "train.py"
     error_file = tmp_path / "error.json"
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), RANK="4", LOCAL_RANK="0", TORCHELASTIC_ERROR_FILE=str(error_file),
                **{_env.JOIN: "1"})
-    for own in (False, True):
+    for own in (True, False):
         error_file.unlink(missing_ok=True)
         script.write_text(textwrap.dedent(f"""
             import json, os
@@ -158,6 +159,13 @@ def test_a_raising_script_leaves_the_error_file(tmp_path):
         assert written["message"]["message"] == "RuntimeError: boom", written
         assert 'train.py", line 7, in main' in written["message"]["extraInfo"]["py_callstack"], written
         assert int(written["message"]["extraInfo"]["timestamp"]) > 0
+    # A file it cannot write (the script without its own @record, as last): said, and the script's
+    # exception stays its last words.
+    env["TORCHELASTIC_ERROR_FILE"] = str(tmp_path / "missing" / "error.json")
+    r = subprocess.run([sys.executable, "-u", "-m", "ddp_agent._spare", str(script)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "could not write the error file" in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "RuntimeError: boom", r.stderr
 
 
 def test_spare_serves_the_store(tmp_path):
