@@ -60,7 +60,8 @@ func readErrorFile(path string) (*ErrorFile, error) {
 
 // Raising reports whether a worker still running has written its
 // TORCHELASTIC_ERROR_FILE: it raised, and its exit follows. torch's
-// @record writes the file as the exception leaves the script's main,
+// @record writes the file as the exception leaves the script's main (and
+// ddp_agent's spare, which runs the script, where @record did not),
 // before the interpreter unwinds (its atexit handlers, torch's teardown),
 // which under load takes seconds.
 func (g *Group) Raising() bool {
